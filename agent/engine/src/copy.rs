@@ -1,0 +1,1145 @@
+//! The parallel tree copy: a bounded pool of workers taking tasks (a directory to list, a
+//! batch of a large directory's entries, chunks of a large file) from one LIFO queue.
+//!
+//! Directories are the unit of parallelism because creating entries in one directory
+//! serialises on that directory's lock (fuc); a large directory is cut into batches so a
+//! flat tree still uses every worker (fcp, xcp win there). LIFO order keeps the number of
+//! open directories near depth × workers instead of the tree's width.
+//!
+//! A directory's metadata is applied when its last child is done (a pending counter per
+//! directory, released up the parent chain), so a 0555 directory gets its mode after its
+//! children exist and directory mtimes are not disturbed by later creates.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::data::{self, Caps, CapsCache, Clone, Moved, Range};
+use crate::dirent::{self, DType};
+use crate::error::{Failure, FailureKind};
+use crate::meta::{self, Identity, XattrBufs};
+use crate::options::{Options, Overwrite, Reflink, Verify};
+use crate::progress::{Progress, Strategy};
+use crate::sys::{self, Stat};
+
+/// Entries per batch when a directory is split across workers.
+const BATCH: usize = 512;
+/// Files at least this large (and not cloned, sparse or hashed) are copied in chunks by
+/// several workers.
+const CHUNK_THRESHOLD: u64 = 128 << 20;
+/// Chunk size: a multiple of every filesystem block size, so `copy_file_range` can still
+/// clone or offload each chunk (rsync#153: unaligned ranges are not cloned).
+const CHUNK: u64 = 64 << 20;
+/// Failures kept in the summary; the count goes on past it.
+const MAX_FAILURES_KEPT: usize = 1000;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panicking worker cannot leave these maps half-updated in a way later readers could
+    // misuse (every update is a single insert or take), so poisoning is not fatal.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn is_type(st: &Stat, t: u32) -> bool {
+    st.st_mode & libc::S_IFMT == t
+}
+
+/// One destination directory being filled, and the source directory it mirrors.
+pub(crate) struct DirNode {
+    pub src: OwnedFd,
+    pub dst: OwnedFd,
+    parent: Option<Arc<DirNode>>,
+    /// Path from the copy's root, for failures and the manifest.
+    rel: Vec<u8>,
+    /// Source metadata to apply when done; `None` for a directory we keep as it was.
+    meta: Option<Stat>,
+    /// Outstanding work: the listing itself plus every child task still running.
+    pending: AtomicUsize,
+    /// We created this directory, so no entry in it pre-exists.
+    fresh: bool,
+    src_dev: u64,
+    dst_dev: u64,
+}
+
+impl DirNode {
+    pub(crate) fn new(
+        src: OwnedFd,
+        dst: OwnedFd,
+        meta: Option<Stat>,
+        fresh: bool,
+    ) -> io::Result<Self> {
+        let src_dev = sys::fstat(src.as_fd())?.st_dev;
+        let dst_dev = sys::fstat(dst.as_fd())?.st_dev;
+        Ok(Self {
+            src,
+            dst,
+            parent: None,
+            rel: Vec::new(),
+            meta,
+            pending: AtomicUsize::new(1),
+            fresh,
+            src_dev,
+            dst_dev,
+        })
+    }
+
+    fn child_path(&self, name: &CStr) -> Vec<u8> {
+        let mut p = self.rel.clone();
+        if !p.is_empty() {
+            p.push(b'/');
+        }
+        p.extend_from_slice(name.to_bytes());
+        p
+    }
+}
+
+/// A file large enough to be copied in chunks by several workers.
+pub(crate) struct LargeFile {
+    node: Arc<DirNode>,
+    dst_name: CString,
+    tmp: CString,
+    src: OwnedFd,
+    dst: OwnedFd,
+    st: Stat,
+    caps: Caps,
+    chunks: u64,
+    next_chunk: AtomicU64,
+    /// Tasks still working on it; the last one out finishes the file.
+    workers: AtomicUsize,
+    error: Mutex<Option<(&'static str, io::Error)>>,
+    strategy: Mutex<Option<Strategy>>,
+}
+
+pub(crate) enum Task {
+    /// List a directory that is already open on both sides.
+    List(Arc<DirNode>),
+    /// Open, create and list a subdirectory.
+    Dir { parent: Arc<DirNode>, name: CString },
+    /// Copy these entries of a (large) directory.
+    Batch {
+        dir: Arc<DirNode>,
+        entries: Vec<dirent::DirEntry>,
+    },
+    /// Copy chunks of a large file.
+    Chunks(Arc<LargeFile>),
+    /// Copy one entry under a different destination name (the top-level file case).
+    Entry {
+        dir: Arc<DirNode>,
+        src_name: CString,
+        dst_name: CString,
+    },
+}
+
+#[derive(Default)]
+struct Queue {
+    tasks: Vec<Task>,
+    active: usize,
+    done: bool,
+}
+
+/// What a finished hard-link group leader left for its followers.
+enum Link {
+    /// The first path is being copied; these entries wait to be linked to it.
+    Copying(Vec<(Arc<DirNode>, CString)>),
+    Done {
+        dir: Arc<DirNode>,
+        name: CString,
+        hash: Option<u128>,
+    },
+    Failed(String),
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub files: AtomicU64,
+    pub dirs: AtomicU64,
+    pub symlinks: AtomicU64,
+    pub specials: AtomicU64,
+    pub hardlinks: AtomicU64,
+    pub skipped: AtomicU64,
+    pub verified: AtomicU64,
+    pub bytes: AtomicU64,
+    pub by_strategy: [AtomicU64; 3],
+    pub failed: AtomicU64,
+}
+
+/// Worker-local state: buffers and the capability cache, so the hot path takes no lock.
+#[derive(Default)]
+struct Local {
+    buf: Vec<u8>,
+    dents: Vec<u8>,
+    caps: CapsCache,
+    xattrs: XattrBufs,
+}
+
+pub(crate) struct Ctx<'a> {
+    pub opts: &'a Options,
+    progress: &'a dyn Progress,
+    who: Identity,
+    hash: bool,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    links: Mutex<HashMap<(u64, u64), Link>>,
+    manifest: Option<Mutex<BufWriter<File>>>,
+    pub counters: Counters,
+    pub failures: Mutex<Vec<Failure>>,
+    pub aborted: Mutex<Option<String>>,
+    abort: AtomicBool,
+    tmp_counter: AtomicU64,
+}
+
+/// Why an entry ended without being copied.
+enum Skip {
+    /// It exists and the overwrite policy keeps it.
+    Kept,
+    /// It waits on its hard-link group leader, who will finish it.
+    Deferred,
+}
+
+type Fail = (&'static str, io::Error);
+
+fn conflict(msg: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::AlreadyExists, msg.to_string())
+}
+
+impl<'a> Ctx<'a> {
+    pub(crate) fn new(
+        opts: &'a Options,
+        progress: &'a dyn Progress,
+        manifest: Option<File>,
+    ) -> Self {
+        Self {
+            opts,
+            progress,
+            who: Identity::current(),
+            hash: opts.verify != Verify::None || manifest.is_some(),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            links: Mutex::new(HashMap::new()),
+            manifest: manifest.map(|f| Mutex::new(BufWriter::with_capacity(1 << 16, f))),
+            counters: Counters::default(),
+            failures: Mutex::new(Vec::new()),
+            aborted: Mutex::new(None),
+            abort: AtomicBool::new(false),
+            tmp_counter: AtomicU64::new(0),
+        }
+    }
+
+    /// Flush the manifest (its lines were written as files committed).
+    pub(crate) fn finish_manifest(&self) -> io::Result<()> {
+        match &self.manifest {
+            Some(m) => lock(m).flush(),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn push(&self, task: Task) {
+        lock(&self.queue).tasks.push(task);
+        self.wake.notify_one();
+    }
+
+    /// Run the queue to completion on `workers` threads.
+    pub(crate) fn run(&self, workers: usize) {
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| self.worker());
+            }
+        });
+    }
+
+    fn worker(&self) {
+        let mut local = Local::default();
+        loop {
+            let task = {
+                let mut q = lock(&self.queue);
+                loop {
+                    if self.abort.load(Ordering::Relaxed) {
+                        // Drop queued work; its directories are left unfinished on purpose.
+                        q.tasks.clear();
+                    }
+                    if let Some(t) = q.tasks.pop() {
+                        q.active += 1;
+                        break t;
+                    }
+                    if q.active == 0 || q.done {
+                        q.done = true;
+                        self.wake.notify_all();
+                        return;
+                    }
+                    q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            self.run_task(task, &mut local);
+            let mut q = lock(&self.queue);
+            q.active -= 1;
+            if q.active == 0 && q.tasks.is_empty() {
+                q.done = true;
+                self.wake.notify_all();
+            }
+        }
+    }
+
+    fn run_task(&self, task: Task, local: &mut Local) {
+        match task {
+            Task::List(node) => self.list(node, local),
+            Task::Dir { parent, name } => {
+                match self.open_subdir(&parent, &name) {
+                    Ok(node) => self.list(node, local),
+                    Err((op, e)) => self.fail(&parent.child_path(&name), op, &e),
+                }
+                self.release(parent);
+            }
+            Task::Batch { dir, entries } => {
+                for e in &entries {
+                    self.entry(&dir, &e.name, &e.name, e.dtype, local);
+                }
+                self.release(dir);
+            }
+            Task::Chunks(file) => self.chunks(&file, local),
+            Task::Entry {
+                dir,
+                src_name,
+                dst_name,
+            } => {
+                self.entry(&dir, &src_name, &dst_name, DType::Unknown, local);
+                self.release(dir);
+            }
+        }
+    }
+
+    /// Record one failed entry. A full destination stops the whole copy: every later file
+    /// would fail the same way.
+    fn fail(&self, path: &[u8], op: &'static str, err: &io::Error) {
+        let kind = match err.kind() {
+            io::ErrorKind::AlreadyExists => FailureKind::DestinationConflict,
+            _ if err.raw_os_error() == Some(libc::ELOOP)
+                || err.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                FailureKind::DestinationConflict
+            }
+            _ => match err.get_ref() {
+                Some(inner) if inner.is::<SourceChanged>() => FailureKind::SourceChanged,
+                Some(inner) if inner.is::<ChecksumMismatch>() => FailureKind::ChecksumMismatch,
+                Some(inner) if inner.is::<ReflinkRefused>() => FailureKind::ReflinkUnsupported,
+                _ => FailureKind::from_io(err),
+            },
+        };
+        self.fail_kind(path, op, kind, err.to_string());
+    }
+
+    fn fail_kind(&self, path: &[u8], op: &'static str, kind: FailureKind, message: String) {
+        let path = if path.is_empty() {
+            PathBuf::from(".")
+        } else {
+            PathBuf::from(std::ffi::OsStr::from_bytes(path))
+        };
+        let failure = Failure {
+            path,
+            op,
+            kind,
+            message,
+        };
+        self.progress.failed(&failure);
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        if kind == FailureKind::NoSpace && !self.abort.swap(true, Ordering::Relaxed) {
+            *lock(&self.aborted) = Some(format!("destination is full: {}", failure.message));
+        }
+        let mut f = lock(&self.failures);
+        if f.len() < MAX_FAILURES_KEPT {
+            f.push(failure);
+        }
+    }
+
+    /// One unit of a directory's work is done; finish directories whose work is all done,
+    /// walking up the parents.
+    pub(crate) fn release(&self, mut node: Arc<DirNode>) {
+        loop {
+            if node.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
+                return;
+            }
+            if self.abort.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Some(st) = node.meta {
+                match meta::apply_fd(
+                    node.src.as_fd(),
+                    node.dst.as_fd(),
+                    &st,
+                    &self.opts.preserve,
+                    &self.who,
+                    node.fresh,
+                    &mut XattrBufs::default(),
+                ) {
+                    Ok(()) => {}
+                    Err((op, e)) => self.fail(&node.rel, op, &e),
+                }
+            }
+            match node.parent.clone() {
+                Some(p) => node = p,
+                None => return,
+            }
+        }
+    }
+
+    /// Open source subdirectory `name` and create (or, when merging, open) its twin.
+    fn open_subdir(&self, parent: &Arc<DirNode>, name: &CStr) -> Result<Arc<DirNode>, Fail> {
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        let src = sys::openat(parent.src.as_fd(), name, flags, 0)
+            .map_err(|e| ("open source directory", e))?;
+        let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source directory", e))?;
+        // 0700 while we fill it; the final mode comes after the children.
+        let fresh = match sys::mkdirat(parent.dst.as_fd(), name, 0o700) {
+            Ok(()) => true,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !parent.fresh => false,
+            Err(e) => return Err(("create directory", e)),
+        };
+        // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
+        let dst = sys::openat(parent.dst.as_fd(), name, flags, 0)
+            .map_err(|e| ("open destination directory", e))?;
+        let keep_meta = fresh || self.opts.overwrite == Overwrite::Always;
+        let dst_dev = if fresh {
+            parent.dst_dev
+        } else {
+            sys::fstat(dst.as_fd())
+                .map_err(|e| ("stat destination directory", e))?
+                .st_dev
+        };
+        self.counters.dirs.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(DirNode {
+            src,
+            dst,
+            parent: Some(parent.clone()),
+            rel: parent.child_path(name),
+            meta: keep_meta.then_some(st),
+            pending: AtomicUsize::new(1),
+            fresh,
+            src_dev: st.st_dev,
+            dst_dev,
+        }))
+    }
+
+    fn list(&self, node: Arc<DirNode>, local: &mut Local) {
+        if local.dents.is_empty() {
+            local.dents.resize(64 * 1024, 0);
+        }
+        let entries = match dirent::read_all(node.src.as_fd(), &mut local.dents) {
+            Ok(e) => e,
+            Err(e) => {
+                self.fail(&node.rel, "read directory", &e);
+                self.release(node);
+                return;
+            }
+        };
+        let mut files = Vec::with_capacity(entries.len());
+        for e in entries {
+            let is_dir = match e.dtype {
+                DType::Dir => true,
+                DType::Unknown => sys::lstatat(node.src.as_fd(), &e.name)
+                    .map(|st| is_type(&st, libc::S_IFDIR))
+                    .unwrap_or(false),
+                _ => false,
+            };
+            if is_dir {
+                node.pending.fetch_add(1, Ordering::Relaxed);
+                self.push(Task::Dir {
+                    parent: node.clone(),
+                    name: e.name,
+                });
+            } else {
+                files.push(e);
+            }
+        }
+        // Cut a large directory into batches for other workers; keep the first one.
+        while files.len() > BATCH {
+            let rest = files.split_off(files.len() - BATCH);
+            node.pending.fetch_add(1, Ordering::Relaxed);
+            self.push(Task::Batch {
+                dir: node.clone(),
+                entries: rest,
+            });
+        }
+        for e in &files {
+            if self.abort.load(Ordering::Relaxed) {
+                break;
+            }
+            self.entry(&node, &e.name, &e.name, e.dtype, local);
+        }
+        self.release(node);
+    }
+
+    fn tmp_name(&self) -> CString {
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        // Short, so a 255-byte source name still has a legal staging name; the pid keeps
+        // concurrent copies into one directory apart.
+        CString::new(format!(".ferry-{:x}-{n:x}.tmp", std::process::id())).unwrap_or_default()
+    }
+
+    /// Copy one non-directory entry. `dtype` is the listing's hint; the real type comes
+    /// from `fstat` of what was opened (or `lstat` for things never opened).
+    fn entry(
+        &self,
+        dir: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        dtype: DType,
+        local: &mut Local,
+    ) {
+        let result = match dtype {
+            DType::Regular => self.regular(dir, src_name, dst_name, local),
+            _ => match sys::lstatat(dir.src.as_fd(), src_name) {
+                Err(e) => Err(("stat", e)),
+                Ok(st) if is_type(&st, libc::S_IFREG) => {
+                    self.regular(dir, src_name, dst_name, local)
+                }
+                Ok(st) if is_type(&st, libc::S_IFDIR) => {
+                    // A directory appeared where the listing saw something else.
+                    dir.pending.fetch_add(1, Ordering::Relaxed);
+                    self.push(Task::Dir {
+                        parent: dir.clone(),
+                        name: src_name.to_owned(),
+                    });
+                    return;
+                }
+                Ok(st) => self.non_regular(dir, src_name, dst_name, &st),
+            },
+        };
+        match result {
+            Ok(None) => {}
+            Ok(Some(Skip::Kept)) => {
+                self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Some(Skip::Deferred)) => {}
+            Err((op, e)) => self.fail(&dir.child_path(dst_name), op, &e),
+        }
+    }
+
+    /// Under a merge, decide whether an existing destination entry stops this one.
+    fn keep_existing(&self, dir: &DirNode, name: &CStr, st: &Stat) -> Result<bool, Fail> {
+        if dir.fresh {
+            return Ok(false);
+        }
+        let existing = match sys::lstatat(dir.dst.as_fd(), name) {
+            Ok(d) => d,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(e) => return Err(("stat destination", e)),
+        };
+        if is_type(&existing, libc::S_IFDIR) {
+            return Err((
+                "replace",
+                conflict("destination is a directory; the source is not"),
+            ));
+        }
+        Ok(match self.opts.overwrite {
+            Overwrite::Never => true,
+            Overwrite::IfChanged => {
+                is_type(&existing, libc::S_IFREG)
+                    && is_type(st, libc::S_IFREG)
+                    && existing.st_size == st.st_size
+                    && existing.st_mtime == st.st_mtime
+                    && existing.st_mtime_nsec == st.st_mtime_nsec
+            }
+            Overwrite::Always => false,
+        })
+    }
+
+    /// Move a finished staging entry to its final name. `Ok(false)` when an entry that
+    /// appeared meanwhile is kept by the overwrite policy (the staging entry is removed).
+    fn commit(&self, dir: &DirNode, tmp: &CStr, name: &CStr) -> Result<bool, Fail> {
+        let no_replace = dir.fresh || self.opts.overwrite == Overwrite::Never;
+        match sys::renameat(dir.dst.as_fd(), tmp, dir.dst.as_fd(), name, no_replace) {
+            Ok(()) => Ok(true),
+            Err(e)
+                if e.raw_os_error() == Some(libc::EEXIST)
+                    && self.opts.overwrite == Overwrite::Never
+                    && !dir.fresh =>
+            {
+                let _ = sys::unlinkat(dir.dst.as_fd(), tmp, false);
+                Ok(false)
+            }
+            Err(e) => {
+                let _ = sys::unlinkat(dir.dst.as_fd(), tmp, false);
+                Err(("rename into place", e))
+            }
+        }
+    }
+
+    fn regular(
+        &self,
+        dir: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        local: &mut Local,
+    ) -> Result<Option<Skip>, Fail> {
+        // O_NONBLOCK: if a FIFO was swapped in since the listing, opening it must not hang;
+        // it is then recreated, never read.
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let src = match sys::openat(dir.src.as_fd(), src_name, flags, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                // It became a symlink since the listing: copy the link.
+                let st = sys::lstatat(dir.src.as_fd(), src_name).map_err(|e| ("stat", e))?;
+                return self.non_regular(dir, src_name, dst_name, &st);
+            }
+            Err(e) => return Err(("open source", e)),
+        };
+        let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source", e))?;
+        if !is_type(&st, libc::S_IFREG) {
+            drop(src);
+            return self.non_regular(dir, src_name, dst_name, &st);
+        }
+        if self.keep_existing(dir, dst_name, &st)? {
+            return Ok(Some(Skip::Kept));
+        }
+        let key = (st.st_dev, st.st_ino);
+        let linked = self.opts.preserve.links && st.st_nlink > 1;
+        if linked {
+            let mut links = lock(&self.links);
+            match links.get_mut(&key) {
+                None => {
+                    links.insert(key, Link::Copying(Vec::new()));
+                }
+                Some(Link::Copying(waiters)) => {
+                    dir.pending.fetch_add(1, Ordering::Relaxed);
+                    waiters.push((dir.clone(), dst_name.to_owned()));
+                    return Ok(Some(Skip::Deferred));
+                }
+                Some(Link::Done {
+                    dir: leader,
+                    name,
+                    hash,
+                }) => {
+                    let (leader, name, hash) = (leader.clone(), name.clone(), *hash);
+                    drop(links);
+                    return self
+                        .link_to(&leader, &name, dir, dst_name, hash)
+                        .map(|()| None);
+                }
+                Some(Link::Failed(why)) => {
+                    return Err((
+                        "link",
+                        io::Error::other(format!("first link of this file failed: {why}")),
+                    ));
+                }
+            }
+        }
+        let result = self.copy_regular(dir, src, &st, dst_name, local);
+        if linked {
+            // Finish the hard-link group whatever happened to its leader.
+            let waiters = {
+                let mut links = lock(&self.links);
+                let next = match &result {
+                    Ok(Some(hash)) => Link::Done {
+                        dir: dir.clone(),
+                        name: dst_name.to_owned(),
+                        hash: *hash,
+                    },
+                    // Never: linked files are not chunked, so their leader is done here.
+                    Ok(None) => Link::Failed("internal: hard-linked file was chunked".into()),
+                    Err((op, e)) => Link::Failed(format!("{op}: {e}")),
+                };
+                match links.insert(key, next) {
+                    Some(Link::Copying(w)) => w,
+                    _ => Vec::new(),
+                }
+            };
+            for (wdir, wname) in waiters {
+                let r = match &result {
+                    Ok(Some(hash)) => self.link_to(dir, dst_name, &wdir, &wname, *hash),
+                    _ => Err(("link", io::Error::other("first link of this file failed"))),
+                };
+                if let Err((op, e)) = r {
+                    self.fail(&wdir.child_path(&wname), op, &e);
+                }
+                self.release(wdir);
+            }
+        }
+        result.map(|_| None)
+    }
+
+    /// Make `dst_dir/dst_name` a hard link to the already committed `leader_dir/leader`.
+    fn link_to(
+        &self,
+        leader_dir: &DirNode,
+        leader: &CStr,
+        dst_dir: &DirNode,
+        dst_name: &CStr,
+        hash: Option<u128>,
+    ) -> Result<(), Fail> {
+        // linkat cannot replace; a kept or replaced name was settled by keep_existing.
+        if !dst_dir.fresh && self.opts.overwrite != Overwrite::Never {
+            match sys::unlinkat(dst_dir.dst.as_fd(), dst_name, false) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(("remove replaced entry", e)),
+            }
+        }
+        match sys::linkat(
+            leader_dir.dst.as_fd(),
+            leader,
+            dst_dir.dst.as_fd(),
+            dst_name,
+        ) {
+            Ok(()) => {}
+            Err(e)
+                if e.raw_os_error() == Some(libc::EEXIST)
+                    && self.opts.overwrite == Overwrite::Never
+                    && !dst_dir.fresh =>
+            {
+                self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(e) => return Err(("link", e)),
+        }
+        self.counters.hardlinks.fetch_add(1, Ordering::Relaxed);
+        if let Some(h) = hash {
+            self.manifest_line(h, &dst_dir.child_path(dst_name));
+        }
+        self.progress.entry_done();
+        Ok(())
+    }
+
+    fn manifest_line(&self, hash: u128, path: &[u8]) {
+        let Some(m) = &self.manifest else { return };
+        // xxh128sum (like the coreutils *sum tools) escapes names holding a newline or a
+        // backslash and marks the line with a leading backslash.
+        let needs_escape = path.iter().any(|&b| b == b'\n' || b == b'\\');
+        let mut line = Vec::with_capacity(path.len() + 36);
+        if needs_escape {
+            line.push(b'\\');
+        }
+        line.extend_from_slice(format!("{hash:032x}  ").as_bytes());
+        for &b in path {
+            match b {
+                b'\n' if needs_escape => line.extend_from_slice(b"\\n"),
+                b'\\' if needs_escape => line.extend_from_slice(b"\\\\"),
+                _ => line.push(b),
+            }
+        }
+        line.push(b'\n');
+        let _ = lock(m).write_all(&line);
+    }
+
+    /// Copy a regular file's data and metadata to a staging name, verify, and commit it.
+    /// `Ok(Some(hash))` when committed (hash when hashing), `Ok(None)` when handed to
+    /// chunk workers that will finish it.
+    fn copy_regular(
+        &self,
+        dir: &Arc<DirNode>,
+        src: OwnedFd,
+        st: &Stat,
+        name: &CStr,
+        local: &mut Local,
+    ) -> Result<Option<Option<u128>>, Fail> {
+        let tmp = self.tmp_name();
+        let access = if self.hash {
+            libc::O_RDWR
+        } else {
+            libc::O_WRONLY
+        };
+        let dst = sys::openat(
+            dir.dst.as_fd(),
+            &tmp,
+            access | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            0o600,
+        )
+        .map_err(|e| ("create", e))?;
+        let result = self.fill_regular(dir, &src, &dst, st, &tmp, name, local);
+        match result {
+            Ok(FillOutcome::Committed(hash)) => Ok(Some(hash)),
+            Ok(FillOutcome::Chunked) => Ok(None),
+            Ok(FillOutcome::Kept) => Ok(Some(None)),
+            Err(err) => {
+                drop(dst);
+                let _ = sys::unlinkat(dir.dst.as_fd(), &tmp, false);
+                Err(err)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fill_regular(
+        &self,
+        dir: &Arc<DirNode>,
+        src: &OwnedFd,
+        dst: &OwnedFd,
+        st: &Stat,
+        tmp: &CStr,
+        name: &CStr,
+        local: &mut Local,
+    ) -> Result<FillOutcome, Fail> {
+        let opts = self.opts;
+        let size = st.st_size as u64;
+        let mut caps = local
+            .caps
+            .get(dir.src_dev, dir.dst_dev, dst.as_fd(), opts.reflink);
+        let mut moved = Moved::default();
+        let mut src_hash = None;
+        let mut cloned = false;
+        if caps.ficlone && size > 0 {
+            match data::try_ficlone(dst.as_fd(), src.as_fd(), &opts.faults)
+                .map_err(|e| ("clone", e))?
+            {
+                Clone::Done => {
+                    cloned = true;
+                    moved = Moved {
+                        bytes: size,
+                        strategy: Some(Strategy::Reflink),
+                    };
+                }
+                Clone::Unsupported => {
+                    caps.ficlone = false;
+                    local.caps.set(dir.src_dev, dir.dst_dev, caps);
+                }
+                Clone::NotThisFile => {}
+            }
+            if !cloned && opts.reflink == Reflink::Always {
+                return Err(("clone", io::Error::other(ReflinkRefused)));
+            }
+        }
+        if cloned {
+            if self.hash {
+                src_hash = Some(
+                    data::hash_fd(src.as_fd(), &mut local.buf).map_err(|e| ("read source", e))?,
+                );
+            }
+        } else {
+            let sparse = opts.preserve.sparse && (st.st_blocks as u64) * 512 < size;
+            // Hard-linked files are copied whole so their followers can link at once.
+            let linked = opts.preserve.links && st.st_nlink > 1;
+            if !sparse
+                && !self.hash
+                && !linked
+                && size >= CHUNK_THRESHOLD
+                && opts.workers_resolved() > 1
+            {
+                self.start_chunks(dir, src, dst, st, tmp, name, caps, local);
+                return Ok(FillOutcome::Chunked);
+            }
+            let mut hasher = self.hash.then(Xxh3::new);
+            moved = if sparse {
+                data::copy_sparse(
+                    src.as_fd(),
+                    dst.as_fd(),
+                    size,
+                    &mut caps,
+                    &mut local.buf,
+                    hasher.as_mut(),
+                    &opts.faults,
+                )
+            } else {
+                // Size 0 may be a procfs file that lies: read to EOF.
+                let len = (size > 0).then_some(size);
+                data::copy_range(
+                    Range {
+                        src: src.as_fd(),
+                        dst: dst.as_fd(),
+                        off: 0,
+                        len,
+                    },
+                    &mut caps,
+                    &mut local.buf,
+                    hasher.as_mut(),
+                    &opts.faults,
+                )
+            }
+            .map_err(|e| ("copy data", e))?;
+            local.caps.set(dir.src_dev, dir.dst_dev, caps);
+            if moved.bytes < size && !sparse {
+                return Err((
+                    "copy data",
+                    source_changed(format!(
+                        "source shrank from {size} to {} bytes while copying",
+                        moved.bytes
+                    )),
+                ));
+            }
+            src_hash = hasher.map(|h| h.digest128());
+        }
+        if let Some(victim) = &opts.faults.corrupt_after_write {
+            if victim.as_slice() == name.to_bytes() {
+                let _ = sys::pwrite(dst.as_fd(), b"\xff", 0);
+            }
+        }
+        let hash = match src_hash {
+            Some(expected) => Some(self.verify_dst(src, dst, st, expected, local)?),
+            None => None,
+        };
+        meta::apply_fd(
+            src.as_fd(),
+            dst.as_fd(),
+            st,
+            &opts.preserve,
+            &self.who,
+            true,
+            &mut local.xattrs,
+        )?;
+        if !self.commit(dir, tmp, name)? {
+            return Ok(FillOutcome::Kept);
+        }
+        self.count_file(size, &moved, &dir.child_path(name), hash);
+        Ok(FillOutcome::Committed(hash))
+    }
+
+    /// Re-read the destination and compare with the source's hash; with `Verify::Full`
+    /// the destination is flushed and evicted first so the bytes come from the medium.
+    /// Also refuses a source whose size or mtime moved during the copy: its bytes may be
+    /// a mix of two versions, and must never be reported verified.
+    fn verify_dst(
+        &self,
+        src: &OwnedFd,
+        dst: &OwnedFd,
+        st: &Stat,
+        expected: u128,
+        local: &mut Local,
+    ) -> Result<u128, Fail> {
+        let after = sys::fstat(src.as_fd()).map_err(|e| ("stat source", e))?;
+        if after.st_size != st.st_size
+            || after.st_mtime != st.st_mtime
+            || after.st_mtime_nsec != st.st_mtime_nsec
+        {
+            return Err((
+                "verify",
+                source_changed("source was modified while it was copied".into()),
+            ));
+        }
+        if self.opts.verify == Verify::Full {
+            sys::fdatasync(dst.as_fd()).map_err(|e| ("fdatasync", e))?;
+            sys::fadvise_dontneed(dst.as_fd()).map_err(|e| ("fadvise", e))?;
+        }
+        if self.opts.verify != Verify::None {
+            let got = data::hash_fd(dst.as_fd(), &mut local.buf)
+                .map_err(|e| ("read back destination", e))?;
+            if got != expected {
+                return Err(("verify", checksum_mismatch(expected, got)));
+            }
+            self.counters.verified.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(expected)
+    }
+
+    fn count_file(&self, size: u64, moved: &Moved, path: &[u8], hash: Option<u128>) {
+        self.counters.files.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes.fetch_add(size, Ordering::Relaxed);
+        if let Some(s) = moved.strategy {
+            self.counters.by_strategy[s as usize].fetch_add(moved.bytes, Ordering::Relaxed);
+            self.progress.bytes_copied(moved.bytes, s);
+        }
+        if let Some(h) = hash {
+            self.manifest_line(h, path);
+        }
+        self.progress.entry_done();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_chunks(
+        &self,
+        dir: &Arc<DirNode>,
+        src: &OwnedFd,
+        dst: &OwnedFd,
+        st: &Stat,
+        tmp: &CStr,
+        name: &CStr,
+        caps: Caps,
+        local: &mut Local,
+    ) {
+        let chunks = (st.st_size as u64).div_ceil(CHUNK);
+        let helpers = (self.opts.workers_resolved() as u64).min(chunks) as usize;
+        let (Ok(src), Ok(dst)) = (src.try_clone(), dst.try_clone()) else {
+            // Out of descriptors: not worth a special path; fail the file clearly.
+            self.fail(
+                &dir.child_path(name),
+                "duplicate descriptor",
+                &io::Error::last_os_error(),
+            );
+            let _ = sys::unlinkat(dir.dst.as_fd(), tmp, false);
+            return;
+        };
+        dir.pending.fetch_add(1, Ordering::Relaxed);
+        let file = Arc::new(LargeFile {
+            node: dir.clone(),
+            dst_name: name.to_owned(),
+            tmp: tmp.to_owned(),
+            src,
+            dst,
+            st: *st,
+            caps,
+            chunks,
+            next_chunk: AtomicU64::new(0),
+            workers: AtomicUsize::new(helpers),
+            error: Mutex::new(None),
+            strategy: Mutex::new(None),
+        });
+        for _ in 1..helpers {
+            self.push(Task::Chunks(file.clone()));
+        }
+        self.chunks(&file, local);
+    }
+
+    fn chunks(&self, file: &Arc<LargeFile>, local: &mut Local) {
+        let size = file.st.st_size as u64;
+        let mut caps = file.caps;
+        loop {
+            let i = file.next_chunk.fetch_add(1, Ordering::Relaxed);
+            if i >= file.chunks || lock(&file.error).is_some() || self.abort.load(Ordering::Relaxed)
+            {
+                break;
+            }
+            let off = i * CHUNK;
+            let len = CHUNK.min(size - off);
+            let r = Range {
+                src: file.src.as_fd(),
+                dst: file.dst.as_fd(),
+                off,
+                len: Some(len),
+            };
+            match data::copy_range(r, &mut caps, &mut local.buf, None, &self.opts.faults) {
+                Ok(m) if m.bytes == len => {
+                    if let Some(s) = m.strategy {
+                        self.counters.by_strategy[s as usize].fetch_add(m.bytes, Ordering::Relaxed);
+                        self.progress.bytes_copied(m.bytes, s);
+                        *lock(&file.strategy) = Some(s);
+                    }
+                }
+                Ok(m) => {
+                    let msg = format!(
+                        "source shrank: chunk at {off} got {} of {len} bytes",
+                        m.bytes
+                    );
+                    lock(&file.error).get_or_insert(("copy data", source_changed(msg)));
+                }
+                Err(e) => {
+                    lock(&file.error).get_or_insert(("copy data", e));
+                }
+            }
+        }
+        if file.workers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish_chunked(file, local);
+            self.release(file.node.clone());
+        }
+    }
+
+    fn finish_chunked(&self, file: &LargeFile, local: &mut Local) {
+        let dir = &file.node;
+        let result = match lock(&file.error).take() {
+            Some(err) => Err(err),
+            None => meta::apply_fd(
+                file.src.as_fd(),
+                file.dst.as_fd(),
+                &file.st,
+                &self.opts.preserve,
+                &self.who,
+                true,
+                &mut local.xattrs,
+            )
+            .and_then(|()| self.commit(dir, &file.tmp, &file.dst_name)),
+        };
+        match result {
+            Ok(true) => {
+                self.counters.files.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .bytes
+                    .fetch_add(file.st.st_size as u64, Ordering::Relaxed);
+                self.progress.entry_done();
+            }
+            Ok(false) => {
+                self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((op, e)) => {
+                let _ = sys::unlinkat(dir.dst.as_fd(), &file.tmp, false);
+                self.fail(&dir.child_path(&file.dst_name), op, &e);
+            }
+        }
+    }
+
+    /// Symlinks (copied verbatim, never followed), FIFOs, sockets and devices (recreated
+    /// with mknod, never opened).
+    fn non_regular(
+        &self,
+        dir: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+    ) -> Result<Option<Skip>, Fail> {
+        if self.keep_existing(dir, dst_name, st)? {
+            return Ok(Some(Skip::Kept));
+        }
+        let tmp = self.tmp_name();
+        let is_link = is_type(st, libc::S_IFLNK);
+        if is_link {
+            let target =
+                sys::readlinkat(dir.src.as_fd(), src_name).map_err(|e| ("read link", e))?;
+            sys::symlinkat(&target, dir.dst.as_fd(), &tmp).map_err(|e| ("create symlink", e))?;
+        } else {
+            let kind = st.st_mode & libc::S_IFMT;
+            sys::mknodat(dir.dst.as_fd(), &tmp, kind | 0o600, st.st_rdev)
+                .map_err(|e| ("mknod", e))?;
+        }
+        let staged = meta::apply_at(dir.dst.as_fd(), &tmp, st, &self.opts.preserve, &self.who)
+            .and_then(|()| self.commit(dir, &tmp, dst_name));
+        match staged {
+            Ok(true) => {}
+            Ok(false) => return Ok(Some(Skip::Kept)),
+            Err(err) => {
+                let _ = sys::unlinkat(dir.dst.as_fd(), &tmp, false);
+                return Err(err);
+            }
+        }
+        if is_link {
+            self.counters.symlinks.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.specials.fetch_add(1, Ordering::Relaxed);
+        }
+        self.progress.entry_done();
+        Ok(None)
+    }
+}
+
+enum FillOutcome {
+    Committed(Option<u128>),
+    Chunked,
+    Kept,
+}
+
+fn source_changed(msg: String) -> io::Error {
+    io::Error::other(SourceChanged(msg))
+}
+
+fn checksum_mismatch(expected: u128, got: u128) -> io::Error {
+    io::Error::other(ChecksumMismatch(format!(
+        "destination hashes to {got:032x}, source to {expected:032x}"
+    )))
+}
+
+/// Marker payloads so [`Ctx::fail`] can tell these kinds from plain I/O errors.
+#[derive(Debug)]
+pub(crate) struct SourceChanged(pub String);
+#[derive(Debug)]
+pub(crate) struct ChecksumMismatch(pub String);
+
+impl std::fmt::Display for SourceChanged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for SourceChanged {}
+impl std::fmt::Display for ChecksumMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ChecksumMismatch {}
+#[derive(Debug)]
+pub(crate) struct ReflinkRefused;
+impl std::fmt::Display for ReflinkRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reflink is `always` but this file cannot be cloned here (both sides must be on one XFS or btrfs filesystem); use `auto` to copy instead")
+    }
+}
+impl std::error::Error for ReflinkRefused {}

@@ -1,0 +1,312 @@
+//! A file's bytes: the strategy ladder `FICLONE` → `copy_file_range` → sparse extents →
+//! `pread`/`pwrite`, with errno-driven fallbacks whose filesystem-level answers are cached
+//! per (source device, destination device) pair.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::BorrowedFd;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::options::{Faults, Reflink};
+use crate::progress::Strategy;
+use crate::sys;
+
+/// Filesystems on which `copy_file_range` may share extents instead of copying them, so
+/// `reflink: never` must not use it there (xcp#20, coreutils 9.4).
+const CLONING_FS: [i64; 8] = [
+    0x5846_5342, // XFS
+    0x9123_683e, // btrfs
+    0x6969,      // NFS (server-side clone)
+    0xfe53_4d42, // SMB2
+    0xff53_4d42, // CIFS
+    0x7461_636f, // OCFS2
+    0xca45_1a4e, // bcachefs
+    0x2fc1_2fc1, // ZFS (block cloning)
+];
+
+/// What one (source device, destination device) pair has shown it can do.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caps {
+    pub ficlone: bool,
+    pub copy_file_range: bool,
+}
+
+/// Per-worker cache, so the hot path takes no lock.
+#[derive(Debug, Default)]
+pub(crate) struct CapsCache(HashMap<(u64, u64), Caps>);
+
+impl CapsCache {
+    /// The capabilities of a pair, probing the destination filesystem type on first sight.
+    pub fn get(
+        &mut self,
+        src_dev: u64,
+        dst_dev: u64,
+        dst: BorrowedFd<'_>,
+        reflink: Reflink,
+    ) -> Caps {
+        *self.0.entry((src_dev, dst_dev)).or_insert_with(|| {
+            let clones = sys::fs_type(dst)
+                .map(|t| CLONING_FS.contains(&t))
+                .unwrap_or(true);
+            Caps {
+                ficlone: reflink != Reflink::Never,
+                copy_file_range: !(reflink == Reflink::Never && clones),
+            }
+        })
+    }
+
+    pub fn set(&mut self, src_dev: u64, dst_dev: u64, caps: Caps) {
+        self.0.insert((src_dev, dst_dev), caps);
+    }
+}
+
+/// The outcome of a `FICLONE` attempt.
+#[derive(Debug)]
+pub(crate) enum Clone {
+    Done,
+    /// The filesystem pair cannot clone at all: remember it.
+    Unsupported,
+    /// This file cannot be cloned (NODATACOW, swap file, ...): copy it, try the next one.
+    NotThisFile,
+}
+
+pub(crate) fn try_ficlone(
+    dst: BorrowedFd<'_>,
+    src: BorrowedFd<'_>,
+    faults: &Faults,
+) -> io::Result<Clone> {
+    let res = match faults.ficlone_errno {
+        Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+        None => sys::ficlone(dst, src),
+    };
+    match res {
+        Ok(()) => Ok(Clone::Done),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP)
+            | Some(libc::ENOTTY)
+            | Some(libc::ENOSYS)
+            | Some(libc::EXDEV) => Ok(Clone::Unsupported),
+            Some(libc::EINVAL) | Some(libc::ETXTBSY) | Some(libc::EPERM) | Some(libc::EISDIR)
+            | Some(libc::EBADF) | Some(libc::EACCES) => Ok(Clone::NotThisFile),
+            // EIO, ENOSPC, EDQUOT, ENOMEM: real errors (coreutils `is_terminal_error`).
+            _ => Err(e),
+        },
+    }
+}
+
+/// One contiguous range to copy, and how.
+#[derive(Debug)]
+pub(crate) struct Range<'a> {
+    pub src: BorrowedFd<'a>,
+    pub dst: BorrowedFd<'a>,
+    pub off: u64,
+    /// Bytes to copy; `None` means "until the source's end of file" (procfs files report
+    /// size 0, so their size is never trusted).
+    pub len: Option<u64>,
+}
+
+/// Bytes moved and by which strategy (the last one used, if the ladder stepped down).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Moved {
+    pub bytes: u64,
+    pub strategy: Option<Strategy>,
+}
+
+/// Copy one range: `copy_file_range` when allowed, `pread`/`pwrite` otherwise or when the
+/// kernel declines. A hasher forces the user-space path, since the bytes must be seen.
+/// Stops early (short count) when the source ends before `len`: the caller decides
+/// whether that is a change of the source.
+pub(crate) fn copy_range(
+    r: Range<'_>,
+    caps: &mut Caps,
+    buf: &mut Vec<u8>,
+    mut hasher: Option<&mut Xxh3>,
+    faults: &Faults,
+) -> io::Result<Moved> {
+    let mut done = 0u64;
+    if caps.copy_file_range && hasher.is_none() {
+        // 1 GiB per call keeps clear of the 2 GiB glibc/NFS limits (coreutils 9.8,
+        // KarpelesLab/reflink#3); a small file takes one call.
+        const MAX_CALL: u64 = 1 << 30;
+        let mut fall_back = false;
+        loop {
+            let want = match r.len {
+                Some(len) if done >= len => break,
+                Some(len) => (len - done).min(MAX_CALL),
+                None => MAX_CALL,
+            };
+            let res = if faults.copy_file_range_returns_zero {
+                Ok(0)
+            } else if let Some(errno) = faults.copy_file_range_errno {
+                Err(io::Error::from_raw_os_error(errno))
+            } else {
+                sys::copy_file_range(r.src, r.off + done, r.dst, r.off + done, want as usize)
+            };
+            match res {
+                // 0 with nothing copied: procfs, sysfs, some overlayfs. Read it instead.
+                Ok(0) if done == 0 => {
+                    fall_back = true;
+                    break;
+                }
+                Ok(0) => break,
+                Ok(n) => done += n as u64,
+                Err(e) if done == 0 => match e.raw_os_error() {
+                    Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::EXDEV) => {
+                        caps.copy_file_range = false;
+                        fall_back = true;
+                        break;
+                    }
+                    Some(libc::EINVAL) | Some(libc::EPERM) | Some(libc::EACCES)
+                    | Some(libc::EBADF) | Some(libc::ETXTBSY) | Some(libc::ENOENT)
+                    | Some(libc::EFBIG) => {
+                        fall_back = true;
+                        break;
+                    }
+                    _ => return Err(e),
+                },
+                Err(e) => return Err(e),
+            }
+        }
+        if !fall_back {
+            return Ok(Moved {
+                bytes: done,
+                strategy: Some(Strategy::CopyFileRange),
+            });
+        }
+    }
+    // Read/write with the worker's reusable buffer (never a file-sized one: xcp pitfall).
+    if buf.is_empty() {
+        buf.resize(BUF_SIZE, 0);
+    }
+    loop {
+        let want = match r.len {
+            Some(len) if done >= len => break,
+            Some(len) => (len - done).min(buf.len() as u64) as usize,
+            None => buf.len(),
+        };
+        let n = match sys::pread(r.src, &mut buf[..want], r.off + done) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if let Some(h) = hasher.as_deref_mut() {
+            h.update(&buf[..n]);
+        }
+        write_all_at(r.dst, &buf[..n], r.off + done)?;
+        done += n as u64;
+    }
+    Ok(Moved {
+        bytes: done,
+        strategy: Some(Strategy::ReadWrite),
+    })
+}
+
+pub(crate) const BUF_SIZE: usize = 1 << 20;
+
+pub(crate) fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut off: u64) -> io::Result<()> {
+    while !data.is_empty() {
+        match sys::pwrite(fd, data, off) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => {
+                data = &data[n..];
+                off += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Copy a sparse file extent by extent (`SEEK_DATA`/`SEEK_HOLE`), leaving holes as holes,
+/// then set the final size so a trailing hole survives. Holes are hashed as the zeros a
+/// reader sees, so the hash matches `xxh128sum` of the file.
+pub(crate) fn copy_sparse(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    size: u64,
+    caps: &mut Caps,
+    buf: &mut Vec<u8>,
+    mut hasher: Option<&mut Xxh3>,
+    faults: &Faults,
+) -> io::Result<Moved> {
+    let mut moved = Moved::default();
+    let mut off = 0u64;
+    // Each turn of the loop moves `off` forward or ends it (coreutils 9.10 fixed an
+    // infinite loop here when SEEK_HOLE answered inconsistently).
+    while off < size {
+        let Some(data) = sys::seek_data_or_hole(src, off, true)? else {
+            break;
+        };
+        if data >= size {
+            break;
+        }
+        let hole = sys::seek_data_or_hole(src, data, false)?
+            .unwrap_or(size)
+            .min(size);
+        if hole <= data {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "SEEK_HOLE went backwards",
+            ));
+        }
+        if let Some(h) = hasher.as_deref_mut() {
+            hash_zeros(h, data - off);
+        }
+        let m = copy_range(
+            Range {
+                src,
+                dst,
+                off: data,
+                len: Some(hole - data),
+            },
+            caps,
+            buf,
+            hasher.as_deref_mut(),
+            faults,
+        )?;
+        moved.bytes += m.bytes;
+        moved.strategy = m.strategy.or(moved.strategy);
+        if m.bytes < hole - data {
+            // The source shrank under us; the caller sees the short count.
+            return Ok(moved);
+        }
+        off = hole;
+    }
+    if let Some(h) = hasher {
+        hash_zeros(h, size.saturating_sub(off));
+    }
+    sys::ftruncate(dst, size)?;
+    Ok(moved)
+}
+
+fn hash_zeros(h: &mut Xxh3, mut n: u64) {
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        h.update(&ZEROS[..k]);
+        n -= k as u64;
+    }
+}
+
+/// xxHash3-128 of everything `fd` reads from offset 0 to its end.
+pub(crate) fn hash_fd(fd: BorrowedFd<'_>, buf: &mut Vec<u8>) -> io::Result<u128> {
+    if buf.is_empty() {
+        buf.resize(BUF_SIZE, 0);
+    }
+    let mut h = Xxh3::new();
+    let mut off = 0u64;
+    loop {
+        match sys::pread(fd, buf, off) {
+            Ok(0) => return Ok(h.digest128()),
+            Ok(n) => {
+                h.update(&buf[..n]);
+                off += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Ferry's copy engine: copies a tree (or one file) with `cp -a` fidelity, in parallel,
+//! through directory fds, with reflink → `copy_file_range` → sparse → read/write per file,
+//! optional xxHash3-128 verification and an `xxh128sum -c` manifest.
+//!
+//! Synchronous and free of Kubernetes, tokio and Prometheus: callers watch it through
+//! [`Progress`]. All `unsafe` lives in [`sys`].
+//!
+//! ```no_run
+//! use ferry_engine::{copy, NoProgress, Options};
+//! let summary = copy("/data/src".as_ref(), "/data/dst".as_ref(), &Options::default(), &NoProgress)?;
+//! assert!(summary.failures.is_empty());
+//! # Ok::<(), ferry_engine::Error>(())
+//! ```
+
+mod copy;
+mod data;
+mod dirent;
+mod error;
+mod meta;
+mod options;
+mod progress;
+pub mod sys;
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+pub use error::{Error, Failure, FailureKind};
+pub use options::{Faults, Options, Overwrite, Preserve, Reflink, Verify};
+pub use progress::{NoProgress, Progress, Strategy};
+
+use copy::{Ctx, DirNode, Task};
+
+/// What a copy did.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// Regular files committed under their final names.
+    pub files: u64,
+    /// Directories copied (created or merged into), the top one included.
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// FIFOs, sockets and device nodes recreated.
+    pub specials: u64,
+    /// Extra names of hard-linked files, made as links.
+    pub hardlinks: u64,
+    /// Entries left alone because the destination had them (overwrite policy).
+    pub skipped: u64,
+    /// Files whose destination bytes were re-read and matched the source's hash.
+    pub verified: u64,
+    /// Apparent size of the committed files.
+    pub bytes: u64,
+    /// Data bytes moved, by strategy (holes are not moved).
+    pub bytes_reflinked: u64,
+    pub bytes_copy_file_range: u64,
+    pub bytes_read_write: u64,
+    /// Entries that failed (the first 1000 of them; `failed` counts all).
+    pub failures: Vec<Failure>,
+    pub failed: u64,
+    /// Set when the copy stopped early (destination full).
+    pub aborted: Option<String>,
+    pub elapsed: Duration,
+}
+
+fn cstring(p: &Path) -> Result<CString, Error> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| Error::Usage(format!("{}: path contains a NUL byte", p.display())))
+}
+
+fn parent_of(p: &Path) -> &Path {
+    match p.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+fn final_name(p: &Path) -> Result<CString, Error> {
+    let name = p
+        .file_name()
+        .ok_or_else(|| Error::Usage(format!("{}: needs a final name component", p.display())))?;
+    CString::new(name.as_bytes())
+        .map_err(|_| Error::Usage(format!("{}: path contains a NUL byte", p.display())))
+}
+
+fn open_dir(p: &Path, op: &'static str) -> Result<OwnedFd, Error> {
+    sys::open(&cstring(p)?, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| Error::io(op, p, e))
+}
+
+/// Refuse to copy a directory into itself: walk up from the destination through `..`
+/// (which crosses mounts correctly) looking for the source's inode.
+fn check_not_inside(
+    src: &libc::stat,
+    dst_dir: &OwnedFd,
+    src_path: &Path,
+    dst_path: &Path,
+) -> Result<(), Error> {
+    let dotdot = c"..";
+    let mut cur = dst_dir
+        .try_clone()
+        .map_err(|e| Error::io("dup", dst_path, e))?;
+    loop {
+        let st = sys::fstat(cur.as_fd()).map_err(|e| Error::io("stat", dst_path, e))?;
+        if st.st_dev == src.st_dev && st.st_ino == src.st_ino {
+            return Err(Error::Usage(format!(
+                "cannot copy {} into itself ({} is inside it); choose a destination outside the source",
+                src_path.display(),
+                dst_path.display()
+            )));
+        }
+        let up = sys::openat(cur.as_fd(), dotdot, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .map_err(|e| Error::io("open ..", dst_path, e))?;
+        let up_st = sys::fstat(up.as_fd()).map_err(|e| Error::io("stat", dst_path, e))?;
+        if up_st.st_dev == st.st_dev && up_st.st_ino == st.st_ino {
+            return Ok(());
+        }
+        cur = up;
+    }
+}
+
+/// Copy `src` to `dst`.
+///
+/// - `dst` does not exist: it becomes a copy of `src` (as `cp -a src dst` makes it).
+/// - `dst` is an existing directory: `src`'s contents (or, for a file `src`, the file) are
+///   merged into it under `options.overwrite`; existing directories keep their own
+///   metadata unless `overwrite` is `Always`.
+/// - `dst` is an existing file and `src` a file: replaced according to `overwrite`.
+///
+/// Per-entry failures do not stop the copy; they are listed in the returned [`Summary`].
+/// An `Err` means the copy could not start (bad paths, unreadable source root).
+pub fn copy(
+    src: &Path,
+    dst: &Path,
+    options: &Options,
+    progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    let started = Instant::now();
+    sys::raise_nofile_limit();
+    let src_c = cstring(src)?;
+    let dst_c = cstring(dst)?;
+    let src_st = sys::stat_path(&src_c, false).map_err(|e| Error::io("stat source", src, e))?;
+    let src_is_dir = src_st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    let dst_st = match sys::stat_path(&dst_c, true) {
+        Ok(st) => Some(st),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            if sys::stat_path(&dst_c, false).is_ok() {
+                return Err(Error::Usage(format!(
+                    "{} is a dangling symlink; Ferry never writes through links: remove it or choose another destination",
+                    dst.display()
+                )));
+            }
+            None
+        }
+        Err(e) => return Err(Error::io("stat destination", dst, e)),
+    };
+    let dst_is_dir = dst_st.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+
+    let manifest = match &options.manifest {
+        Some(p) => Some(File::create(p).map_err(|e| Error::io("create manifest", p, e))?),
+        None => None,
+    };
+    let ctx = Ctx::new(options, progress, manifest);
+
+    if src_is_dir {
+        let src_fd = open_dir(src, "open source directory")?;
+        let (dst_fd, fresh) = match dst_st {
+            None => {
+                let parent = parent_of(dst);
+                let parent_fd = open_dir(parent, "open destination parent")?;
+                check_not_inside(&src_st, &parent_fd, src, dst)?;
+                let name = final_name(dst)?;
+                sys::mkdirat(parent_fd.as_fd(), &name, 0o700).map_err(|e| Error::io("create directory", dst, e))?;
+                let fd = sys::openat(parent_fd.as_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
+                    .map_err(|e| Error::io("open destination", dst, e))?;
+                (fd, true)
+            }
+            Some(_) if dst_is_dir => {
+                let fd = open_dir(dst, "open destination")?;
+                check_not_inside(&src_st, &fd, src, dst)?;
+                (fd, false)
+            }
+            Some(_) => {
+                return Err(Error::Usage(format!(
+                    "{} exists and is not a directory, but {} is one; choose a new name or an existing directory",
+                    dst.display(),
+                    src.display()
+                )))
+            }
+        };
+        let keep_meta = fresh || options.overwrite == Overwrite::Always;
+        let root = DirNode::new(src_fd, dst_fd, keep_meta.then_some(src_st), fresh)
+            .map_err(|e| Error::io("stat", dst, e))?;
+        ctx.counters.dirs.fetch_add(1, Ordering::Relaxed);
+        ctx.push(Task::List(Arc::new(root)));
+    } else {
+        let src_name = final_name(src)?;
+        let src_parent = open_dir(parent_of(src), "open source parent")?;
+        let (dst_parent, dst_name, fresh) = if dst_is_dir {
+            (open_dir(dst, "open destination")?, src_name.clone(), false)
+        } else {
+            (
+                open_dir(parent_of(dst), "open destination parent")?,
+                final_name(dst)?,
+                dst_st.is_none(),
+            )
+        };
+        let parent = DirNode::new(src_parent, dst_parent, None, fresh)
+            .map_err(|e| Error::io("stat", dst, e))?;
+        ctx.push(Task::Entry {
+            dir: Arc::new(parent),
+            src_name,
+            dst_name,
+        });
+    }
+
+    ctx.run(options.workers_resolved());
+
+    let c = &ctx.counters;
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let failures =
+        std::mem::take(&mut *ctx.failures.lock().unwrap_or_else(PoisonError::into_inner));
+    let aborted = ctx
+        .aborted
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    let summary = Summary {
+        files: get(&c.files),
+        dirs: get(&c.dirs),
+        symlinks: get(&c.symlinks),
+        specials: get(&c.specials),
+        hardlinks: get(&c.hardlinks),
+        skipped: get(&c.skipped),
+        verified: get(&c.verified),
+        bytes: get(&c.bytes),
+        bytes_reflinked: get(&c.by_strategy[Strategy::Reflink as usize]),
+        bytes_copy_file_range: get(&c.by_strategy[Strategy::CopyFileRange as usize]),
+        bytes_read_write: get(&c.by_strategy[Strategy::ReadWrite as usize]),
+        failures,
+        failed: get(&c.failed),
+        aborted,
+        elapsed: started.elapsed(),
+    };
+    ctx.finish_manifest().map_err(|e| {
+        Error::io(
+            "write manifest",
+            options.manifest.clone().unwrap_or_default(),
+            e,
+        )
+    })?;
+    Ok(summary)
+}

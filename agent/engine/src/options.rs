@@ -1,0 +1,172 @@
+//! What a copy should do: strategy, verification, metadata and overwrite policy.
+
+use std::path::PathBuf;
+
+/// Whether data may be shared with the source by reflink (`FICLONE`) instead of copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reflink {
+    /// Clone where the filesystem pair supports it, copy otherwise.
+    #[default]
+    Auto,
+    /// Clone or fail the file: for callers that rely on O(metadata) copies.
+    Always,
+    /// Never share extents. Also avoids `copy_file_range` on filesystems where it clones
+    /// implicitly (XFS, btrfs, NFS, ...), so the destination owns its own blocks.
+    Never,
+}
+
+/// How a copied file is checked against its source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verify {
+    /// No check beyond the byte counts of each call.
+    #[default]
+    None,
+    /// Hash (xxHash3-128) the source bytes as they are read and the destination bytes after
+    /// writing (from the page cache); a difference fails the file.
+    Checksum,
+    /// As `Checksum`, but the destination is flushed with `fdatasync` and evicted from the
+    /// page cache before it is re-read, so the bytes come from the medium.
+    Full,
+}
+
+/// What happens when a destination entry already exists (only possible when copying into
+/// an existing directory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overwrite {
+    /// Keep the existing entry; the source entry is skipped and counted.
+    #[default]
+    Never,
+    /// Replace it unless it is a regular file with the source's size and mtime.
+    IfChanged,
+    /// Replace it. Replacement is a rename over the old name: a link at that name is
+    /// replaced, never written through.
+    Always,
+}
+
+/// Which metadata is carried over. All on by default, as `cp -a` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preserve {
+    /// Permission bits including setuid, setgid and sticky. Off: `mode & 0777 & !umask`.
+    pub mode: bool,
+    /// Owner and group (needs root or CAP_CHOWN; quietly kept as-is otherwise, like `cp -a`).
+    pub ownership: bool,
+    /// atime and mtime, in nanoseconds, on files, directories and symlinks.
+    pub timestamps: bool,
+    /// Extended attributes, POSIX ACLs included (they are `system.posix_acl_*` xattrs).
+    pub xattrs: bool,
+    /// Hard links: entries sharing an inode in the source share one in the destination.
+    pub links: bool,
+    /// Holes in sparse files stay holes.
+    pub sparse: bool,
+}
+
+impl Default for Preserve {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+impl Preserve {
+    pub const ALL: Self = Self {
+        mode: true,
+        ownership: true,
+        timestamps: true,
+        xattrs: true,
+        links: true,
+        sparse: true,
+    };
+
+    /// The names accepted by [`Preserve::without`], in documentation order.
+    pub const NAMES: [&'static str; 6] = [
+        "mode",
+        "ownership",
+        "timestamps",
+        "xattrs",
+        "links",
+        "sparse",
+    ];
+
+    /// Turn off one kind of metadata by name (`mode`, `ownership`, `timestamps`, `xattrs`,
+    /// `links`, `sparse`, or `all`). Returns `None` for an unknown name.
+    pub fn without(mut self, name: &str) -> Option<Self> {
+        match name {
+            "mode" => self.mode = false,
+            "ownership" | "owner" => self.ownership = false,
+            "timestamps" => self.timestamps = false,
+            "xattrs" | "xattr" => self.xattrs = false,
+            "links" => self.links = false,
+            "sparse" => self.sparse = false,
+            "all" => {
+                self = Self {
+                    mode: false,
+                    ownership: false,
+                    timestamps: false,
+                    xattrs: false,
+                    links: false,
+                    sparse: false,
+                }
+            }
+            _ => return None,
+        }
+        Some(self)
+    }
+}
+
+/// Everything a copy needs besides the two paths.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Worker threads; 0 means the number of CPUs.
+    pub workers: usize,
+    pub reflink: Reflink,
+    pub verify: Verify,
+    pub overwrite: Overwrite,
+    pub preserve: Preserve,
+    /// Write an `xxh128sum -c` compatible manifest here (paths relative to the destination).
+    /// Requires `verify` other than `None` for the hashes to exist; the engine forces
+    /// hashing on when a manifest is requested.
+    pub manifest: Option<PathBuf>,
+    /// Test-only fault injection; empty in normal use.
+    #[doc(hidden)]
+    pub faults: Faults,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            workers: 0,
+            reflink: Reflink::Auto,
+            verify: Verify::None,
+            overwrite: Overwrite::Never,
+            preserve: Preserve::ALL,
+            manifest: None,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// Kernel misbehaviour that tests cannot summon on demand, injected at the `sys` seam.
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// `copy_file_range` returns 0 at offset 0, as it does on procfs and some overlayfs.
+    pub copy_file_range_returns_zero: bool,
+    /// `copy_file_range` fails with this errno (e.g. EXDEV, ENOSYS, EPERM).
+    pub copy_file_range_errno: Option<i32>,
+    /// `FICLONE` fails with this errno.
+    pub ficlone_errno: Option<i32>,
+    /// Flip the first byte of this destination file (by name) after it is written and
+    /// before it is verified: the verification must catch it.
+    pub corrupt_after_write: Option<Vec<u8>>,
+}
+
+impl Options {
+    /// The worker count to use: `workers`, or the number of CPUs when it is 0.
+    pub fn workers_resolved(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(64),
+            n => n,
+        }
+    }
+}

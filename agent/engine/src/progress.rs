@@ -1,0 +1,50 @@
+//! The seam between the engine and whoever watches it (a terminal bar, Prometheus).
+//!
+//! Called from worker threads, so implementations must be cheap and thread-safe: counters
+//! and atomics, no locks held across I/O. Per-file calls, but never per system call.
+
+use crate::error::Failure;
+
+/// How a file's bytes reached the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// Extents shared with `FICLONE` (or cloned by `copy_file_range` on a CoW filesystem).
+    Reflink,
+    /// In-kernel `copy_file_range`.
+    CopyFileRange,
+    /// `pread`/`pwrite` through a user-space buffer (the path that can hash the bytes).
+    ReadWrite,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 3] = [
+        Strategy::Reflink,
+        Strategy::CopyFileRange,
+        Strategy::ReadWrite,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Reflink => "reflink",
+            Strategy::CopyFileRange => "copy_file_range",
+            Strategy::ReadWrite => "read_write",
+        }
+    }
+}
+
+/// Receives the copy's events. Every method has an empty default.
+pub trait Progress: Sync {
+    /// `bytes` of file data reached the destination by `strategy` (a whole small file, or
+    /// one chunk of a large one).
+    fn bytes_copied(&self, _bytes: u64, _strategy: Strategy) {}
+    /// One entry (file, directory, link, special file) is complete under its final name.
+    fn entry_done(&self) {}
+    /// One entry failed; the copy goes on.
+    fn failed(&self, _failure: &Failure) {}
+}
+
+/// A [`Progress`] that ignores everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {}

@@ -1,0 +1,500 @@
+//! Every libc call the engine makes, and the only module with `unsafe`.
+//!
+//! One small safe function per system call: `-1` becomes an `io::Error`, and calls whose
+//! "not supported here" answers the caller falls back on return that as a value (the xcp
+//! `libfs/src/linux.rs` shape). Nothing here decides policy.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+pub use libc::stat as Stat;
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        // A non-negative ssize_t always fits in usize.
+        Ok(ret as usize)
+    }
+}
+
+fn owned(fd: libc::c_int) -> io::Result<OwnedFd> {
+    let fd = cvt(fd)?;
+    // SAFETY: `fd` was just returned by the kernel as a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `openat(dir, name, flags | O_CLOEXEC, mode)`.
+pub fn openat(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: libc::c_int,
+    mode: u32,
+) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is a valid NUL-terminated string and `dir` a live descriptor.
+    owned(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    })
+}
+
+/// `open(path)` for the top-level paths the user named (relative to the working directory).
+pub fn open(path: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is a valid NUL-terminated string.
+    owned(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) })
+}
+
+/// `openat2(dir, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`:
+/// a multi-component relative path that can neither leave `dir` nor pass a symlink.
+/// ENOSYS (kernel < 5.6) is returned as is; callers refuse rather than weaken.
+pub fn openat2_beneath(
+    dir: BorrowedFd<'_>,
+    path: &CStr,
+    flags: libc::c_int,
+) -> io::Result<OwnedFd> {
+    // `struct open_how` (linux/openat2.h); libc's is non-exhaustive, so mirror it here.
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `how` is a fully initialised open_how whose size we pass; `path` is NUL-terminated.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    owned(ret as libc::c_int)
+}
+
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    let mut st = MaybeUninit::<Stat>::uninit();
+    // SAFETY: `st` points to writable memory of the right size; the kernel fills it on success.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded, so `st` is initialised.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: never follows a final symlink.
+pub fn lstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
+    let mut st = MaybeUninit::<Stat>::uninit();
+    // SAFETY: valid string and output buffer; see fstat.
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat succeeded.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `stat` or `lstat` of a user-named path.
+pub fn stat_path(path: &CStr, follow: bool) -> io::Result<Stat> {
+    let mut st = MaybeUninit::<Stat>::uninit();
+    let flags = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
+    // SAFETY: valid string and output buffer; see fstat.
+    cvt(unsafe { libc::fstatat(libc::AT_FDCWD, path.as_ptr(), st.as_mut_ptr(), flags) })?;
+    // SAFETY: fstatat succeeded.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// One `getdents64` call into `buf`; 0 means the end of the directory.
+pub fn getdents64(dir: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            dir.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    cvt_size(ret as libc::ssize_t)
+}
+
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: valid descriptor and NUL-terminated name.
+    cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) }).map(drop)
+}
+
+pub fn mknodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32, dev: u64) -> io::Result<()> {
+    // SAFETY: valid descriptor and NUL-terminated name.
+    cvt(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t, dev) })
+        .map(drop)
+}
+
+pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: both strings are NUL-terminated; `dir` is live.
+    cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }).map(drop)
+}
+
+/// `readlinkat`, growing the buffer until the whole target fits.
+pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<CString> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+        let n = cvt_size(unsafe {
+            libc::readlinkat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        })?;
+        if n < buf.len() {
+            buf.truncate(n);
+            // A link target never contains NUL.
+            return CString::new(buf).map_err(|_| io::Error::from(io::ErrorKind::InvalidData));
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+}
+
+pub fn linkat(
+    old_dir: BorrowedFd<'_>,
+    old: &CStr,
+    new_dir: BorrowedFd<'_>,
+    new: &CStr,
+) -> io::Result<()> {
+    // SAFETY: valid descriptors and NUL-terminated names; flags 0 never follows `old`.
+    cvt(unsafe {
+        libc::linkat(
+            old_dir.as_raw_fd(),
+            old.as_ptr(),
+            new_dir.as_raw_fd(),
+            new.as_ptr(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// `renameat2`; `no_replace` selects `RENAME_NOREPLACE` (fails with EEXIST instead of replacing).
+pub fn renameat(
+    dir: BorrowedFd<'_>,
+    old: &CStr,
+    new_dir: BorrowedFd<'_>,
+    new: &CStr,
+    no_replace: bool,
+) -> io::Result<()> {
+    let flags = if no_replace {
+        libc::RENAME_NOREPLACE
+    } else {
+        0
+    };
+    // SAFETY: valid descriptors and NUL-terminated names.
+    cvt(unsafe {
+        libc::renameat2(
+            dir.as_raw_fd(),
+            old.as_ptr(),
+            new_dir.as_raw_fd(),
+            new.as_ptr(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, is_dir: bool) -> io::Result<()> {
+    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: valid descriptor and NUL-terminated name.
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }).map(drop)
+}
+
+/// `ioctl(dst, FICLONE, src)`: share all of `src`'s extents with `dst`.
+pub fn ficlone(dst: BorrowedFd<'_>, src: BorrowedFd<'_>) -> io::Result<()> {
+    // FICLONE = _IOW(0x94, 9, int); not exported by the libc crate on every target.
+    const FICLONE: libc::c_ulong = 0x4004_9409;
+    // SAFETY: FICLONE takes the source descriptor by value; both descriptors are live.
+    cvt(unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE, src.as_raw_fd()) }).map(drop)
+}
+
+/// `copy_file_range` with explicit offsets (so parallel chunks never share a file position).
+pub fn copy_file_range(
+    src: BorrowedFd<'_>,
+    off_in: u64,
+    dst: BorrowedFd<'_>,
+    off_out: u64,
+    len: usize,
+) -> io::Result<usize> {
+    let mut off_in = off_in as libc::loff_t;
+    let mut off_out = off_out as libc::loff_t;
+    // SAFETY: the offsets are valid pointers to locals; no buffer memory is involved.
+    cvt_size(unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            &mut off_in,
+            dst.as_raw_fd(),
+            &mut off_out,
+            len,
+            0,
+        )
+    })
+}
+
+/// `lseek(SEEK_DATA)` / `lseek(SEEK_HOLE)`; `Ok(None)` when there is no data at or after `off`.
+pub fn seek_data_or_hole(fd: BorrowedFd<'_>, off: u64, data: bool) -> io::Result<Option<u64>> {
+    let whence = if data {
+        libc::SEEK_DATA
+    } else {
+        libc::SEEK_HOLE
+    };
+    // SAFETY: plain integer arguments.
+    let ret = unsafe { libc::lseek(fd.as_raw_fd(), off as libc::off_t, whence) };
+    if ret == -1 {
+        let err = io::Error::last_os_error();
+        return if err.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(err)
+        };
+    }
+    Ok(Some(ret as u64))
+}
+
+pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    cvt_size(unsafe {
+        libc::pread(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            off as libc::off_t,
+        )
+    })
+}
+
+pub fn pwrite(fd: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Result<usize> {
+    // SAFETY: the kernel reads at most `buf.len()` bytes from `buf`.
+    cvt_size(unsafe {
+        libc::pwrite(
+            fd.as_raw_fd(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            off as libc::off_t,
+        )
+    })
+}
+
+pub fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    // SAFETY: plain integer arguments.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }).map(drop)
+}
+
+pub fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain integer argument.
+    cvt(unsafe { libc::fdatasync(fd.as_raw_fd()) }).map(drop)
+}
+
+/// Drop `fd`'s clean pages from the page cache, so the next read comes from the medium.
+pub fn fadvise_dontneed(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain integer arguments. posix_fadvise returns the error number instead of -1.
+    match unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) } {
+        0 => Ok(()),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
+pub fn fchown(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: plain integer arguments.
+    cvt(unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) }).map(drop)
+}
+
+/// `fchownat(AT_SYMLINK_NOFOLLOW)`: changes a symlink itself, never its target.
+pub fn lchownat(dir: BorrowedFd<'_>, name: &CStr, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: valid descriptor and NUL-terminated name.
+    cvt(unsafe {
+        libc::fchownat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            uid,
+            gid,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+pub fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    // SAFETY: plain integer arguments.
+    cvt(unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) }).map(drop)
+}
+
+/// `fchmodat` for entries we cannot open (FIFOs, devices, sockets); never used on symlinks.
+pub fn fchmodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: valid descriptor and NUL-terminated name.
+    cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t, 0) })
+        .map(drop)
+}
+
+fn timespecs(st: &Stat) -> [libc::timespec; 2] {
+    [
+        libc::timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec,
+        },
+        libc::timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec,
+        },
+    ]
+}
+
+/// Set atime and mtime (nanoseconds) of `fd` to those in `st`.
+pub fn futimens(fd: BorrowedFd<'_>, st: &Stat) -> io::Result<()> {
+    let ts = timespecs(st);
+    // SAFETY: `ts` is an array of two initialised timespecs.
+    cvt(unsafe { libc::futimens(fd.as_raw_fd(), ts.as_ptr()) }).map(drop)
+}
+
+/// `utimensat(AT_SYMLINK_NOFOLLOW)`: the times of the entry itself, symlinks included.
+pub fn lutimensat(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> io::Result<()> {
+    let ts = timespecs(st);
+    // SAFETY: see futimens; `name` is NUL-terminated.
+    cvt(unsafe {
+        libc::utimensat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+/// `flistxattr`: the NUL-separated list of attribute names.
+pub fn flistxattr(fd: BorrowedFd<'_>, buf: &mut Vec<u8>) -> io::Result<()> {
+    loop {
+        // SAFETY: a zero-size query writes nothing.
+        let need = cvt_size(unsafe { libc::flistxattr(fd.as_raw_fd(), std::ptr::null_mut(), 0) })?;
+        buf.resize(need, 0);
+        if need == 0 {
+            return Ok(());
+        }
+        // SAFETY: the kernel writes at most `buf.len()` bytes.
+        match cvt_size(unsafe {
+            libc::flistxattr(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())
+        }) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(());
+            }
+            // The list grew between the two calls: ask again.
+            Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+pub fn fgetxattr(fd: BorrowedFd<'_>, name: &CStr, buf: &mut Vec<u8>) -> io::Result<()> {
+    loop {
+        // SAFETY: a zero-size query writes nothing.
+        let need = cvt_size(unsafe {
+            libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), std::ptr::null_mut(), 0)
+        })?;
+        buf.resize(need, 0);
+        // SAFETY: the kernel writes at most `buf.len()` bytes.
+        match cvt_size(unsafe {
+            libc::fgetxattr(
+                fd.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        }) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(());
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+pub fn fsetxattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> io::Result<()> {
+    // SAFETY: the kernel reads `value.len()` bytes from `value`; `name` is NUL-terminated.
+    cvt(unsafe {
+        libc::fsetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// The filesystem magic (`f_type`) of the filesystem holding `fd`.
+pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
+    let mut sfs = MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `sfs` is writable memory of the right size.
+    cvt(unsafe { libc::fstatfs(fd.as_raw_fd(), sfs.as_mut_ptr()) })?;
+    // SAFETY: fstatfs succeeded.
+    Ok(unsafe { sfs.assume_init() }.f_type as i64)
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+pub fn getegid() -> u32 {
+    // SAFETY: getegid cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// Raise the soft open-file limit to the hard limit; the pool bounds how many we use.
+pub fn raise_nofile_limit() {
+    let mut lim = MaybeUninit::<libc::rlimit>::uninit();
+    // SAFETY: `lim` is writable memory of the right size.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, lim.as_mut_ptr()) } == 0 {
+        // SAFETY: getrlimit succeeded.
+        let mut lim = unsafe { lim.assume_init() };
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            // SAFETY: `lim` is initialised. Failure only leaves the old limit in place.
+            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+        }
+    }
+}
+
+/// The process umask, read without changing it (`umask(2)` would race other threads).
+pub fn current_umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+        .unwrap_or(0o022)
+}

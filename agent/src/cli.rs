@@ -1,0 +1,93 @@
+//! Command-line interface of `ferry-agent`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ferry-agent",
+    version,
+    about = "Ferry node agent and local copy tool"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Copy SRC to DST with cp -a fidelity, in parallel.
+    ///
+    /// If DST does not exist it becomes a copy of SRC (like `cp -a SRC DST`). If DST is an
+    /// existing directory, SRC's contents are merged into it (a file SRC lands as
+    /// DST/NAME); entries DST already has are handled by --overwrite. Files appear under
+    /// their final names only when complete.
+    ///
+    /// Exit status: 0 all copied, 1 some entries failed (listed on stderr), 2 bad usage.
+    Copy(CopyArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ReflinkArg {
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum VerifyArg {
+    None,
+    Checksum,
+    Full,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OverwriteArg {
+    Never,
+    IfChanged,
+    Always,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CopyArgs {
+    /// Source file or directory.
+    pub src: PathBuf,
+    /// Destination: a new name, or an existing directory to merge into.
+    pub dst: PathBuf,
+    /// Worker threads (default: number of CPUs).
+    #[arg(
+        long,
+        short = 'w',
+        value_name = "N",
+        default_value_t = 0,
+        hide_default_value = true
+    )]
+    pub workers: usize,
+    /// Share data blocks with the source where the filesystem can (XFS, btrfs).
+    /// `never` also avoids copy_file_range where it would clone implicitly.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub reflink: ReflinkArg,
+    /// `checksum`: hash source and destination bytes (xxHash3-128) and compare;
+    /// `full`: also flush the destination and re-read it from the disk.
+    #[arg(long, value_enum, default_value = "none")]
+    pub verify: VerifyArg,
+    /// What to do with entries that already exist in DST: keep them (`never`), replace
+    /// them unless size and mtime match (`if-changed`), or replace them (`always`).
+    #[arg(long, value_enum, default_value = "never")]
+    pub overwrite: OverwriteArg,
+    /// Metadata NOT to keep, comma-separated: mode, ownership, timestamps, xattrs, links,
+    /// sparse, or all.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub no_preserve: Vec<String>,
+    /// Write an `xxh128sum -c` compatible manifest of the copied files to FILE (paths
+    /// relative to DST; check with `cd DST && xxh128sum -c FILE`).
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// No progress bar, even on a terminal.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,305 @@
+//! `ferry-agent copy`: the engine with a terminal progress bar and a summary.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_engine::{
+    Failure, Options, Overwrite, Preserve, Progress, Reflink, Strategy, Summary, Verify,
+};
+use serde::Serialize;
+
+use crate::cli::{CopyArgs, OverwriteArg, ReflinkArg, VerifyArg};
+
+/// Failures printed on stderr; the JSON summary and the count carry the rest.
+const FAILURES_SHOWN: usize = 20;
+
+/// Build engine options from the flags, or a message saying what to change.
+pub fn options(args: &CopyArgs) -> Result<Options, String> {
+    let mut preserve = Preserve::ALL;
+    for name in args
+        .no_preserve
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+    {
+        preserve = preserve.without(name).ok_or_else(|| {
+            format!("--no-preserve: unknown metadata kind '{name}'; use a comma-separated list of {}, or all", Preserve::NAMES.join(", "))
+        })?;
+    }
+    Ok(Options {
+        workers: args.workers,
+        reflink: match args.reflink {
+            ReflinkArg::Auto => Reflink::Auto,
+            ReflinkArg::Always => Reflink::Always,
+            ReflinkArg::Never => Reflink::Never,
+        },
+        verify: match args.verify {
+            VerifyArg::None => Verify::None,
+            VerifyArg::Checksum => Verify::Checksum,
+            VerifyArg::Full => Verify::Full,
+        },
+        overwrite: match args.overwrite {
+            OverwriteArg::Never => Overwrite::Never,
+            OverwriteArg::IfChanged => Overwrite::IfChanged,
+            OverwriteArg::Always => Overwrite::Always,
+        },
+        preserve,
+        manifest: args.manifest.clone(),
+        ..Options::default()
+    })
+}
+
+/// Counters the progress bar reads.
+#[derive(Default)]
+struct Live {
+    entries: AtomicU64,
+    bytes: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Progress for Live {
+    fn bytes_copied(&self, bytes: u64, _strategy: Strategy) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    fn entry_done(&self) {
+        self.entries.fetch_add(1, Ordering::Relaxed);
+    }
+    fn failed(&self, _failure: &Failure) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+pub fn run(args: &CopyArgs) -> ExitCode {
+    let opts = match options(args) {
+        Ok(o) => o,
+        Err(msg) => return usage(&msg),
+    };
+    let live = Arc::new(Live::default());
+    let show_bar = !args.no_progress && !args.json && std::io::stderr().is_terminal();
+    let done = Arc::new(AtomicBool::new(false));
+    let bar = show_bar.then(|| spawn_bar(&args.src, live.clone(), done.clone()));
+    let result = ferry_engine::copy(&args.src, &args.dst, &opts, &*live);
+    done.store(true, Ordering::Relaxed);
+    if let Some(handle) = bar {
+        let _ = handle.join();
+    }
+    let summary = match result {
+        Ok(s) => s,
+        Err(e) => return usage(&e.to_string()),
+    };
+    report(&summary, args.json);
+    if summary.failed == 0 && summary.aborted.is_none() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("ferry-agent copy: {msg}");
+    eprintln!("usage: ferry-agent copy [OPTIONS] SRC DST   (see --help)");
+    ExitCode::from(2)
+}
+
+/// Count the source in the background so the bar has a total; the copy does not wait.
+fn spawn_bar(src: &Path, live: Arc<Live>, done: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    let total_entries = Arc::new(AtomicU64::new(0));
+    let total_bytes = Arc::new(AtomicU64::new(0));
+    let counted = Arc::new(AtomicBool::new(false));
+    {
+        let (te, tb, counted, src) = (
+            total_entries.clone(),
+            total_bytes.clone(),
+            counted.clone(),
+            src.to_path_buf(),
+        );
+        std::thread::spawn(move || {
+            count_tree(&src, &te, &tb);
+            counted.store(true, Ordering::Relaxed);
+        });
+    }
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut err = std::io::stderr();
+        while !done.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(200));
+            let (n, b) = (
+                live.entries.load(Ordering::Relaxed),
+                live.bytes.load(Ordering::Relaxed),
+            );
+            let rate = b as f64 / start.elapsed().as_secs_f64().max(1e-3);
+            let line = if counted.load(Ordering::Relaxed) {
+                let (tn, tb) = (
+                    total_entries.load(Ordering::Relaxed),
+                    total_bytes.load(Ordering::Relaxed),
+                );
+                let frac = if tb > 0 {
+                    b as f64 / tb as f64
+                } else if tn > 0 {
+                    n as f64 / tn as f64
+                } else {
+                    1.0
+                };
+                let frac = frac.clamp(0.0, 1.0);
+                let filled = (frac * 30.0) as usize;
+                let eta = if rate > 0.0 && tb > b {
+                    format!(" ETA {:.0}s", (tb - b) as f64 / rate)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "[{}{}] {:>3.0}% {n}/{tn} entries {}/{} {}/s{eta}",
+                    "#".repeat(filled),
+                    ".".repeat(30 - filled),
+                    frac * 100.0,
+                    human(b),
+                    human(tb),
+                    human(rate as u64)
+                )
+            } else {
+                format!(
+                    "{n} entries {} {}/s (counting...)",
+                    human(b),
+                    human(rate as u64)
+                )
+            };
+            let _ = write!(err, "\r\x1b[K{line}");
+            let _ = err.flush();
+        }
+        let _ = write!(err, "\r\x1b[K");
+    })
+}
+
+fn count_tree(path: &Path, entries: &AtomicU64, bytes: &AtomicU64) {
+    let Ok(md) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    entries.fetch_add(1, Ordering::Relaxed);
+    if md.is_file() {
+        bytes.fetch_add(md.len(), Ordering::Relaxed);
+    } else if md.is_dir() {
+        if let Ok(rd) = std::fs::read_dir(path) {
+            for e in rd.flatten() {
+                count_tree(&e.path(), entries, bytes);
+            }
+        }
+    }
+}
+
+pub fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[derive(Serialize)]
+struct JsonFailure<'a> {
+    path: String,
+    op: &'a str,
+    reason: &'a str,
+    message: &'a str,
+}
+
+#[derive(Serialize)]
+struct JsonSummary<'a> {
+    ok: bool,
+    files: u64,
+    dirs: u64,
+    symlinks: u64,
+    specials: u64,
+    hardlinks: u64,
+    skipped: u64,
+    verified: u64,
+    bytes: u64,
+    bytes_reflinked: u64,
+    bytes_copy_file_range: u64,
+    bytes_read_write: u64,
+    elapsed_seconds: f64,
+    bytes_per_second: f64,
+    failed: u64,
+    failures: Vec<JsonFailure<'a>>,
+    aborted: Option<&'a str>,
+}
+
+fn report(s: &Summary, json: bool) {
+    let secs = s.elapsed.as_secs_f64();
+    let rate = s.bytes as f64 / secs.max(1e-9);
+    if json {
+        let out = JsonSummary {
+            ok: s.failed == 0 && s.aborted.is_none(),
+            files: s.files,
+            dirs: s.dirs,
+            symlinks: s.symlinks,
+            specials: s.specials,
+            hardlinks: s.hardlinks,
+            skipped: s.skipped,
+            verified: s.verified,
+            bytes: s.bytes,
+            bytes_reflinked: s.bytes_reflinked,
+            bytes_copy_file_range: s.bytes_copy_file_range,
+            bytes_read_write: s.bytes_read_write,
+            elapsed_seconds: secs,
+            bytes_per_second: rate,
+            failed: s.failed,
+            failures: s
+                .failures
+                .iter()
+                .map(|f| JsonFailure {
+                    path: f.path.to_string_lossy().into_owned(),
+                    op: f.op,
+                    reason: f.kind.as_str(),
+                    message: &f.message,
+                })
+                .collect(),
+            aborted: s.aborted.as_deref(),
+        };
+        match serde_json::to_string(&out) {
+            Ok(line) => println!("{line}"),
+            Err(e) => eprintln!("ferry-agent copy: cannot encode summary: {e}"),
+        }
+    } else {
+        let mut extra = String::new();
+        if s.skipped > 0 {
+            extra.push_str(&format!(", {} kept (already in destination)", s.skipped));
+        }
+        if s.verified > 0 {
+            extra.push_str(&format!(", {} verified", s.verified));
+        }
+        eprintln!(
+            "copied {} files, {} dirs, {} symlinks, {} special, {} hard links: {} ({} reflinked) in {:.2}s, {}/s{extra}",
+            s.files,
+            s.dirs,
+            s.symlinks,
+            s.specials,
+            s.hardlinks,
+            human(s.bytes),
+            human(s.bytes_reflinked),
+            secs,
+            human(rate as u64)
+        );
+    }
+    for f in s.failures.iter().take(FAILURES_SHOWN) {
+        eprintln!("failed [{}]: {f}", f.kind.as_str());
+    }
+    if s.failed > FAILURES_SHOWN as u64 {
+        eprintln!("... and {} more failures", s.failed - FAILURES_SHOWN as u64);
+    }
+    if let Some(why) = &s.aborted {
+        eprintln!("stopped early: {why}; free space on the destination and run the same command with --overwrite if-changed to finish");
+    } else if s.failed > 0 {
+        eprintln!("{} entries failed; fix the causes above and re-run with --overwrite if-changed to copy only what is missing", s.failed);
+    }
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Correctness gate for one benchmark copy (stdlib only).
+
+  check.py SRC DST OUT.json [--no-content]
+
+Walks both trees and compares: the set of relative paths, entry types, sizes, symlink
+targets and (unless --no-content) regular-file bytes.  It also records, without failing on
+them, whether metadata was preserved (mode, uid, gid, mtime to the nanosecond, for every
+entry except the top directory's times) and the allocated bytes of both trees (sparseness).
+
+Writes OUT.json: {"ok": bool, "errors": [first few], "entries": N, "apparent_bytes": B,
+"src_alloc_bytes": A, "dst_alloc_bytes": A, "meta_preserved": bool, "meta_diffs": N}.
+Exits 0 even on mismatch; the report marks the run invalid.
+"""
+import json
+import os
+import stat
+import sys
+
+BUF = 1 << 20
+
+
+def walk(root):
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            out[os.path.relpath(p, root)] = os.lstat(p)
+    return out
+
+
+def same_bytes(a, b):
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x = fa.read(BUF)
+            y = fb.read(BUF)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def main(argv):
+    args = [a for a in argv[1:] if not a.startswith("--")]
+    content = "--no-content" not in argv
+    if len(args) != 3:
+        sys.exit(__doc__)
+    src, dst, out = args
+    errors = []
+    meta_diffs = 0
+    res = {"ok": False, "errors": errors}
+    if not os.path.isdir(dst):
+        errors.append(f"{dst} is not a directory")
+    else:
+        s, d = walk(src), walk(dst)
+        missing = sorted(set(s) - set(d))
+        extra = sorted(set(d) - set(s))
+        errors += [f"missing {p}" for p in missing[:5]]
+        errors += [f"extra {p}" for p in extra[:5]]
+        if len(missing) > 5 or len(extra) > 5:
+            errors.append(f"{len(missing)} missing, {len(extra)} extra in total")
+        src_alloc = dst_alloc = apparent = 0
+        for rel in sorted(set(s) & set(d)):
+            a, b = s[rel], d[rel]
+            src_alloc += a.st_blocks * 512
+            dst_alloc += b.st_blocks * 512
+            if stat.S_IFMT(a.st_mode) != stat.S_IFMT(b.st_mode):
+                errors.append(f"type differs: {rel}")
+                continue
+            if (a.st_mode, a.st_uid, a.st_gid) != (b.st_mode, b.st_uid, b.st_gid) or (
+                not stat.S_ISLNK(a.st_mode) and a.st_mtime_ns != b.st_mtime_ns
+            ):
+                meta_diffs += 1
+            if stat.S_ISREG(a.st_mode):
+                apparent += a.st_size
+                if a.st_size != b.st_size:
+                    errors.append(f"size differs: {rel} {a.st_size} != {b.st_size}")
+                elif content and not same_bytes(os.path.join(src, rel), os.path.join(dst, rel)):
+                    errors.append(f"content differs: {rel}")
+            elif stat.S_ISLNK(a.st_mode):
+                if os.readlink(os.path.join(src, rel)) != os.readlink(os.path.join(dst, rel)):
+                    errors.append(f"symlink target differs: {rel}")
+            if len(errors) > 20:
+                errors.append("... stopped after 20 errors")
+                break
+        res.update(
+            entries=len(s),
+            apparent_bytes=apparent,
+            src_alloc_bytes=src_alloc,
+            dst_alloc_bytes=dst_alloc,
+            meta_diffs=meta_diffs,
+            meta_preserved=meta_diffs == 0,
+            content_checked=content,
+        )
+    res["ok"] = not errors
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(("ok" if res["ok"] else "FAIL: " + "; ".join(errors[:3]))
+          + (f" (metadata {'preserved' if res.get('meta_preserved') else 'not preserved'})"
+             if "meta_preserved" in res else ""))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

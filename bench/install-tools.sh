@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Install the tools the benchmark needs, idempotently, caching outside the repo.
+#   Debian: hyperfine, time (/usr/bin/time)
+#   crates.io (cargo install --locked --root $FERRY_TOOLS/cargo): ftzz, xcp, cpz (from the fuc project), fcp
+# Env:
+#   FERRY_TOOLS        cache dir (default /var/cache/ferry-tools)
+#   FERRY_TOOLS_JOBS   cargo build jobs for the installs (default: nproc)
+set -euo pipefail
+
+FERRY_TOOLS="${FERRY_TOOLS:-/var/cache/ferry-tools}"
+CARGO_ROOT="$FERRY_TOOLS/cargo"
+JOBS="${FERRY_TOOLS_JOBS:-$(nproc)}"
+mkdir -p "$CARGO_ROOT/bin" "$FERRY_TOOLS/logs"
+
+log() { printf '[install-tools] %s\n' "$*" >&2; }
+
+# --- Debian packages ---------------------------------------------------------
+apt_missing=()
+command -v hyperfine >/dev/null 2>&1 || apt_missing+=(hyperfine)
+[[ -x /usr/bin/time ]] || apt_missing+=(time)
+if ((${#apt_missing[@]})); then
+    log "apt-get install ${apt_missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${apt_missing[@]}"
+fi
+
+# --- crates -------------------------------------------------------------------
+# crate:binary  (the fuc project publishes its copy tool as the crate `cpz`;
+# there is no crate named `fuc` on crates.io)
+crates=(ftzz:ftzz xcp:xcp cpz:cpz fcp:fcp)
+installed=0
+for spec in "${crates[@]}"; do
+    crate="${spec%%:*}" bin="${spec##*:}"
+    if [[ -x "$CARGO_ROOT/bin/$bin" ]]; then
+        continue
+    fi
+    log "cargo install --locked $crate (bin $bin) into $CARGO_ROOT, -j $JOBS"
+    start=$(date +%s)
+    # Build in a cache target dir so a re-run after an interruption is incremental.
+    CARGO_TARGET_DIR="$FERRY_TOOLS/target" \
+        cargo install --locked --root "$CARGO_ROOT" -j "$JOBS" "$crate" \
+        >"$FERRY_TOOLS/logs/$crate.log" 2>&1 || {
+            log "cargo install $crate failed; see $FERRY_TOOLS/logs/$crate.log"
+            tail -n 30 "$FERRY_TOOLS/logs/$crate.log" >&2
+            exit 1
+        }
+    log "installed $crate in $(( $(date +%s) - start ))s"
+    [[ -x "$CARGO_ROOT/bin/$bin" ]] || { log "binary $bin missing after installing $crate"; exit 1; }
+    installed=1
+done
+# The binaries are all we keep; the shared build dir is only reused within one install run.
+if ((installed)); then rm -rf "$FERRY_TOOLS/target"; fi

@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# Ferry copy benchmark: ferry-agent vs cp -r, cp -a, xcp, cpz (fuc) and fcp on tmpfs and disk.
+# See bench/README.md for the protocol. Usage (from the repo root): make bench, or bench/run.sh
+#
+# Environment (all optional):
+#   BENCH_QUICK=1        tiny trees, 0 warmup, 1 run; report to bench/work/RESULTS-quick.md
+#   BENCH_NO_BUILD=1     do not run `cargo build --release -p ferry-agent`
+#   BENCH_NO_INSTALL=1   do not install tools (they must already be in place)
+#   BENCH_SKIP_1M=1      skip the peak-RSS measurement on the 1M-file tree
+#   BENCH_CHECK=0        skip the correctness gate after each tool (bench/check.py)
+#   BENCH_RUNS, BENCH_WARMUP          hyperfine --runs / --warmup (default 5 / 1; quick 1 / 0)
+#   BENCH_FS="tmpfs disk"             filesystems to run on
+#   BENCH_TREES="many flat large sparse"
+#   BENCH_TOOLS="ferry ferry-verify cp-r cp-a xcp cpz fcp"
+#   BENCH_RSS_TOOLS="ferry"           tools whose peak RSS is measured on the 1M-file tree
+#   BENCH_WORK=bench/work             work dir (gitignored); trees are cached there
+#   BENCH_TMPFS_SIZE=8G               size of the tmpfs mounted at $BENCH_WORK/tmpfs
+#   BENCH_RESULTS=bench/RESULTS.md    where the report goes
+#   FERRY_BIN=target/release/ferry-agent
+#   FERRY_TOOLS=/var/cache/ferry-tools   tool cache (cargo-installed peers under cargo/bin)
+set -euo pipefail
+
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$BENCH_DIR")"
+QUICK="${BENCH_QUICK:-0}"
+WORK="${BENCH_WORK:-$BENCH_DIR/work}"
+FERRY_TOOLS="${FERRY_TOOLS:-/var/cache/ferry-tools}"
+TOOLS_BIN="$FERRY_TOOLS/cargo/bin"
+FERRY="${FERRY_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/ferry-agent}"
+FILESYSTEMS="${BENCH_FS:-tmpfs disk}"
+TREES="${BENCH_TREES:-many flat large sparse}"
+TOOLS="${BENCH_TOOLS:-ferry ferry-verify cp-r cp-a xcp cpz fcp}"
+RSS_TOOLS="${BENCH_RSS_TOOLS:-ferry}"
+CHECK="${BENCH_CHECK:-1}"
+TMPFS_SIZE="${BENCH_TMPFS_SIZE:-8G}"
+
+if [[ "$QUICK" == 1 ]]; then
+    MODE=quick
+    RUNS="${BENCH_RUNS:-1}"
+    WARMUP="${BENCH_WARMUP:-0}"
+    RESULTS_MD="${BENCH_RESULTS:-$WORK/RESULTS-quick.md}"
+else
+    MODE=full
+    RUNS="${BENCH_RUNS:-5}"
+    WARMUP="${BENCH_WARMUP:-1}"
+    RESULTS_MD="${BENCH_RESULTS:-$BENCH_DIR/RESULTS.md}"
+fi
+RES="$WORK/results/$MODE"
+
+log() { printf '\n[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { printf '[bench] error: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------------
+# Tree specifications. Every tree is a directory generated deterministically (fixed seeds).
+#   spec fields: generator, then its arguments.
+# ---------------------------------------------------------------------------------------
+GiB=$((1 << 30)) MiB=$((1 << 20))
+declare -A SPEC DESC
+if [[ "$MODE" == full ]]; then
+    SPEC[many]="ftzz -n 100000 -b 500000000 -d 5 --seed 1"
+    DESC[many]="100,000 files, 500 MB total, ftzz depth 5 (about 1,000 dirs), seed 1"
+    SPEC[flat]="ftzz -n 20000 -b 40000000 -d 0 --seed 2"
+    DESC[flat]="20,000 files (about 2 KB each, 40 MB) in one directory, ftzz depth 0, seed 2"
+    SPEC[large]="large 2 $GiB 3"
+    DESC[large]="2 files of 1 GiB pseudo-random data, seed 3"
+    SPEC[sparse]="sparse $((4 * GiB)) $((256 * MiB)) 4"
+    DESC[sparse]="4 GiB apparent image with ~256 MiB of data in 4 KiB-8 MiB extents, plus a hole-only and a hole-at-end file, seed 4"
+    SPEC[rss]="ftzz -n 1000000 -b 0 -d 5 --seed 5"
+    DESC[rss]="1,000,000 empty files, ftzz depth 5, seed 5"
+else
+    SPEC[many]="ftzz -n 2000 -b 10000000 -d 5 --seed 1"
+    DESC[many]="quick: 2,000 files, 10 MB, ftzz depth 5, seed 1"
+    SPEC[flat]="ftzz -n 2000 -b 4000000 -d 0 --seed 2"
+    DESC[flat]="quick: 2,000 files, 4 MB, in one directory, seed 2"
+    SPEC[large]="large 2 $((16 * MiB)) 3"
+    DESC[large]="quick: 2 files of 16 MiB, seed 3"
+    SPEC[sparse]="sparse $((256 * MiB)) $((16 * MiB)) 4"
+    DESC[sparse]="quick: 256 MiB apparent image with ~16 MiB data, seed 4"
+    SPEC[rss]="ftzz -n 10000 -b 0 -d 5 --seed 5"
+    DESC[rss]="quick: 10,000 empty files, seed 5"
+fi
+
+# Command line of TOOL copying $1 to $2, as one string for hyperfine -N (shell-word split).
+tool_cmd() {
+    local tool="$1" src="$2" dst="$3"
+    case "$tool" in
+        ferry) echo "$FERRY copy --no-progress $src $dst" ;;
+        ferry-verify) echo "$FERRY copy --no-progress --verify checksum $src $dst" ;;
+        cp-r) echo "cp -r $src $dst" ;;
+        cp-a) echo "cp -a $src $dst" ;;
+        xcp) echo "$TOOLS_BIN/xcp -r --no-progress $src $dst" ;;
+        cpz) echo "$TOOLS_BIN/cpz $src $dst" ;;
+        fcp) echo "$TOOLS_BIN/fcp $src $dst" ;;
+        *) die "unknown tool $tool" ;;
+    esac
+}
+
+# Which tools run on which tree: --verify checksum only on the many-small-files tree.
+tool_applies() {
+    local tool="$1" tree="$2"
+    [[ "$tool" != ferry-verify || "$tree" == many ]]
+}
+
+# ---------------------------------------------------------------------------------------
+setup_tools() {
+    if [[ "${BENCH_NO_INSTALL:-0}" != 1 ]]; then
+        FERRY_TOOLS="$FERRY_TOOLS" "$BENCH_DIR/install-tools.sh"
+    fi
+    for b in ftzz xcp cpz fcp; do
+        [[ -x "$TOOLS_BIN/$b" ]] || die "$TOOLS_BIN/$b missing (run bench/install-tools.sh)"
+    done
+    command -v hyperfine >/dev/null || die "hyperfine missing"
+    [[ -x /usr/bin/time ]] || die "/usr/bin/time missing"
+    if [[ "${BENCH_NO_BUILD:-0}" != 1 ]]; then
+        log "cargo build --release -p ferry-agent"
+        (cd "$REPO" && cargo build --release -p ferry-agent)
+    fi
+    [[ -x "$FERRY" ]] || die "$FERRY not found (build it, or set FERRY_BIN)"
+}
+
+setup_dirs() {
+    mkdir -p "$WORK/tmpfs" "$WORK/disk"
+    if ! mountpoint -q "$WORK/tmpfs"; then
+        log "mounting a $TMPFS_SIZE tmpfs at $WORK/tmpfs"
+        mount -t tmpfs -o "size=$TMPFS_SIZE,nr_inodes=4M,mode=0755" ferry-bench "$WORK/tmpfs"
+    fi
+    [[ "$(stat -f -c %T "$WORK/tmpfs")" == tmpfs ]] || die "$WORK/tmpfs is not a tmpfs"
+    [[ "$(stat -f -c %T "$WORK/disk")" != tmpfs ]] || die "$WORK/disk is on a tmpfs"
+    rm -rf "$RES"
+    mkdir -p "$RES"
+}
+
+fs_root() { echo "$WORK/$1/$MODE"; }
+
+# Generate tree $2 on filesystem $1 (cached: regenerated only if its spec changed).
+gen_tree() {
+    local fs="$1" tree="$2" root dir spec
+    root="$(fs_root "$fs")"
+    dir="$root/src/$tree"
+    spec="${SPEC[$tree]}"
+    if [[ -d "$dir" && "$(cat "$dir.spec" 2>/dev/null)" == "$spec v1" ]]; then
+        return
+    fi
+    log "generating $fs/$tree: $spec"
+    rm -rf "$dir" "$dir.spec"
+    mkdir -p "$root/src"
+    # shellcheck disable=SC2086
+    set -- $spec
+    case "$1" in
+        ftzz) shift; "$TOOLS_BIN/ftzz" -q -e "$@" "$dir" ;;
+        large) python3 "$BENCH_DIR/gen_files.py" large "$dir" "$2" "$3" "$4" ;;
+        sparse) python3 "$BENCH_DIR/gen_files.py" sparse "$dir" "$2" "$3" "$4" ;;
+        *) die "bad spec $spec" ;;
+    esac
+    sync -f "$dir"
+    echo "$spec v1" >"$dir.spec"
+}
+
+bench_one() {
+    local fs="$1" tree="$2" tool="$3" root src dst cmd base
+    root="$(fs_root "$fs")"
+    src="$root/src/$tree"
+    dst="$root/dst"
+    base="$RES/$fs--$tree--$tool"
+    cmd="$(tool_cmd "$tool" "$src" "$dst")"
+    rm -rf "$dst"
+    log "$fs/$tree: $tool: $cmd"
+    if hyperfine -N --warmup "$WARMUP" --runs "$RUNS" \
+        --prepare "sh -c 'rm -rf $dst && sync'" \
+        --command-name "$tool" --export-json "$base.json" "$cmd"; then
+        if [[ "$CHECK" == 1 ]]; then
+            python3 "$BENCH_DIR/check.py" "$src" "$dst" "$base.check.json"
+        fi
+    else
+        echo "hyperfine failed (the command exited non-zero)" >"$base.failed"
+        # Show why, once, outside hyperfine.
+        rm -rf "$dst"
+        # shellcheck disable=SC2086
+        $cmd 2>&1 | tail -n 5 >>"$base.failed" || true
+        cat "$base.failed" >&2
+        rm -f "$base.json"
+    fi
+    rm -rf "$dst"
+}
+
+measure_rss() {
+    local fs=tmpfs tree=rss root src dst tool cmd
+    root="$(fs_root "$fs")"
+    src="$root/src/$tree"
+    dst="$root/dst"
+    gen_tree "$fs" "$tree"
+    for tool in $RSS_TOOLS; do
+        cmd="$(tool_cmd "$tool" "$src" "$dst")"
+        rm -rf "$dst"
+        sync
+        log "peak RSS: $fs/$tree: $cmd"
+        # shellcheck disable=SC2086
+        if /usr/bin/time -f '%M %e %U %S' -o "$RES/rss--$tool.time" $cmd; then
+            printf '%s\t%s\t%s\t%s\n' "$tool" "$fs" "$tree" "$(cat "$RES/rss--$tool.time")" \
+                >>"$RES/rss.tsv"
+        else
+            printf '%s\t%s\t%s\tfailed\n' "$tool" "$fs" "$tree" >>"$RES/rss.tsv"
+        fi
+        rm -rf "$dst"
+    done
+}
+
+tool_version() {
+    case "$1" in
+        ferry) "$FERRY" --version 2>/dev/null | head -n1 || echo "ferry-agent (no --version)" ;;
+        cp) cp --version | head -n1 ;;
+        xcp | cpz | fcp | ftzz) "$TOOLS_BIN/$1" --version 2>&1 | head -n1 ;;
+        hyperfine) hyperfine --version | head -n1 ;;
+        python3) python3 --version ;;
+    esac
+}
+
+write_meta() {
+    local m="$RES/meta.tsv" rev
+    rev="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)"
+    if [[ -n "$(git -C "$REPO" status --porcelain 2>/dev/null | head -n1)" ]]; then rev="$rev (dirty tree)"; fi
+    {
+        printf 'date\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
+        printf 'mode\t%s\n' "$MODE"
+        printf 'runs\t%s\n' "$RUNS"
+        printf 'warmup\t%s\n' "$WARMUP"
+        printf 'nproc\t%s\n' "$(nproc)"
+        printf 'cpu\t%s\n' "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+        printf 'kernel\t%s\n' "$(uname -srm)"
+        printf 'memory\t%s\n' "$(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
+        printf 'disk\t%s\n' "$(findmnt -n -o SOURCE,FSTYPE,OPTIONS -T "$WORK/disk" | awk '{print $1 " " $2 " (" $3 ")"}')"
+        printf 'tmpfs\t%s\n' "$(findmnt -n -o OPTIONS -T "$WORK/tmpfs")"
+        printf 'ferry_rev\t%s\n' "$rev"
+        printf 'ferry_bin\t%s\n' "$FERRY"
+        for t in ferry cp xcp cpz fcp ftzz hyperfine python3; do
+            printf 'version:%s\t%s\n' "$t" "$(tool_version "$t")"
+        done
+        for tool in $TOOLS; do
+            printf 'cmd:%s\t%s\n' "$tool" "$(tool_cmd "$tool" SRC DST | sed "s#$TOOLS_BIN/##; s#$FERRY#ferry-agent#")"
+        done
+        for tree in $TREES rss; do
+            printf 'tree:%s\t%s\n' "$tree" "${DESC[$tree]}"
+        done
+    } >"$m"
+}
+
+main() {
+    local start=$SECONDS fs tree tool
+    setup_tools
+    setup_dirs
+    write_meta
+    for fs in $FILESYSTEMS; do
+        for tree in $TREES; do
+            gen_tree "$fs" "$tree"
+            for tool in $TOOLS; do
+                tool_applies "$tool" "$tree" || continue
+                bench_one "$fs" "$tree" "$tool"
+            done
+        done
+    done
+    if [[ "${BENCH_SKIP_1M:-0}" != 1 ]]; then
+        measure_rss
+    fi
+    printf 'elapsed_s\t%s\n' "$((SECONDS - start))" >>"$RES/meta.tsv"
+    python3 "$BENCH_DIR/report.py" "$RES" "$RESULTS_MD"
+    log "done in $((SECONDS - start))s; report: $RESULTS_MD; raw hyperfine JSON: $RES"
+    cat "$RESULTS_MD"
+}
+
+main "$@"

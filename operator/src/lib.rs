@@ -1,0 +1,1 @@
+//! The Ferry operator. Filled by the control-plane issue.
