@@ -707,9 +707,11 @@ impl<'a> Ctx<'a> {
 
     fn manifest_line(&self, hash: u128, path: &[u8]) {
         let Some(m) = &self.manifest else { return };
-        // xxh128sum (like the coreutils *sum tools) escapes names holding a newline or a
-        // backslash and marks the line with a leading backslash.
-        let needs_escape = path.iter().any(|&b| b == b'\n' || b == b'\\');
+        // A newline would end the line: such names are escaped GNU-style (a leading
+        // backslash marks the line; `\\` and `\n` inside), which xxhsum 0.8.2+ and the
+        // coreutils *sum tools read. Other names are written raw, which is what xxhsum
+        // 0.8.1 (Debian 12) expects even for backslashes.
+        let needs_escape = path.contains(&b'\n');
         let mut line = Vec::with_capacity(path.len() + 36);
         if needs_escape {
             line.push(b'\\');

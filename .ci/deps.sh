@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Debian packages the tests and the demo need. Idempotent: installs only what is missing.
+set -euo pipefail
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have mkfs.xfs || need+=(xfsprogs)
+have mkfs.btrfs || need+=(btrfs-progs)
+have xxh128sum || need+=(xxhash)
+have getfattr || need+=(attr)
+have setfacl || need+=(acl)
+have filefrag || need+=(e2fsprogs)
+have setpriv || need+=(util-linux)
+if ((${#need[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "missing tools: ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
+    exit 1
+  fi
+  echo "installing: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi

@@ -1,0 +1,40 @@
+# Ferry's task runner: the README's commands are these targets.
+SHELL := /bin/bash
+CARGO ?= cargo
+
+.PHONY: all build release test lint fmt demo bench deps clean
+
+all: build
+
+build:
+	$(CARGO) build --workspace
+
+release:
+	$(CARGO) build --release -p ferry-agent
+
+## Install the Debian tools the tests use (needs root; a no-op when present).
+deps:
+	@./.ci/deps.sh
+
+## Every check: format, lints, unit/integration tests (root-only ones run as root).
+test: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test --workspace
+
+lint:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## Ferry's main job on a local default: copy a generated tree, verify, check the manifest.
+demo: release
+	@./scripts/demo.sh
+
+## Benchmarks against cp, xcp, cpz, fcp; writes bench/RESULTS.md.
+bench:
+	@./bench/run.sh
+
+clean:
+	$(CARGO) clean
