@@ -3,14 +3,18 @@
 
   check.py SRC DST OUT.json [--no-content]
 
-Walks both trees and compares: the set of relative paths, entry types, sizes, symlink
-targets and (unless --no-content) regular-file bytes.  It also records, without failing on
-them, whether metadata was preserved (mode, uid, gid, mtime to the nanosecond, for every
-entry except the top directory's times) and the allocated bytes of both trees (sparseness).
+Walks both trees and compares the set of relative paths, entry types, sizes, symlink targets
+and (unless --no-content) regular-file bytes; any difference makes the run INVALID.  It also
+records, without failing on them:
+  - whether metadata was kept: mode, uid, gid, and mtime to the nanosecond (not for symlinks),
+    for every entry including the top directory, counted separately for directories and for
+    the other entries;
+  - the allocated bytes of both trees (was sparseness kept?).
 
-Writes OUT.json: {"ok": bool, "errors": [first few], "entries": N, "apparent_bytes": B,
-"src_alloc_bytes": A, "dst_alloc_bytes": A, "meta_preserved": bool, "meta_diffs": N}.
-Exits 0 even on mismatch; the report marks the run invalid.
+Writes OUT.json: {"ok": bool, "errors": [first few], "entries": N, "files": N, "dirs": N,
+"apparent_bytes": B, "src_alloc_bytes": A, "dst_alloc_bytes": A, "file_meta_diffs": N,
+"dir_meta_diffs": N, "meta_preserved": bool, "content_checked": bool}.
+Exits 0 even on a mismatch; the report marks the run invalid.
 """
 import json
 import os
@@ -21,7 +25,7 @@ BUF = 1 << 20
 
 
 def walk(root):
-    out = {}
+    out = {".": os.lstat(root)}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             p = os.path.join(dirpath, name)
@@ -40,64 +44,77 @@ def same_bytes(a, b):
                 return True
 
 
-def main(argv):
-    args = [a for a in argv[1:] if not a.startswith("--")]
-    content = "--no-content" not in argv
-    if len(args) != 3:
-        sys.exit(__doc__)
-    src, dst, out = args
+def compare(src, dst, content):
     errors = []
-    meta_diffs = 0
     res = {"ok": False, "errors": errors}
     if not os.path.isdir(dst):
         errors.append(f"{dst} is not a directory")
-    else:
-        s, d = walk(src), walk(dst)
-        missing = sorted(set(s) - set(d))
-        extra = sorted(set(d) - set(s))
-        errors += [f"missing {p}" for p in missing[:5]]
-        errors += [f"extra {p}" for p in extra[:5]]
-        if len(missing) > 5 or len(extra) > 5:
-            errors.append(f"{len(missing)} missing, {len(extra)} extra in total")
-        src_alloc = dst_alloc = apparent = 0
-        for rel in sorted(set(s) & set(d)):
-            a, b = s[rel], d[rel]
-            src_alloc += a.st_blocks * 512
-            dst_alloc += b.st_blocks * 512
-            if stat.S_IFMT(a.st_mode) != stat.S_IFMT(b.st_mode):
-                errors.append(f"type differs: {rel}")
-                continue
-            if (a.st_mode, a.st_uid, a.st_gid) != (b.st_mode, b.st_uid, b.st_gid) or (
-                not stat.S_ISLNK(a.st_mode) and a.st_mtime_ns != b.st_mtime_ns
-            ):
-                meta_diffs += 1
-            if stat.S_ISREG(a.st_mode):
-                apparent += a.st_size
-                if a.st_size != b.st_size:
-                    errors.append(f"size differs: {rel} {a.st_size} != {b.st_size}")
-                elif content and not same_bytes(os.path.join(src, rel), os.path.join(dst, rel)):
-                    errors.append(f"content differs: {rel}")
-            elif stat.S_ISLNK(a.st_mode):
-                if os.readlink(os.path.join(src, rel)) != os.readlink(os.path.join(dst, rel)):
-                    errors.append(f"symlink target differs: {rel}")
-            if len(errors) > 20:
-                errors.append("... stopped after 20 errors")
-                break
-        res.update(
-            entries=len(s),
-            apparent_bytes=apparent,
-            src_alloc_bytes=src_alloc,
-            dst_alloc_bytes=dst_alloc,
-            meta_diffs=meta_diffs,
-            meta_preserved=meta_diffs == 0,
-            content_checked=content,
-        )
+        return res
+    s, d = walk(src), walk(dst)
+    missing = sorted(set(s) - set(d))
+    extra = sorted(set(d) - set(s))
+    errors += [f"missing {p}" for p in missing[:5]]
+    errors += [f"extra {p}" for p in extra[:5]]
+    if len(missing) > 5 or len(extra) > 5:
+        errors.append(f"{len(missing)} missing, {len(extra)} extra in total")
+    counts = {"file": 0, "dir": 0}
+    diffs = {"file": 0, "dir": 0}
+    src_alloc = dst_alloc = apparent = 0
+    for rel in sorted(set(s) & set(d)):
+        a, b = s[rel], d[rel]
+        src_alloc += a.st_blocks * 512
+        dst_alloc += b.st_blocks * 512
+        if stat.S_IFMT(a.st_mode) != stat.S_IFMT(b.st_mode):
+            errors.append(f"type differs: {rel}")
+            continue
+        kind = "dir" if stat.S_ISDIR(a.st_mode) else "file"
+        counts[kind] += 1
+        if (a.st_mode, a.st_uid, a.st_gid) != (b.st_mode, b.st_uid, b.st_gid) or (
+            not stat.S_ISLNK(a.st_mode) and a.st_mtime_ns != b.st_mtime_ns
+        ):
+            diffs[kind] += 1
+        if stat.S_ISREG(a.st_mode):
+            apparent += a.st_size
+            if a.st_size != b.st_size:
+                errors.append(f"size differs: {rel} {a.st_size} != {b.st_size}")
+            elif content and not same_bytes(os.path.join(src, rel), os.path.join(dst, rel)):
+                errors.append(f"content differs: {rel}")
+        elif stat.S_ISLNK(a.st_mode):
+            if os.readlink(os.path.join(src, rel)) != os.readlink(os.path.join(dst, rel)):
+                errors.append(f"symlink target differs: {rel}")
+        if len(errors) > 20:
+            errors.append("... stopped after 20 errors")
+            break
+    res.update(
+        entries=len(s),
+        files=counts["file"],
+        dirs=counts["dir"],
+        apparent_bytes=apparent,
+        src_alloc_bytes=src_alloc,
+        dst_alloc_bytes=dst_alloc,
+        file_meta_diffs=diffs["file"],
+        dir_meta_diffs=diffs["dir"],
+        meta_preserved=diffs["file"] + diffs["dir"] == 0,
+        content_checked=content,
+    )
     res["ok"] = not errors
+    return res
+
+
+def main(argv):
+    args = [a for a in argv[1:] if not a.startswith("--")]
+    if len(args) != 3:
+        sys.exit(__doc__)
+    src, dst, out = args
+    res = compare(src, dst, "--no-content" not in argv)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
-    print(("ok" if res["ok"] else "FAIL: " + "; ".join(errors[:3]))
-          + (f" (metadata {'preserved' if res.get('meta_preserved') else 'not preserved'})"
-             if "meta_preserved" in res else ""))
+    if res["ok"]:
+        print(f"check: ok; metadata differs on {res['file_meta_diffs']}/{res['files']} files "
+              f"and {res['dir_meta_diffs']}/{res['dirs']} dirs; allocated "
+              f"{res['dst_alloc_bytes']} B (source {res['src_alloc_bytes']} B)")
+    else:
+        print("check: INVALID: " + "; ".join(res["errors"][:3]))
 
 
 if __name__ == "__main__":

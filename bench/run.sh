@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Ferry copy benchmark: ferry-agent vs cp -r, cp -a, xcp, cpz (fuc) and fcp on tmpfs and disk.
 # See bench/README.md for the protocol. Usage (from the repo root): make bench, or bench/run.sh
+#   bench/run.sh clean    unmount the tmpfs and delete bench/work (cached trees and results)
 #
 # Environment (all optional):
 #   BENCH_QUICK=1        tiny trees, 0 warmup, 1 run; report to bench/work/RESULTS-quick.md
@@ -9,12 +10,13 @@
 #   BENCH_SKIP_1M=1      skip the peak-RSS measurement on the 1M-file tree
 #   BENCH_CHECK=0        skip the correctness gate after each tool (bench/check.py)
 #   BENCH_RUNS, BENCH_WARMUP          hyperfine --runs / --warmup (default 5 / 1; quick 1 / 0)
+#   BENCH_RUNS_DISK                   --runs on the disk (default 3, to fit ~25 min on 2 cores)
 #   BENCH_FS="tmpfs disk"             filesystems to run on
 #   BENCH_TREES="many flat large sparse"
 #   BENCH_TOOLS="ferry ferry-verify cp-r cp-a xcp cpz fcp"
 #   BENCH_RSS_TOOLS="ferry"           tools whose peak RSS is measured on the 1M-file tree
 #   BENCH_WORK=bench/work             work dir (gitignored); trees are cached there
-#   BENCH_TMPFS_SIZE=8G               size of the tmpfs mounted at $BENCH_WORK/tmpfs
+#   BENCH_TMPFS_SIZE=10G              size of the tmpfs mounted at $BENCH_WORK/tmpfs
 #   BENCH_RESULTS=bench/RESULTS.md    where the report goes
 #   FERRY_BIN=target/release/ferry-agent
 #   FERRY_TOOLS=/var/cache/ferry-tools   tool cache (cargo-installed peers under cargo/bin)
@@ -32,16 +34,18 @@ TREES="${BENCH_TREES:-many flat large sparse}"
 TOOLS="${BENCH_TOOLS:-ferry ferry-verify cp-r cp-a xcp cpz fcp}"
 RSS_TOOLS="${BENCH_RSS_TOOLS:-ferry}"
 CHECK="${BENCH_CHECK:-1}"
-TMPFS_SIZE="${BENCH_TMPFS_SIZE:-8G}"
+TMPFS_SIZE="${BENCH_TMPFS_SIZE:-10G}"
 
 if [[ "$QUICK" == 1 ]]; then
     MODE=quick
     RUNS="${BENCH_RUNS:-1}"
+    RUNS_DISK="${BENCH_RUNS_DISK:-$RUNS}"
     WARMUP="${BENCH_WARMUP:-0}"
     RESULTS_MD="${BENCH_RESULTS:-$WORK/RESULTS-quick.md}"
 else
     MODE=full
     RUNS="${BENCH_RUNS:-5}"
+    RUNS_DISK="${BENCH_RUNS_DISK:-${BENCH_RUNS:-3}}"
     WARMUP="${BENCH_WARMUP:-1}"
     RESULTS_MD="${BENCH_RESULTS:-$BENCH_DIR/RESULTS.md}"
 fi
@@ -120,7 +124,11 @@ setup_tools() {
 
 setup_dirs() {
     mkdir -p "$WORK/tmpfs" "$WORK/disk"
-    if ! mountpoint -q "$WORK/tmpfs"; then
+    # 10G: the full trees take ~3.5 GiB of tmpfs pages, and cpz and fcp fill the holes of the
+    # sparse tree, so its copy takes ~4.2 GiB; 1M empty files need inodes, not pages.
+    if mountpoint -q "$WORK/tmpfs"; then
+        mount -o "remount,size=$TMPFS_SIZE,nr_inodes=4M" "$WORK/tmpfs"
+    else
         log "mounting a $TMPFS_SIZE tmpfs at $WORK/tmpfs"
         mount -t tmpfs -o "size=$TMPFS_SIZE,nr_inodes=4M,mode=0755" ferry-bench "$WORK/tmpfs"
     fi
@@ -165,7 +173,9 @@ bench_one() {
     cmd="$(tool_cmd "$tool" "$src" "$dst")"
     rm -rf "$dst"
     log "$fs/$tree: $tool: $cmd"
-    if hyperfine -N --warmup "$WARMUP" --runs "$RUNS" \
+    local runs="$RUNS"
+    [[ "$fs" != disk ]] || runs="$RUNS_DISK"
+    if hyperfine -N --warmup "$WARMUP" --runs "$runs" \
         --prepare "sh -c 'rm -rf $dst && sync'" \
         --command-name "$tool" --export-json "$base.json" "$cmd"; then
         if [[ "$CHECK" == 1 ]]; then
@@ -195,9 +205,12 @@ measure_rss() {
         sync
         log "peak RSS: $fs/$tree: $cmd"
         # shellcheck disable=SC2086
-        if /usr/bin/time -f '%M %e %U %S' -o "$RES/rss--$tool.time" $cmd; then
+        if /usr/bin/time -f '%M %e %U %S' -o "$RES/rss--$tool.time" $cmd >/dev/null; then
             printf '%s\t%s\t%s\t%s\n' "$tool" "$fs" "$tree" "$(cat "$RES/rss--$tool.time")" \
                 >>"$RES/rss.tsv"
+            if [[ "$CHECK" == 1 ]]; then
+                python3 "$BENCH_DIR/check.py" --no-content "$src" "$dst" "$RES/rss--$tool.check.json"
+            fi
         else
             printf '%s\t%s\t%s\tfailed\n' "$tool" "$fs" "$tree" >>"$RES/rss.tsv"
         fi
@@ -209,7 +222,8 @@ tool_version() {
     case "$1" in
         ferry) "$FERRY" --version 2>/dev/null | head -n1 || echo "ferry-agent (no --version)" ;;
         cp) cp --version | head -n1 ;;
-        xcp | cpz | fcp | ftzz) "$TOOLS_BIN/$1" --version 2>&1 | head -n1 ;;
+        fcp) echo "fcp $("$TOOLS_BIN/fcp" --version 2>&1 | head -n1)" ;;
+        xcp | cpz | ftzz) "$TOOLS_BIN/$1" --version 2>&1 | head -n1 ;;
         hyperfine) hyperfine --version | head -n1 ;;
         python3) python3 --version ;;
     esac
@@ -223,6 +237,7 @@ write_meta() {
         printf 'date\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
         printf 'mode\t%s\n' "$MODE"
         printf 'runs\t%s\n' "$RUNS"
+        printf 'runs_disk\t%s\n' "$RUNS_DISK"
         printf 'warmup\t%s\n' "$WARMUP"
         printf 'nproc\t%s\n' "$(nproc)"
         printf 'cpu\t%s\n' "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
@@ -244,8 +259,17 @@ write_meta() {
     } >"$m"
 }
 
+clean() {
+    if mountpoint -q "$WORK/tmpfs"; then umount "$WORK/tmpfs"; fi
+    rm -rf "$WORK"
+}
+
 main() {
     local start=$SECONDS fs tree tool
+    if [[ "${1:-}" == clean ]]; then
+        clean
+        return
+    fi
     setup_tools
     setup_dirs
     write_meta
@@ -262,9 +286,15 @@ main() {
         measure_rss
     fi
     printf 'elapsed_s\t%s\n' "$((SECONDS - start))" >>"$RES/meta.tsv"
-    python3 "$BENCH_DIR/report.py" "$RES" "$RESULTS_MD"
-    log "done in $((SECONDS - start))s; report: $RESULTS_MD; raw hyperfine JSON: $RES"
+    local rc=0
+    python3 "$BENCH_DIR/report.py" "$RES" "$RESULTS_MD" || rc=$?
     cat "$RESULTS_MD"
+    log "done in $((SECONDS - start))s; report: $RESULTS_MD; raw hyperfine JSON: $RES"
+    if ((rc == 3)); then
+        log "ferry failed or made a wrong copy (see the report); exiting 1"
+        return 1
+    fi
+    return "$rc"
 }
 
 main "$@"

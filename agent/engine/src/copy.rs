@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -64,6 +64,13 @@ pub(crate) struct DirNode {
     pending: AtomicUsize,
     /// We created this directory, so no entry in it pre-exists.
     fresh: bool,
+    /// This directory, or one above it, is still under a staging name: nothing in it is
+    /// visible under its final path yet, so entries are created under their final names
+    /// directly (one rename per directory instead of one per file).
+    hidden: bool,
+    /// The staging name this directory has in its parent until it is complete, and the
+    /// final name it is renamed to then.
+    staged_as: Option<(CString, CString)>,
     src_dev: u64,
     dst_dev: u64,
 }
@@ -85,6 +92,8 @@ impl DirNode {
             meta,
             pending: AtomicUsize::new(1),
             fresh,
+            hidden: false,
+            staged_as: None,
             src_dev,
             dst_dev,
         })
@@ -104,9 +113,8 @@ impl DirNode {
 pub(crate) struct LargeFile {
     node: Arc<DirNode>,
     dst_name: CString,
-    tmp: CString,
     src: OwnedFd,
-    dst: OwnedFd,
+    staged: Mutex<Staged>,
     st: Stat,
     caps: Caps,
     chunks: u64,
@@ -114,7 +122,27 @@ pub(crate) struct LargeFile {
     /// Tasks still working on it; the last one out finishes the file.
     workers: AtomicUsize,
     error: Mutex<Option<(&'static str, io::Error)>>,
-    strategy: Mutex<Option<Strategy>>,
+}
+
+/// Where a file being written lives until it is committed.
+enum StagedAt {
+    /// Under its final name, inside a directory that is itself still staged.
+    Final(CString),
+    /// Nowhere (`O_TMPFILE`): linked to its name when complete.
+    Unnamed,
+    /// Under a staging name (filesystems without `O_TMPFILE`): renamed when complete.
+    Named(CString),
+    /// Committed, or discarded.
+    Committed,
+}
+
+/// A regular file being written: unnamed (`O_TMPFILE`) until committed, or, where the
+/// filesystem cannot do that, under a staging name.
+pub(crate) struct Staged {
+    fd: OwnedFd,
+    at: StagedAt,
+    /// Created with its final mode already (no fchmod needed).
+    mode_done: bool,
 }
 
 pub(crate) enum Task {
@@ -193,6 +221,7 @@ pub(crate) struct Ctx<'a> {
     pub aborted: Mutex<Option<String>>,
     abort: AtomicBool,
     tmp_counter: AtomicU64,
+    pid: u32,
 }
 
 /// Why an entry ended without being copied.
@@ -229,6 +258,7 @@ impl<'a> Ctx<'a> {
             aborted: Mutex::new(None),
             abort: AtomicBool::new(false),
             tmp_counter: AtomicU64::new(0),
+            pid: std::process::id(),
         }
     }
 
@@ -260,10 +290,6 @@ impl<'a> Ctx<'a> {
             let task = {
                 let mut q = lock(&self.queue);
                 loop {
-                    if self.abort.load(Ordering::Relaxed) {
-                        // Drop queued work; its directories are left unfinished on purpose.
-                        q.tasks.clear();
-                    }
                     if let Some(t) = q.tasks.pop() {
                         q.active += 1;
                         break t;
@@ -276,13 +302,28 @@ impl<'a> Ctx<'a> {
                     q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            self.run_task(task, &mut local);
+            if self.abort.load(Ordering::Relaxed) {
+                self.cancel(task, &mut local);
+            } else {
+                self.run_task(task, &mut local);
+            }
             let mut q = lock(&self.queue);
             q.active -= 1;
             if q.active == 0 && q.tasks.is_empty() {
                 q.done = true;
                 self.wake.notify_all();
             }
+        }
+    }
+
+    /// Settle a task without doing its work (after an abort), so every directory's
+    /// pending count still reaches zero and staged directories get their final names.
+    fn cancel(&self, task: Task, local: &mut Local) {
+        match task {
+            Task::List(node) => self.release(node),
+            Task::Dir { parent, .. } => self.release(parent),
+            Task::Batch { dir, .. } | Task::Entry { dir, .. } => self.release(dir),
+            Task::Chunks(file) => self.chunks(&file, local),
         }
     }
 
@@ -364,21 +405,27 @@ impl<'a> Ctx<'a> {
             if node.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
                 return;
             }
-            if self.abort.load(Ordering::Relaxed) {
-                return;
-            }
-            if let Some(st) = node.meta {
+            // After an abort the directory still gets its final name (its finished entries
+            // are good), but its metadata is left: it is known to be incomplete.
+            if let Some(st) = node.meta.filter(|_| !self.abort.load(Ordering::Relaxed)) {
                 match meta::apply_fd(
                     node.src.as_fd(),
                     node.dst.as_fd(),
                     &st,
                     &self.opts.preserve,
                     &self.who,
-                    node.fresh,
+                    false,
                     &mut XattrBufs::default(),
                 ) {
                     Ok(()) => {}
                     Err((op, e)) => self.fail(&node.rel, op, &e),
+                }
+            }
+            if let (Some((tmp, name)), Some(parent)) = (&node.staged_as, &node.parent) {
+                if let Err(e) =
+                    sys::renameat(parent.dst.as_fd(), tmp, parent.dst.as_fd(), name, true)
+                {
+                    self.fail(&node.rel, "rename directory into place", &e);
                 }
             }
             match node.parent.clone() {
@@ -394,14 +441,19 @@ impl<'a> Ctx<'a> {
         let src = sys::openat(parent.src.as_fd(), name, flags, 0)
             .map_err(|e| ("open source directory", e))?;
         let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source directory", e))?;
+        // A new directory under a visible parent is built under a staging name and renamed
+        // into place when complete; under a hidden parent it needs no name of its own.
+        let staged_as =
+            (parent.fresh && !parent.hidden).then(|| (self.tmp_name(), name.to_owned()));
+        let create_as: &CStr = staged_as.as_ref().map_or(name, |(tmp, _)| tmp.as_c_str());
         // 0700 while we fill it; the final mode comes after the children.
-        let fresh = match sys::mkdirat(parent.dst.as_fd(), name, 0o700) {
+        let fresh = match sys::mkdirat(parent.dst.as_fd(), create_as, 0o700) {
             Ok(()) => true,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !parent.fresh => false,
             Err(e) => return Err(("create directory", e)),
         };
         // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
-        let dst = sys::openat(parent.dst.as_fd(), name, flags, 0)
+        let dst = sys::openat(parent.dst.as_fd(), create_as, flags, 0)
             .map_err(|e| ("open destination directory", e))?;
         let keep_meta = fresh || self.opts.overwrite == Overwrite::Always;
         let dst_dev = if fresh {
@@ -420,6 +472,8 @@ impl<'a> Ctx<'a> {
             meta: keep_meta.then_some(st),
             pending: AtomicUsize::new(1),
             fresh,
+            hidden: fresh && (parent.hidden || staged_as.is_some()),
+            staged_as,
             src_dev: st.st_dev,
             dst_dev,
         }))
@@ -478,7 +532,7 @@ impl<'a> Ctx<'a> {
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
         // Short, so a 255-byte source name still has a legal staging name; the pid keeps
         // concurrent copies into one directory apart.
-        CString::new(format!(".ferry-{:x}-{n:x}.tmp", std::process::id())).unwrap_or_default()
+        CString::new(format!(".ferry-{:x}-{n:x}.tmp", self.pid)).unwrap_or_default()
     }
 
     /// Copy one non-directory entry. `dtype` is the listing's hint; the real type comes
@@ -728,7 +782,95 @@ impl<'a> Ctx<'a> {
         let _ = lock(m).write_all(&line);
     }
 
-    /// Copy a regular file's data and metadata to a staging name, verify, and commit it.
+    /// Create the destination file for `st`: unnamed (`O_TMPFILE`) where the filesystem
+    /// allows, so nothing is ever visible before it is complete and a crash leaves
+    /// nothing behind; under a staging name otherwise.
+    fn stage(
+        &self,
+        dir: &DirNode,
+        st: &Stat,
+        name: &CStr,
+        caps: &mut Caps,
+    ) -> Result<Staged, Fail> {
+        let access = if self.hash {
+            libc::O_RDWR
+        } else {
+            libc::O_WRONLY
+        };
+        let (mode, mode_done) = self.who.creation_mode(st, &self.opts.preserve, dir.fresh);
+        let create = access | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        if dir.hidden {
+            let fd = sys::openat(dir.dst.as_fd(), name, create, mode).map_err(|e| ("create", e))?;
+            return Ok(Staged {
+                fd,
+                at: StagedAt::Final(name.to_owned()),
+                mode_done,
+            });
+        }
+        if caps.tmpfile {
+            match sys::open_tmpfile(dir.dst.as_fd(), access, mode) {
+                Ok(fd) => {
+                    return Ok(Staged {
+                        fd,
+                        at: StagedAt::Unnamed,
+                        mode_done,
+                    })
+                }
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL)
+                    ) =>
+                {
+                    caps.tmpfile = false;
+                }
+                Err(e) => return Err(("create", e)),
+            }
+        }
+        let tmp = self.tmp_name();
+        let fd = sys::openat(dir.dst.as_fd(), &tmp, create, mode).map_err(|e| ("create", e))?;
+        Ok(Staged {
+            fd,
+            at: StagedAt::Named(tmp),
+            mode_done,
+        })
+    }
+
+    /// Give a finished file its final name. `Ok(false)` when an entry that appeared
+    /// meanwhile is kept by the overwrite policy.
+    fn commit_staged(&self, dir: &DirNode, staged: &mut Staged, name: &CStr) -> Result<bool, Fail> {
+        let replace = !dir.fresh && self.opts.overwrite != Overwrite::Never;
+        match std::mem::replace(&mut staged.at, StagedAt::Committed) {
+            StagedAt::Final(_) | StagedAt::Committed => Ok(true),
+            StagedAt::Unnamed if !replace => {
+                match sys::link_fd(staged.fd.as_fd(), dir.dst.as_fd(), name) {
+                    Ok(()) => Ok(true),
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !dir.fresh => Ok(false),
+                    Err(e) => Err(("link into place", e)),
+                }
+            }
+            StagedAt::Unnamed => {
+                // linkat cannot replace: name it, then rename over the old entry atomically.
+                let tmp = self.tmp_name();
+                sys::link_fd(staged.fd.as_fd(), dir.dst.as_fd(), &tmp)
+                    .map_err(|e| ("link into place", e))?;
+                self.commit(dir, &tmp, name)
+            }
+            StagedAt::Named(tmp) => self.commit(dir, &tmp, name),
+        }
+    }
+
+    /// Remove a staged file that will not be committed.
+    fn discard(&self, dir: &DirNode, staged: &mut Staged) {
+        match std::mem::replace(&mut staged.at, StagedAt::Committed) {
+            StagedAt::Final(name) | StagedAt::Named(name) => {
+                let _ = sys::unlinkat(dir.dst.as_fd(), &name, false);
+            }
+            StagedAt::Unnamed | StagedAt::Committed => {}
+        }
+    }
+
+    /// Copy a regular file's data and metadata to a staged file, verify, and commit it.
     /// `Ok(Some(hash))` when committed (hash when hashing), `Ok(None)` when handed to
     /// chunk workers that will finish it.
     fn copy_regular(
@@ -739,27 +881,21 @@ impl<'a> Ctx<'a> {
         name: &CStr,
         local: &mut Local,
     ) -> Result<Option<Option<u128>>, Fail> {
-        let tmp = self.tmp_name();
-        let access = if self.hash {
-            libc::O_RDWR
-        } else {
-            libc::O_WRONLY
-        };
-        let dst = sys::openat(
-            dir.dst.as_fd(),
-            &tmp,
-            access | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-            0o600,
-        )
-        .map_err(|e| ("create", e))?;
-        let result = self.fill_regular(dir, &src, &dst, st, &tmp, name, local);
+        let mut caps = local
+            .caps
+            .get(dir.src_dev, dir.dst_dev, dir.dst.as_fd(), self.opts.reflink);
+        let mut staged = self.stage(dir, st, name, &mut caps)?;
+        let result = self.fill_regular(dir, &src, &mut staged, st, name, &mut caps, local);
+        local.caps.set(dir.src_dev, dir.dst_dev, caps);
         match result {
             Ok(FillOutcome::Committed(hash)) => Ok(Some(hash)),
-            Ok(FillOutcome::Chunked) => Ok(None),
+            Ok(FillOutcome::Chunk(caps)) => {
+                self.start_chunks(dir, &src, staged, st, name, caps, local);
+                Ok(None)
+            }
             Ok(FillOutcome::Kept) => Ok(Some(None)),
             Err(err) => {
-                drop(dst);
-                let _ = sys::unlinkat(dir.dst.as_fd(), &tmp, false);
+                self.discard(dir, &mut staged);
                 Err(err)
             }
         }
@@ -770,24 +906,19 @@ impl<'a> Ctx<'a> {
         &self,
         dir: &Arc<DirNode>,
         src: &OwnedFd,
-        dst: &OwnedFd,
+        staged: &mut Staged,
         st: &Stat,
-        tmp: &CStr,
         name: &CStr,
+        caps: &mut Caps,
         local: &mut Local,
     ) -> Result<FillOutcome, Fail> {
         let opts = self.opts;
         let size = st.st_size as u64;
-        let mut caps = local
-            .caps
-            .get(dir.src_dev, dir.dst_dev, dst.as_fd(), opts.reflink);
+        let dst = staged.fd.as_fd();
         let mut moved = Moved::default();
-        let mut src_hash = None;
         let mut cloned = false;
         if caps.ficlone && size > 0 {
-            match data::try_ficlone(dst.as_fd(), src.as_fd(), &opts.faults)
-                .map_err(|e| ("clone", e))?
-            {
+            match data::try_ficlone(dst, src.as_fd(), &opts.faults).map_err(|e| ("clone", e))? {
                 Clone::Done => {
                     cloned = true;
                     moved = Moved {
@@ -795,21 +926,19 @@ impl<'a> Ctx<'a> {
                         strategy: Some(Strategy::Reflink),
                     };
                 }
-                Clone::Unsupported => {
-                    caps.ficlone = false;
-                    local.caps.set(dir.src_dev, dir.dst_dev, caps);
-                }
+                Clone::Unsupported => caps.ficlone = false,
                 Clone::NotThisFile => {}
             }
-            if !cloned && opts.reflink == Reflink::Always {
-                return Err(("clone", io::Error::other(ReflinkRefused)));
-            }
         }
-        if cloned {
-            if self.hash {
-                src_hash = Some(
+        if !cloned && opts.reflink == Reflink::Always && size > 0 {
+            return Err(("clone", io::Error::other(ReflinkRefused)));
+        }
+        let src_hash = if cloned {
+            match self.hash {
+                true => Some(
                     data::hash_fd(src.as_fd(), &mut local.buf).map_err(|e| ("read source", e))?,
-                );
+                ),
+                false => None,
             }
         } else {
             let sparse = opts.preserve.sparse && (st.st_blocks as u64) * 512 < size;
@@ -821,16 +950,15 @@ impl<'a> Ctx<'a> {
                 && size >= CHUNK_THRESHOLD
                 && opts.workers_resolved() > 1
             {
-                self.start_chunks(dir, src, dst, st, tmp, name, caps, local);
-                return Ok(FillOutcome::Chunked);
+                return Ok(FillOutcome::Chunk(*caps));
             }
             let mut hasher = self.hash.then(Xxh3::new);
             moved = if sparse {
                 data::copy_sparse(
                     src.as_fd(),
-                    dst.as_fd(),
+                    dst,
                     size,
-                    &mut caps,
+                    caps,
                     &mut local.buf,
                     hasher.as_mut(),
                     &opts.faults,
@@ -838,35 +966,27 @@ impl<'a> Ctx<'a> {
             } else {
                 // Size 0 may be a procfs file that lies: read to EOF.
                 let len = (size > 0).then_some(size);
-                data::copy_range(
-                    Range {
-                        src: src.as_fd(),
-                        dst: dst.as_fd(),
-                        off: 0,
-                        len,
-                    },
-                    &mut caps,
-                    &mut local.buf,
-                    hasher.as_mut(),
-                    &opts.faults,
-                )
+                let range = Range {
+                    src: src.as_fd(),
+                    dst,
+                    off: 0,
+                    len,
+                };
+                data::copy_range(range, caps, &mut local.buf, hasher.as_mut(), &opts.faults)
             }
             .map_err(|e| ("copy data", e))?;
-            local.caps.set(dir.src_dev, dir.dst_dev, caps);
             if moved.bytes < size && !sparse {
-                return Err((
-                    "copy data",
-                    source_changed(format!(
-                        "source shrank from {size} to {} bytes while copying",
-                        moved.bytes
-                    )),
-                ));
+                let msg = format!(
+                    "source shrank from {size} to {} bytes while copying",
+                    moved.bytes
+                );
+                return Err(("copy data", source_changed(msg)));
             }
-            src_hash = hasher.map(|h| h.digest128());
-        }
+            hasher.map(|h| h.digest128())
+        };
         if let Some(victim) = &opts.faults.corrupt_after_write {
             if victim.as_slice() == name.to_bytes() {
-                let _ = sys::pwrite(dst.as_fd(), b"\xff", 0);
+                let _ = sys::pwrite(dst, b"\xff", 0);
             }
         }
         let hash = match src_hash {
@@ -875,14 +995,14 @@ impl<'a> Ctx<'a> {
         };
         meta::apply_fd(
             src.as_fd(),
-            dst.as_fd(),
+            dst,
             st,
             &opts.preserve,
             &self.who,
-            true,
+            staged.mode_done,
             &mut local.xattrs,
         )?;
-        if !self.commit(dir, tmp, name)? {
+        if !self.commit_staged(dir, staged, name)? {
             return Ok(FillOutcome::Kept);
         }
         self.count_file(size, &moved, &dir.child_path(name), hash);
@@ -896,7 +1016,7 @@ impl<'a> Ctx<'a> {
     fn verify_dst(
         &self,
         src: &OwnedFd,
-        dst: &OwnedFd,
+        dst: BorrowedFd<'_>,
         st: &Stat,
         expected: u128,
         local: &mut Local,
@@ -912,12 +1032,12 @@ impl<'a> Ctx<'a> {
             ));
         }
         if self.opts.verify == Verify::Full {
-            sys::fdatasync(dst.as_fd()).map_err(|e| ("fdatasync", e))?;
-            sys::fadvise_dontneed(dst.as_fd()).map_err(|e| ("fadvise", e))?;
+            sys::fdatasync(dst).map_err(|e| ("fdatasync", e))?;
+            sys::fadvise_dontneed(dst).map_err(|e| ("fadvise", e))?;
         }
         if self.opts.verify != Verify::None {
-            let got = data::hash_fd(dst.as_fd(), &mut local.buf)
-                .map_err(|e| ("read back destination", e))?;
+            let got =
+                data::hash_fd(dst, &mut local.buf).map_err(|e| ("read back destination", e))?;
             if got != expected {
                 return Err(("verify", checksum_mismatch(expected, got)));
             }
@@ -944,39 +1064,35 @@ impl<'a> Ctx<'a> {
         &self,
         dir: &Arc<DirNode>,
         src: &OwnedFd,
-        dst: &OwnedFd,
+        staged: Staged,
         st: &Stat,
-        tmp: &CStr,
         name: &CStr,
         caps: Caps,
         local: &mut Local,
     ) {
         let chunks = (st.st_size as u64).div_ceil(CHUNK);
         let helpers = (self.opts.workers_resolved() as u64).min(chunks) as usize;
-        let (Ok(src), Ok(dst)) = (src.try_clone(), dst.try_clone()) else {
-            // Out of descriptors: not worth a special path; fail the file clearly.
-            self.fail(
-                &dir.child_path(name),
-                "duplicate descriptor",
-                &io::Error::last_os_error(),
-            );
-            let _ = sys::unlinkat(dir.dst.as_fd(), tmp, false);
-            return;
+        let src = match src.try_clone() {
+            Ok(fd) => fd,
+            Err(e) => {
+                let mut staged = staged;
+                self.discard(dir, &mut staged);
+                self.fail(&dir.child_path(name), "duplicate descriptor", &e);
+                return;
+            }
         };
         dir.pending.fetch_add(1, Ordering::Relaxed);
         let file = Arc::new(LargeFile {
             node: dir.clone(),
             dst_name: name.to_owned(),
-            tmp: tmp.to_owned(),
             src,
-            dst,
+            staged: Mutex::new(staged),
             st: *st,
             caps,
             chunks,
             next_chunk: AtomicU64::new(0),
             workers: AtomicUsize::new(helpers),
             error: Mutex::new(None),
-            strategy: Mutex::new(None),
         });
         for _ in 1..helpers {
             self.push(Task::Chunks(file.clone()));
@@ -987,17 +1103,28 @@ impl<'a> Ctx<'a> {
     fn chunks(&self, file: &Arc<LargeFile>, local: &mut Local) {
         let size = file.st.st_size as u64;
         let mut caps = file.caps;
-        loop {
+        // The fd is only borrowed for the pwrites; the lock guards commit, not I/O.
+        let dst = match lock(&file.staged).fd.try_clone() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                lock(&file.error).get_or_insert(("duplicate descriptor", e));
+                None
+            }
+        };
+        while let Some(dst) = &dst {
             let i = file.next_chunk.fetch_add(1, Ordering::Relaxed);
-            if i >= file.chunks || lock(&file.error).is_some() || self.abort.load(Ordering::Relaxed)
-            {
+            if self.abort.load(Ordering::Relaxed) {
+                let stopped = io::Error::other("copy stopped before this file was complete");
+                lock(&file.error).get_or_insert(("copy data", stopped));
+            }
+            if i >= file.chunks || lock(&file.error).is_some() {
                 break;
             }
             let off = i * CHUNK;
             let len = CHUNK.min(size - off);
             let r = Range {
                 src: file.src.as_fd(),
-                dst: file.dst.as_fd(),
+                dst: dst.as_fd(),
                 off,
                 len: Some(len),
             };
@@ -1006,7 +1133,6 @@ impl<'a> Ctx<'a> {
                     if let Some(s) = m.strategy {
                         self.counters.by_strategy[s as usize].fetch_add(m.bytes, Ordering::Relaxed);
                         self.progress.bytes_copied(m.bytes, s);
-                        *lock(&file.strategy) = Some(s);
                     }
                 }
                 Ok(m) => {
@@ -1021,6 +1147,7 @@ impl<'a> Ctx<'a> {
                 }
             }
         }
+        drop(dst);
         if file.workers.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.finish_chunked(file, local);
             self.release(file.node.clone());
@@ -1029,18 +1156,19 @@ impl<'a> Ctx<'a> {
 
     fn finish_chunked(&self, file: &LargeFile, local: &mut Local) {
         let dir = &file.node;
+        let mut staged = lock(&file.staged);
         let result = match lock(&file.error).take() {
             Some(err) => Err(err),
             None => meta::apply_fd(
                 file.src.as_fd(),
-                file.dst.as_fd(),
+                staged.fd.as_fd(),
                 &file.st,
                 &self.opts.preserve,
                 &self.who,
-                true,
+                staged.mode_done,
                 &mut local.xattrs,
             )
-            .and_then(|()| self.commit(dir, &file.tmp, &file.dst_name)),
+            .and_then(|()| self.commit_staged(dir, &mut staged, &file.dst_name)),
         };
         match result {
             Ok(true) => {
@@ -1054,7 +1182,7 @@ impl<'a> Ctx<'a> {
                 self.counters.skipped.fetch_add(1, Ordering::Relaxed);
             }
             Err((op, e)) => {
-                let _ = sys::unlinkat(dir.dst.as_fd(), &file.tmp, false);
+                self.discard(dir, &mut staged);
                 self.fail(&dir.child_path(&file.dst_name), op, &e);
             }
         }
@@ -1072,7 +1200,12 @@ impl<'a> Ctx<'a> {
         if self.keep_existing(dir, dst_name, st)? {
             return Ok(Some(Skip::Kept));
         }
-        let tmp = self.tmp_name();
+        // Inside a staged directory the final name is not visible yet: create it directly.
+        let tmp = if dir.hidden {
+            dst_name.to_owned()
+        } else {
+            self.tmp_name()
+        };
         let is_link = is_type(st, libc::S_IFLNK);
         if is_link {
             let target =
@@ -1084,7 +1217,13 @@ impl<'a> Ctx<'a> {
                 .map_err(|e| ("mknod", e))?;
         }
         let staged = meta::apply_at(dir.dst.as_fd(), &tmp, st, &self.opts.preserve, &self.who)
-            .and_then(|()| self.commit(dir, &tmp, dst_name));
+            .and_then(|()| {
+                if dir.hidden {
+                    Ok(true)
+                } else {
+                    self.commit(dir, &tmp, dst_name)
+                }
+            });
         match staged {
             Ok(true) => {}
             Ok(false) => return Ok(Some(Skip::Kept)),
@@ -1105,7 +1244,8 @@ impl<'a> Ctx<'a> {
 
 enum FillOutcome {
     Committed(Option<u128>),
-    Chunked,
+    /// Large enough to be copied in chunks by several workers, with these capabilities.
+    Chunk(Caps),
     Kept,
 }
 

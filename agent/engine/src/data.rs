@@ -30,6 +30,8 @@ const CLONING_FS: [i64; 8] = [
 pub(crate) struct Caps {
     pub ficlone: bool,
     pub copy_file_range: bool,
+    /// The destination filesystem supports `O_TMPFILE`.
+    pub tmpfile: bool,
 }
 
 /// Per-worker cache, so the hot path takes no lock.
@@ -52,6 +54,7 @@ impl CapsCache {
             Caps {
                 ficlone: reflink != Reflink::Never,
                 copy_file_range: !(reflink == Reflink::Never && clones),
+                tmpfile: true,
             }
         })
     }

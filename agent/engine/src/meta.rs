@@ -37,6 +37,23 @@ impl Identity {
     }
 }
 
+impl Identity {
+    /// The mode to create a file with, and whether that already is its final mode.
+    /// It is when nothing would change it later: no chown (which clears setuid/setgid,
+    /// and before which a wider mode would expose the data to the wrong group), no
+    /// special bits, no bits the umask would strip, and a directory we created (an
+    /// existing one may carry a default ACL that overrides the umask).
+    pub fn creation_mode(&self, st: &Stat, preserve: &Preserve, fresh_dir: bool) -> (u32, bool) {
+        let target = self.final_mode(st, preserve);
+        let chown = preserve.ownership && (st.st_uid != self.euid || st.st_gid != self.egid);
+        if fresh_dir && !chown && target & 0o7000 == 0 && target & self.umask == 0 {
+            (target, true)
+        } else {
+            (0o600, false)
+        }
+    }
+}
+
 /// Reusable buffers for xattr copies.
 #[derive(Debug, Default)]
 pub(crate) struct XattrBufs {
@@ -50,9 +67,10 @@ fn is_unsupported(err: &io::Error) -> bool {
 
 /// chown a new entry to the source's owner. Without CAP_CHOWN only the group can be kept
 /// (if we belong to it), and failing that nothing, which is what `cp -a` does quietly.
-fn chown(dst: BorrowedFd<'_>, st: &Stat, who: &Identity, fresh: bool) -> io::Result<()> {
-    // A fresh entry already belongs to us; skip the call when that is what the source has.
-    if fresh && st.st_uid == who.euid && st.st_gid == who.egid {
+fn chown(dst: BorrowedFd<'_>, st: &Stat, who: &Identity) -> io::Result<()> {
+    // A new entry already belongs to us; skip the call when that is what the source has.
+    // (Directories we merge into keep their owner: they get no metadata at all.)
+    if st.st_uid == who.euid && st.st_gid == who.egid {
         return Ok(());
     }
     match sys::fchown(dst, st.st_uid, st.st_gid) {
@@ -64,21 +82,21 @@ fn chown(dst: BorrowedFd<'_>, st: &Stat, who: &Identity, fresh: bool) -> io::Res
     }
 }
 
-/// Copy every xattr of `src` onto `dst`. Attributes the destination cannot hold (no xattr
-/// support, or a `trusted.`/`security.` namespace we may not write) are skipped, as `cp -a`
-/// does; any other error fails the entry.
+/// Copy every xattr of `src` onto `dst`; `Ok(true)` if there were any. Attributes the
+/// destination cannot hold (no xattr support, or a `trusted.`/`security.` namespace we may
+/// not write) are skipped, as `cp -a` does; any other error fails the entry.
 pub(crate) fn copy_xattrs(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     bufs: &mut XattrBufs,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     match sys::flistxattr(src, &mut bufs.names) {
         Ok(()) => {}
-        Err(e) if is_unsupported(&e) => return Ok(()),
+        Err(e) if is_unsupported(&e) => return Ok(false),
         Err(e) => return Err(e),
     }
     if bufs.names.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let names = std::mem::take(&mut bufs.names);
     let result = (|| {
@@ -98,7 +116,7 @@ pub(crate) fn copy_xattrs(
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(true)
     })();
     bufs.names = names;
     result
@@ -106,22 +124,28 @@ pub(crate) fn copy_xattrs(
 
 /// Apply owner, xattrs, mode and times from `st` (and `src`'s xattrs) to the open `dst`.
 /// Returns the name of the step that failed with its error.
+/// `mode_done`: the entry was created with its final mode (see [`Identity::creation_mode`]);
+/// otherwise it is set here, after owner and xattrs.
 pub(crate) fn apply_fd(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     st: &Stat,
     preserve: &Preserve,
     who: &Identity,
-    fresh: bool,
+    mode_done: bool,
     bufs: &mut XattrBufs,
 ) -> Result<(), (&'static str, io::Error)> {
     if preserve.ownership {
-        chown(dst, st, who, fresh).map_err(|e| ("fchown", e))?;
+        chown(dst, st, who).map_err(|e| ("fchown", e))?;
     }
+    let mut had_xattrs = false;
     if preserve.xattrs {
-        copy_xattrs(src, dst, bufs).map_err(|e| ("copy xattrs", e))?;
+        had_xattrs = copy_xattrs(src, dst, bufs).map_err(|e| ("copy xattrs", e))?;
     }
-    sys::fchmod(dst, who.final_mode(st, preserve)).map_err(|e| ("fchmod", e))?;
+    // An access ACL rewrites the group bits, so the mode is set again after it.
+    if !mode_done || had_xattrs {
+        sys::fchmod(dst, who.final_mode(st, preserve)).map_err(|e| ("fchmod", e))?;
+    }
     if preserve.timestamps {
         sys::futimens(dst, st).map_err(|e| ("futimens", e))?;
     }

@@ -52,6 +52,49 @@ pub fn openat(
     })
 }
 
+/// An unnamed regular file in `dir` (`O_TMPFILE`): it has no name until [`link_fd`] gives
+/// it one, so a crash mid-copy leaves nothing behind and no reader can see it partial.
+/// Filesystems without support answer EOPNOTSUPP (or EISDIR on old kernels).
+pub fn open_tmpfile(dir: BorrowedFd<'_>, access: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
+    openat(dir, c".", libc::O_TMPFILE | access, mode)
+}
+
+/// Give the unnamed file `fd` the name `dir/name` (fails with EEXIST if it is taken).
+/// `AT_EMPTY_PATH` needs CAP_DAC_READ_SEARCH; without it the `/proc/self/fd` link does the
+/// same for the owner of the descriptor.
+pub fn link_fd(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid descriptors; an empty NUL-terminated path with AT_EMPTY_PATH names `fd`.
+    let ret = unsafe {
+        libc::linkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    match cvt(ret) {
+        Err(e)
+            if e.raw_os_error() == Some(libc::ENOENT) || e.raw_os_error() == Some(libc::EPERM) =>
+        {
+            let proc_path =
+                CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|_| e)?;
+            // SAFETY: valid descriptor and NUL-terminated paths.
+            cvt(unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    proc_path.as_ptr(),
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            })
+            .map(drop)
+        }
+        other => other.map(drop),
+    }
+}
+
 /// `open(path)` for the top-level paths the user named (relative to the working directory).
 pub fn open(path: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: `path` is a valid NUL-terminated string.
