@@ -331,11 +331,15 @@ impl<'a> Ctx<'a> {
         match task {
             Task::List(node) => self.list(node, local),
             Task::Dir { parent, name } => {
+                // The parent's count for this child is released when the child directory
+                // completes (`release` walks up), or here if it could not be opened.
                 match self.open_subdir(&parent, &name) {
                     Ok(node) => self.list(node, local),
-                    Err((op, e)) => self.fail(&parent.child_path(&name), op, &e),
+                    Err((op, e)) => {
+                        self.fail(&parent.child_path(&name), op, &e);
+                        self.release(parent);
+                    }
                 }
-                self.release(parent);
             }
             Task::Batch { dir, entries } => {
                 for e in &entries {
