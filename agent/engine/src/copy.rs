@@ -99,6 +99,26 @@ impl DirNode {
         })
     }
 
+    /// The top of a new copy: built as `tmp` inside `parent` and renamed to `name` when
+    /// everything under it is complete, so the destination appears whole.
+    pub(crate) fn staged_root(
+        src: OwnedFd,
+        dst: OwnedFd,
+        meta: Stat,
+        parent: OwnedFd,
+        tmp: CString,
+        name: CString,
+    ) -> io::Result<Self> {
+        // The parent only serves the final rename: an empty node whose release is a no-op.
+        let parent_src = parent.try_clone()?;
+        let parent = DirNode::new(parent_src, parent, None, false)?;
+        let mut root = DirNode::new(src, dst, Some(meta), true)?;
+        root.parent = Some(Arc::new(parent));
+        root.hidden = true;
+        root.staged_as = Some((tmp, name));
+        Ok(root)
+    }
+
     fn child_path(&self, name: &CStr) -> Vec<u8> {
         let mut p = self.rel.clone();
         if !p.is_empty() {
@@ -532,7 +552,7 @@ impl<'a> Ctx<'a> {
         self.release(node);
     }
 
-    fn tmp_name(&self) -> CString {
+    pub(crate) fn tmp_name(&self) -> CString {
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
         // Short, so a 255-byte source name still has a legal staging name; the pid keeps
         // concurrent copies into one directory apart.

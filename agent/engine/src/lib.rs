@@ -166,21 +166,24 @@ pub fn copy(
 
     if src_is_dir {
         let src_fd = open_dir(src, "open source directory")?;
-        let (dst_fd, fresh) = match dst_st {
+        let root = match dst_st {
             None => {
                 let parent = parent_of(dst);
                 let parent_fd = open_dir(parent, "open destination parent")?;
                 check_not_inside(&src_st, &parent_fd, src, dst)?;
                 let name = final_name(dst)?;
-                sys::mkdirat(parent_fd.as_fd(), &name, 0o700).map_err(|e| Error::io("create directory", dst, e))?;
-                let fd = sys::openat(parent_fd.as_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
+                // Built under a staging name, renamed to DST when complete.
+                let tmp = ctx.tmp_name();
+                sys::mkdirat(parent_fd.as_fd(), &tmp, 0o700).map_err(|e| Error::io("create directory", dst, e))?;
+                let fd = sys::openat(parent_fd.as_fd(), &tmp, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
                     .map_err(|e| Error::io("open destination", dst, e))?;
-                (fd, true)
+                DirNode::staged_root(src_fd, fd, src_st, parent_fd, tmp, name).map_err(|e| Error::io("stat", dst, e))?
             }
             Some(_) if dst_is_dir => {
                 let fd = open_dir(dst, "open destination")?;
                 check_not_inside(&src_st, &fd, src, dst)?;
-                (fd, false)
+                let keep_meta = options.overwrite == Overwrite::Always;
+                DirNode::new(src_fd, fd, keep_meta.then_some(src_st), false).map_err(|e| Error::io("stat", dst, e))?
             }
             Some(_) => {
                 return Err(Error::Usage(format!(
@@ -190,9 +193,6 @@ pub fn copy(
                 )))
             }
         };
-        let keep_meta = fresh || options.overwrite == Overwrite::Always;
-        let root = DirNode::new(src_fd, dst_fd, keep_meta.then_some(src_st), fresh)
-            .map_err(|e| Error::io("stat", dst, e))?;
         ctx.counters.dirs.fetch_add(1, Ordering::Relaxed);
         ctx.push(Task::List(Arc::new(root)));
     } else {

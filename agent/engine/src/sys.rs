@@ -502,6 +502,7 @@ pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
     // SAFETY: `sfs` is writable memory of the right size.
     cvt(unsafe { libc::fstatfs(fd.as_raw_fd(), sfs.as_mut_ptr()) })?;
     // SAFETY: fstatfs succeeded.
+    #[allow(clippy::unnecessary_cast)] // f_type is i64 on x86_64 but not on every target
     Ok(unsafe { sfs.assume_init() }.f_type as i64)
 }
 
