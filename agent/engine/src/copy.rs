@@ -959,9 +959,19 @@ impl<'a> Ctx<'a> {
         }
         let src_hash = if cloned {
             match self.hash {
-                true => Some(
-                    data::hash_fd(src.as_fd(), &mut local.buf).map_err(|e| ("read source", e))?,
-                ),
+                true => {
+                    let (hash, n) = data::hash_fd(src.as_fd(), size, &mut local.buf)
+                        .map_err(|e| ("read source", e))?;
+                    if n != size {
+                        return Err((
+                            "read source",
+                            source_changed(format!(
+                                "source shrank from {size} to {n} bytes while copying"
+                            )),
+                        ));
+                    }
+                    Some(hash)
+                }
                 false => None,
             }
         } else {
@@ -1014,7 +1024,7 @@ impl<'a> Ctx<'a> {
             }
         }
         let hash = match src_hash {
-            Some(expected) => Some(self.verify_dst(src, dst, st, expected, local)?),
+            Some(expected) => Some(self.verify_dst(src, dst, st, expected, moved.bytes, local)?),
             None => None,
         };
         meta::apply_fd(
@@ -1043,6 +1053,7 @@ impl<'a> Ctx<'a> {
         dst: BorrowedFd<'_>,
         st: &Stat,
         expected: u128,
+        len: u64,
         local: &mut Local,
     ) -> Result<u128, Fail> {
         let after = sys::fstat(src.as_fd()).map_err(|e| ("stat source", e))?;
@@ -1060,9 +1071,9 @@ impl<'a> Ctx<'a> {
             sys::fadvise_dontneed(dst).map_err(|e| ("fadvise", e))?;
         }
         if self.opts.verify != Verify::None {
-            let got =
-                data::hash_fd(dst, &mut local.buf).map_err(|e| ("read back destination", e))?;
-            if got != expected {
+            let (got, n) = data::hash_fd(dst, len, &mut local.buf)
+                .map_err(|e| ("read back destination", e))?;
+            if got != expected || n != len {
                 return Err(("verify", checksum_mismatch(expected, got)));
             }
             self.counters.verified.fetch_add(1, Ordering::Relaxed);

@@ -294,16 +294,18 @@ fn hash_zeros(h: &mut Xxh3, mut n: u64) {
     }
 }
 
-/// xxHash3-128 of everything `fd` reads from offset 0 to its end.
-pub(crate) fn hash_fd(fd: BorrowedFd<'_>, buf: &mut Vec<u8>) -> io::Result<u128> {
+/// xxHash3-128 of the first `len` bytes of `fd` (fewer if it ends sooner), and how many
+/// bytes that was. Reading exactly `len` saves the end-of-file read on every small file.
+pub(crate) fn hash_fd(fd: BorrowedFd<'_>, len: u64, buf: &mut Vec<u8>) -> io::Result<(u128, u64)> {
     if buf.is_empty() {
         buf.resize(BUF_SIZE, 0);
     }
     let mut h = Xxh3::new();
     let mut off = 0u64;
-    loop {
-        match sys::pread(fd, buf, off) {
-            Ok(0) => return Ok(h.digest128()),
+    while off < len {
+        let want = (len - off).min(buf.len() as u64) as usize;
+        match sys::pread(fd, &mut buf[..want], off) {
+            Ok(0) => break,
             Ok(n) => {
                 h.update(&buf[..n]);
                 off += n as u64;
@@ -312,4 +314,5 @@ pub(crate) fn hash_fd(fd: BorrowedFd<'_>, buf: &mut Vec<u8>) -> io::Result<u128>
             Err(e) => return Err(e),
         }
     }
+    Ok((h.digest128(), off))
 }
