@@ -462,7 +462,7 @@ impl<'a> Ctx<'a> {
     /// Open source subdirectory `name` and create (or, when merging, open) its twin.
     fn open_subdir(&self, parent: &Arc<DirNode>, name: &CStr) -> Result<Arc<DirNode>, Fail> {
         let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-        let src = sys::openat(parent.src.as_fd(), name, flags, 0)
+        let src = sys::open_beneath(parent.src.as_fd(), name, flags)
             .map_err(|e| ("open source directory", e))?;
         let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source directory", e))?;
         // A new directory under a visible parent is built under a staging name and renamed
@@ -477,7 +477,7 @@ impl<'a> Ctx<'a> {
             Err(e) => return Err(("create directory", e)),
         };
         // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
-        let dst = sys::openat(parent.dst.as_fd(), create_as, flags, 0)
+        let dst = sys::open_beneath(parent.dst.as_fd(), create_as, flags)
             .map_err(|e| ("open destination directory", e))?;
         let keep_meta = fresh || self.opts.overwrite == Overwrite::Always;
         let dst_dev = if fresh {
@@ -658,7 +658,7 @@ impl<'a> Ctx<'a> {
         // O_NONBLOCK: if a FIFO was swapped in since the listing, opening it must not hang;
         // it is then recreated, never read.
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-        let src = match sys::openat(dir.src.as_fd(), src_name, flags, 0) {
+        let src = match sys::open_beneath(dir.src.as_fd(), src_name, flags) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
                 // It became a symlink since the listing: copy the link.

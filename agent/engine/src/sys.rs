@@ -95,6 +95,25 @@ pub fn link_fd(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::Resu
     }
 }
 
+/// Open one entry of `dir` without following a symlink at any step: `openat2` with
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS` where the kernel has it
+/// (5.6+), `openat` with `O_NOFOLLOW` otherwise. For the single-component names a directory
+/// listing yields the two are equivalent; `openat2` also refuses a name that would climb
+/// out (`..`, or one with a `/`), whatever the caller passes.
+pub fn open_beneath(dir: BorrowedFd<'_>, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+    if !NO_OPENAT2.load(Ordering::Relaxed) {
+        match openat2_beneath(dir, name, flags) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                NO_OPENAT2.store(true, Ordering::Relaxed)
+            }
+            other => return other,
+        }
+    }
+    openat(dir, name, flags | libc::O_NOFOLLOW, 0)
+}
+
 /// `open(path)` for the top-level paths the user named (relative to the working directory).
 pub fn open(path: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: `path` is a valid NUL-terminated string.
