@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Correctness gate for one benchmark copy (stdlib only).
 
-  check.py SRC DST OUT.json [--no-content]
+  check.py SRC DST OUT.json [--no-content] [--shared]
 
 Walks both trees and compares the set of relative paths, entry types, sizes, symlink targets
 and (unless --no-content) regular-file bytes; any difference makes the run INVALID.  It also
@@ -9,19 +9,56 @@ records, without failing on them:
   - whether metadata was kept: mode, uid, gid, and mtime to the nanosecond (not for symlinks),
     for every entry including the top directory, counted separately for directories and for
     the other entries;
-  - the allocated bytes of both trees (was sparseness kept?).
+  - the allocated bytes of both trees (was sparseness kept?);
+  - with --shared, the bytes of DST's regular files in extents the filesystem flags as shared
+    (FIEMAP_EXTENT_SHARED), i.e. reflinked to SRC rather than written ("dst_shared_bytes"),
+    and the allocated bytes of DST's regular files ("dst_file_alloc_bytes").
+    st_blocks counts shared extents in full, so the allocated size cannot show a clone.
 
 Writes OUT.json: {"ok": bool, "errors": [first few], "entries": N, "files": N, "dirs": N,
 "apparent_bytes": B, "src_alloc_bytes": A, "dst_alloc_bytes": A, "file_meta_diffs": N,
-"dir_meta_diffs": N, "meta_preserved": bool, "content_checked": bool}.
+"dir_meta_diffs": N, "meta_preserved": bool, "content_checked": bool[, "dst_shared_bytes": B,
+"dst_file_alloc_bytes": A]}.
 Exits 0 even on a mismatch; the report marks the run invalid.
 """
+import fcntl
 import json
 import os
 import stat
+import struct
 import sys
 
 BUF = 1 << 20
+
+# linux/fiemap.h
+FS_IOC_FIEMAP = 0xC020660B
+FIEMAP_FLAG_SYNC = 0x1
+FIEMAP_EXTENT_LAST = 0x1
+FIEMAP_EXTENT_SHARED = 0x2000
+FIEMAP_HDR = struct.Struct("=QQIIII")  # fm_start, fm_length, fm_flags, fm_mapped_extents, fm_extent_count, fm_reserved
+FIEMAP_EXT = struct.Struct("=QQQQQIIII")  # fe_logical, fe_physical, fe_length, 2 reserved, fe_flags, 3 reserved
+FIEMAP_BATCH = 256
+
+
+def shared_bytes(path):
+    """Bytes of PATH in extents flagged FIEMAP_EXTENT_SHARED (reflinked/deduplicated)."""
+    total = 0
+    start = 0
+    with open(path, "rb") as f:
+        while True:
+            buf = bytearray(FIEMAP_HDR.size + FIEMAP_EXT.size * FIEMAP_BATCH)
+            FIEMAP_HDR.pack_into(buf, 0, start, (1 << 64) - 1 - start, FIEMAP_FLAG_SYNC, 0, FIEMAP_BATCH, 0)
+            fcntl.ioctl(f.fileno(), FS_IOC_FIEMAP, buf)
+            mapped = FIEMAP_HDR.unpack_from(buf)[3]
+            if mapped == 0:
+                return total
+            for i in range(mapped):
+                logical, _, length, _, _, flags, *_ = FIEMAP_EXT.unpack_from(buf, FIEMAP_HDR.size + i * FIEMAP_EXT.size)
+                if flags & FIEMAP_EXTENT_SHARED:
+                    total += length
+                if flags & FIEMAP_EXTENT_LAST:
+                    return total
+            start = logical + length
 
 
 def walk(root):
@@ -44,7 +81,7 @@ def same_bytes(a, b):
                 return True
 
 
-def compare(src, dst, content):
+def compare(src, dst, content, shared=False):
     errors = []
     res = {"ok": False, "errors": errors}
     if not os.path.isdir(dst):
@@ -59,7 +96,7 @@ def compare(src, dst, content):
         errors.append(f"{len(missing)} missing, {len(extra)} extra in total")
     counts = {"file": 0, "dir": 0}
     diffs = {"file": 0, "dir": 0}
-    src_alloc = dst_alloc = apparent = 0
+    src_alloc = dst_alloc = apparent = dst_shared = dst_file_alloc = 0
     for rel in sorted(set(s) & set(d)):
         a, b = s[rel], d[rel]
         src_alloc += a.st_blocks * 512
@@ -79,6 +116,12 @@ def compare(src, dst, content):
                 errors.append(f"size differs: {rel} {a.st_size} != {b.st_size}")
             elif content and not same_bytes(os.path.join(src, rel), os.path.join(dst, rel)):
                 errors.append(f"content differs: {rel}")
+            dst_file_alloc += b.st_blocks * 512
+            if shared and dst_shared is not None:
+                try:
+                    dst_shared += min(shared_bytes(os.path.join(dst, rel)), b.st_blocks * 512)
+                except OSError:  # no FIEMAP on this filesystem (tmpfs)
+                    dst_shared = None
         elif stat.S_ISLNK(a.st_mode):
             if os.readlink(os.path.join(src, rel)) != os.readlink(os.path.join(dst, rel)):
                 errors.append(f"symlink target differs: {rel}")
@@ -97,6 +140,9 @@ def compare(src, dst, content):
         meta_preserved=diffs["file"] + diffs["dir"] == 0,
         content_checked=content,
     )
+    if shared:
+        res["dst_shared_bytes"] = dst_shared
+        res["dst_file_alloc_bytes"] = dst_file_alloc
     res["ok"] = not errors
     return res
 
@@ -106,13 +152,14 @@ def main(argv):
     if len(args) != 3:
         sys.exit(__doc__)
     src, dst, out = args
-    res = compare(src, dst, "--no-content" not in argv)
+    res = compare(src, dst, "--no-content" not in argv, "--shared" in argv)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
     if res["ok"]:
         print(f"check: ok; metadata differs on {res['file_meta_diffs']}/{res['files']} files "
               f"and {res['dir_meta_diffs']}/{res['dirs']} dirs; allocated "
-              f"{res['dst_alloc_bytes']} B (source {res['src_alloc_bytes']} B)")
+              f"{res['dst_alloc_bytes']} B (source {res['src_alloc_bytes']} B)"
+              + (f"; shared (reflinked) {res['dst_shared_bytes']} B" if res.get("dst_shared_bytes") is not None else ""))
     else:
         print("check: INVALID: " + "; ".join(res["errors"][:3]))
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Ferry copy benchmark: ferry-agent vs cp -r, cp -a, xcp, cpz (fuc) and fcp on tmpfs and disk.
+# Ferry copy benchmark: ferry-agent vs cp -r, cp -a, xcp, cpz (fuc) and fcp on tmpfs and disk,
+# and vs cp --reflink=always on a loop-mounted XFS (reflink=1).
 # See bench/README.md for the protocol. Usage (from the repo root): make bench, or bench/run.sh
-#   bench/run.sh clean    unmount the tmpfs and delete bench/work (cached trees and results)
+#   bench/run.sh clean    unmount the tmpfs and the XFS image, delete bench/work (trees, results)
 #
 # Environment (all optional):
 #   BENCH_QUICK=1        tiny trees, 0 warmup, 1 run; report to bench/work/RESULTS-quick.md
@@ -10,10 +11,13 @@
 #   BENCH_SKIP_1M=1      skip the peak-RSS measurement on the 1M-file tree
 #   BENCH_CHECK=0        skip the correctness gate after each tool (bench/check.py)
 #   BENCH_RUNS, BENCH_WARMUP          hyperfine --runs / --warmup (default 5 / 1; quick 1 / 0)
-#   BENCH_RUNS_DISK                   --runs on the disk (default 3, to fit ~25 min on 2 cores)
-#   BENCH_FS="tmpfs disk"             filesystems to run on
-#   BENCH_TREES="many flat large sparse"
-#   BENCH_TOOLS="ferry ferry-verify cp-r cp-a xcp cpz fcp"
+#   BENCH_RUNS_DISK, BENCH_RUNS_XFS   --runs on the disk and on xfs (default 3 / 3; quick 1 / 1)
+#   BENCH_FS="tmpfs disk xfs"         filesystems to run on (drop xfs to skip the XFS image)
+#   BENCH_TREES="many flat large sparse"              trees on tmpfs and disk
+#   BENCH_TOOLS="ferry ferry-verify cp-r cp-a xcp cpz fcp"   tools on tmpfs and disk
+#   BENCH_XFS_TREES="large many"      trees on xfs
+#   BENCH_XFS_TOOLS="ferry cp-reflink cp-r xcp cpz fcp"      tools on xfs
+#   BENCH_XFS_SIZE=12G                size of the sparse XFS image (quick: 1G); grown, never shrunk
 #   BENCH_RSS_TOOLS="ferry"           tools whose peak RSS is measured on the 1M-file tree
 #   BENCH_WORK=bench/work             work dir (gitignored); trees are cached there
 #   BENCH_TMPFS_SIZE=10G              size of the tmpfs mounted at $BENCH_WORK/tmpfs
@@ -29,9 +33,12 @@ WORK="${BENCH_WORK:-$BENCH_DIR/work}"
 FERRY_TOOLS="${FERRY_TOOLS:-/var/cache/ferry-tools}"
 TOOLS_BIN="$FERRY_TOOLS/cargo/bin"
 FERRY="${FERRY_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/ferry-agent}"
-FILESYSTEMS="${BENCH_FS:-tmpfs disk}"
+FILESYSTEMS="${BENCH_FS:-tmpfs disk xfs}"
 TREES="${BENCH_TREES:-many flat large sparse}"
 TOOLS="${BENCH_TOOLS:-ferry ferry-verify cp-r cp-a xcp cpz fcp}"
+XFS_TREES="${BENCH_XFS_TREES:-large many}"
+XFS_TOOLS="${BENCH_XFS_TOOLS:-ferry cp-reflink cp-r xcp cpz fcp}"
+XFS_IMG="$WORK/xfs.img"
 RSS_TOOLS="${BENCH_RSS_TOOLS:-ferry}"
 CHECK="${BENCH_CHECK:-1}"
 TMPFS_SIZE="${BENCH_TMPFS_SIZE:-10G}"
@@ -40,13 +47,17 @@ if [[ "$QUICK" == 1 ]]; then
     MODE=quick
     RUNS="${BENCH_RUNS:-1}"
     RUNS_DISK="${BENCH_RUNS_DISK:-$RUNS}"
+    RUNS_XFS="${BENCH_RUNS_XFS:-$RUNS}"
     WARMUP="${BENCH_WARMUP:-0}"
+    XFS_SIZE="${BENCH_XFS_SIZE:-1G}"
     RESULTS_MD="${BENCH_RESULTS:-$WORK/RESULTS-quick.md}"
 else
     MODE=full
     RUNS="${BENCH_RUNS:-5}"
     RUNS_DISK="${BENCH_RUNS_DISK:-${BENCH_RUNS:-3}}"
+    RUNS_XFS="${BENCH_RUNS_XFS:-${BENCH_RUNS:-3}}"
     WARMUP="${BENCH_WARMUP:-1}"
+    XFS_SIZE="${BENCH_XFS_SIZE:-12G}"
     RESULTS_MD="${BENCH_RESULTS:-$BENCH_DIR/RESULTS.md}"
 fi
 RES="$WORK/results/$MODE"
@@ -92,6 +103,7 @@ tool_cmd() {
         ferry-verify) echo "$FERRY copy --no-progress --verify checksum $src $dst" ;;
         cp-r) echo "cp -r $src $dst" ;;
         cp-a) echo "cp -a $src $dst" ;;
+        cp-reflink) echo "cp -a --reflink=always $src $dst" ;;
         xcp) echo "$TOOLS_BIN/xcp -r --no-progress $src $dst" ;;
         cpz) echo "$TOOLS_BIN/cpz $src $dst" ;;
         fcp) echo "$TOOLS_BIN/fcp $src $dst" ;;
@@ -104,6 +116,18 @@ tool_applies() {
     local tool="$1" tree="$2"
     [[ "$tool" != ferry-verify || "$tree" == many ]]
 }
+
+# Trees, tools and hyperfine --runs per filesystem: xfs has its own lists (the reflink case).
+fs_trees() { if [[ "$1" == xfs ]]; then echo "$XFS_TREES"; else echo "$TREES"; fi; }
+fs_tools() { if [[ "$1" == xfs ]]; then echo "$XFS_TOOLS"; else echo "$TOOLS"; fi; }
+fs_runs() {
+    case "$1" in
+        disk) echo "$RUNS_DISK" ;;
+        xfs) echo "$RUNS_XFS" ;;
+        *) echo "$RUNS" ;;
+    esac
+}
+has_fs() { [[ " $FILESYSTEMS " == *" $1 "* ]]; }
 
 # ---------------------------------------------------------------------------------------
 setup_tools() {
@@ -134,8 +158,43 @@ setup_dirs() {
     fi
     [[ "$(stat -f -c %T "$WORK/tmpfs")" == tmpfs ]] || die "$WORK/tmpfs is not a tmpfs"
     [[ "$(stat -f -c %T "$WORK/disk")" != tmpfs ]] || die "$WORK/disk is on a tmpfs"
+    if has_fs xfs; then setup_xfs; fi
     rm -rf "$RES"
     mkdir -p "$RES"
+}
+
+# A sparse image file $WORK/xfs.img (on the host disk) formatted with mkfs.xfs -m reflink=1 and
+# loop-mounted at $WORK/xfs. Like the tmpfs it stays mounted between runs (trees stay cached);
+# `run.sh clean` unmounts it. A quick run makes it 1G; a full run grows it to 12G in place.
+setup_xfs() {
+    local mnt="$WORK/xfs" want have dev back
+    if ! command -v mkfs.xfs >/dev/null || ! command -v xfs_growfs >/dev/null; then
+        die "mkfs.xfs/xfs_growfs missing: apt-get install xfsprogs, or set BENCH_FS=\"tmpfs disk\""
+    fi
+    want="$(numfmt --from=iec "$XFS_SIZE")"
+    mkdir -p "$mnt"
+    if ! mountpoint -q "$mnt"; then
+        if [[ ! -f "$XFS_IMG" ]]; then
+            log "creating a $XFS_SIZE sparse XFS image (mkfs.xfs -m reflink=1) at $XFS_IMG"
+            truncate -s "$XFS_SIZE" "$XFS_IMG"
+            mkfs.xfs -q -m reflink=1 "$XFS_IMG" || { rm -f "$XFS_IMG"; die "mkfs.xfs failed"; }
+        fi
+        log "loop-mounting $XFS_IMG at $mnt"
+        mount -o loop "$XFS_IMG" "$mnt" ||
+            die "mount -o loop $XFS_IMG failed (no loop devices?); BENCH_FS=\"tmpfs disk\" skips xfs"
+    fi
+    dev="$(findmnt -n -o SOURCE --mountpoint "$mnt")"
+    back="$(losetup -n -O BACK-FILE "$dev" 2>/dev/null | sed 's/ *$//')"
+    [[ "$back" -ef "$XFS_IMG" ]] || die "$mnt is mounted from $dev, not from $XFS_IMG (run bench/run.sh clean)"
+    [[ "$(stat -f -c %T "$mnt")" == xfs ]] || die "$mnt is not an XFS"
+    xfs_info "$mnt" | grep -q 'reflink=1' || die "$mnt: XFS without reflink=1 (run bench/run.sh clean)"
+    have="$(stat -c %s "$XFS_IMG")"
+    if ((have < want)); then
+        log "growing $XFS_IMG from $(numfmt --to=iec "$have") to $XFS_SIZE"
+        truncate -s "$XFS_SIZE" "$XFS_IMG"
+        losetup -c "$dev"
+        xfs_growfs -d "$mnt" >/dev/null
+    fi
 }
 
 fs_root() { echo "$WORK/$1/$MODE"; }
@@ -173,13 +232,17 @@ bench_one() {
     cmd="$(tool_cmd "$tool" "$src" "$dst")"
     rm -rf "$dst"
     log "$fs/$tree: $tool: $cmd"
-    local runs="$RUNS"
-    [[ "$fs" != disk ]] || runs="$RUNS_DISK"
-    if hyperfine -N --warmup "$WARMUP" --runs "$runs" \
+    if hyperfine -N --warmup "$WARMUP" --runs "$(fs_runs "$fs")" \
         --prepare "sh -c 'rm -rf $dst && sync'" \
         --command-name "$tool" --export-json "$base.json" "$cmd"; then
         if [[ "$CHECK" == 1 ]]; then
-            python3 "$BENCH_DIR/check.py" "$src" "$dst" "$base.check.json"
+            # On xfs, also count the bytes of DST that share blocks (reflinked) with SRC.
+            local shared=()
+            [[ "$fs" != xfs ]] || shared=(--shared)
+            python3 "$BENCH_DIR/check.py" "${shared[@]}" "$src" "$dst" "$base.check.json"
+        fi
+        if [[ "$fs" == xfs && "$tool" == ferry ]]; then
+            ferry_summary "$src" "$dst" "$base.summary.json"
         fi
     else
         echo "hyperfine failed (the command exited non-zero)" >"$base.failed"
@@ -191,6 +254,24 @@ bench_one() {
         rm -f "$base.json"
     fi
     rm -rf "$dst"
+}
+
+# One more, untimed, ferry run with --json: its summary says how the bytes were moved
+# (bytes_reflinked / bytes_copy_file_range / bytes_read_write).
+ferry_summary() {
+    local src="$1" dst="$2" out="$3"
+    rm -rf "$dst"
+    sync
+    log "ferry --json summary: $FERRY copy --no-progress --json $src $dst"
+    if ! "$FERRY" copy --no-progress --json "$src" "$dst" >"$out.tmp"; then
+        echo "ferry --json run failed (exit non-zero)" >&2
+    fi
+    if python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out.tmp" 2>/dev/null; then
+        mv "$out.tmp" "$out"
+    else
+        echo "ferry --json printed no JSON object; see $out.bad" >&2
+        mv "$out.tmp" "$out.bad"
+    fi
 }
 
 measure_rss() {
@@ -229,6 +310,17 @@ tool_version() {
     esac
 }
 
+# Union, in first-seen order, of "$1 FS" over the filesystems that run.
+all_of() {
+    local fs x seen=" "
+    for fs in $FILESYSTEMS; do
+        for x in $("$1" "$fs"); do
+            [[ "$seen" == *" $x "* ]] || seen="$seen$x "
+        done
+    done
+    echo "$seen"
+}
+
 write_meta() {
     local m="$RES/meta.tsv" rev
     rev="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)"
@@ -238,6 +330,8 @@ write_meta() {
         printf 'mode\t%s\n' "$MODE"
         printf 'runs\t%s\n' "$RUNS"
         printf 'runs_disk\t%s\n' "$RUNS_DISK"
+        printf 'runs_xfs\t%s\n' "$RUNS_XFS"
+        printf 'filesystems\t%s\n' "$FILESYSTEMS"
         printf 'warmup\t%s\n' "$WARMUP"
         printf 'nproc\t%s\n' "$(nproc)"
         printf 'cpu\t%s\n' "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
@@ -245,15 +339,24 @@ write_meta() {
         printf 'memory\t%s\n' "$(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
         printf 'disk\t%s\n' "$(findmnt -n -o SOURCE,FSTYPE,OPTIONS -T "$WORK/disk" | awk '{print $1 " " $2 " (" $3 ")"}')"
         printf 'tmpfs\t%s\n' "$(findmnt -n -o OPTIONS -T "$WORK/tmpfs")"
+        if has_fs xfs; then
+            printf 'xfs\tloop-mounted XFS (mkfs.xfs -m reflink=1, %s) on %s, options %s; image %s: %s sparse, %s allocated, on the host disk (%s)\n' \
+                "$(mkfs.xfs -V | awk '{print $NF}' | sed 's/^/xfsprogs /')" \
+                "$(findmnt -n -o SOURCE --mountpoint "$WORK/xfs")" \
+                "$(findmnt -n -o OPTIONS --mountpoint "$WORK/xfs")" \
+                "${XFS_IMG#"$REPO"/}" "$(numfmt --to=iec "$(stat -c %s "$XFS_IMG")")" \
+                "$(du -h "$XFS_IMG" | cut -f1)" \
+                "$(findmnt -n -o SOURCE,FSTYPE -T "$XFS_IMG" | awk '{print $1 " " $2}')"
+        fi
         printf 'ferry_rev\t%s\n' "$rev"
         printf 'ferry_bin\t%s\n' "$FERRY"
         for t in ferry cp xcp cpz fcp ftzz hyperfine python3; do
             printf 'version:%s\t%s\n' "$t" "$(tool_version "$t")"
         done
-        for tool in $TOOLS; do
+        for tool in $(all_of fs_tools); do
             printf 'cmd:%s\t%s\n' "$tool" "$(tool_cmd "$tool" SRC DST | sed "s#$TOOLS_BIN/##; s#$FERRY#ferry-agent#")"
         done
-        for tree in $TREES rss; do
+        for tree in $(all_of fs_trees) rss; do
             printf 'tree:%s\t%s\n' "$tree" "${DESC[$tree]}"
         done
     } >"$m"
@@ -261,6 +364,8 @@ write_meta() {
 
 clean() {
     if mountpoint -q "$WORK/tmpfs"; then umount "$WORK/tmpfs"; fi
+    # mount -o loop set up the loop device with autoclear: umount detaches it too.
+    if mountpoint -q "$WORK/xfs"; then umount "$WORK/xfs"; fi
     rm -rf "$WORK"
 }
 
@@ -274,9 +379,9 @@ main() {
     setup_dirs
     write_meta
     for fs in $FILESYSTEMS; do
-        for tree in $TREES; do
+        for tree in $(fs_trees "$fs"); do
             gen_tree "$fs" "$tree"
-            for tool in $TOOLS; do
+            for tool in $(fs_tools "$fs"); do
                 tool_applies "$tool" "$tree" || continue
                 bench_one "$fs" "$tree" "$tool"
             done

@@ -477,3 +477,38 @@ fn empty_files_and_empty_directories_are_copied() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn tree_1000_levels_deep_is_copied_without_running_out_of_descriptors() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    let deepest = build_deep_tree(&src, &[b'q'; 20], 1000)?;
+    ensure!(deepest > 4 * 4096, "setup: only {deepest} bytes deep");
+    let dst = tmp.path().join("dst");
+    let json = copy_and_compare(&src, &dst, &["--workers", "4"], Check::default())?;
+    ensure!(
+        num(&json, "dirs") == 1001 && num(&json, "files") == 1000,
+        "{json}"
+    );
+    Ok(())
+}
+
+#[test]
+fn hard_linked_symlinks_and_fifos_stay_hard_linked_as_cp_a_keeps_them() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src.join("other"))?;
+    symlink("target", &src.join("link1"))?;
+    std::fs::hard_link(src.join("link1"), src.join("other/link2"))?;
+    mkfifo(&src.join("fifo1"), 0o600)?;
+    std::fs::hard_link(src.join("fifo1"), src.join("other/fifo2"))?;
+    ensure!(
+        lstat(&src.join("link1"))?.st_nlink == 2,
+        "setup: this filesystem cannot hard-link a symlink"
+    );
+    let dst = tmp.path().join("dst");
+    // compare() checks that the destination has the same groups of same-inode names.
+    copy_and_compare(&src, &dst, &[], Check::default())?;
+    Ok(())
+}

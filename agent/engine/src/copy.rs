@@ -488,6 +488,7 @@ impl<'a> Ctx<'a> {
                 .st_dev
         };
         self.counters.dirs.fetch_add(1, Ordering::Relaxed);
+        self.progress.entry_done();
         Ok(Arc::new(DirNode {
             src,
             dst,

@@ -841,7 +841,7 @@ pub fn snapshot(root: &Path) -> Result<Tree> {
     let mut entries = BTreeMap::new();
     let xattrs = xattr_list(c"", Some(fd.as_fd())).context("xattrs of the root")?;
     entries.insert(Vec::new(), meta_of(&st, xattrs, None));
-    walk(fd.as_fd(), &[], &mut entries)?;
+    walk(fd, &mut entries)?;
     Ok(Tree {
         root: root.to_path_buf(),
         entries,
@@ -857,27 +857,34 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
     p
 }
 
-fn walk(dir: BorrowedFd<'_>, rel: &[u8], out: &mut BTreeMap<Vec<u8>, Meta>) -> Result<()> {
-    let names = list_dir(dir).with_context(|| format!("list {}", show(rel)))?;
-    for name in names {
-        let path = join(rel, name.to_bytes());
-        let st = lstatat(dir, &name).with_context(|| format!("lstat {}", show(&path)))?;
-        let kind = Kind::of(st.st_mode);
-        let target = if kind == Kind::Symlink {
-            Some(readlinkat(dir, &name).with_context(|| format!("readlink {}", show(&path)))?)
-        } else {
-            None
-        };
-        let xattrs = xattrs_at(dir, &name).with_context(|| format!("xattrs of {}", show(&path)))?;
-        out.insert(path.clone(), meta_of(&st, xattrs, target));
-        if kind == Kind::Dir {
-            let sub = open_noatime_at(
-                dir,
-                &name,
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-            )
-            .with_context(|| format!("open {}", show(&path)))?;
-            walk(sub.as_fd(), &path, out)?;
+/// Depth-first, with an explicit stack: trees here are up to 1000 levels deep, too deep
+/// for recursion on a test thread's stack.
+fn walk(root: OwnedFd, out: &mut BTreeMap<Vec<u8>, Meta>) -> Result<()> {
+    let mut stack: Vec<(Vec<u8>, OwnedFd)> = vec![(Vec::new(), root)];
+    while let Some((rel, fd)) = stack.pop() {
+        let dir = fd.as_fd();
+        let names = list_dir(dir).with_context(|| format!("list {}", show(&rel)))?;
+        for name in names {
+            let path = join(&rel, name.to_bytes());
+            let st = lstatat(dir, &name).with_context(|| format!("lstat {}", show(&path)))?;
+            let kind = Kind::of(st.st_mode);
+            let target = if kind == Kind::Symlink {
+                Some(readlinkat(dir, &name).with_context(|| format!("readlink {}", show(&path)))?)
+            } else {
+                None
+            };
+            let xattrs =
+                xattrs_at(dir, &name).with_context(|| format!("xattrs of {}", show(&path)))?;
+            out.insert(path.clone(), meta_of(&st, xattrs, target));
+            if kind == Kind::Dir {
+                let sub = open_noatime_at(
+                    dir,
+                    &name,
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                )
+                .with_context(|| format!("open {}", show(&path)))?;
+                stack.push((path, sub));
+            }
         }
     }
     Ok(())
@@ -988,6 +995,45 @@ impl Default for Check {
     }
 }
 
+/// Compare the bytes of every regular file both trees have, walking them side by side
+/// through directory fds (opening by relative path would cost O(depth) per file).
+fn compare_contents(
+    src: &Tree,
+    dst: &Tree,
+    dst_root: &Path,
+    diffs: &mut Vec<String>,
+) -> Result<()> {
+    let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+    let mut stack = vec![(Vec::new(), open_dir(&src.root)?, open_dir(dst_root)?)];
+    while let Some((rel, s, d)) = stack.pop() {
+        for name in list_dir(s.as_fd())? {
+            let path = join(&rel, name.to_bytes());
+            let (Some(sm), Some(dm)) = (src.entries.get(&path), dst.entries.get(&path)) else {
+                continue;
+            };
+            match (sm.kind, dm.kind) {
+                (Kind::File, Kind::File) => {
+                    let flags = libc::O_RDONLY | libc::O_NOFOLLOW;
+                    let a = open_noatime_at(s.as_fd(), &name, flags)
+                        .with_context(|| format!("open source {}", show(&path)))?;
+                    let b = open_noatime_at(d.as_fd(), &name, flags)
+                        .with_context(|| format!("open destination {}", show(&path)))?;
+                    if let Err(e) = compare_files(a, b) {
+                        diffs.push(format!("{}: {e}", show(&path)));
+                    }
+                }
+                (Kind::Dir, Kind::Dir) => {
+                    let a = open_noatime_at(s.as_fd(), &name, dir_flags)?;
+                    let b = open_noatime_at(d.as_fd(), &name, dir_flags)?;
+                    stack.push((path, a, b));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Compare the source snapshot `src` (taken before the copy) with the tree at `dst` now,
 /// and the bytes of every regular file in `src.root` and `dst`. Lists every difference.
 pub fn compare(src: &Tree, dst: &Path, check: Check) -> Result<Tree> {
@@ -1082,16 +1128,7 @@ pub fn compare(src: &Tree, dst: &Path, check: Check) -> Result<Tree> {
         }
     }
     if check.contents {
-        for (p, s) in &src.entries {
-            if s.kind != Kind::File || got.entries.get(p).map(|d| d.kind) != Some(Kind::File) {
-                continue;
-            }
-            let a = open_rel(&src.root, p, libc::O_RDONLY)?;
-            let b = open_rel(dst, p, libc::O_RDONLY)?;
-            if let Err(e) = compare_files(a, b) {
-                diffs.push(format!("{}: {e}", show(p)));
-            }
-        }
+        compare_contents(src, &got, dst, &mut diffs)?;
     }
     if !diffs.is_empty() {
         let n = diffs.len();
