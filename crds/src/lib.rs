@@ -1,1 +1,422 @@
-//! Ferry API types (`CopyJob`, `StorageRoot`). Filled by the control-plane issue; this crate does no I/O.
+//! Ferry's API (group `ferry.dev`, version `v1alpha1`): types, constants and nothing that
+//! does I/O. Every field's doc comment becomes its description in the CRD schema, and the
+//! `x_kube(validation)` rules are enforced by the kube-apiserver at admission.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// API group of every Ferry resource.
+pub const GROUP: &str = "ferry.dev";
+/// API version served.
+pub const VERSION: &str = "v1alpha1";
+/// Finalizer the operator puts on each `CopyJob` so deletion cleans up staging data.
+pub const FINALIZER: &str = "ferry.dev/cleanup";
+/// Server-side-apply field manager of the operator (owns the status summary).
+pub const OPERATOR_MANAGER: &str = "ferry-operator";
+/// Field manager prefix of agents; each agent appends its node name, so it owns only its
+/// own shard entries.
+pub const AGENT_MANAGER_PREFIX: &str = "ferry-agent-";
+/// Directory on the destination that holds the manifest and resume state.
+pub const STATE_DIR: &str = ".ferry";
+
+/// A relative path inside a root or volume: never absolute, never `..`, never NUL.
+/// (The same rules are checked again by the operator and by the agent at open time.)
+const PATH_RULES: &str =
+    "!self.startsWith('/') && !self.split('/').exists(c, c == '..') && !self.contains('\\u0000')";
+
+/// Where data comes from or goes to: a `StorageRoot` or a `PersistentVolumeClaim` in the
+/// job's namespace, plus a path inside it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.root) != has(self.pvc)").message("set exactly one of root or pvc"))]
+pub struct Endpoint {
+    /// Name of a cluster-scoped `StorageRoot` that this namespace may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub root: Option<String>,
+    /// Name of a `PersistentVolumeClaim` in the job's own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub pvc: Option<String>,
+    /// Path inside the root or volume, relative ("" or "." for all of it). Absolute paths,
+    /// `..` components and NUL bytes are refused.
+    #[serde(default)]
+    #[schemars(length(max = 4096))]
+    #[x_kube(validation = Rule::new(PATH_RULES).message("path must be relative, without '..' components or NUL bytes"))]
+    pub path: String,
+}
+
+/// Whether data may be shared with the source by reflink instead of copied.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum ReflinkMode {
+    /// Clone where the filesystems allow it, copy otherwise.
+    #[default]
+    Auto,
+    /// Clone or fail the file.
+    Always,
+    /// Never share blocks (also avoids implicit cloning by copy_file_range).
+    Never,
+}
+
+/// How copied files are checked against their source.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum VerifyMode {
+    /// No verification.
+    None,
+    /// Hash source bytes as read and destination bytes after writing (xxHash3-128).
+    #[default]
+    Checksum,
+    /// As Checksum, with the destination flushed and re-read from the medium.
+    Full,
+}
+
+/// What happens to entries the destination already has.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum OverwritePolicy {
+    /// Keep them.
+    #[default]
+    Never,
+    /// Replace them unless they are regular files of the same size and mtime.
+    IfChanged,
+    /// Replace them (by rename; links at those names are replaced, never written through).
+    Always,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Metadata carried over; everything is on by default, as `cp -a` does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Preserve {
+    /// Permission bits including setuid, setgid and sticky.
+    #[serde(default = "yes")]
+    pub permissions: bool,
+    /// Owner and group.
+    #[serde(default = "yes")]
+    pub ownership: bool,
+    /// atime and mtime in nanoseconds.
+    #[serde(default = "yes")]
+    pub timestamps: bool,
+    /// Extended attributes, POSIX ACLs included.
+    #[serde(default = "yes")]
+    pub xattrs: bool,
+    /// Hard links stay hard links.
+    #[serde(default = "yes")]
+    pub hard_links: bool,
+    /// Holes in sparse files stay holes.
+    #[serde(default = "yes")]
+    pub sparseness: bool,
+}
+
+impl Default for Preserve {
+    fn default() -> Self {
+        Self {
+            permissions: true,
+            ownership: true,
+            timestamps: true,
+            xattrs: true,
+            hard_links: true,
+            sparseness: true,
+        }
+    }
+}
+
+/// How much of the cluster a job may use at once.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Parallelism {
+    /// Copy workers per agent (0: the node's CPU count).
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 256").message("workersPerAgent must be between 0 and 256"))]
+    pub workers_per_agent: i32,
+    /// Agents that may share the work when both sides are shared (`shared: true`) roots.
+    #[serde(default = "one")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 64").message("maxAgents must be between 1 and 64"))]
+    pub max_agents: i32,
+}
+
+fn one() -> i32 {
+    1
+}
+
+impl Default for Parallelism {
+    fn default() -> Self {
+        Self {
+            workers_per_agent: 0,
+            max_agents: 1,
+        }
+    }
+}
+
+/// A copy of one tree (or file) from `source` to `destination`, carried out by Ferry's
+/// node agents.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "CopyJob",
+    plural = "copyjobs",
+    shortname = "cj",
+    namespaced,
+    status = "CopyJobStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress.percent"}"#,
+    printcolumn = r#"{"name":"Rate","type":"string","jsonPath":".status.progress.rate"}"#,
+    printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.progress.eta"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new(
+        "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Pending' || \
+         (self.spec.source == oldSelf.spec.source && self.spec.destination == oldSelf.spec.destination && \
+          self.spec.reflink == oldSelf.spec.reflink && self.spec.verify == oldSelf.spec.verify && \
+          self.spec.overwrite == oldSelf.spec.overwrite && self.spec.preserve == oldSelf.spec.preserve && \
+          self.spec.include == oldSelf.spec.include && self.spec.exclude == oldSelf.spec.exclude && \
+          self.spec.dryRun == oldSelf.spec.dryRun)"
+    ).message("a started CopyJob's spec cannot change except suspend, parallelism and ttlSecondsAfterFinished; create a new CopyJob instead"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyJobSpec {
+    /// What to copy.
+    pub source: Endpoint,
+    /// Where to copy it. A missing path becomes a copy of the source; an existing directory
+    /// gets the source's contents merged into it under `overwrite`.
+    pub destination: Endpoint,
+    /// Reflink policy.
+    #[serde(default)]
+    pub reflink: ReflinkMode,
+    /// Verification policy; the checksum manifest is written to `.ferry/` on the destination.
+    #[serde(default)]
+    pub verify: VerifyMode,
+    /// What to do with entries the destination already has.
+    #[serde(default)]
+    pub overwrite: OverwritePolicy,
+    /// Metadata to keep.
+    #[serde(default)]
+    pub preserve: Preserve,
+    /// Only paths matching one of these globs (relative to the source path) are copied.
+    #[serde(default)]
+    pub include: Vec<String>,
+    /// Paths matching one of these globs are skipped.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Workers and agents.
+    #[serde(default)]
+    pub parallelism: Parallelism,
+    /// While true, no new work starts; running shards stop at the next file boundary.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Delete the job this many seconds after it finished (unset: keep it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("ttlSecondsAfterFinished cannot be negative"))]
+    pub ttl_seconds_after_finished: Option<i64>,
+    /// Plan only: fill status.plan (files, bytes, nodes, shards) and copy nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// Where a job is in its life.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum Phase {
+    /// Accepted or waiting for validation, resolution or an agent.
+    #[default]
+    Pending,
+    /// Agents are copying.
+    Running,
+    /// Suspended by the user.
+    Suspended,
+    /// Every file copied (and verified, if asked).
+    Succeeded,
+    /// Finished with failures; see conditions and status.failures.
+    Failed,
+}
+
+/// Aggregated progress of all shards.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Files committed.
+    pub files_done: i64,
+    /// Files in the plan, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_total: Option<i64>,
+    /// Bytes committed.
+    pub bytes_done: i64,
+    /// Bytes in the plan, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<i64>,
+    /// Bytes shared by reflink rather than copied.
+    pub bytes_reflinked: i64,
+    /// Bytes copied (copy_file_range or read/write).
+    pub bytes_copied: i64,
+    /// Recent throughput in bytes per second.
+    pub bytes_per_second: i64,
+    /// Human-readable percentage for the PROGRESS column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<String>,
+    /// Human-readable rate for the RATE column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// Human-readable estimate of the time left, for the ETA column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<String>,
+}
+
+/// State of one shard, owned (by server-side apply) by the agent that runs it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardStatus {
+    /// Shard identity, stable for the job's life (list map key).
+    pub id: String,
+    /// Node whose agent runs it.
+    pub node: String,
+    /// Assignment epoch: an agent only publishes work for the epoch it was given.
+    pub epoch: i64,
+    /// Pending, Running, Succeeded or Failed.
+    pub state: String,
+    /// Files committed by this shard.
+    pub files_done: i64,
+    /// Bytes committed by this shard.
+    pub bytes_done: i64,
+    /// Bytes shared by reflink.
+    pub bytes_reflinked: i64,
+    /// Entries that failed.
+    pub failed: i64,
+}
+
+/// One failed path (the first few are kept).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedPath {
+    /// Path relative to the source.
+    pub path: String,
+    /// Stable reason (NoSpace, PermissionDenied, SourceChanged, ChecksumMismatch, ...).
+    pub reason: String,
+    /// What happened.
+    pub message: String,
+}
+
+/// What a dry run found.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// Regular files to copy.
+    pub files: i64,
+    /// Their total size.
+    pub bytes: i64,
+    /// Nodes that would run it.
+    pub nodes: Vec<String>,
+    /// Shards it would be cut into.
+    pub shards: i64,
+}
+
+/// Observed state of a CopyJob.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyJobStatus {
+    /// Summary phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Standard conditions: Accepted, Resolved, Progressing, Complete, Failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// Aggregated progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    /// Per-shard state, one entry per shard, each owned by its agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "shards_schema")]
+    pub shards: Vec<ShardStatus>,
+    /// The first failures (at most 20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailedPath>,
+    /// Where the checksum manifest was written (relative to the destination).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
+    /// Result of a dry run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+    /// When the job reached Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+}
+
+fn conditions_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = gen.subschema_for::<Vec<Condition>>();
+    s.insert("x-kubernetes-list-type".into(), "map".into());
+    s.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["type"]),
+    );
+    s
+}
+
+fn shards_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = gen.subschema_for::<Vec<ShardStatus>>();
+    s.insert("x-kubernetes-list-type".into(), "map".into());
+    s.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["id"]),
+    );
+    s
+}
+
+/// Which namespaces may use a StorageRoot.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceAccess {
+    /// These namespaces, by name.
+    #[serde(default)]
+    pub names: Vec<String>,
+    /// Namespaces whose labels match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// A host directory tree that Ferry's agents may read or write, set up by a cluster admin.
+/// Tenants name roots; they never name host paths.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "StorageRoot",
+    plural = "storageroots",
+    shortname = "sr",
+    printcolumn = r#"{"name":"Path","type":"string","jsonPath":".spec.path"}"#,
+    printcolumn = r#"{"name":"Shared","type":"boolean","jsonPath":".spec.shared"}"#,
+    printcolumn = r#"{"name":"ReadOnly","type":"boolean","jsonPath":".spec.readOnly"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("self.spec.shared || has(self.spec.nodeSelector)").message("set nodeSelector (which nodes have this path) or shared: true")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageRootSpec {
+    /// Absolute path on the host.
+    #[schemars(length(max = 4096))]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && !self.split('/').exists(c, c == '..')").message("path must be absolute, without '..' components"))]
+    pub path: String,
+    /// Labels of the nodes that have this path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// The same filesystem is mounted at `path` on every matching node (e.g. NFS), so work
+    /// on it can be split across agents.
+    #[serde(default)]
+    pub shared: bool,
+    /// Namespaces allowed to use this root.
+    #[serde(default)]
+    pub namespaces: NamespaceAccess,
+    /// Never a destination.
+    #[serde(default)]
+    pub read_only: bool,
+}
