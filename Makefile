@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test lint fmt demo bench deps clean
+.PHONY: all build release test lint fmt demo bench deps clean generate check-generated
 
 all: build
 
@@ -17,10 +17,18 @@ deps:
 	@./.ci/deps.sh
 
 ## Every check: format, lints, unit/integration tests (root-only ones run as root).
-test: deps
+test: deps check-generated
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
+
+## Regenerate generated files (CRD YAML from the Rust types).
+generate:
+	$(CARGO) run -q -p ferry-crds --bin crdgen
+
+## Fail when a generated file differs from what its generator writes now.
+check-generated: generate
+	@git diff --exit-code -- charts/ferry/crds || { echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; }
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -1156,12 +1156,29 @@ pub fn copy_and_compare(
     args.push(dst.as_os_str());
     let json = copy_ok(args)?;
     compare(&before, dst, check)?;
+    let left = staging_leftovers(dst)?;
+    if !left.is_empty() {
+        bail!("staging entries left after a successful copy: {left:?}");
+    }
     Ok(json)
 }
 
-/// Staging files left anywhere under `root` (which may be a partial tree).
-pub fn staging_leftovers(root: &Path) -> Result<Vec<String>> {
-    Ok(snapshot(root)?.staging_files())
+/// Staging entries (`.ferry-*.tmp`) left anywhere under `dst` (which may be a partial
+/// tree, or missing) or next to it: a new destination tree is staged in its parent.
+pub fn staging_leftovers(dst: &Path) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    if let Some(parent) = dst.parent().filter(|p| p.is_dir()) {
+        for e in std::fs::read_dir(parent)? {
+            let name = e?.file_name();
+            if is_staging(name.as_bytes()) {
+                found.push(parent.join(name).display().to_string());
+            }
+        }
+    }
+    if std::fs::symlink_metadata(dst).is_ok_and(|m| m.is_dir()) {
+        found.extend(snapshot(dst)?.staging_files());
+    }
+    Ok(found)
 }
 
 /// A temporary directory on the disk-backed filesystem the tests otherwise use; mode 0755
