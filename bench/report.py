@@ -183,7 +183,7 @@ def render(d):
     w("")
     for k, label in (("nproc", "nproc"), ("cpu", "CPU"), ("memory", "Memory"), ("kernel", "Kernel"),
                      ("disk", "Disk filesystem"), ("tmpfs", "tmpfs options"),
-                     ("xfs", "XFS filesystem"),
+                     ("xfs", "XFS filesystem"), ("xfs_img_alloc", "XFS image allocated on the host disk after the run"),
                      ("ferry_rev", "Ferry revision"), ("elapsed_s", "Harness wall time (s)")):
         if k in meta:
             w(f"- {label}: {meta[k]}")

@@ -340,12 +340,11 @@ write_meta() {
         printf 'disk\t%s\n' "$(findmnt -n -o SOURCE,FSTYPE,OPTIONS -T "$WORK/disk" | awk '{print $1 " " $2 " (" $3 ")"}')"
         printf 'tmpfs\t%s\n' "$(findmnt -n -o OPTIONS -T "$WORK/tmpfs")"
         if has_fs xfs; then
-            printf 'xfs\tloop-mounted XFS (mkfs.xfs -m reflink=1, %s) on %s, options %s; image %s: %s sparse, %s allocated, on the host disk (%s)\n' \
+            printf 'xfs\tloop-mounted XFS (mkfs.xfs -m reflink=1, %s) on %s, options %s; image %s: %s sparse file on the host disk (%s)\n' \
                 "$(mkfs.xfs -V | awk '{print $NF}' | sed 's/^/xfsprogs /')" \
                 "$(findmnt -n -o SOURCE --mountpoint "$WORK/xfs")" \
                 "$(findmnt -n -o OPTIONS --mountpoint "$WORK/xfs")" \
                 "${XFS_IMG#"$REPO"/}" "$(numfmt --to=iec "$(stat -c %s "$XFS_IMG")")" \
-                "$(du -h "$XFS_IMG" | cut -f1)" \
                 "$(findmnt -n -o SOURCE,FSTYPE -T "$XFS_IMG" | awk '{print $1 " " $2}')"
         fi
         printf 'ferry_rev\t%s\n' "$rev"
@@ -391,6 +390,9 @@ main() {
         measure_rss
     fi
     printf 'elapsed_s\t%s\n' "$((SECONDS - start))" >>"$RES/meta.tsv"
+    if has_fs xfs; then
+        printf 'xfs_img_alloc\t%s\n' "$(du -h "$XFS_IMG" | cut -f1)" >>"$RES/meta.tsv"
+    fi
     local rc=0
     python3 "$BENCH_DIR/report.py" "$RES" "$RESULTS_MD" || rc=$?
     cat "$RESULTS_MD"
