@@ -1,0 +1,209 @@
+//! Spec validation in the controller. The CRD's CEL rules refuse most bad specs at
+//! admission; this repeats them (a CRD installed without its rules, or an older version,
+//! must not open a hole) and adds what CEL cannot express. Each refusal has a stable
+//! reason for the `Accepted=False` condition and a message that says what to change.
+
+use ferry_crds::{CopyJobSpec, Endpoint};
+
+/// Why a spec is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// A path is absolute, climbs out with `..`, or holds a NUL byte.
+    PathEscape,
+    /// Neither or both of `root` and `pvc` are set.
+    InvalidEndpoint,
+    /// A field is out of its range.
+    InvalidSpec,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::PathEscape => "PathEscape",
+            Reason::InvalidEndpoint => "InvalidEndpoint",
+            Reason::InvalidSpec => "InvalidSpec",
+        }
+    }
+}
+
+/// A refused spec: the condition reason and a message for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: Reason,
+    pub message: String,
+}
+
+fn refuse(reason: Reason, message: String) -> Result<(), Refusal> {
+    Err(Refusal { reason, message })
+}
+
+/// Check a relative path: the components a tenant may name inside a root or volume.
+pub fn check_relative_path(field: &str, path: &str) -> Result<(), Refusal> {
+    if path.contains('\0') {
+        return refuse(
+            Reason::PathEscape,
+            format!("{field} contains a NUL byte; remove it"),
+        );
+    }
+    if path.starts_with('/') {
+        return refuse(
+            Reason::PathEscape,
+            format!("{field} {path:?} is absolute; give a path relative to the root or volume"),
+        );
+    }
+    if path.split('/').any(|c| c == "..") {
+        return refuse(
+            Reason::PathEscape,
+            format!(
+                "{field} {path:?} has a '..' component; paths cannot leave their root or volume"
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn check_endpoint(field: &str, e: &Endpoint) -> Result<(), Refusal> {
+    match (&e.root, &e.pvc) {
+        (Some(_), Some(_)) => {
+            return refuse(
+                Reason::InvalidEndpoint,
+                format!("{field} sets both root and pvc; keep one"),
+            )
+        }
+        (None, None) => return refuse(
+            Reason::InvalidEndpoint,
+            format!(
+                "{field} sets neither root nor pvc; name a StorageRoot or a PersistentVolumeClaim"
+            ),
+        ),
+        (Some(name), None) | (None, Some(name)) if name.is_empty() => {
+            return refuse(
+                Reason::InvalidEndpoint,
+                format!("{field} names an empty root or pvc"),
+            )
+        }
+        _ => {}
+    }
+    check_relative_path(&format!("{field}.path"), &e.path)
+}
+
+/// Validate a CopyJob spec; `Ok(())` when it may be scheduled.
+pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
+    check_endpoint("spec.source", &spec.source)?;
+    check_endpoint("spec.destination", &spec.destination)?;
+    let p = &spec.parallelism;
+    if !(0..=256).contains(&p.workers_per_agent) {
+        return refuse(
+            Reason::InvalidSpec,
+            "spec.parallelism.workersPerAgent must be between 0 and 256".into(),
+        );
+    }
+    if !(1..=64).contains(&p.max_agents) {
+        return refuse(
+            Reason::InvalidSpec,
+            "spec.parallelism.maxAgents must be between 1 and 64".into(),
+        );
+    }
+    if spec.ttl_seconds_after_finished.is_some_and(|t| t < 0) {
+        return refuse(
+            Reason::InvalidSpec,
+            "spec.ttlSecondsAfterFinished cannot be negative".into(),
+        );
+    }
+    for (field, globs) in [
+        ("spec.include", &spec.include),
+        ("spec.exclude", &spec.exclude),
+    ] {
+        for g in globs {
+            check_relative_path(field, g)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_crds::{Parallelism, Preserve};
+
+    fn spec(src: Endpoint, dst: Endpoint) -> CopyJobSpec {
+        CopyJobSpec {
+            source: src,
+            destination: dst,
+            reflink: Default::default(),
+            verify: Default::default(),
+            overwrite: Default::default(),
+            preserve: Preserve::default(),
+            include: vec![],
+            exclude: vec![],
+            parallelism: Parallelism::default(),
+            suspend: false,
+            ttl_seconds_after_finished: None,
+            dry_run: false,
+        }
+    }
+
+    fn root(name: &str, path: &str) -> Endpoint {
+        Endpoint {
+            root: Some(name.into()),
+            pvc: None,
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn relative_paths_inside_a_root_are_accepted() {
+        for p in [
+            "",
+            ".",
+            "data",
+            "a/b/c",
+            "a/./b",
+            "dots..in..name",
+            "..hidden",
+        ] {
+            assert_eq!(
+                validate(&spec(root("r", p), root("r", "out"))),
+                Ok(()),
+                "{p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn absolute_dotdot_and_nul_paths_are_refused_as_path_escape() {
+        for p in ["/etc", "..", "../x", "a/../../b", "a/..", "a\0b"] {
+            let err = validate(&spec(root("r", p), root("r", "out"))).expect_err(p);
+            assert_eq!(err.reason, Reason::PathEscape, "{p:?}");
+            assert!(
+                err.message.contains("spec.source.path"),
+                "message names the field: {}",
+                err.message
+            );
+        }
+    }
+
+    #[test]
+    fn endpoint_needs_exactly_one_of_root_and_pvc() {
+        let both = Endpoint {
+            root: Some("r".into()),
+            pvc: Some("c".into()),
+            path: String::new(),
+        };
+        let neither = Endpoint::default();
+        for e in [both, neither] {
+            let err = validate(&spec(root("r", "a"), e)).expect_err("refused");
+            assert_eq!(err.reason, Reason::InvalidEndpoint);
+            assert!(err.message.starts_with("spec.destination"));
+        }
+    }
+
+    #[test]
+    fn out_of_range_parallelism_is_refused_with_the_bounds() {
+        let mut s = spec(root("r", "a"), root("r", "b"));
+        s.parallelism.max_agents = 0;
+        let err = validate(&s).expect_err("refused");
+        assert_eq!(err.reason, Reason::InvalidSpec);
+        assert!(err.message.contains("between 1 and 64"));
+    }
+}
