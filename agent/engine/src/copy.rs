@@ -459,10 +459,24 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// Open an entry of a source directory. As root, with `O_NOATIME`: a copy does not
+    /// disturb the source's access times (nor dirty every source inode to record them).
+    fn open_source(&self, dir: &DirNode, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+        if self.who.euid == 0 {
+            match sys::open_beneath(dir.src.as_fd(), name, flags | libc::O_NOATIME) {
+                // Refused on files of other owners without CAP_FOWNER (e.g. in a user namespace).
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+                other => return other,
+            }
+        }
+        sys::open_beneath(dir.src.as_fd(), name, flags)
+    }
+
     /// Open source subdirectory `name` and create (or, when merging, open) its twin.
     fn open_subdir(&self, parent: &Arc<DirNode>, name: &CStr) -> Result<Arc<DirNode>, Fail> {
         let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-        let src = sys::open_beneath(parent.src.as_fd(), name, flags)
+        let src = self
+            .open_source(parent, name, flags)
             .map_err(|e| ("open source directory", e))?;
         let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source directory", e))?;
         // A new directory under a visible parent is built under a staging name and renamed
@@ -479,7 +493,9 @@ impl<'a> Ctx<'a> {
         // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
         let dst = sys::open_beneath(parent.dst.as_fd(), create_as, flags)
             .map_err(|e| ("open destination directory", e))?;
-        let keep_meta = fresh || self.opts.overwrite == Overwrite::Always;
+        // Merging under if-changed or always makes existing directories match the source too
+        // (that is what finishes an interrupted copy); under never they are left alone.
+        let keep_meta = fresh || self.opts.overwrite != Overwrite::Never;
         let dst_dev = if fresh {
             parent.dst_dev
         } else {
@@ -617,10 +633,12 @@ impl<'a> Ctx<'a> {
         }
         Ok(match self.opts.overwrite {
             Overwrite::Never => true,
+            // Same type, size, mtime (and device number): the rsync quick check, for
+            // links and special files as well as regular files.
             Overwrite::IfChanged => {
-                is_type(&existing, libc::S_IFREG)
-                    && is_type(st, libc::S_IFREG)
+                existing.st_mode & libc::S_IFMT == st.st_mode & libc::S_IFMT
                     && existing.st_size == st.st_size
+                    && existing.st_rdev == st.st_rdev
                     && existing.st_mtime == st.st_mtime
                     && existing.st_mtime_nsec == st.st_mtime_nsec
             }
@@ -659,7 +677,7 @@ impl<'a> Ctx<'a> {
         // O_NONBLOCK: if a FIFO was swapped in since the listing, opening it must not hang;
         // it is then recreated, never read.
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-        let src = match sys::open_beneath(dir.src.as_fd(), src_name, flags) {
+        let src = match self.open_source(dir, src_name, flags) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
                 // It became a symlink since the listing: copy the link.
@@ -676,9 +694,27 @@ impl<'a> Ctx<'a> {
         if self.keep_existing(dir, dst_name, &st)? {
             return Ok(Some(Skip::Kept));
         }
+        self.in_link_group(dir, dst_name, &st, || {
+            self.copy_regular(dir, src, &st, dst_name, local)
+        })
+    }
+
+    /// Copy an entry that may be one name of a hard-link group (regular file, symlink or
+    /// special file, as `cp -a` keeps them all): the first name seen is copied by
+    /// `copy_leader`, which answers `Some(hash)` once committed (`None` when chunk workers
+    /// finish it); the other names become links to it, made as soon as it exists.
+    fn in_link_group(
+        &self,
+        dir: &Arc<DirNode>,
+        dst_name: &CStr,
+        st: &Stat,
+        copy_leader: impl FnOnce() -> Result<Option<Option<u128>>, Fail>,
+    ) -> Result<Option<Skip>, Fail> {
+        if !(self.opts.preserve.links && st.st_nlink > 1) {
+            return copy_leader().map(|_| None);
+        }
         let key = (st.st_dev, st.st_ino);
-        let linked = self.opts.preserve.links && st.st_nlink > 1;
-        if linked {
+        {
             let mut links = lock(&self.links);
             match links.get_mut(&key) {
                 None => {
@@ -708,36 +744,34 @@ impl<'a> Ctx<'a> {
                 }
             }
         }
-        let result = self.copy_regular(dir, src, &st, dst_name, local);
-        if linked {
-            // Finish the hard-link group whatever happened to its leader.
-            let waiters = {
-                let mut links = lock(&self.links);
-                let next = match &result {
-                    Ok(Some(hash)) => Link::Done {
-                        dir: dir.clone(),
-                        name: dst_name.to_owned(),
-                        hash: *hash,
-                    },
-                    // Never: linked files are not chunked, so their leader is done here.
-                    Ok(None) => Link::Failed("internal: hard-linked file was chunked".into()),
-                    Err((op, e)) => Link::Failed(format!("{op}: {e}")),
-                };
-                match links.insert(key, next) {
-                    Some(Link::Copying(w)) => w,
-                    _ => Vec::new(),
-                }
+        let result = copy_leader();
+        // Finish the hard-link group whatever happened to its leader.
+        let waiters = {
+            let mut links = lock(&self.links);
+            let next = match &result {
+                Ok(Some(hash)) => Link::Done {
+                    dir: dir.clone(),
+                    name: dst_name.to_owned(),
+                    hash: *hash,
+                },
+                // Never: linked files are not chunked, so their leader is done here.
+                Ok(None) => Link::Failed("internal: hard-linked file was chunked".into()),
+                Err((op, e)) => Link::Failed(format!("{op}: {e}")),
             };
-            for (wdir, wname) in waiters {
-                let r = match &result {
-                    Ok(Some(hash)) => self.link_to(dir, dst_name, &wdir, &wname, *hash),
-                    _ => Err(("link", io::Error::other("first link of this file failed"))),
-                };
-                if let Err((op, e)) = r {
-                    self.fail(&wdir.child_path(&wname), op, &e);
-                }
-                self.release(wdir);
+            match links.insert(key, next) {
+                Some(Link::Copying(w)) => w,
+                _ => Vec::new(),
             }
+        };
+        for (wdir, wname) in waiters {
+            let r = match &result {
+                Ok(Some(hash)) => self.link_to(dir, dst_name, &wdir, &wname, *hash),
+                _ => Err(("link", io::Error::other("first link of this file failed"))),
+            };
+            if let Err((op, e)) = r {
+                self.fail(&wdir.child_path(&wname), op, &e);
+            }
+            self.release(wdir);
         }
         result.map(|_| None)
     }
@@ -942,6 +976,8 @@ impl<'a> Ctx<'a> {
         let dst = staged.fd.as_fd();
         let mut moved = Moved::default();
         let mut cloned = false;
+        // Bytes the destination holds once written (holes included).
+        let mut logical_len = size;
         if caps.ficlone && size > 0 {
             match data::try_ficlone(dst, src.as_fd(), &opts.faults).map_err(|e| ("clone", e))? {
                 Clone::Done => {
@@ -949,6 +985,7 @@ impl<'a> Ctx<'a> {
                     moved = Moved {
                         bytes: size,
                         strategy: Some(Strategy::Reflink),
+                        short: false,
                     };
                 }
                 Clone::Unsupported => caps.ficlone = false,
@@ -1010,12 +1047,13 @@ impl<'a> Ctx<'a> {
                 data::copy_range(range, caps, &mut local.buf, hasher.as_mut(), &opts.faults)
             }
             .map_err(|e| ("copy data", e))?;
-            if moved.bytes < size && !sparse {
-                let msg = format!(
-                    "source shrank from {size} to {} bytes while copying",
-                    moved.bytes
-                );
+            if moved.short {
+                let msg = format!("source shrank below its {size} bytes while copying");
                 return Err(("copy data", source_changed(msg)));
+            }
+            if !sparse {
+                // What was read, not what stat said: procfs files report size 0.
+                logical_len = moved.bytes;
             }
             hasher.map(|h| h.digest128())
         };
@@ -1025,7 +1063,7 @@ impl<'a> Ctx<'a> {
             }
         }
         let hash = match src_hash {
-            Some(expected) => Some(self.verify_dst(src, dst, st, expected, moved.bytes, local)?),
+            Some(expected) => Some(self.verify_dst(src, dst, st, expected, logical_len, local)?),
             None => None,
         };
         meta::apply_fd(
@@ -1236,6 +1274,21 @@ impl<'a> Ctx<'a> {
         if self.keep_existing(dir, dst_name, st)? {
             return Ok(Some(Skip::Kept));
         }
+        let make = || match self.make_special(dir, src_name, dst_name, st)? {
+            Some(Skip::Kept) => Ok(Some(None)),
+            _ => Ok(Some(None)),
+        };
+        self.in_link_group(dir, dst_name, st, make)
+    }
+
+    /// Create a symlink or special file (the leader of its link group, if any).
+    fn make_special(
+        &self,
+        dir: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+    ) -> Result<Option<Skip>, Fail> {
         // Inside a staged directory the final name is not visible yet: create it directly.
         let tmp = if dir.hidden {
             dst_name.to_owned()

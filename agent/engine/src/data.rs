@@ -114,6 +114,8 @@ pub(crate) struct Range<'a> {
 pub(crate) struct Moved {
     pub bytes: u64,
     pub strategy: Option<Strategy>,
+    /// The source ended before the expected length: it shrank while being copied.
+    pub short: bool,
 }
 
 /// Copy one range: `copy_file_range` when allowed, `pread`/`pwrite` otherwise or when the
@@ -175,6 +177,7 @@ pub(crate) fn copy_range(
             return Ok(Moved {
                 bytes: done,
                 strategy: Some(Strategy::CopyFileRange),
+                short: r.len.is_some_and(|len| done < len),
             });
         }
     }
@@ -203,6 +206,7 @@ pub(crate) fn copy_range(
     Ok(Moved {
         bytes: done,
         strategy: Some(Strategy::ReadWrite),
+        short: r.len.is_some_and(|len| done < len),
     })
 }
 
@@ -272,8 +276,9 @@ pub(crate) fn copy_sparse(
         )?;
         moved.bytes += m.bytes;
         moved.strategy = m.strategy.or(moved.strategy);
-        if m.bytes < hole - data {
-            // The source shrank under us; the caller sees the short count.
+        if m.short {
+            // The source shrank under us; the caller reports it.
+            moved.short = true;
             return Ok(moved);
         }
         off = hole;

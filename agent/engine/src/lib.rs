@@ -90,6 +90,17 @@ fn open_dir(p: &Path, op: &'static str) -> Result<OwnedFd, Error> {
     sys::open(&cstring(p)?, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| Error::io(op, p, e))
 }
 
+/// The source's top directory, without moving its atime where we may (see `open_source`).
+fn open_source_dir(p: &Path) -> Result<OwnedFd, Error> {
+    let c = cstring(p)?;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+    match sys::open(&c, flags | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::open(&c, flags),
+        other => other,
+    }
+    .map_err(|e| Error::io("open source directory", p, e))
+}
+
 /// Refuse to copy a directory into itself: walk up from the destination through `..`
 /// (which crosses mounts correctly) looking for the source's inode.
 fn check_not_inside(
@@ -165,7 +176,7 @@ pub fn copy(
     let ctx = Ctx::new(options, progress, manifest);
 
     if src_is_dir {
-        let src_fd = open_dir(src, "open source directory")?;
+        let src_fd = open_source_dir(src)?;
         let root = match dst_st {
             None => {
                 let parent = parent_of(dst);
@@ -182,7 +193,7 @@ pub fn copy(
             Some(_) if dst_is_dir => {
                 let fd = open_dir(dst, "open destination")?;
                 check_not_inside(&src_st, &fd, src, dst)?;
-                let keep_meta = options.overwrite == Overwrite::Always;
+                let keep_meta = options.overwrite != Overwrite::Never;
                 DirNode::new(src_fd, fd, keep_meta.then_some(src_st), false).map_err(|e| Error::io("stat", dst, e))?
             }
             Some(_) => {
@@ -197,7 +208,7 @@ pub fn copy(
         ctx.push(Task::List(Arc::new(root)));
     } else {
         let src_name = final_name(src)?;
-        let src_parent = open_dir(parent_of(src), "open source parent")?;
+        let src_parent = open_source_dir(parent_of(src))?;
         let (dst_parent, dst_name, fresh) = if dst_is_dir {
             (open_dir(dst, "open destination")?, src_name.clone(), false)
         } else {
