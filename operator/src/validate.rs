@@ -70,12 +70,14 @@ fn check_endpoint(field: &str, e: &Endpoint) -> Result<(), Refusal> {
                 format!("{field} sets both root and pvc; keep one"),
             )
         }
-        (None, None) => return refuse(
-            Reason::InvalidEndpoint,
-            format!(
+        (None, None) => {
+            return refuse(
+                Reason::InvalidEndpoint,
+                format!(
                 "{field} sets neither root nor pvc; name a StorageRoot or a PersistentVolumeClaim"
             ),
-        ),
+            )
+        }
         (Some(name), None) | (None, Some(name)) if name.is_empty() => {
             return refuse(
                 Reason::InvalidEndpoint,
