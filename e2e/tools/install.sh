@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Installs and caches the local control-plane toolchain for Ferry's end-to-end tests
+# (DESIGN.md "Local control plane", "Tests" tier 3):
+#
+#   etcd, prometheus, promtool   Debian packages etcd-server and prometheus (apt)
+#   kube-apiserver, kubectl      built from k8s.io/kubernetes at $K8S_VERSION
+#   helm                         built from helm.sh/helm/v3 at $HELM_VERSION
+#
+# Go-built binaries are cached outside the repo, keyed by version:
+#   ${FERRY_TOOLS:-/var/cache/ferry-tools}/k8s/<version>/bin/{kube-apiserver,kubectl}
+#   ${FERRY_TOOLS:-/var/cache/ferry-tools}/helm/<version>/bin/helm
+# and ${FERRY_TOOLS}/env.sh exports PATH (those bins first) plus FERRY_* paths.
+#
+# Idempotent: a binary already in the cache is not rebuilt, so a second run takes seconds.
+# Concurrent runs serialise on an flock of ${FERRY_TOOLS}/.install.lock.
+# A cold build takes a long time on 2 cores (see e2e/tools/README.md); build logs go to
+# ${FERRY_TOOLS}/logs/.
+#
+# Usage: e2e/tools/install.sh [--smoke] [--no-smoke]
+#   --smoke     also run smoke.sh (real etcd + kube-apiserver) even if nothing was built
+#   --no-smoke  skip smoke.sh even after a fresh build
+# By default smoke.sh runs only when this invocation built something.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.35.4}
+HELM_VERSION=${HELM_VERSION:-v3.22.0}
+FERRY_TOOLS=${FERRY_TOOLS:-/var/cache/ferry-tools}
+export FERRY_TOOLS
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+smoke=auto
+for arg in "$@"; do
+  case "$arg" in
+    --smoke) smoke=yes ;;
+    --no-smoke) smoke=no ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "install.sh: unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '[ferry-tools] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+mkdir -p "$FERRY_TOOLS/logs"
+exec 9>"$FERRY_TOOLS/.install.lock"
+if ! flock -n 9; then
+  log "another install.sh holds $FERRY_TOOLS/.install.lock; waiting"
+  flock 9
+fi
+
+built_any=0
+# Leftovers of an interrupted earlier run (we hold the lock, so nobody else is writing them).
+rm -rf "$FERRY_TOOLS"/k8s/*/bin/.*.tmp.* "$FERRY_TOOLS"/helm/*/.gobin.* 2>/dev/null || true
+
+# ---------------------------------------------------------------------------
+# 1. Debian packages
+# ---------------------------------------------------------------------------
+apt_install() {
+  local sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || die "need root or sudo to apt-get install $*"
+    sudo=(sudo)
+  fi
+  log "apt-get install $*"
+  local aptargs=(-y -qq -o=Dpkg::Use-Pty=0 --no-install-recommends)
+  if ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install "${aptargs[@]}" "$@" \
+      >"$FERRY_TOOLS/logs/apt.log" 2>&1; then
+    log "apt-get install failed; running apt-get update and retrying"
+    "${sudo[@]}" apt-get update -qq >>"$FERRY_TOOLS/logs/apt.log" 2>&1
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install "${aptargs[@]}" "$@" \
+      >>"$FERRY_TOOLS/logs/apt.log" 2>&1 || {
+        tail -20 "$FERRY_TOOLS/logs/apt.log" >&2; die "apt-get install $* failed"; }
+  fi
+}
+
+pkgs=()
+command -v etcd >/dev/null || pkgs+=(etcd-server)
+{ command -v prometheus >/dev/null && command -v promtool >/dev/null; } || pkgs+=(prometheus)
+command -v openssl >/dev/null || pkgs+=(openssl)
+command -v curl >/dev/null || pkgs+=(curl)
+if ((${#pkgs[@]})); then apt_install "${pkgs[@]}"; fi
+
+# ---------------------------------------------------------------------------
+# 2. Go builds
+# ---------------------------------------------------------------------------
+command -v go >/dev/null || die "go not found on PATH (needs Go >= 1.26 for helm $HELM_VERSION)"
+
+export CGO_ENABLED=0
+export GOFLAGS="-mod=mod -buildvcs=false"
+export GOPROXY=${GOPROXY:-https://proxy.golang.org,direct}
+
+# Value of a top-level string field in `go mod download -json` output.
+json_field() { sed -n "s/^[[:space:]]*\"$1\": \"\\(.*\\)\",\\{0,1\\}\$/\\1/p" | head -n1; }
+
+# go mod download -json MODULE@VERSION, dying with its error message on failure.
+mod_download() {
+  local out
+  if ! out=$(go mod download -json "$1" 2>&1); then
+    die "go mod download $1 failed: $out"
+  fi
+  printf '%s\n' "$out"
+}
+
+# run_build NAME LOGFILE CMD... : runs CMD with output to LOGFILE, timing it.
+run_build() {
+  local name=$1 logf=$2; shift 2
+  local t0=$SECONDS
+  log "building $name (log: $logf)"
+  {
+    echo "# $(date -u +%FT%TZ) $*"
+  } >"$logf"
+  if ! "$@" >>"$logf" 2>&1; then
+    tail -30 "$logf" >&2
+    die "building $name failed; see $logf"
+  fi
+  local dt=$((SECONDS - t0))
+  echo "# built $name in ${dt}s" >>"$logf"
+  log "built $name in ${dt}s"
+  built_any=1
+}
+
+# --- kube-apiserver + kubectl from k8s.io/kubernetes ------------------------
+k8s_dir=$FERRY_TOOLS/k8s/$K8S_VERSION
+k8s_bin=$k8s_dir/bin
+k8s_targets=()
+[[ -x $k8s_bin/kube-apiserver ]] || k8s_targets+=(kube-apiserver)
+[[ -x $k8s_bin/kubectl ]] || k8s_targets+=(kubectl)
+
+if ((${#k8s_targets[@]})); then
+  [[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.N.M, got $K8S_VERSION"
+  k8s_minor=${BASH_REMATCH[1]}
+  staging_version="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
+
+  log "downloading k8s.io/kubernetes@$K8S_VERSION"
+  dl=$(mod_download "k8s.io/kubernetes@$K8S_VERSION")
+  upstream_gomod=$(json_field GoMod <<<"$dl")
+  info=$(json_field Info <<<"$dl")
+  [[ -f $upstream_gomod ]] || die "no go.mod for k8s.io/kubernetes@$K8S_VERSION in: $dl"
+
+  # Staging modules: every "k8s.io/X => ./staging/src/k8s.io/X" in upstream's go.mod.
+  mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\)[[:space:]]*=>[[:space:]]*\./staging/src/.*#\1#p' "$upstream_gomod")
+  ((${#staging[@]})) || die "found no staging replace lines in $upstream_gomod"
+  go_directive=$(grep -m1 '^go ' "$upstream_gomod")
+  godebug_lines=$(grep '^godebug ' "$upstream_gomod" || true)
+
+  # Throwaway module: requires k8s.io/kubernetes, pins each staging module to v0.N.M.
+  src=$k8s_dir/src
+  mkdir -p "$src" "$k8s_bin"
+  {
+    echo "// Generated by ferry e2e/tools/install.sh; throwaway module to build k8s.io/kubernetes $K8S_VERSION."
+    echo "module ferry.local/k8s-tools"
+    echo
+    echo "$go_directive"
+    [[ -z $godebug_lines ]] || { echo; echo "$godebug_lines"; }
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "replace ("
+    for m in "${staging[@]}"; do echo "	$m => $m $staging_version"; done
+    echo ")"
+  } >"$src/go.mod.new"
+  if ! cmp -s "$src/go.mod.new" "$src/go.mod"; then
+    mv "$src/go.mod.new" "$src/go.mod"
+    rm -f "$src/go.sum"
+  else
+    rm -f "$src/go.mod.new"
+  fi
+
+  # Version stamping, as hack/lib/version.sh does; buildDate is the tag time (reproducible).
+  build_date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info" 2>/dev/null || true)
+  build_date=${build_date:-1970-01-01T00:00:00Z}
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+  done
+
+  run_build "go.sum for k8s.io/kubernetes $K8S_VERSION" "$FERRY_TOOLS/logs/k8s-$K8S_VERSION-modules.log" \
+    go -C "$src" get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION"
+
+  for t in "${k8s_targets[@]}"; do
+    tmp=$k8s_bin/.$t.tmp.$$
+    run_build "$t $K8S_VERSION" "$FERRY_TOOLS/logs/k8s-$K8S_VERSION-$t.log" \
+      go -C "$src" build -p 2 -trimpath -ldflags "$ldflags" -o "$tmp" "k8s.io/kubernetes/cmd/$t"
+    mv -f "$tmp" "$k8s_bin/$t"
+  done
+fi
+
+# --- helm ------------------------------------------------------------------
+helm_dir=$FERRY_TOOLS/helm/$HELM_VERSION
+helm_bin=$helm_dir/bin
+if [[ ! -x $helm_bin/helm ]]; then
+  log "downloading helm.sh/helm/v3@$HELM_VERSION"
+  dl=$(mod_download "helm.sh/helm/v3@$HELM_VERSION")
+  helm_gomod=$(json_field GoMod <<<"$dl")
+  [[ -f $helm_gomod ]] || die "no go.mod for helm.sh/helm/v3@$HELM_VERSION in: $dl"
+  if grep -q '^replace' "$helm_gomod"; then
+    die "helm $HELM_VERSION's go.mod has replace directives; go install cannot build it (extend install.sh with a throwaway module as for kubernetes)"
+  fi
+  # As helm's Makefile: the default Capabilities.KubeVersion is client-go's v0.N.M -> 1.N.
+  cg=$(sed -n 's#^[[:space:]]*k8s\.io/client-go[[:space:]]\{1,\}v0\.\([0-9]*\)\..*#\1#p' "$helm_gomod" | head -n1)
+  ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  if [[ -n $cg ]]; then
+    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$cg"
+    done
+  fi
+  mkdir -p "$helm_bin"
+  gobin=$(mktemp -d "$helm_dir/.gobin.XXXXXX")
+  # go install pkg@version ignores the current module, so GOFLAGS=-mod=mod must not be set.
+  run_build "helm $HELM_VERSION" "$FERRY_TOOLS/logs/helm-$HELM_VERSION.log" \
+    env GOFLAGS=-buildvcs=false GOBIN="$gobin" \
+    go install -p 2 -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  mv -f "$gobin/helm" "$helm_bin/helm"
+  rm -rf "$gobin"
+fi
+
+# ---------------------------------------------------------------------------
+# 3. env.sh and summary
+# ---------------------------------------------------------------------------
+etcd_path=$(command -v etcd)
+prom_path=$(command -v prometheus)
+promtool_path=$(command -v promtool)
+cat >"$FERRY_TOOLS/env.sh.tmp" <<EOF
+# Generated by ferry e2e/tools/install.sh; source it.
+export FERRY_TOOLS="$FERRY_TOOLS"
+export FERRY_K8S_VERSION="$K8S_VERSION"
+export FERRY_HELM_VERSION="$HELM_VERSION"
+export FERRY_KUBE_APISERVER="$k8s_bin/kube-apiserver"
+export FERRY_KUBECTL="$k8s_bin/kubectl"
+export FERRY_HELM="$helm_bin/helm"
+export FERRY_ETCD="$etcd_path"
+export FERRY_PROMETHEUS="$prom_path"
+export FERRY_PROMTOOL="$promtool_path"
+case ":\$PATH:" in
+  *":$k8s_bin:$helm_bin:"*) ;;
+  *) export PATH="$k8s_bin:$helm_bin:\$PATH" ;;
+esac
+EOF
+mv -f "$FERRY_TOOLS/env.sh.tmp" "$FERRY_TOOLS/env.sh"
+
+# ---------------------------------------------------------------------------
+# 4. Verify
+# ---------------------------------------------------------------------------
+check() {
+  local out
+  out=$("$@" 2>&1) || die "'$*' failed: $out (delete the cached binary to rebuild it)"
+  printf '%s\n' "$out" | head -n1
+}
+v_apiserver=$(check "$k8s_bin/kube-apiserver" --version)
+v_kubectl=$(check "$k8s_bin/kubectl" version --client)
+v_helm=$(check "$helm_bin/helm" version --short)
+v_etcd=$(check "$etcd_path" --version)
+v_prom=$(check "$prom_path" --version)
+[[ $v_apiserver == "Kubernetes $K8S_VERSION" ]] || die "kube-apiserver reports '$v_apiserver', want 'Kubernetes $K8S_VERSION'"
+[[ $v_kubectl == "Client Version: $K8S_VERSION" ]] || die "kubectl reports '$v_kubectl', want 'Client Version: $K8S_VERSION'"
+[[ $v_helm == "$HELM_VERSION"* ]] || die "helm reports '$v_helm', want $HELM_VERSION"
+
+if [[ $smoke == yes || ($smoke == auto && $built_any == 1) ]]; then
+  log "running smoke test ($here/smoke.sh)"
+  "$here/smoke.sh"
+fi
+
+size() { du -h "$1" | cut -f1; }
+cat <<EOF
+kube-apiserver  $k8s_bin/kube-apiserver  ($v_apiserver, $(size "$k8s_bin/kube-apiserver"))
+kubectl         $k8s_bin/kubectl  ($v_kubectl, $(size "$k8s_bin/kubectl"))
+helm            $helm_bin/helm  ($v_helm, $(size "$helm_bin/helm"))
+etcd            $etcd_path  ($v_etcd)
+prometheus      $prom_path  ($v_prom)
+promtool        $promtool_path
+env file        $FERRY_TOOLS/env.sh
+export PATH="$k8s_bin:$helm_bin:\$PATH"
+EOF
