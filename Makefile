@@ -12,9 +12,12 @@ build:
 release:
 	$(CARGO) build --release -p ferry-agent
 
-## Install the Debian tools the tests use (needs root; a no-op when present).
+## Install what the tests use (needs root; a no-op when present): Debian tools, and etcd +
+## kube-apiserver + kubectl + helm for the end-to-end tests (built from Go modules once,
+## cached in /var/cache/ferry-tools; ~10 minutes the first time on 2 cores).
 deps:
 	@./.ci/deps.sh
+	@./e2e/tools/install.sh --no-smoke
 
 ## Every check: format, lints, unit/integration tests (root-only ones run as root).
 test: deps check-generated

@@ -167,7 +167,8 @@ impl Default for Parallelism {
     version = "v1alpha1",
     kind = "CopyJob",
     plural = "copyjobs",
-    shortname = "cj",
+    // Not "cj": that is CronJob's built-in short name, and kubectl resolves it there.
+    shortname = "cpj",
     namespaced,
     status = "CopyJobStatus",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,

@@ -1,1 +1,264 @@
-//! End-to-end harness (etcd + kube-apiserver + operator + agents). Filled by the control-plane issue.
+//! A real control plane on this machine for end-to-end tests: Debian's etcd and a
+//! kube-apiserver built from the `k8s.io/kubernetes` Go module (see `e2e/tools/`), on free
+//! loopback ports, torn down when the [`ControlPlane`] is dropped, even if a test panics.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// Where `e2e/tools/install.sh` caches the binaries (its `FERRY_TOOLS`).
+fn tools_dir() -> PathBuf {
+    std::env::var_os("FERRY_TOOLS")
+        .map_or_else(|| PathBuf::from("/var/cache/ferry-tools"), PathBuf::from)
+}
+
+/// A binary from the environment (`FERRY_KUBE_APISERVER`, ...) or its cached default.
+fn tool(var: &str, default: PathBuf) -> PathBuf {
+    std::env::var_os(var).map_or(default, PathBuf::from)
+}
+
+/// The repository root (for the chart's CRDs and examples).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+/// Poll `ready` until it answers true or `timeout` passes.
+pub fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if ready() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("timed out after {timeout:?} waiting for {what}")
+}
+
+/// A running etcd + kube-apiserver with an admin kubeconfig.
+#[derive(Debug)]
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    etcd: Child,
+    apiserver: Child,
+    kubectl: PathBuf,
+    pub kubeconfig: PathBuf,
+}
+
+impl ControlPlane {
+    /// Start one, or `Ok(None)` with the reason printed when the binaries are not installed
+    /// and this is not CI (CI installs them with `e2e/tools/install.sh`, so there a missing
+    /// binary is a failure, not a skip).
+    pub fn start_or_skip() -> Result<Option<Self>> {
+        let k8s = tools_dir().join("k8s/v1.35.4/bin");
+        let apiserver = tool("FERRY_KUBE_APISERVER", k8s.join("kube-apiserver"));
+        let kubectl = tool("FERRY_KUBECTL", k8s.join("kubectl"));
+        let etcd = tool("FERRY_ETCD", PathBuf::from("/usr/bin/etcd"));
+        for bin in [&apiserver, &kubectl, &etcd] {
+            if !bin.exists() {
+                let why = format!(
+                    "{} is not installed; run e2e/tools/install.sh",
+                    bin.display()
+                );
+                if std::env::var_os("CI").is_some() {
+                    bail!(why);
+                }
+                eprintln!("skipped: {why}");
+                return Ok(None);
+            }
+        }
+        Self::start(&etcd, &apiserver, kubectl).map(Some)
+    }
+
+    fn start(etcd_bin: &Path, apiserver_bin: &Path, kubectl: PathBuf) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("ferry-e2e-").tempdir()?;
+        let d = dir.path().to_path_buf();
+        let (client, peer, secure) = (free_port()?, free_port()?, free_port()?);
+        let log = |name: &str| -> Result<Stdio> { Ok(std::fs::File::create(d.join(name))?.into()) };
+        let etcd = Command::new(etcd_bin)
+            .args([
+                "--name=ferry-e2e".to_string(),
+                format!("--data-dir={}", d.join("etcd").display()),
+                format!("--listen-client-urls=http://127.0.0.1:{client}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-cluster=ferry-e2e=http://127.0.0.1:{peer}"),
+                "--initial-cluster-state=new".into(),
+                "--logger=zap".into(),
+                "--log-outputs=stderr".into(),
+                "--log-level=warn".into(),
+            ])
+            .stdout(log("etcd.log")?)
+            .stderr(log("etcd.err")?)
+            .spawn()
+            .context("start etcd")?;
+        // Fill the struct early so Drop cleans up whatever fails next.
+        let mut cp = ControlPlane {
+            kubeconfig: d.join("kubeconfig"),
+            etcd,
+            apiserver: Command::new("true").spawn()?,
+            kubectl,
+            dir,
+        };
+        wait_for("etcd /health", Duration::from_secs(30), || {
+            http_get(client, "/health").is_some_and(|b| b.contains("\"health\":\"true\""))
+        })?;
+        let ok = Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(d.join("sa.key"))
+            .arg("2048")
+            .stderr(Stdio::null())
+            .status()?;
+        let ok2 = Command::new("openssl")
+            .args(["rsa", "-pubout", "-in"])
+            .arg(d.join("sa.key"))
+            .arg("-out")
+            .arg(d.join("sa.pub"))
+            .stderr(Stdio::null())
+            .status()?;
+        if !ok.success() || !ok2.success() {
+            bail!("openssl could not make the service-account key");
+        }
+        let mut raw = [0u8; 16];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
+        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!("{token},ferry-admin,ferry-admin,\"system:masters\"\n"),
+        )?;
+        cp.apiserver = Command::new(apiserver_bin)
+            .args([
+                format!("--etcd-servers=http://127.0.0.1:{client}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={secure}"),
+                format!("--cert-dir={}", d.join("pki").display()),
+                "--service-account-issuer=https://kubernetes.default.svc".into(),
+                format!("--service-account-key-file={}", d.join("sa.pub").display()),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    d.join("sa.key").display()
+                ),
+                "--authorization-mode=RBAC".into(),
+                format!("--token-auth-file={}", d.join("tokens.csv").display()),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                "--allow-privileged=true".into(),
+                "--endpoint-reconciler-type=none".into(),
+                "--disable-admission-plugins=ServiceAccount".into(),
+                "--profiling=false".into(),
+            ])
+            .stdout(log("apiserver.log")?)
+            .stderr(log("apiserver.err")?)
+            .spawn()
+            .context("start kube-apiserver")?;
+        std::fs::write(
+            &cp.kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: https://127.0.0.1:{secure}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: admin\ncurrent-context: e2e\n"
+            ),
+        )?;
+        let ready = wait_for("kube-apiserver /readyz", Duration::from_secs(90), || {
+            cp.kubectl(&["get", "--raw", "/readyz"])
+                .is_ok_and(|o| o.status.success())
+        });
+        if let Err(e) = ready {
+            let tail = std::fs::read_to_string(d.join("apiserver.err")).unwrap_or_default();
+            let tail: String = tail
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            bail!("{e}\nkube-apiserver log tail:\n{tail}");
+        }
+        Ok(cp)
+    }
+
+    /// Where the control plane's logs and state live (kept until drop).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Run kubectl against this control plane.
+    pub fn kubectl(&self, args: &[&str]) -> Result<Output> {
+        Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .context("run kubectl")
+    }
+
+    /// Run kubectl with `input` on stdin (e.g. `apply -f -`).
+    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<Output> {
+        let mut child = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("run kubectl")?;
+        child
+            .stdin
+            .take()
+            .context("kubectl stdin")?
+            .write_all(input.as_bytes())?;
+        Ok(child.wait_with_output()?)
+    }
+
+    /// Apply the chart's generated CRDs and wait until they are served.
+    pub fn install_crds(&self) -> Result<()> {
+        let crds = repo_root().join("charts/ferry/crds");
+        let out = self.kubectl(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
+        if !out.status.success() {
+            bail!(
+                "CRDs refused by the apiserver: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for crd in ["crd/copyjobs.ferry.dev", "crd/storageroots.ferry.dev"] {
+            let out =
+                self.kubectl(&["wait", "--for=condition=Established", "--timeout=60s", crd])?;
+            if !out.status.success() {
+                bail!(
+                    "{crd} not established: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for child in [&mut self.apiserver, &mut self.etcd] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
