@@ -1,5 +1,6 @@
-//! The Ferry operator. Today: the validation a CopyJob goes through in the controller (the
-//! second of three checks: CRD rules at admission, this, the agent at open time). The
-//! reconciler, resolution and placement come with the control-plane issue.
+//! The Ferry operator: validation (the second of three checks: CRD rules at admission,
+//! this, the agent at open time) and the CopyJob reconciler. Placement, shard assignment
+//! and leader election come with the rest of the control-plane issue.
 
+pub mod controller;
 pub mod validate;

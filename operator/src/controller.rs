@@ -1,0 +1,362 @@
+//! The CopyJob reconciler, in the controller-rs shape: `reconcile` only dispatches through
+//! the finalizer to an idempotent `apply` or `cleanup`; `error_policy` requeues transient
+//! errors with backoff, while refusals are written as conditions and wait for a change.
+//!
+//! What `apply` does today: validate the spec, resolve `root` endpoints against their
+//! StorageRoots (exists, namespace allowed, not read-only as a destination), and publish
+//! `Accepted`/`Resolved` conditions. Placement and shard assignment come next.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_crds::{
+    CopyJob, CopyJobStatus, Endpoint, Phase, StorageRoot, FINALIZER, OPERATOR_MANAGER,
+};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{finalizer, Event};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::validate::{self, Reason};
+
+/// Errors that are worth a retry (the API server, the network).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("{0} has no namespace")]
+    NoNamespace(String),
+}
+
+/// Shared state of the reconciler.
+#[allow(missing_debug_implementations)] // Recorder is not Debug
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+}
+
+/// Why a job cannot proceed, as a condition reason and a message for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    pub condition: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Run the controller until the process is stopped.
+pub async fn run(client: Client) {
+    let jobs = Api::<CopyJob>::all(client.clone());
+    let reporter = Reporter {
+        controller: OPERATOR_MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+    });
+    Controller::new(jobs, watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::warn!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+}
+
+async fn reconcile(job: Arc<CopyJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = job
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
+    let api = Api::<CopyJob>::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, job, |event| async {
+        match event {
+            Event::Apply(job) => apply(&job, &ctx).await,
+            Event::Cleanup(job) => cleanup(&job, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+fn error_policy(_job: Arc<CopyJob>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "requeueing");
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    previous: &[Condition],
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    // Keep the transition time when nothing changed, so a re-reconcile writes the same bytes.
+    let last = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+        .map_or_else(
+            || Time(Timestamp::now()),
+            |c| c.last_transition_time.clone(),
+        );
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: last,
+    }
+}
+
+/// Resolve one `root` endpoint: the StorageRoot exists, this namespace may use it, and a
+/// destination is not read-only. PVC endpoints are resolved by the next issue's code.
+async fn resolve_root(
+    ctx: &Context,
+    ns: &str,
+    field: &str,
+    e: &Endpoint,
+    destination: bool,
+) -> Result<Result<(), Blocked>, Error> {
+    let Some(name) = &e.root else {
+        return Ok(Err(Blocked {
+            condition: "Resolved",
+            reason: "PVCNotSupportedYet",
+            message: format!("{field}.pvc: PVC endpoints are not supported by this operator version; use a StorageRoot"),
+        }));
+    };
+    let roots = Api::<StorageRoot>::all(ctx.client.clone());
+    let Some(root) = roots.get_opt(name).await? else {
+        return Ok(Err(Blocked {
+            condition: "Resolved",
+            reason: "RootNotFound",
+            message: format!("{field}.root: StorageRoot {name:?} does not exist; ask an admin to create it or name another"),
+        }));
+    };
+    let access = &root.spec.namespaces;
+    let mut allowed = access.names.iter().any(|n| n == ns);
+    if !allowed {
+        if let Some(selector) = &access.selector {
+            let namespace = Api::<Namespace>::all(ctx.client.clone()).get(ns).await?;
+            allowed = selector_matches(selector, namespace.labels());
+        }
+    }
+    if !allowed {
+        return Ok(Err(Blocked {
+            condition: "Accepted",
+            reason: "RootNotAllowed",
+            message: format!(
+                "{field}.root: namespace {ns:?} may not use StorageRoot {name:?}; ask an admin to add it to spec.namespaces"
+            ),
+        }));
+    }
+    if destination && root.spec.read_only {
+        return Ok(Err(Blocked {
+            condition: "Accepted",
+            reason: "ReadOnlyRoot",
+            message: format!(
+                "{field}.root: StorageRoot {name:?} is read-only and cannot be a destination"
+            ),
+        }));
+    }
+    Ok(Ok(()))
+}
+
+/// `matchLabels` and `matchExpressions` (In, NotIn, Exists, DoesNotExist) against labels.
+pub fn selector_matches(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let labels_ok = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_ok = selector.match_expressions.iter().flatten().all(|req| {
+        let values = req.values.as_deref().unwrap_or_default();
+        match req.operator.as_str() {
+            "In" => labels.get(&req.key).is_some_and(|v| values.contains(v)),
+            "NotIn" => labels.get(&req.key).is_none_or(|v| !values.contains(v)),
+            "Exists" => labels.contains_key(&req.key),
+            "DoesNotExist" => !labels.contains_key(&req.key),
+            _ => false,
+        }
+    });
+    labels_ok && exprs_ok
+}
+
+async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
+    let ns = job
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
+    let generation = job.metadata.generation;
+    let previous = job
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let blocked = match validate::validate(&job.spec) {
+        Err(refusal) => Some(Blocked {
+            condition: "Accepted",
+            reason: match refusal.reason {
+                Reason::PathEscape => "PathEscape",
+                Reason::InvalidEndpoint => "InvalidEndpoint",
+                Reason::InvalidSpec => "InvalidSpec",
+            },
+            message: refusal.message,
+        }),
+        Ok(()) => match resolve_root(ctx, &ns, "spec.source", &job.spec.source, false).await? {
+            Err(b) => Some(b),
+            Ok(()) => resolve_root(ctx, &ns, "spec.destination", &job.spec.destination, true)
+                .await?
+                .err(),
+        },
+    };
+    let mut conditions = Vec::new();
+    match &blocked {
+        Some(b) if b.condition == "Accepted" => {
+            conditions.push(condition(
+                "Accepted", false, b.reason, &b.message, generation, previous,
+            ));
+        }
+        Some(b) => {
+            conditions.push(condition(
+                "Accepted",
+                true,
+                "Valid",
+                "the spec is valid",
+                generation,
+                previous,
+            ));
+            conditions.push(condition(
+                "Resolved", false, b.reason, &b.message, generation, previous,
+            ));
+        }
+        None => {
+            conditions.push(condition(
+                "Accepted",
+                true,
+                "Valid",
+                "the spec is valid",
+                generation,
+                previous,
+            ));
+            conditions.push(condition(
+                "Resolved",
+                true,
+                "Resolved",
+                "source and destination resolved",
+                generation,
+                previous,
+            ));
+        }
+    }
+    let status = CopyJobStatus {
+        phase: Some(Phase::Pending),
+        conditions,
+        ..CopyJobStatus::default()
+    };
+    let changed = job
+        .status
+        .as_ref()
+        .is_none_or(|s| s.conditions != status.conditions || s.phase != status.phase);
+    if changed {
+        let patch = serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1",
+            "kind": "CopyJob",
+            "status": status,
+        });
+        Api::<CopyJob>::namespaced(ctx.client.clone(), &ns)
+            .patch_status(
+                &job.name_any(),
+                &PatchParams::apply(OPERATOR_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        if let Some(b) = &blocked {
+            let ev = KubeEvent {
+                type_: EventType::Warning,
+                reason: b.reason.into(),
+                note: Some(b.message.clone()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            // An event is a courtesy; the condition is the record.
+            let _ = ctx.recorder.publish(&ev, &job.object_ref(&())).await;
+        }
+    }
+    // A refusal waits for the spec (or the StorageRoot, on the next resync) to change.
+    Ok(match blocked {
+        Some(_) => Action::requeue(Duration::from_secs(60)),
+        None => Action::await_change(),
+    })
+}
+
+async fn cleanup(_job: &CopyJob, _ctx: &Context) -> Result<Action, Error> {
+    // Staging data is removed by the agents that own it; nothing is held here yet.
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use std::collections::BTreeMap;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn selector_matches_labels_and_expressions() {
+        let sel = LabelSelector {
+            match_labels: Some(labels(&[("team", "a")])),
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "tier".into(),
+                operator: "In".into(),
+                values: Some(vec!["gold".into(), "silver".into()]),
+            }]),
+        };
+        assert!(selector_matches(
+            &sel,
+            &labels(&[("team", "a"), ("tier", "gold")])
+        ));
+        assert!(!selector_matches(
+            &sel,
+            &labels(&[("team", "a"), ("tier", "bronze")])
+        ));
+        assert!(!selector_matches(
+            &sel,
+            &labels(&[("team", "b"), ("tier", "gold")])
+        ));
+        assert!(!selector_matches(&sel, &labels(&[("tier", "gold")])));
+    }
+
+    #[test]
+    fn unchanged_condition_keeps_its_transition_time() {
+        let first = condition("Accepted", true, "Valid", "ok", Some(1), &[]);
+        let again = condition(
+            "Accepted",
+            true,
+            "Valid",
+            "ok",
+            Some(2),
+            std::slice::from_ref(&first),
+        );
+        assert_eq!(first.last_transition_time, again.last_transition_time);
+    }
+}
