@@ -26,6 +26,24 @@ pub enum Command {
     ///
     /// Exit status: 0 all copied, 1 some entries failed (listed on stderr), 2 bad usage.
     Copy(CopyArgs),
+    /// Run the node agent: heartbeat, watch CopyJobs assigned to this node, copy them.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// This node's name (the downward API's spec.nodeName in the DaemonSet).
+    #[arg(long, env = "NODE_NAME")]
+    pub node: String,
+    /// Where the node's root filesystem is mounted inside the agent's container.
+    #[arg(long, default_value = "/host")]
+    pub host_root: PathBuf,
+    /// Namespace for the heartbeat Lease (the agent's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "ferry-system")]
+    pub namespace: String,
+    /// Copy workers per shard unless the job sets parallelism.workersPerAgent (0: CPUs).
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -1,4 +1,6 @@
-//! The Ferry node agent. `cli` parses the command line; `copy_cmd` is `ferry-agent copy`.
+//! The Ferry node agent. `cli` parses the command line; `copy_cmd` is `ferry-agent copy`;
+//! `daemon` is `ferry-agent run`, the per-node agent.
 
 pub mod cli;
 pub mod copy_cmd;
+pub mod daemon;

@@ -1,13 +1,47 @@
-//! `ferry-agent`: the node agent binary. Today it carries the `copy` subcommand, Ferry's
-//! engine for people without a cluster.
+//! `ferry-agent`: the node agent (`run`) and Ferry's engine for people without a cluster
+//! (`copy`).
 
 use std::process::ExitCode;
 
 use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let settings = ferry_agent::daemon::Settings {
+        node: args.node,
+        host_root: args.host_root,
+        namespace: args.namespace,
+        workers: args.workers,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ferry-agent run: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(ferry_agent::daemon::run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry-agent run: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 fn main() -> ExitCode {
     let cli = ferry_agent::cli::Cli::parse();
     match cli.command {
         ferry_agent::cli::Command::Copy(args) => ferry_agent::copy_cmd::run(&args),
+        ferry_agent::cli::Command::Run(args) => run_daemon(args),
     }
 }

@@ -274,9 +274,11 @@ pub struct Progress {
     pub eta: Option<String>,
 }
 
-/// State of one shard, owned (by server-side apply) by the agent that runs it.
+/// One shard of a job. The operator owns the assignment (`id`, `node`, `epoch`); the agent
+/// running it owns the progress fields. Both write with server-side apply under their own
+/// field managers, so neither overwrites the other.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ShardStatus {
     /// Shard identity, stable for the job's life (list map key).
     pub id: String,
@@ -284,7 +286,7 @@ pub struct ShardStatus {
     pub node: String,
     /// Assignment epoch: an agent only publishes work for the epoch it was given.
     pub epoch: i64,
-    /// Pending, Running, Succeeded or Failed.
+    /// Pending (or empty), Running, Succeeded or Failed.
     pub state: String,
     /// Files committed by this shard.
     pub files_done: i64,
@@ -294,6 +296,8 @@ pub struct ShardStatus {
     pub bytes_reflinked: i64,
     /// Entries that failed.
     pub failed: i64,
+    /// The first failures of this shard.
+    pub failures: Vec<FailedPath>,
 }
 
 /// One failed path (the first few are kept).

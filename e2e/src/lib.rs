@@ -262,3 +262,59 @@ impl Drop for ControlPlane {
         }
     }
 }
+
+/// A process started by a test, killed when dropped.
+#[derive(Debug)]
+pub struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Build (a no-op when fresh) one of the workspace's binaries and return its path.
+pub fn workspace_bin(package: &str, bin: &str) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .current_dir(repo_root())
+        .status()?;
+    if !status.success() {
+        bail!("building {bin} failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| repo_root().join("target"), PathBuf::from);
+    Ok(target.join("debug").join(bin))
+}
+
+impl ControlPlane {
+    /// Start a workspace binary against this control plane, logging to `<dir>/<log>`.
+    pub fn spawn(
+        &self,
+        bin: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        log: &str,
+    ) -> Result<Proc> {
+        let file = std::fs::File::create(self.dir().join(log))?;
+        let child = Command::new(bin)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info")
+            .envs(envs.iter().copied())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("start {}", bin.display()))?;
+        Ok(Proc(child))
+    }
+
+    /// The last lines of a log in the control plane's directory (for failure messages).
+    pub fn log_tail(&self, log: &str, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.dir().join(log)).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}

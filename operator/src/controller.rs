@@ -10,20 +10,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_crds::{
-    CopyJob, CopyJobStatus, Endpoint, Phase, StorageRoot, FINALIZER, OPERATOR_MANAGER,
+    CopyJob, Endpoint, FailedPath, Phase, Progress, ShardStatus, StorageRoot, FINALIZER,
+    OPERATOR_MANAGER,
 };
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{finalizer, Event};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
-use crate::validate::{self, Reason};
+use crate::validate;
 
 /// Errors that are worth a retry (the API server, the network).
 #[derive(Debug, thiserror::Error)]
@@ -128,7 +130,7 @@ async fn resolve_root(
     field: &str,
     e: &Endpoint,
     destination: bool,
-) -> Result<Result<(), Blocked>, Error> {
+) -> Result<Result<StorageRoot, Blocked>, Error> {
     let Some(name) = &e.root else {
         return Ok(Err(Blocked {
             condition: "Resolved",
@@ -170,7 +172,7 @@ async fn resolve_root(
             ),
         }));
     }
-    Ok(Ok(()))
+    Ok(Ok(root))
 }
 
 /// `matchLabels` and `matchExpressions` (In, NotIn, Exists, DoesNotExist) against labels.
@@ -196,34 +198,108 @@ pub fn selector_matches(
     labels_ok && exprs_ok
 }
 
+/// Namespace of the agents' heartbeat Leases (the operator's own namespace).
+fn agent_namespace() -> String {
+    std::env::var("FERRY_NAMESPACE").unwrap_or_else(|_| "ferry-system".into())
+}
+
+/// Nodes that can run a job between these roots: they match both roots' node selectors
+/// and their agent's heartbeat Lease is current. Sorted by name, so placement is stable.
+async fn eligible_nodes(ctx: &Context, roots: &[&StorageRoot]) -> Result<Vec<String>, Error> {
+    let nodes = Api::<Node>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let leases = Api::<Lease>::namespaced(ctx.client.clone(), &agent_namespace())
+        .list(&ListParams::default())
+        .await?;
+    let now = Timestamp::now().as_second();
+    let live = |node: &str| {
+        leases.items.iter().any(|l| {
+            let Some(spec) = &l.spec else { return false };
+            let (Some(renew), Some(secs)) = (&spec.renew_time, spec.lease_duration_seconds) else {
+                return false;
+            };
+            l.name_any() == format!("ferry-agent-{node}")
+                && renew.0.as_second() + i64::from(secs) >= now
+        })
+    };
+    let mut out: Vec<String> = nodes
+        .items
+        .iter()
+        .filter(|n| {
+            roots.iter().all(|r| match &r.spec.node_selector {
+                Some(sel) => sel.iter().all(|(k, v)| n.labels().get(k) == Some(v)),
+                None => r.spec.shared,
+            })
+        })
+        .map(|n| n.name_any())
+        .filter(|n| live(n))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// The phase, progress and failures the shards add up to.
+pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
+    let mut p = Progress::default();
+    let mut failures = Vec::new();
+    for s in shards {
+        p.files_done += s.files_done;
+        p.bytes_done += s.bytes_done;
+        p.bytes_reflinked += s.bytes_reflinked;
+        failures.extend(s.failures.iter().cloned());
+    }
+    p.bytes_copied = p.bytes_done - p.bytes_reflinked;
+    failures.truncate(20);
+    let done = |s: &&ShardStatus| s.state == "Succeeded" || s.state == "Failed";
+    let phase = if shards.is_empty() {
+        Phase::Pending
+    } else if shards.iter().all(|s| s.state == "Succeeded") {
+        p.percent = Some("100%".into());
+        Phase::Succeeded
+    } else if shards.iter().all(|s| done(&s)) {
+        Phase::Failed
+    } else if shards.iter().any(|s| s.state == "Running" || done(&s)) {
+        Phase::Running
+    } else {
+        Phase::Pending
+    };
+    (phase, p, failures)
+}
+
 async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     let ns = job
         .namespace()
         .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
     let generation = job.metadata.generation;
-    let previous = job
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
+    let old = job.status.clone().unwrap_or_default();
+    let previous = old.conditions.as_slice();
+    let mut roots = Vec::new();
     let blocked = match validate::validate(&job.spec) {
         Err(refusal) => Some(Blocked {
             condition: "Accepted",
-            reason: match refusal.reason {
-                Reason::PathEscape => "PathEscape",
-                Reason::InvalidEndpoint => "InvalidEndpoint",
-                Reason::InvalidSpec => "InvalidSpec",
-            },
+            reason: refusal.reason.as_str(),
             message: refusal.message,
         }),
         Ok(()) => match resolve_root(ctx, &ns, "spec.source", &job.spec.source, false).await? {
             Err(b) => Some(b),
-            Ok(()) => resolve_root(ctx, &ns, "spec.destination", &job.spec.destination, true)
-                .await?
-                .err(),
+            Ok(src) => {
+                roots.push(src);
+                match resolve_root(ctx, &ns, "spec.destination", &job.spec.destination, true)
+                    .await?
+                {
+                    Err(b) => Some(b),
+                    Ok(dst) => {
+                        roots.push(dst);
+                        None
+                    }
+                }
+            }
         },
     };
     let mut conditions = Vec::new();
+    let mut shards = old.shards.clone();
+    let mut requeue = None;
     match &blocked {
         Some(b) if b.condition == "Accepted" => {
             conditions.push(condition(
@@ -260,22 +336,101 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 generation,
                 previous,
             ));
+            if shards.is_empty() {
+                let refs: Vec<&StorageRoot> = roots.iter().collect();
+                match eligible_nodes(ctx, &refs).await?.first() {
+                    Some(node) => shards.push(ShardStatus {
+                        id: "0".into(),
+                        node: node.clone(),
+                        epoch: 1,
+                        ..Default::default()
+                    }),
+                    None => requeue = Some(Duration::from_secs(2)),
+                }
+            }
+            let (reason, msg) = match shards.first() {
+                Some(s) => ("Assigned", format!("assigned to node {}", s.node)),
+                None => (
+                    "NoAgent",
+                    "no node with a live Ferry agent has both roots; waiting for one".to_string(),
+                ),
+            };
+            conditions.push(condition(
+                "Scheduled",
+                !shards.is_empty(),
+                reason,
+                &msg,
+                generation,
+                previous,
+            ));
         }
     }
-    let status = CopyJobStatus {
-        phase: Some(Phase::Pending),
-        conditions,
-        ..CopyJobStatus::default()
+    let (phase, progress, failures) = aggregate(&shards);
+    let phase = match (&blocked, job.spec.suspend) {
+        (Some(_), _) => Phase::Pending,
+        (None, true) if !matches!(phase, Phase::Succeeded | Phase::Failed) => Phase::Suspended,
+        _ => phase,
     };
-    let changed = job
-        .status
-        .as_ref()
-        .is_none_or(|s| s.conditions != status.conditions || s.phase != status.phase);
-    if changed {
+    match phase {
+        Phase::Succeeded => conditions.push(condition(
+            "Complete",
+            true,
+            "Copied",
+            "every file was copied",
+            generation,
+            previous,
+        )),
+        Phase::Failed => {
+            let reason = failures.first().map_or("CopyFailed", |f| f.reason.as_str());
+            let msg = format!(
+                "{} entries failed; see status.failures",
+                shards.iter().map(|s| s.failed).sum::<i64>()
+            );
+            conditions.push(condition(
+                "Failed", true, reason, &msg, generation, previous,
+            ));
+        }
+        _ => {}
+    }
+    let finished_at = match phase {
+        Phase::Succeeded | Phase::Failed => old
+            .finished_at
+            .clone()
+            .or_else(|| Some(Time(Timestamp::now()))),
+        _ => None,
+    };
+    let manifest = (!shards.is_empty())
+        .then(|| format!("{}/{}-{}.xxh128", ferry_crds::STATE_DIR, ns, job.name_any()));
+    let unchanged = old.phase == Some(phase)
+        && old.conditions == conditions
+        && old.progress.as_ref() == Some(&progress)
+        && old.failures == failures
+        && old.finished_at == finished_at
+        && old.manifest == manifest
+        && old
+            .shards
+            .iter()
+            .map(|s| (&s.id, &s.node, s.epoch))
+            .eq(shards.iter().map(|s| (&s.id, &s.node, s.epoch)));
+    if !unchanged {
+        // The shard entries carry only the assignment: their progress fields belong to the
+        // agents' field managers.
+        let assignment: Vec<serde_json::Value> = shards
+            .iter()
+            .map(|s| serde_json::json!({"id": s.id, "node": s.node, "epoch": s.epoch}))
+            .collect();
         let patch = serde_json::json!({
             "apiVersion": "ferry.dev/v1alpha1",
             "kind": "CopyJob",
-            "status": status,
+            "status": {
+                "phase": phase,
+                "conditions": conditions,
+                "progress": progress,
+                "shards": assignment,
+                "failures": failures,
+                "manifest": manifest,
+                "finishedAt": finished_at,
+            },
         });
         Api::<CopyJob>::namespaced(ctx.client.clone(), &ns)
             .patch_status(
@@ -284,7 +439,12 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 &Patch::Apply(&patch),
             )
             .await?;
-        if let Some(b) = &blocked {
+        let new_refusal = blocked.as_ref().filter(|b| {
+            !previous
+                .iter()
+                .any(|c| c.status == "False" && c.reason == b.reason)
+        });
+        if let Some(b) = new_refusal {
             let ev = KubeEvent {
                 type_: EventType::Warning,
                 reason: b.reason.into(),
@@ -297,9 +457,10 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         }
     }
     // A refusal waits for the spec (or the StorageRoot, on the next resync) to change.
-    Ok(match blocked {
-        Some(_) => Action::requeue(Duration::from_secs(60)),
-        None => Action::await_change(),
+    Ok(match (blocked, requeue) {
+        (Some(_), _) => Action::requeue(Duration::from_secs(60)),
+        (None, Some(after)) => Action::requeue(after),
+        (None, None) => Action::await_change(),
     })
 }
 
