@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test lint fmt demo bench deps clean generate check-generated
+.PHONY: all build release test lint fmt demo demo-copy dev-up dev-down bench deps clean generate check-generated
 
 all: build
 
@@ -39,8 +39,20 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## Ferry's main job on a local default: copy a generated tree, verify, check the manifest.
-demo: release
+## Ferry's main job on a local default: a local control plane (etcd + kube-apiserver), the
+## operator and two node agents; applies deploy/examples/ and waits for Succeeded.
+demo: deps
+	$(CARGO) run -q -p ferry-e2e --bin ferry-dev -- demo
+
+## The same control plane, operator and agents, left running (see the printed KUBECONFIG).
+dev-up: deps
+	$(CARGO) run -q -p ferry-e2e --bin ferry-dev -- up
+
+dev-down:
+	$(CARGO) run -q -p ferry-e2e --bin ferry-dev -- down
+
+## ferry-agent copy on its own: copy a generated tree, verify, check the manifest.
+demo-copy: release
 	@./scripts/demo.sh
 
 ## Benchmarks against cp, xcp, cpz, fcp; writes bench/RESULTS.md.

@@ -44,13 +44,26 @@ pub fn lease_name(node: &str) -> String {
 }
 
 /// Counters one running shard publishes.
-#[derive(Default)]
 struct Live {
+    started: std::time::Instant,
     files: AtomicU64,
     bytes: AtomicU64,
     reflinked: AtomicU64,
     failed: AtomicU64,
     failures: Mutex<Vec<Failure>>,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Self {
+            started: std::time::Instant::now(),
+            files: AtomicU64::default(),
+            bytes: AtomicU64::default(),
+            reflinked: AtomicU64::default(),
+            failed: AtomicU64::default(),
+            failures: Mutex::default(),
+        }
+    }
 }
 
 impl Progress for Live {
@@ -321,6 +334,7 @@ async fn publish(
                 "bytesDone": live.bytes.load(Ordering::Relaxed),
                 "bytesReflinked": live.reflinked.load(Ordering::Relaxed),
                 "failed": live.failed.load(Ordering::Relaxed),
+                "bytesPerSecond": (live.bytes.load(Ordering::Relaxed) as f64 / live.started.elapsed().as_secs_f64().max(1e-3)) as i64,
                 "failures": failures,
             }]
         }

@@ -296,6 +296,8 @@ pub struct ShardStatus {
     pub bytes_reflinked: i64,
     /// Entries that failed.
     pub failed: i64,
+    /// Average throughput of this shard so far, in bytes per second.
+    pub bytes_per_second: i64,
     /// The first failures of this shard.
     pub failures: Vec<FailedPath>,
 }

@@ -88,6 +88,23 @@ impl ControlPlane {
         Self::start(&etcd, &apiserver, kubectl).map(Some)
     }
 
+    /// Start one; missing binaries are an error saying how to install them.
+    pub fn start_required() -> Result<Self> {
+        let k8s = tools_dir().join("k8s/v1.35.4/bin");
+        let apiserver = tool("FERRY_KUBE_APISERVER", k8s.join("kube-apiserver"));
+        let kubectl = tool("FERRY_KUBECTL", k8s.join("kubectl"));
+        let etcd = tool("FERRY_ETCD", PathBuf::from("/usr/bin/etcd"));
+        for bin in [&apiserver, &kubectl, &etcd] {
+            if !bin.exists() {
+                bail!(
+                    "{} is not installed; run e2e/tools/install.sh (make deps)",
+                    bin.display()
+                );
+            }
+        }
+        Self::start(&etcd, &apiserver, kubectl)
+    }
+
     fn start(etcd_bin: &Path, apiserver_bin: &Path, kubectl: PathBuf) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("ferry-e2e-").tempdir()?;
         let d = dir.path().to_path_buf();
@@ -254,6 +271,18 @@ impl ControlPlane {
     }
 }
 
+impl ControlPlane {
+    /// Leave etcd and the apiserver running after this value is gone (for `make dev-up`);
+    /// returns their pids for `make dev-down`.
+    pub fn detach(self) -> (PathBuf, Vec<u32>) {
+        let this = std::mem::ManuallyDrop::new(self);
+        let pids = vec![this.etcd.id(), this.apiserver.id()];
+        // The TempDir is leaked on purpose: the state must outlive this process.
+        let dir = this.dir.path().to_path_buf();
+        (dir, pids)
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         for child in [&mut self.apiserver, &mut self.etcd] {
@@ -266,6 +295,14 @@ impl Drop for ControlPlane {
 /// A process started by a test, killed when dropped.
 #[derive(Debug)]
 pub struct Proc(Child);
+
+impl Proc {
+    /// Leave the process running; returns its pid.
+    pub fn detach(self) -> u32 {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.0.id()
+    }
+}
 
 impl Drop for Proc {
     fn drop(&mut self) {

@@ -239,6 +239,22 @@ async fn eligible_nodes(ctx: &Context, roots: &[&StorageRoot]) -> Result<Vec<Str
     Ok(out)
 }
 
+/// 1536 -> "1.5 KiB": for the RATE column.
+fn human_bytes(n: i64) -> String {
+    let mut v = n as f64;
+    for unit in ["B", "KiB", "MiB", "GiB"] {
+        if v < 1024.0 {
+            return if unit == "B" {
+                format!("{n} B")
+            } else {
+                format!("{v:.1} {unit}")
+            };
+        }
+        v /= 1024.0;
+    }
+    format!("{v:.1} TiB")
+}
+
 /// The phase, progress and failures the shards add up to.
 pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     let mut p = Progress::default();
@@ -247,7 +263,11 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
         p.files_done += s.files_done;
         p.bytes_done += s.bytes_done;
         p.bytes_reflinked += s.bytes_reflinked;
+        p.bytes_per_second += s.bytes_per_second;
         failures.extend(s.failures.iter().cloned());
+    }
+    if p.bytes_per_second > 0 {
+        p.rate = Some(format!("{}/s", human_bytes(p.bytes_per_second)));
     }
     p.bytes_copied = p.bytes_done - p.bytes_reflinked;
     failures.truncate(20);

@@ -1,0 +1,222 @@
+//! `ferry-dev demo|up|down`: Ferry on a local control plane, for newcomers.
+//!
+//! - `demo`: etcd + kube-apiserver + the operator + two agents (simulated nodes node-a and
+//!   node-b, each with its own host-root directory), applies `deploy/examples/` over a
+//!   generated tree, shows progress, prints `kubectl get copyjobs -o wide` and exits 0 once
+//!   the job has Succeeded; everything is stopped on exit.
+//! - `up`: the same without the example, left running; prints the KUBECONFIG to export.
+//! - `down`: stops what `up` started.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use ferry_e2e::{repo_root, workspace_bin, ControlPlane, Proc};
+
+const NODES: [&str; 2] = ["node-a", "node-b"];
+
+fn state_file() -> PathBuf {
+    std::env::temp_dir().join("ferry-dev.state")
+}
+
+fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> Result<String> {
+    let out = cp.kubectl(args)?;
+    ensure!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Control plane, CRDs, simulated nodes, operator and agents.
+fn bring_up() -> Result<(ControlPlane, Vec<Proc>, PathBuf)> {
+    eprintln!("starting etcd and kube-apiserver ...");
+    let cp = ControlPlane::start_required()?;
+    cp.install_crds()?;
+    kubectl_ok(&cp, &["create", "namespace", "ferry-system"])?;
+    let hosts = cp.dir().join("hosts");
+    for node in NODES {
+        let yaml = format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    ferry.dev/node: {node}\n");
+        let out = cp.kubectl_stdin(&["apply", "-f", "-"], &yaml)?;
+        ensure!(
+            out.status.success(),
+            "create node {node}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::create_dir_all(hosts.join(node))?;
+    }
+    eprintln!(
+        "building and starting the operator and {} agents ...",
+        NODES.len()
+    );
+    let operator = workspace_bin("ferry-operator", "ferry-operator")?;
+    let agent = workspace_bin("ferry-agent", "ferry-agent")?;
+    let mut procs = vec![cp.spawn(&operator, &[], &[], "operator.log")?];
+    for node in NODES {
+        let root = hosts.join(node);
+        let root = root.to_string_lossy();
+        let args = [
+            "run",
+            "--node",
+            node,
+            "--host-root",
+            &root,
+            "--namespace",
+            "ferry-system",
+        ];
+        procs.push(cp.spawn(&agent, &args, &[], &format!("agent-{node}.log"))?);
+    }
+    Ok((cp, procs, hosts))
+}
+
+/// A few thousand files of varied sizes, deterministic.
+fn generate_tree(root: &Path) -> Result<(u64, u64)> {
+    let (mut files, mut bytes) = (0, 0);
+    for d in 0..40u64 {
+        let dir = root.join(format!("dir{d:02}"));
+        std::fs::create_dir_all(dir.join("nested"))?;
+        for f in 0..75u64 {
+            let len = (d * 7919 + f * 104_729) % 65_536;
+            let body: Vec<u8> = (0..len).map(|i| (i ^ (d * 31 + f)) as u8).collect();
+            let sub = if f % 3 == 0 {
+                dir.join("nested")
+            } else {
+                dir.clone()
+            };
+            std::fs::write(sub.join(format!("file{f:03}.bin")), &body)?;
+            files += 1;
+            bytes += len;
+        }
+    }
+    Ok((files, bytes))
+}
+
+fn demo() -> Result<()> {
+    let (cp, _procs, hosts) = bring_up()?;
+    let src = hosts.join("node-a/srv/demo/src");
+    let (files, bytes) = generate_tree(&src)?;
+    eprintln!("generated {files} files ({bytes} bytes) on node-a under /srv/demo/src");
+    let examples = repo_root().join("deploy/examples");
+    println!("$ kubectl apply -f deploy/examples/");
+    print!(
+        "{}",
+        kubectl_ok(&cp, &["apply", "-f", &examples.to_string_lossy()])?
+    );
+    let start = Instant::now();
+    loop {
+        let status = kubectl_ok(
+            &cp,
+            &["get", "copyjob", "demo", "-n", "default", "-o", "jsonpath={.status.phase} {.status.progress.filesDone} {.status.progress.bytesDone}"],
+        )?;
+        let mut parts = status.split_whitespace();
+        let phase = parts.next().unwrap_or("Pending").to_string();
+        let done_files: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let done_bytes: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        eprint!(
+            "\r\x1b[K{phase:<10} {done_files}/{files} files  {done_bytes}/{bytes} bytes  {:.1}s",
+            start.elapsed().as_secs_f64()
+        );
+        match phase.as_str() {
+            "Succeeded" => break,
+            "Failed" => {
+                eprintln!();
+                bail!(
+                    "the CopyJob failed:\n{}",
+                    kubectl_ok(
+                        &cp,
+                        &["get", "copyjob", "demo", "-n", "default", "-o", "yaml"]
+                    )?
+                );
+            }
+            _ if start.elapsed() > Duration::from_secs(180) => {
+                eprintln!();
+                bail!(
+                    "no success after 180 s; operator log:\n{}",
+                    cp.log_tail("operator.log", 10)
+                );
+            }
+            _ => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+    eprintln!();
+    println!("$ kubectl get copyjobs -o wide");
+    print!(
+        "{}",
+        kubectl_ok(&cp, &["get", "copyjobs", "-A", "-o", "wide"])?
+    );
+    let copy = hosts.join("node-a/srv/demo/copy");
+    let diff = std::process::Command::new("diff")
+        .arg("-r")
+        .arg(&src)
+        .arg(&copy)
+        .output()?;
+    ensure!(diff.status.success(), "the copy differs from the source");
+    println!("copy on node-a is identical to the source (diff -r); manifest: /srv/demo/.ferry/default-demo.xxh128");
+    Ok(())
+}
+
+fn up() -> Result<()> {
+    let (cp, procs, hosts) = bring_up()?;
+    let kubeconfig = cp.kubeconfig.clone();
+    let mut pids: Vec<u32> = procs.into_iter().map(Proc::detach).collect();
+    let (dir, cp_pids) = cp.detach();
+    pids.extend(cp_pids);
+    let pid_list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    std::fs::write(
+        state_file(),
+        format!("{}\n{}\n", dir.display(), pid_list.join(" ")),
+    )?;
+    println!("Ferry is running on a local control plane.");
+    println!("  export KUBECONFIG={}", kubeconfig.display());
+    for node in NODES {
+        println!("  node {node}: host root {}", hosts.join(node).display());
+    }
+    println!("  logs: {}", dir.display());
+    println!("Stop it with: make dev-down");
+    Ok(())
+}
+
+fn down() -> Result<()> {
+    let state = std::fs::read_to_string(state_file())
+        .context("nothing to stop (no state from make dev-up)")?;
+    let mut lines = state.lines();
+    let dir = lines.next().unwrap_or_default().to_string();
+    let pids: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    // TERM, a grace period, then KILL for whatever still runs (a zombie counts as gone).
+    let alive = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    };
+    for pid in &pids {
+        let _ = std::process::Command::new("kill").arg(pid).status();
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while pids.iter().any(|p| alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for pid in pids.iter().filter(|p| alive(p)) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status();
+    }
+    std::fs::remove_file(state_file())?;
+    if !dir.is_empty() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    println!("stopped");
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    match std::env::args().nth(1).as_deref() {
+        Some("demo") => demo(),
+        Some("up") => up(),
+        Some("down") => down(),
+        _ => bail!("usage: ferry-dev demo|up|down"),
+    }
+}
