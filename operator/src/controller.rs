@@ -527,6 +527,38 @@ mod tests {
         assert!(!selector_matches(&sel, &labels(&[("tier", "gold")])));
     }
 
+    fn shard(state: &str, files: i64) -> ShardStatus {
+        ShardStatus {
+            id: files.to_string(),
+            state: state.into(),
+            files_done: files,
+            bytes_done: files * 10,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn phase_is_the_sum_of_the_shards() {
+        assert_eq!(aggregate(&[]).0, Phase::Pending);
+        assert_eq!(aggregate(&[shard("", 0)]).0, Phase::Pending);
+        assert_eq!(
+            aggregate(&[shard("Running", 1), shard("", 0)]).0,
+            Phase::Running
+        );
+        assert_eq!(
+            aggregate(&[shard("Failed", 1), shard("Running", 2)]).0,
+            Phase::Running
+        );
+        assert_eq!(
+            aggregate(&[shard("Failed", 1), shard("Succeeded", 2)]).0,
+            Phase::Failed
+        );
+        let (phase, progress, _) = aggregate(&[shard("Succeeded", 3), shard("Succeeded", 4)]);
+        assert_eq!(phase, Phase::Succeeded);
+        assert_eq!((progress.files_done, progress.bytes_done), (7, 70));
+        assert_eq!(progress.percent.as_deref(), Some("100%"));
+    }
+
     #[test]
     fn unchanged_condition_keeps_its_transition_time() {
         let first = condition("Accepted", true, "Valid", "ok", Some(1), &[]);
