@@ -949,7 +949,7 @@ impl<'a> Ctx<'a> {
         match result {
             Ok(FillOutcome::Committed(hash)) => Ok(Some(hash)),
             Ok(FillOutcome::Chunk(caps)) => {
-                self.start_chunks(dir, &src, staged, st, name, caps, local);
+                self.start_chunks(dir, &src, staged, st, name, caps);
                 Ok(None)
             }
             Ok(FillOutcome::Kept) => Ok(Some(None)),
@@ -1142,7 +1142,6 @@ impl<'a> Ctx<'a> {
         st: &Stat,
         name: &CStr,
         caps: Caps,
-        local: &mut Local,
     ) {
         let chunks = (st.st_size as u64).div_ceil(CHUNK);
         let helpers = (self.opts.workers_resolved() as u64).min(chunks) as usize;
@@ -1168,10 +1167,13 @@ impl<'a> Ctx<'a> {
             workers: AtomicUsize::new(helpers),
             error: Mutex::new(None),
         });
-        for _ in 1..helpers {
+        // All its tasks go to the queue and this worker returns to its directory: with
+        // several large files each worker takes its own (buffered writes to one inode
+        // serialise on its lock, so one file per worker is the fast case) and the spare
+        // tasks help with whichever file still has chunks left.
+        for _ in 0..helpers {
             self.push(Task::Chunks(file.clone()));
         }
-        self.chunks(&file, local);
     }
 
     fn chunks(&self, file: &Arc<LargeFile>, local: &mut Local) {
