@@ -13,7 +13,8 @@
 #   BENCH_RUNS, BENCH_WARMUP          hyperfine --runs / --warmup (default 5 / 1; quick 1 / 0)
 #   BENCH_RUNS_DISK, BENCH_RUNS_XFS   --runs on the disk and on xfs (default 3 / 3; quick 1 / 1)
 #   BENCH_FS="tmpfs disk xfs"         filesystems to run on (drop xfs to skip the XFS image)
-#   BENCH_TREES="many flat large sparse"              trees on tmpfs and disk
+#   BENCH_TREES="many flat large sparse"              trees on tmpfs (and disk, by default)
+#   BENCH_DISK_TREES="$BENCH_TREES"   trees on disk (the 100k-file tree takes ~1 min a copy on a slow VM disk)
 #   BENCH_TOOLS="ferry ferry-verify cp-r cp-a xcp cpz fcp"   tools on tmpfs and disk
 #   BENCH_XFS_TREES="large many"      trees on xfs
 #   BENCH_XFS_TOOLS="ferry cp-reflink cp-r xcp cpz fcp"      tools on xfs
@@ -37,6 +38,7 @@ FILESYSTEMS="${BENCH_FS:-tmpfs disk xfs}"
 TREES="${BENCH_TREES:-many flat large sparse}"
 TOOLS="${BENCH_TOOLS:-ferry ferry-verify cp-r cp-a xcp cpz fcp}"
 XFS_TREES="${BENCH_XFS_TREES:-large many}"
+DISK_TREES="${BENCH_DISK_TREES:-$TREES}"
 XFS_TOOLS="${BENCH_XFS_TOOLS:-ferry cp-reflink cp-r xcp cpz fcp}"
 XFS_IMG="$WORK/xfs.img"
 RSS_TOOLS="${BENCH_RSS_TOOLS:-ferry}"
@@ -118,7 +120,13 @@ tool_applies() {
 }
 
 # Trees, tools and hyperfine --runs per filesystem: xfs has its own lists (the reflink case).
-fs_trees() { if [[ "$1" == xfs ]]; then echo "$XFS_TREES"; else echo "$TREES"; fi; }
+fs_trees() {
+  case "$1" in
+    xfs) echo "$XFS_TREES" ;;
+    disk) echo "$DISK_TREES" ;;
+    *) echo "$TREES" ;;
+  esac
+}
 fs_tools() { if [[ "$1" == xfs ]]; then echo "$XFS_TOOLS"; else echo "$TOOLS"; fi; }
 fs_runs() {
     case "$1" in
