@@ -21,6 +21,23 @@ fn tool(var: &str, default: PathBuf) -> PathBuf {
     std::env::var_os(var).map_or(default, PathBuf::from)
 }
 
+/// etcd, kube-apiserver and kubectl, or an error naming the missing one and the fix.
+fn binaries() -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let k8s = tools_dir().join("k8s/v1.35.4/bin");
+    let etcd = tool("FERRY_ETCD", PathBuf::from("/usr/bin/etcd"));
+    let apiserver = tool("FERRY_KUBE_APISERVER", k8s.join("kube-apiserver"));
+    let kubectl = tool("FERRY_KUBECTL", k8s.join("kubectl"));
+    for bin in [&etcd, &apiserver, &kubectl] {
+        if !bin.exists() {
+            bail!(
+                "{} is not installed; run e2e/tools/install.sh (make deps)",
+                bin.display()
+            );
+        }
+    }
+    Ok((etcd, apiserver, kubectl))
+}
+
 /// The repository root (for the chart's CRDs and examples).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -68,40 +85,19 @@ impl ControlPlane {
     /// and this is not CI (CI installs them with `e2e/tools/install.sh`, so there a missing
     /// binary is a failure, not a skip).
     pub fn start_or_skip() -> Result<Option<Self>> {
-        let k8s = tools_dir().join("k8s/v1.35.4/bin");
-        let apiserver = tool("FERRY_KUBE_APISERVER", k8s.join("kube-apiserver"));
-        let kubectl = tool("FERRY_KUBECTL", k8s.join("kubectl"));
-        let etcd = tool("FERRY_ETCD", PathBuf::from("/usr/bin/etcd"));
-        for bin in [&apiserver, &kubectl, &etcd] {
-            if !bin.exists() {
-                let why = format!(
-                    "{} is not installed; run e2e/tools/install.sh",
-                    bin.display()
-                );
-                if std::env::var_os("CI").is_some() {
-                    bail!(why);
-                }
+        match binaries() {
+            Ok((etcd, apiserver, kubectl)) => Self::start(&etcd, &apiserver, kubectl).map(Some),
+            Err(why) if std::env::var_os("CI").is_none() => {
                 eprintln!("skipped: {why}");
-                return Ok(None);
+                Ok(None)
             }
+            Err(why) => Err(why),
         }
-        Self::start(&etcd, &apiserver, kubectl).map(Some)
     }
 
     /// Start one; missing binaries are an error saying how to install them.
     pub fn start_required() -> Result<Self> {
-        let k8s = tools_dir().join("k8s/v1.35.4/bin");
-        let apiserver = tool("FERRY_KUBE_APISERVER", k8s.join("kube-apiserver"));
-        let kubectl = tool("FERRY_KUBECTL", k8s.join("kubectl"));
-        let etcd = tool("FERRY_ETCD", PathBuf::from("/usr/bin/etcd"));
-        for bin in [&apiserver, &kubectl, &etcd] {
-            if !bin.exists() {
-                bail!(
-                    "{} is not installed; run e2e/tools/install.sh (make deps)",
-                    bin.display()
-                );
-            }
-        }
+        let (etcd, apiserver, kubectl) = binaries()?;
         Self::start(&etcd, &apiserver, kubectl)
     }
 
@@ -245,6 +241,60 @@ impl ControlPlane {
             .context("kubectl stdin")?
             .write_all(input.as_bytes())?;
         Ok(child.wait_with_output()?)
+    }
+
+    /// kubectl that must succeed; its stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.kubectl(args)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -` that must succeed.
+    pub fn apply(&self, yaml: &str) -> Result<()> {
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], yaml)?;
+        if !out.status.success() {
+            bail!("apply refused: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// Simulated nodes (Node objects labelled `ferry.dev/node=<name>`, each with a host-root
+    /// directory under `<dir>/hosts/<name>`), the operator and one agent per node. Returns
+    /// the processes (stopped when dropped) and the hosts directory.
+    pub fn start_ferry(&self, nodes: &[&str]) -> Result<(Vec<Proc>, PathBuf)> {
+        self.kubectl_ok(&["create", "namespace", "ferry-system"])?;
+        let hosts = self.dir().join("hosts");
+        for node in nodes {
+            self.apply(&format!(
+                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    ferry.dev/node: {node}\n"
+            ))?;
+            std::fs::create_dir_all(hosts.join(node))?;
+        }
+        let operator = workspace_bin("ferry-operator", "ferry-operator")?;
+        let agent = workspace_bin("ferry-agent", "ferry-agent")?;
+        let mut procs = vec![self.spawn(&operator, &[], &[], "operator.log")?];
+        for node in nodes {
+            let root = hosts.join(node);
+            let root = root.to_string_lossy();
+            let args = [
+                "run",
+                "--node",
+                node,
+                "--host-root",
+                &root,
+                "--namespace",
+                "ferry-system",
+            ];
+            procs.push(self.spawn(&agent, &args, &[], &format!("agent-{node}.log"))?);
+        }
+        Ok((procs, hosts))
     }
 
     /// Apply the chart's generated CRDs and wait until they are served.

@@ -2,68 +2,8 @@
 //! accepts valid ones, and refuses what the namespace may not do with a condition reason,
 //! a message that says what to change, and an event.
 
-use std::process::{Child, Command};
-
-use anyhow::{ensure, Context, Result};
-use ferry_e2e::{repo_root, ControlPlane};
-
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Build (a no-op when fresh) and start the operator binary against the control plane.
-fn start_operator(cp: &ControlPlane) -> Result<Operator> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "ferry-operator",
-            "--bin",
-            "ferry-operator",
-        ])
-        .current_dir(repo_root())
-        .status()?;
-    ensure!(status.success(), "building ferry-operator failed");
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), Into::into);
-    let log = std::fs::File::create(cp.dir().join("operator.log"))?;
-    let child = Command::new(target.join("debug/ferry-operator"))
-        .env("KUBECONFIG", &cp.kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("start ferry-operator")?;
-    Ok(Operator(child))
-}
-
-fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> Result<String> {
-    let out = cp.kubectl(args)?;
-    ensure!(
-        out.status.success(),
-        "kubectl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn apply(cp: &ControlPlane, yaml: &str) -> Result<()> {
-    let out = cp.kubectl_stdin(&["apply", "-f", "-"], yaml)?;
-    ensure!(
-        out.status.success(),
-        "apply refused: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
+use anyhow::{ensure, Result};
+use ferry_e2e::{workspace_bin, ControlPlane};
 
 fn job(ns: &str, name: &str, source: &str, destination: &str) -> String {
     format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  source: {source}\n  destination: {destination}\n")
@@ -88,27 +28,22 @@ fn wait_reason(
     ])?;
     if !out.status.success() {
         let log = std::fs::read_to_string(cp.dir().join("operator.log")).unwrap_or_default();
-        let got = kubectl_ok(
-            cp,
-            &["get", "copyjob", name, "-n", ns, "-o", "jsonpath={.status}"],
-        )
-        .unwrap_or_default();
+        let got = cp
+            .kubectl_ok(&["get", "copyjob", name, "-n", ns, "-o", "jsonpath={.status}"])
+            .unwrap_or_default();
         anyhow::bail!(
             "{ns}/{name}: {type_} never became {reason}; status: {got}\noperator log:\n{log}"
         );
     }
-    kubectl_ok(
-        cp,
-        &[
-            "get",
-            "copyjob",
-            name,
-            "-n",
-            ns,
-            "-o",
-            &format!("jsonpath={{.status.conditions[?(@.type==\"{type_}\")].message}}"),
-        ],
-    )
+    cp.kubectl_ok(&[
+        "get",
+        "copyjob",
+        name,
+        "-n",
+        ns,
+        "-o",
+        &format!("jsonpath={{.status.conditions[?(@.type==\"{type_}\")].message}}"),
+    ])
 }
 
 #[test]
@@ -117,81 +52,63 @@ fn operator_accepts_valid_jobs_and_refuses_roots_a_namespace_may_not_use() -> Re
         return Ok(());
     };
     cp.install_crds()?;
-    kubectl_ok(&cp, &["create", "namespace", "team-a"])?;
-    kubectl_ok(&cp, &["create", "namespace", "team-b"])?;
-    kubectl_ok(&cp, &["label", "namespace", "team-a", "tier=gold"])?;
-    apply(
-        &cp,
+    cp.kubectl_ok(&["create", "namespace", "team-a"])?;
+    cp.kubectl_ok(&["create", "namespace", "team-b"])?;
+    cp.kubectl_ok(&["label", "namespace", "team-a", "tier=gold"])?;
+    cp.apply(
         "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: datasets\nspec:\n  path: /srv/datasets\n  shared: true\n  namespaces:\n    selector:\n      matchLabels: {tier: gold}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: archive\nspec:\n  path: /srv/archive\n  shared: true\n  readOnly: true\n  namespaces:\n    names: [team-a, team-b]\n",
     )?;
-    let _operator = start_operator(&cp)?;
+    let operator = workspace_bin("ferry-operator", "ferry-operator")?;
+    let _operator = cp.spawn(&operator, &[], &[], "operator.log")?;
 
-    apply(
-        &cp,
-        &job(
-            "team-a",
-            "ok",
-            "{root: archive, path: in}",
-            "{root: datasets, path: out}",
-        ),
-    )?;
-    apply(
-        &cp,
-        &job(
-            "team-b",
-            "denied",
-            "{root: datasets, path: in}",
-            "{root: datasets, path: out}",
-        ),
-    )?;
-    apply(
-        &cp,
-        &job(
-            "team-a",
-            "readonly",
-            "{root: datasets, path: in}",
-            "{root: archive, path: out}",
-        ),
-    )?;
-    apply(
-        &cp,
-        &job(
-            "team-a",
-            "missing",
-            "{root: nowhere}",
-            "{root: datasets, path: out}",
-        ),
-    )?;
+    cp.apply(&job(
+        "team-a",
+        "ok",
+        "{root: archive, path: in}",
+        "{root: datasets, path: out}",
+    ))?;
+    cp.apply(&job(
+        "team-b",
+        "denied",
+        "{root: datasets, path: in}",
+        "{root: datasets, path: out}",
+    ))?;
+    cp.apply(&job(
+        "team-a",
+        "readonly",
+        "{root: datasets, path: in}",
+        "{root: archive, path: out}",
+    ))?;
+    cp.apply(&job(
+        "team-a",
+        "missing",
+        "{root: nowhere}",
+        "{root: datasets, path: out}",
+    ))?;
 
     wait_reason(&cp, "team-a", "ok", "Resolved", "Resolved")?;
-    let fin = kubectl_ok(
-        &cp,
-        &[
-            "get",
-            "copyjob",
-            "ok",
-            "-n",
-            "team-a",
-            "-o",
-            "jsonpath={.metadata.finalizers}",
-        ],
-    )?;
+    let fin = cp.kubectl_ok(&[
+        "get",
+        "copyjob",
+        "ok",
+        "-n",
+        "team-a",
+        "-o",
+        "jsonpath={.metadata.finalizers}",
+    ])?;
     ensure!(
         fin.contains("ferry.dev/cleanup"),
         "no finalizer on an accepted job: {fin}"
     );
-    let gen = kubectl_ok(
-        &cp,
-        &[
-            "get",
-            "copyjob",
-            "ok",
-            "-n",
-            "team-a",
-            "-o",
-            "jsonpath={.status.conditions[0].observedGeneration}",
-        ],
-    )?;
+    let gen = cp.kubectl_ok(&[
+        "get",
+        "copyjob",
+        "ok",
+        "-n",
+        "team-a",
+        "-o",
+        "jsonpath={.status.conditions[0].observedGeneration}",
+    ])?;
     ensure!(gen == "1", "observedGeneration should be 1, got {gen:?}");
 
     let msg = wait_reason(&cp, "team-b", "denied", "Accepted", "RootNotAllowed")?;
@@ -205,26 +122,20 @@ fn operator_accepts_valid_jobs_and_refuses_roots_a_namespace_may_not_use() -> Re
     ensure!(msg.contains("nowhere"), "unhelpful message: {msg}");
 
     // The refusal also reaches the user as an event on the job.
-    let events = kubectl_ok(
-        &cp,
-        &[
-            "get",
-            "events",
-            "-n",
-            "team-b",
-            "-o",
-            "jsonpath={.items[*].reason}",
-        ],
-    )?;
+    let events = cp.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        "team-b",
+        "-o",
+        "jsonpath={.items[*].reason}",
+    ])?;
     ensure!(
         events.contains("RootNotAllowed"),
         "no RootNotAllowed event in team-b: {events:?}"
     );
 
     // Deleting a job goes through the finalizer and completes.
-    kubectl_ok(
-        &cp,
-        &["delete", "copyjob", "ok", "-n", "team-a", "--timeout=60s"],
-    )?;
+    cp.kubectl_ok(&["delete", "copyjob", "ok", "-n", "team-a", "--timeout=60s"])?;
     Ok(())
 }

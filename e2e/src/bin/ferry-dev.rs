@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ferry_e2e::{repo_root, workspace_bin, ControlPlane, Proc};
+use ferry_e2e::{repo_root, ControlPlane, Proc};
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
 
@@ -19,55 +19,16 @@ fn state_file() -> PathBuf {
     std::env::temp_dir().join("ferry-dev.state")
 }
 
-fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> Result<String> {
-    let out = cp.kubectl(args)?;
-    ensure!(
-        out.status.success(),
-        "kubectl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// Control plane, CRDs, simulated nodes, operator and agents.
 fn bring_up() -> Result<(ControlPlane, Vec<Proc>, PathBuf)> {
     eprintln!("starting etcd and kube-apiserver ...");
     let cp = ControlPlane::start_required()?;
     cp.install_crds()?;
-    kubectl_ok(&cp, &["create", "namespace", "ferry-system"])?;
-    let hosts = cp.dir().join("hosts");
-    for node in NODES {
-        let yaml = format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    ferry.dev/node: {node}\n");
-        let out = cp.kubectl_stdin(&["apply", "-f", "-"], &yaml)?;
-        ensure!(
-            out.status.success(),
-            "create node {node}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::create_dir_all(hosts.join(node))?;
-    }
     eprintln!(
         "building and starting the operator and {} agents ...",
         NODES.len()
     );
-    let operator = workspace_bin("ferry-operator", "ferry-operator")?;
-    let agent = workspace_bin("ferry-agent", "ferry-agent")?;
-    let mut procs = vec![cp.spawn(&operator, &[], &[], "operator.log")?];
-    for node in NODES {
-        let root = hosts.join(node);
-        let root = root.to_string_lossy();
-        let args = [
-            "run",
-            "--node",
-            node,
-            "--host-root",
-            &root,
-            "--namespace",
-            "ferry-system",
-        ];
-        procs.push(cp.spawn(&agent, &args, &[], &format!("agent-{node}.log"))?);
-    }
+    let (procs, hosts) = cp.start_ferry(&NODES)?;
     Ok((cp, procs, hosts))
 }
 
@@ -102,14 +63,19 @@ fn demo() -> Result<()> {
     println!("$ kubectl apply -f deploy/examples/");
     print!(
         "{}",
-        kubectl_ok(&cp, &["apply", "-f", &examples.to_string_lossy()])?
+        cp.kubectl_ok(&["apply", "-f", &examples.to_string_lossy()])?
     );
     let start = Instant::now();
     loop {
-        let status = kubectl_ok(
-            &cp,
-            &["get", "copyjob", "demo", "-n", "default", "-o", "jsonpath={.status.phase} {.status.progress.filesDone} {.status.progress.bytesDone}"],
-        )?;
+        let status = cp.kubectl_ok(&[
+            "get",
+            "copyjob",
+            "demo",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.status.phase} {.status.progress.filesDone} {.status.progress.bytesDone}",
+        ])?;
         let mut parts = status.split_whitespace();
         let phase = parts.next().unwrap_or("Pending").to_string();
         let done_files: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -124,10 +90,7 @@ fn demo() -> Result<()> {
                 eprintln!();
                 bail!(
                     "the CopyJob failed:\n{}",
-                    kubectl_ok(
-                        &cp,
-                        &["get", "copyjob", "demo", "-n", "default", "-o", "yaml"]
-                    )?
+                    cp.kubectl_ok(&["get", "copyjob", "demo", "-n", "default", "-o", "yaml"])?
                 );
             }
             _ if start.elapsed() > Duration::from_secs(180) => {
@@ -144,7 +107,7 @@ fn demo() -> Result<()> {
     println!("$ kubectl get copyjobs -o wide");
     print!(
         "{}",
-        kubectl_ok(&cp, &["get", "copyjobs", "-A", "-o", "wide"])?
+        cp.kubectl_ok(&["get", "copyjobs", "-A", "-o", "wide"])?
     );
     let copy = hosts.join("node-a/srv/demo/copy");
     let diff = std::process::Command::new("diff")
