@@ -139,8 +139,16 @@ pub async fn run(settings: Settings) -> Result<()> {
             tokio::spawn(async move {
                 if let Err(e) = run_shard(&client, &settings, &job, &shard).await {
                     tracing::warn!(job = %job.name_any(), error = %e, "shard failed to start");
-                    let _ =
-                        publish(&client, &settings, &job, &shard, "Failed", &Live::default()).await;
+                    let _ = publish(
+                        &client,
+                        &settings,
+                        &job,
+                        &shard,
+                        "Failed",
+                        &Live::default(),
+                        None,
+                    )
+                    .await;
                 }
                 running
                     .lock()
@@ -239,6 +247,21 @@ async fn run_shard(
     .await?;
     let src = src_root.join(&job.spec.source.path);
     let dst = dst_root.join(&job.spec.destination.path);
+    if job.spec.dry_run {
+        // Count what the copy would carry; touch nothing on the destination.
+        let totals = tokio::task::spawn_blocking(move || ferry_engine::plan(&src)).await??;
+        let planned = Some((totals.files as i64, totals.bytes as i64));
+        return publish(
+            client,
+            settings,
+            job,
+            shard,
+            "Succeeded",
+            &Live::default(),
+            planned,
+        )
+        .await;
+    }
     // The manifest lives with the data it describes, under the destination root.
     let state = dst_root.join(STATE_DIR);
     std::fs::create_dir_all(&state)?;
@@ -253,7 +276,7 @@ async fn run_shard(
     let opts = engine_options(&job.spec, settings.workers, manifest);
     let live = Arc::new(Live::default());
     let done = Arc::new(AtomicBool::new(false));
-    publish(client, settings, job, shard, "Running", &live).await?;
+    publish(client, settings, job, shard, "Running", &live, None).await?;
     // The copy runs on its own OS thread; the async side only publishes.
     let (tx, rx) = tokio::sync::oneshot::channel();
     {
@@ -272,7 +295,7 @@ async fn run_shard(
             r = &mut rx => break r.context("copy thread vanished")?,
             _ = tokio::time::sleep(PUBLISH_EVERY) => {
                 if !done.load(Ordering::Relaxed) {
-                    if let Err(e) = publish(client, settings, job, shard, "Running", &live).await {
+                    if let Err(e) = publish(client, settings, job, shard, "Running", &live, None).await {
                         tracing::warn!(error = %e, "progress update failed");
                     }
                 }
@@ -304,10 +327,11 @@ async fn run_shard(
             .store(summary.bytes_reflinked, Ordering::Relaxed);
         live.failed.store(summary.failed, Ordering::Relaxed);
     }
-    publish(client, settings, job, shard, state, &live).await
+    publish(client, settings, job, shard, state, &live, None).await
 }
 
 /// Apply this shard's progress fields (and only those: the operator owns the assignment).
+/// `planned`: a dry run's (files, bytes).
 async fn publish(
     client: &Client,
     settings: &Settings,
@@ -315,6 +339,7 @@ async fn publish(
     shard: &ShardStatus,
     state: &str,
     live: &Live,
+    planned: Option<(i64, i64)>,
 ) -> Result<()> {
     let failures: Vec<serde_json::Value> = live
         .failures
@@ -336,6 +361,8 @@ async fn publish(
                 "failed": live.failed.load(Ordering::Relaxed),
                 "bytesPerSecond": (live.bytes.load(Ordering::Relaxed) as f64 / live.started.elapsed().as_secs_f64().max(1e-3)) as i64,
                 "failures": failures,
+                "plannedFiles": planned.map(|p| p.0),
+                "plannedBytes": planned.map(|p| p.1),
             }]
         }
     });

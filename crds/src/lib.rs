@@ -298,6 +298,12 @@ pub struct ShardStatus {
     pub failed: i64,
     /// Average throughput of this shard so far, in bytes per second.
     pub bytes_per_second: i64,
+    /// Dry run: regular files this shard would copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_files: Option<i64>,
+    /// Dry run: bytes this shard would copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_bytes: Option<i64>,
     /// The first failures of this shard.
     pub failures: Vec<FailedPath>,
 }

@@ -127,3 +127,51 @@ fn local_root_copyjob_runs_on_the_node_that_has_the_root_and_succeeds_with_an_id
     );
     Ok(())
 }
+
+#[test]
+fn dry_run_fills_the_plan_and_copies_nothing() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    let (_ferry, hosts) = cp.start_ferry(&["node-a"])?;
+    let tree = hosts.join("node-a/srv/data/src");
+    std::fs::create_dir_all(tree.join("sub"))?;
+    for f in 0..25u64 {
+        std::fs::write(
+            tree.join(format!("sub/f{f}")),
+            vec![1u8; (f * 100) as usize],
+        )?;
+    }
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n")?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: plan\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n  dryRun: true\n")?;
+    let out = cp.kubectl(&[
+        "wait",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=90s",
+        "copyjob/plan",
+        "-n",
+        "default",
+    ])?;
+    ensure!(
+        out.status.success(),
+        "dry run did not finish: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        cp.log_tail("agent-node-a.log", 5)
+    );
+    let plan = cp.kubectl_ok(&["get", "copyjob", "plan", "-n", "default", "-o", "jsonpath={.status.plan.files} {.status.plan.bytes} {.status.plan.nodes[0]} {.status.plan.shards}"])?;
+    let expected_bytes: u64 = (0..25u64).map(|f| f * 100).sum();
+    ensure!(
+        plan == format!("25 {expected_bytes} node-a 1"),
+        "plan is {plan:?}"
+    );
+    ensure!(
+        !hosts.join("node-a/srv/data/copy").exists(),
+        "a dry run created the destination"
+    );
+    ensure!(
+        !hosts.join("node-a/srv/data/.ferry").exists(),
+        "a dry run wrote state on the destination"
+    );
+    Ok(())
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_crds::{
-    CopyJob, Endpoint, FailedPath, Phase, Progress, ShardStatus, StorageRoot, FINALIZER,
+    CopyJob, Endpoint, FailedPath, Phase, Plan, Progress, ShardStatus, StorageRoot, FINALIZER,
     OPERATOR_MANAGER,
 };
 use futures::StreamExt;
@@ -391,7 +391,26 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         (None, true) if !matches!(phase, Phase::Succeeded | Phase::Failed) => Phase::Suspended,
         _ => phase,
     };
+    // A dry run's result is its plan: what each shard counted, where it would run.
+    let plan = (job.spec.dry_run && phase == Phase::Succeeded).then(|| Plan {
+        files: shards.iter().filter_map(|s| s.planned_files).sum(),
+        bytes: shards.iter().filter_map(|s| s.planned_bytes).sum(),
+        nodes: shards.iter().map(|s| s.node.clone()).collect(),
+        shards: shards.len() as i64,
+    });
     match phase {
+        Phase::Succeeded if job.spec.dry_run => {
+            let p = plan.clone().unwrap_or_default();
+            let msg = format!(
+                "dry run: {} files, {} bytes would be copied on {}",
+                p.files,
+                p.bytes,
+                p.nodes.join(", ")
+            );
+            conditions.push(condition(
+                "Complete", true, "Planned", &msg, generation, previous,
+            ))
+        }
         Phase::Succeeded => conditions.push(condition(
             "Complete",
             true,
@@ -419,7 +438,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             .or_else(|| Some(Time(Timestamp::now()))),
         _ => None,
     };
-    let manifest = (!shards.is_empty())
+    let manifest = (!shards.is_empty() && !job.spec.dry_run)
         .then(|| format!("{}/{}-{}.xxh128", ferry_crds::STATE_DIR, ns, job.name_any()));
     let unchanged = old.phase == Some(phase)
         && old.conditions == conditions
@@ -427,6 +446,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         && old.failures == failures
         && old.finished_at == finished_at
         && old.manifest == manifest
+        && old.plan == plan
         && old
             .shards
             .iter()
@@ -450,6 +470,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 "failures": failures,
                 "manifest": manifest,
                 "finishedAt": finished_at,
+                "plan": plan,
             },
         });
         Api::<CopyJob>::namespaced(ctx.client.clone(), &ns)

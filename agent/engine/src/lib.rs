@@ -264,3 +264,58 @@ pub fn copy(
     })?;
     Ok(summary)
 }
+
+/// What a copy of `src` would carry: regular files, their bytes, and directories.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub files: u64,
+    pub bytes: u64,
+    pub dirs: u64,
+    /// Symlinks and special files.
+    pub others: u64,
+}
+
+/// Count `src` without copying anything (a CopyJob's dry run, a progress bar's total).
+/// Walks through directory fds like the copy does, never following a symlink; entries
+/// that cannot be read are skipped, so the totals are a lower bound.
+pub fn plan(src: &Path) -> Result<Totals, Error> {
+    let src_c = cstring(src)?;
+    let st = sys::stat_path(&src_c, false).map_err(|e| Error::io("stat source", src, e))?;
+    let mut totals = Totals::default();
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            totals.files = 1;
+            totals.bytes = st.st_size as u64;
+        } else {
+            totals.others = 1;
+        }
+        return Ok(totals);
+    }
+    let mut stack = vec![open_source_dir(src)?];
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Some(dir) = stack.pop() {
+        totals.dirs += 1;
+        let Ok(entries) = dirent::read_all(dir.as_fd(), &mut buf) else {
+            continue;
+        };
+        for e in entries {
+            let Ok(est) = sys::lstatat(dir.as_fd(), &e.name) else {
+                continue;
+            };
+            match est.st_mode & libc::S_IFMT {
+                libc::S_IFDIR => {
+                    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+                    if let Ok(fd) = sys::open_beneath(dir.as_fd(), &e.name, flags) {
+                        stack.push(fd);
+                    }
+                }
+                libc::S_IFREG => {
+                    totals.files += 1;
+                    totals.bytes += est.st_size as u64;
+                }
+                _ => totals.others += 1,
+            }
+        }
+    }
+    Ok(totals)
+}

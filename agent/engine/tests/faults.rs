@@ -209,3 +209,22 @@ fn verification_off_does_not_notice_corruption_which_is_why_it_exists() {
         fs::read(tmp.path().join("dst/a/f7")).ok()
     );
 }
+
+#[test]
+fn plan_counts_what_a_copy_would_carry_and_copies_nothing() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("src");
+    tree(&src).expect("tree");
+    std::os::unix::fs::symlink("/etc", src.join("a/outside")).expect("symlink");
+    let t = ferry_engine::plan(&src).expect("plan");
+    let expected_bytes: u64 = (0..50u64).map(|i| i * 997).sum::<u64>() + (3 << 20);
+    assert_eq!(
+        (t.files, t.bytes, t.dirs, t.others),
+        (52, expected_bytes, 3, 1)
+    );
+    assert_eq!(
+        fs::read_dir(tmp.path()).expect("ls").count(),
+        1,
+        "plan wrote something"
+    );
+}
