@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use ferry_crds::{CopyJob, CopyJobSpec, ShardStatus, StorageRoot, AGENT_MANAGER_PREFIX, STATE_DIR};
+use ferry_crds::{CopyJob, CopyJobSpec, ShardStatus, AGENT_MANAGER_PREFIX, STATE_DIR};
 use ferry_engine::{Failure, Overwrite, Preserve, Progress, Reflink, Strategy, Verify};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -187,14 +187,13 @@ async fn heartbeat(client: Client, settings: Settings) {
     }
 }
 
-/// A root's directory on this node, as the agent sees it (under `--host-root`).
-async fn root_dir(client: &Client, host_root: &Path, root: Option<&String>) -> Result<PathBuf> {
-    let name = root.context("PVC endpoints are not supported by this agent version")?;
-    let sr = Api::<StorageRoot>::all(client.clone())
-        .get(name)
-        .await
-        .with_context(|| format!("StorageRoot {name}"))?;
-    Ok(host_root.join(sr.spec.path.trim_start_matches('/')))
+/// A root or volume's directory on this node, as the agent sees it (under `--host-root`).
+fn host_dir(host_root: &Path, resolved: &str) -> Result<PathBuf> {
+    anyhow::ensure!(
+        resolved.starts_with('/'),
+        "the operator assigned no host path for this shard"
+    );
+    Ok(host_root.join(resolved.trim_start_matches('/')))
 }
 
 fn engine_options(spec: &CopyJobSpec, workers: usize, manifest: PathBuf) -> ferry_engine::Options {
@@ -238,13 +237,8 @@ async fn run_shard(
     job: &CopyJob,
     shard: &ShardStatus,
 ) -> Result<()> {
-    let src_root = root_dir(client, &settings.host_root, job.spec.source.root.as_ref()).await?;
-    let dst_root = root_dir(
-        client,
-        &settings.host_root,
-        job.spec.destination.root.as_ref(),
-    )
-    .await?;
+    let src_root = host_dir(&settings.host_root, &shard.source_root)?;
+    let dst_root = host_dir(&settings.host_root, &shard.destination_root)?;
     let src = src_root.join(&job.spec.source.path);
     let dst = dst_root.join(&job.spec.destination.path);
     if job.spec.dry_run {

@@ -286,6 +286,11 @@ pub struct ShardStatus {
     pub node: String,
     /// Assignment epoch: an agent only publishes work for the epoch it was given.
     pub epoch: i64,
+    /// Host path of the source's root or volume, as resolved by the operator (the agent
+    /// joins the endpoint's relative path below it, under its host-root mount).
+    pub source_root: String,
+    /// Host path of the destination's root or volume.
+    pub destination_root: String,
     /// Pending (or empty), Running, Succeeded or Failed.
     pub state: String,
     /// Files committed by this shard.

@@ -175,3 +175,106 @@ fn dry_run_fills_the_plan_and_copies_nothing() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn pvc_on_a_local_pv_is_copied_on_the_pv_node_and_claims_of_other_namespaces_are_refused(
+) -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    let (_ferry, hosts) = cp.start_ferry(&["node-a", "node-b"])?;
+    let tree = hosts.join("node-b/mnt/disks/pv1/src");
+    std::fs::create_dir_all(tree.join("x"))?;
+    for f in 0..40u64 {
+        std::fs::write(
+            tree.join(format!("x/f{f}")),
+            vec![(f % 251) as u8; (f * 333) as usize],
+        )?;
+    }
+    // A local PV on node-b, pre-bound to claim "data" in namespace default (no PV controller
+    // runs here, so the binding is declared on both sides).
+    cp.apply(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv1\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  local: {path: /mnt/disks/pv1}\n  claimRef: {namespace: default, name: data}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        - {key: ferry.dev/node, operator: In, values: [node-b]}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\n  namespace: default\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  volumeName: pv1\n  resources: {requests: {storage: 1Gi}}\n",
+    )?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-pvc\n  namespace: default\nspec:\n  source: {pvc: data, path: src}\n  destination: {pvc: data, path: copy}\n")?;
+    let out = cp.kubectl(&[
+        "wait",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=90s",
+        "copyjob/from-pvc",
+        "-n",
+        "default",
+    ])?;
+    ensure!(
+        out.status.success(),
+        "PVC job did not succeed: {}\nstatus: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        cp.kubectl_ok(&[
+            "get",
+            "copyjob",
+            "from-pvc",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.status}"
+        ])
+        .unwrap_or_default(),
+        cp.log_tail("agent-node-b.log", 5)
+    );
+    let node = cp.kubectl_ok(&[
+        "get",
+        "copyjob",
+        "from-pvc",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.status.shards[0].node}",
+    ])?;
+    ensure!(node == "node-b", "ran on {node:?}, not on the PV's node");
+    let diff = Command::new("diff")
+        .arg("-r")
+        .arg(&tree)
+        .arg(hosts.join("node-b/mnt/disks/pv1/copy"))
+        .output()?;
+    ensure!(
+        diff.status.success(),
+        "copy differs: {}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+
+    // Another namespace cannot reach that claim: a name only resolves in the job's namespace.
+    cp.kubectl_ok(&["create", "namespace", "other"])?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: steal\n  namespace: other\nspec:\n  source: {pvc: data, path: src}\n  destination: {pvc: data, path: stolen}\n")?;
+    let out = cp.kubectl(&[
+        "wait",
+        "--for=jsonpath={.status.conditions[?(@.type==\"Resolved\")].reason}=PVCNotFound",
+        "--timeout=60s",
+        "copyjob/steal",
+        "-n",
+        "other",
+    ])?;
+    ensure!(
+        out.status.success(),
+        "cross-namespace claim not refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let msg = cp.kubectl_ok(&[
+        "get",
+        "copyjob",
+        "steal",
+        "-n",
+        "other",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Resolved\")].message}",
+    ])?;
+    ensure!(
+        msg.contains("other namespaces cannot be used"),
+        "unclear message: {msg}"
+    );
+    ensure!(
+        !hosts.join("node-b/mnt/disks/pv1/stolen").exists(),
+        "a job from another namespace wrote into the volume"
+    );
+    Ok(())
+}

@@ -15,7 +15,7 @@ use ferry_crds::{
 };
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -26,6 +26,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::validate;
+use crate::volume::{self, Nodes, Volume};
 
 /// Errors that are worth a retry (the API server, the network).
 #[derive(Debug, thiserror::Error)]
@@ -122,8 +123,87 @@ fn condition(
     }
 }
 
+/// Resolve a PVC endpoint: a claim in the job's own namespace, bound to a `local` or
+/// `hostPath` PersistentVolume whose node affinity says where it lives.
+async fn resolve_pvc(
+    ctx: &Context,
+    ns: &str,
+    field: &str,
+    claim: &str,
+) -> Result<Result<Volume, Blocked>, Error> {
+    let unresolved = |reason: &'static str, message: String| {
+        Ok(Err(Blocked {
+            condition: "Resolved",
+            reason,
+            message,
+        }))
+    };
+    let Some(pvc) = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns)
+        .get_opt(claim)
+        .await?
+    else {
+        return unresolved("PVCNotFound", format!("{field}.pvc: no PersistentVolumeClaim {claim:?} in namespace {ns:?} (claims of other namespaces cannot be used)"));
+    };
+    let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
+        return unresolved(
+            "PVCNotBound",
+            format!("{field}.pvc: claim {claim:?} is not bound to a volume yet"),
+        );
+    };
+    let Some(pv) = Api::<PersistentVolume>::all(ctx.client.clone())
+        .get_opt(&pv_name)
+        .await?
+    else {
+        return unresolved(
+            "PVCNotBound",
+            format!("{field}.pvc: claim {claim:?} names volume {pv_name:?}, which does not exist"),
+        );
+    };
+    // A volume pre-bound to another claim is not this claim's, whatever the claim says.
+    if let Some(cr) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
+        if cr.namespace.as_deref() != Some(ns) || cr.name.as_deref() != Some(claim) {
+            return Ok(Err(Blocked {
+                condition: "Accepted",
+                reason: "CrossNamespace",
+                message: format!("{field}.pvc: volume {pv_name:?} belongs to another claim; use a claim bound to it in namespace {ns:?}"),
+            }));
+        }
+    }
+    match volume::from_pv(&pv) {
+        Ok(v) => Ok(Ok(v)),
+        Err(why) => unresolved(
+            "VolumeNotSupported",
+            format!("{field}.pvc: volume {pv_name:?}: {why}"),
+        ),
+    }
+}
+
+/// Resolve one endpoint to a host path and the nodes that have it.
+async fn resolve(
+    ctx: &Context,
+    ns: &str,
+    field: &str,
+    e: &Endpoint,
+    destination: bool,
+) -> Result<Result<Volume, Blocked>, Error> {
+    if let Some(claim) = &e.pvc {
+        return resolve_pvc(ctx, ns, field, claim).await;
+    }
+    Ok(resolve_root(ctx, ns, field, e, destination)
+        .await?
+        .map(|root| Volume {
+            host_path: root.spec.path.clone(),
+            nodes: match (&root.spec.node_selector, root.spec.shared) {
+                (Some(sel), _) => Nodes::Labels(sel.clone()),
+                (None, true) => Nodes::All,
+                // Admission refuses this; no node has it.
+                (None, false) => Nodes::Terms(Vec::new()),
+            },
+        }))
+}
+
 /// Resolve one `root` endpoint: the StorageRoot exists, this namespace may use it, and a
-/// destination is not read-only. PVC endpoints are resolved by the next issue's code.
+/// destination is not read-only.
 async fn resolve_root(
     ctx: &Context,
     ns: &str,
@@ -131,13 +211,7 @@ async fn resolve_root(
     e: &Endpoint,
     destination: bool,
 ) -> Result<Result<StorageRoot, Blocked>, Error> {
-    let Some(name) = &e.root else {
-        return Ok(Err(Blocked {
-            condition: "Resolved",
-            reason: "PVCNotSupportedYet",
-            message: format!("{field}.pvc: PVC endpoints are not supported by this operator version; use a StorageRoot"),
-        }));
-    };
+    let name = e.root.as_deref().unwrap_or_default();
     let roots = Api::<StorageRoot>::all(ctx.client.clone());
     let Some(root) = roots.get_opt(name).await? else {
         return Ok(Err(Blocked {
@@ -205,7 +279,7 @@ fn agent_namespace() -> String {
 
 /// Nodes that can run a job between these roots: they match both roots' node selectors
 /// and their agent's heartbeat Lease is current. Sorted by name, so placement is stable.
-async fn eligible_nodes(ctx: &Context, roots: &[&StorageRoot]) -> Result<Vec<String>, Error> {
+async fn eligible_nodes(ctx: &Context, volumes: &[Volume]) -> Result<Vec<String>, Error> {
     let nodes = Api::<Node>::all(ctx.client.clone())
         .list(&ListParams::default())
         .await?;
@@ -227,10 +301,9 @@ async fn eligible_nodes(ctx: &Context, roots: &[&StorageRoot]) -> Result<Vec<Str
         .items
         .iter()
         .filter(|n| {
-            roots.iter().all(|r| match &r.spec.node_selector {
-                Some(sel) => sel.iter().all(|(k, v)| n.labels().get(k) == Some(v)),
-                None => r.spec.shared,
-            })
+            volumes
+                .iter()
+                .all(|v| v.nodes.matches(&n.name_any(), n.labels()))
         })
         .map(|n| n.name_any())
         .filter(|n| live(n))
@@ -301,13 +374,11 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             reason: refusal.reason.as_str(),
             message: refusal.message,
         }),
-        Ok(()) => match resolve_root(ctx, &ns, "spec.source", &job.spec.source, false).await? {
+        Ok(()) => match resolve(ctx, &ns, "spec.source", &job.spec.source, false).await? {
             Err(b) => Some(b),
             Ok(src) => {
                 roots.push(src);
-                match resolve_root(ctx, &ns, "spec.destination", &job.spec.destination, true)
-                    .await?
-                {
+                match resolve(ctx, &ns, "spec.destination", &job.spec.destination, true).await? {
                     Err(b) => Some(b),
                     Ok(dst) => {
                         roots.push(dst);
@@ -357,12 +428,13 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 previous,
             ));
             if shards.is_empty() {
-                let refs: Vec<&StorageRoot> = roots.iter().collect();
-                match eligible_nodes(ctx, &refs).await?.first() {
+                match eligible_nodes(ctx, &roots).await?.first() {
                     Some(node) => shards.push(ShardStatus {
                         id: "0".into(),
                         node: node.clone(),
                         epoch: 1,
+                        source_root: roots[0].host_path.clone(),
+                        destination_root: roots[1].host_path.clone(),
                         ..Default::default()
                     }),
                     None => requeue = Some(Duration::from_secs(2)),
@@ -457,7 +529,12 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         // agents' field managers.
         let assignment: Vec<serde_json::Value> = shards
             .iter()
-            .map(|s| serde_json::json!({"id": s.id, "node": s.node, "epoch": s.epoch}))
+            .map(|s| {
+                serde_json::json!({
+                    "id": s.id, "node": s.node, "epoch": s.epoch,
+                    "sourceRoot": s.source_root, "destinationRoot": s.destination_root,
+                })
+            })
             .collect();
         let patch = serde_json::json!({
             "apiVersion": "ferry.dev/v1alpha1",

@@ -4,3 +4,4 @@
 
 pub mod controller;
 pub mod validate;
+pub mod volume;
