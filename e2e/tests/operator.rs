@@ -58,6 +58,7 @@ fn operator_accepts_valid_jobs_and_refuses_roots_a_namespace_may_not_use() -> Re
     cp.apply(
         "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: datasets\nspec:\n  path: /srv/datasets\n  shared: true\n  namespaces:\n    selector:\n      matchLabels: {tier: gold}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: archive\nspec:\n  path: /srv/archive\n  shared: true\n  readOnly: true\n  namespaces:\n    names: [team-a, team-b]\n",
     )?;
+    cp.kubectl_ok(&["create", "namespace", "ferry-system"])?;
     let operator = workspace_bin("ferry-operator", "ferry-operator")?;
     let _operator = cp.spawn(&operator, &[], &[], "operator.log")?;
 

@@ -3,5 +3,6 @@
 //! and leader election come with the rest of the control-plane issue.
 
 pub mod controller;
+pub mod leader;
 pub mod validate;
 pub mod volume;

@@ -11,6 +11,15 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let client = kube::Client::try_default().await?;
     tracing::info!("ferry-operator starting");
+    let namespace = std::env::var("FERRY_NAMESPACE").unwrap_or_else(|_| "ferry-system".into());
+    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
+        format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "operator".into()),
+            std::process::id()
+        )
+    });
+    ferry_operator::leader::acquire(client.clone(), &namespace, "ferry-operator", &identity).await;
     ferry_operator::controller::run(client).await;
     Ok(())
 }
