@@ -391,34 +391,26 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     let mut conditions = Vec::new();
     let mut shards = old.shards.clone();
     let mut requeue = None;
+    let accepted = match &blocked {
+        Some(b) if b.condition == "Accepted" => condition(
+            "Accepted", false, b.reason, &b.message, generation, previous,
+        ),
+        _ => condition(
+            "Accepted",
+            true,
+            "Valid",
+            "the spec is valid",
+            generation,
+            previous,
+        ),
+    };
+    conditions.push(accepted);
     match &blocked {
-        Some(b) if b.condition == "Accepted" => {
-            conditions.push(condition(
-                "Accepted", false, b.reason, &b.message, generation, previous,
-            ));
-        }
-        Some(b) => {
-            conditions.push(condition(
-                "Accepted",
-                true,
-                "Valid",
-                "the spec is valid",
-                generation,
-                previous,
-            ));
-            conditions.push(condition(
-                "Resolved", false, b.reason, &b.message, generation, previous,
-            ));
-        }
+        Some(b) if b.condition == "Accepted" => {}
+        Some(b) => conditions.push(condition(
+            "Resolved", false, b.reason, &b.message, generation, previous,
+        )),
         None => {
-            conditions.push(condition(
-                "Accepted",
-                true,
-                "Valid",
-                "the spec is valid",
-                generation,
-                previous,
-            ));
             conditions.push(condition(
                 "Resolved",
                 true,
@@ -444,7 +436,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 Some(s) => ("Assigned", format!("assigned to node {}", s.node)),
                 None => (
                     "NoAgent",
-                    "no node with a live Ferry agent has both roots; waiting for one".to_string(),
+                    "no node with a live Ferry agent has both volumes; waiting for one".to_string(),
                 ),
             };
             conditions.push(condition(

@@ -1276,9 +1276,10 @@ impl<'a> Ctx<'a> {
         if self.keep_existing(dir, dst_name, st)? {
             return Ok(Some(Skip::Kept));
         }
-        let make = || match self.make_special(dir, src_name, dst_name, st)? {
-            Some(Skip::Kept) => Ok(Some(None)),
-            _ => Ok(Some(None)),
+        // Links and specials have no hash: the group's leader is "committed" with None.
+        let make = || {
+            self.make_special(dir, src_name, dst_name, st)
+                .map(|_| Some(None))
         };
         self.in_link_group(dir, dst_name, st, make)
     }
