@@ -129,7 +129,8 @@ fn local_root_copyjob_runs_on_the_node_that_has_the_root_and_succeeds_with_an_id
 }
 
 #[test]
-fn dry_run_fills_the_plan_and_copies_nothing() -> Result<()> {
+fn dry_run_fills_the_plan_and_copies_nothing_and_a_finished_job_is_deleted_after_its_ttl(
+) -> Result<()> {
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(());
     };

@@ -566,6 +566,18 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             let _ = ctx.recorder.publish(&ev, &job.object_ref(&())).await;
         }
     }
+    // ttlSecondsAfterFinished: delete the finished job once its time is up (the finalizer
+    // runs as for any deletion), or come back when it will be.
+    if let (Some(ttl), Some(done)) = (job.spec.ttl_seconds_after_finished, &finished_at) {
+        let left = done.0.as_second() + ttl - Timestamp::now().as_second();
+        if left <= 0 {
+            Api::<CopyJob>::namespaced(ctx.client.clone(), &ns)
+                .delete(&job.name_any(), &Default::default())
+                .await?;
+            return Ok(Action::await_change());
+        }
+        requeue = Some(Duration::from_secs(left as u64));
+    }
     // A refusal waits for the spec (or the StorageRoot, on the next resync) to change.
     Ok(match (blocked, requeue) {
         (Some(_), _) => Action::requeue(Duration::from_secs(60)),
