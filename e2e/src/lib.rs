@@ -347,6 +347,11 @@ impl Drop for ControlPlane {
 pub struct Proc(Child);
 
 impl Proc {
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+
     /// Leave the process running; returns its pid.
     pub fn detach(self) -> u32 {
         let this = std::mem::ManuallyDrop::new(self);
