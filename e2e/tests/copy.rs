@@ -125,6 +125,42 @@ fn local_root_copyjob_runs_on_the_node_that_has_the_root_and_succeeds_with_an_id
         !hosts.join("node-a/srv").exists(),
         "the agent on node-a touched its host root"
     );
+
+    // Overwrite policy through a CopyJob: a second job into the same destination keeps what
+    // is there under Never (the default), and replaces changed files under IfChanged.
+    let user_file = copy.join("d0/f0");
+    std::fs::write(&user_file, b"edited by a user")?;
+    let again = |name: &str, overwrite: &str| {
+        format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {{root: local-data, path: src}}\n  destination: {{root: local-data, path: copy}}\n  overwrite: {overwrite}\n")
+    };
+    for (name, overwrite) in [("keep", "Never"), ("refresh", "IfChanged")] {
+        cp.apply(&again(name, overwrite))?;
+        let out = cp.kubectl(&[
+            "wait",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "--timeout=90s",
+            &format!("copyjob/{name}"),
+            "-n",
+            "default",
+        ])?;
+        ensure!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let now = std::fs::read(&user_file)?;
+        if overwrite == "Never" {
+            ensure!(
+                now == b"edited by a user",
+                "overwrite: Never replaced an existing file"
+            );
+        } else {
+            ensure!(
+                now == std::fs::read(tree.join("d0/f0"))?,
+                "overwrite: IfChanged did not replace a changed file"
+            );
+        }
+    }
     Ok(())
 }
 
