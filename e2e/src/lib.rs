@@ -256,6 +256,42 @@ impl ControlPlane {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Wait (on the phase, never a fixed sleep) until CopyJob `ns/name` has Succeeded. The
+    /// error carries kubectl's answer, the job's status and the tail of every process log.
+    pub fn wait_succeeded(&self, ns: &str, name: &str, timeout_secs: u32) -> Result<()> {
+        let job = format!("copyjob/{name}");
+        let timeout = format!("--timeout={timeout_secs}s");
+        let out = self.kubectl(&[
+            "wait",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            &timeout,
+            &job,
+            "-n",
+            ns,
+        ])?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let status = self
+            .kubectl_ok(&["get", &job, "-n", ns, "-o", "jsonpath={.status}"])
+            .unwrap_or_default();
+        let mut logs: Vec<String> = std::fs::read_dir(self.dir())?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        logs.sort();
+        let tails: Vec<String> = logs
+            .iter()
+            .map(|l| format!("{l}:\n{}", self.log_tail(l, 5)))
+            .collect();
+        bail!(
+            "{ns}/{name} did not succeed: {}\nstatus: {status}\n{}",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            tails.join("\n")
+        )
+    }
+
     /// `kubectl apply -f -` that must succeed.
     pub fn apply(&self, yaml: &str) -> Result<()> {
         let out = self.kubectl_stdin(&["apply", "-f", "-"], yaml)?;

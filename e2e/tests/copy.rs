@@ -35,33 +35,7 @@ fn local_root_copyjob_runs_on_the_node_that_has_the_root_and_succeeds_with_an_id
     cp.apply(
         "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: first\n  namespace: default\nspec:\n  source: {root: local-data, path: src}\n  destination: {root: local-data, path: copy}\n",
     )?;
-    let out = cp.kubectl(&[
-        "wait",
-        "--for=jsonpath={.status.phase}=Succeeded",
-        "--timeout=120s",
-        "copyjob/first",
-        "-n",
-        "default",
-    ])?;
-    if !out.status.success() {
-        let status = cp
-            .kubectl_ok(&[
-                "get",
-                "copyjob",
-                "first",
-                "-n",
-                "default",
-                "-o",
-                "jsonpath={.status}",
-            ])
-            .unwrap_or_default();
-        anyhow::bail!(
-            "job did not succeed: {}\nstatus: {status}\noperator:\n{}\nagent node-b:\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            cp.log_tail("operator.log", 4),
-            cp.log_tail("agent-node-b.log", 8)
-        );
-    }
+    cp.wait_succeeded("default", "first", 120)?;
 
     let shard_node = cp.kubectl_ok(&[
         "get",
@@ -135,19 +109,7 @@ fn local_root_copyjob_runs_on_the_node_that_has_the_root_and_succeeds_with_an_id
     };
     for (name, overwrite) in [("keep", "Never"), ("refresh", "IfChanged")] {
         cp.apply(&again(name, overwrite))?;
-        let out = cp.kubectl(&[
-            "wait",
-            "--for=jsonpath={.status.phase}=Succeeded",
-            "--timeout=90s",
-            &format!("copyjob/{name}"),
-            "-n",
-            "default",
-        ])?;
-        ensure!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        cp.wait_succeeded("default", name, 90)?;
         let now = std::fs::read(&user_file)?;
         if overwrite == "Never" {
             ensure!(
@@ -182,20 +144,7 @@ fn dry_run_fills_the_plan_and_copies_nothing_and_a_finished_job_is_deleted_after
     }
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n")?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: plan\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n  dryRun: true\n")?;
-    let out = cp.kubectl(&[
-        "wait",
-        "--for=jsonpath={.status.phase}=Succeeded",
-        "--timeout=90s",
-        "copyjob/plan",
-        "-n",
-        "default",
-    ])?;
-    ensure!(
-        out.status.success(),
-        "dry run did not finish: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        cp.log_tail("agent-node-a.log", 5)
-    );
+    cp.wait_succeeded("default", "plan", 90)?;
     let plan = cp.kubectl_ok(&["get", "copyjob", "plan", "-n", "default", "-o", "jsonpath={.status.plan.files} {.status.plan.bytes} {.status.plan.nodes[0]} {.status.plan.shards}"])?;
     let expected_bytes: u64 = (0..25u64).map(|f| f * 100).sum();
     ensure!(
@@ -235,30 +184,7 @@ fn pvc_on_a_local_pv_is_copied_on_the_pv_node_and_claims_of_other_namespaces_are
         "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv1\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  local: {path: /mnt/disks/pv1}\n  claimRef: {namespace: default, name: data}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        - {key: ferry.dev/node, operator: In, values: [node-b]}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\n  namespace: default\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  volumeName: pv1\n  resources: {requests: {storage: 1Gi}}\n",
     )?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-pvc\n  namespace: default\nspec:\n  source: {pvc: data, path: src}\n  destination: {pvc: data, path: copy}\n")?;
-    let out = cp.kubectl(&[
-        "wait",
-        "--for=jsonpath={.status.phase}=Succeeded",
-        "--timeout=90s",
-        "copyjob/from-pvc",
-        "-n",
-        "default",
-    ])?;
-    ensure!(
-        out.status.success(),
-        "PVC job did not succeed: {}\nstatus: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        cp.kubectl_ok(&[
-            "get",
-            "copyjob",
-            "from-pvc",
-            "-n",
-            "default",
-            "-o",
-            "jsonpath={.status}"
-        ])
-        .unwrap_or_default(),
-        cp.log_tail("agent-node-b.log", 5)
-    );
+    cp.wait_succeeded("default", "from-pvc", 90)?;
     let node = cp.kubectl_ok(&[
         "get",
         "copyjob",

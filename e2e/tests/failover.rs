@@ -4,25 +4,6 @@
 use anyhow::{ensure, Result};
 use ferry_e2e::{workspace_bin, ControlPlane};
 
-fn wait_succeeded(cp: &ControlPlane, name: &str) -> Result<()> {
-    let out = cp.kubectl(&[
-        "wait",
-        "--for=jsonpath={.status.phase}=Succeeded",
-        "--timeout=90s",
-        &format!("copyjob/{name}"),
-        "-n",
-        "default",
-    ])?;
-    ensure!(
-        out.status.success(),
-        "{name} did not succeed: {}\noperator a:\n{}\noperator b:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        cp.log_tail("operator.log", 5),
-        cp.log_tail("operator-b.log", 5)
-    );
-    Ok(())
-}
-
 fn job(name: &str, dst: &str) -> String {
     format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {{root: data, path: src}}\n  destination: {{root: data, path: {dst}}}\n")
 }
@@ -45,7 +26,7 @@ fn killing_the_leading_operator_lets_the_other_replica_finish_new_jobs() -> Resu
     }
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n")?;
     cp.apply(&job("one", "copy1"))?;
-    wait_succeeded(&cp, "one")?;
+    cp.wait_succeeded("default", "one", 90)?;
     let holder = |cp: &ControlPlane| {
         cp.kubectl_ok(&[
             "get",
@@ -68,7 +49,7 @@ fn killing_the_leading_operator_lets_the_other_replica_finish_new_jobs() -> Resu
         procs.remove(0);
     }
     cp.apply(&job("two", "copy2"))?;
-    wait_succeeded(&cp, "two")?;
+    cp.wait_succeeded("default", "two", 90)?;
     let second_holder = holder(&cp)?;
     ensure!(
         second_holder != first && !second_holder.is_empty(),

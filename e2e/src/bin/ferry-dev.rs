@@ -219,14 +219,7 @@ fn bench(sequential: usize, burst: usize) -> Result<()> {
         let name = format!("seq-{i}");
         let start = Instant::now();
         cp.apply(&job(&name))?;
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=jsonpath={.status.phase}=Succeeded",
-            "--timeout=60s",
-            &format!("copyjob/{name}"),
-            "-n",
-            "default",
-        ])?;
+        cp.wait_succeeded("default", &name, 60)?;
         latencies.push(start.elapsed().as_secs_f64());
     }
     let seq_patches = status_patches(&cp)? - patches_before;
