@@ -26,7 +26,7 @@ use crate::data::{self, Caps, CapsCache, Clone, Moved, Range};
 use crate::dirent::{self, DType};
 use crate::error::{Failure, FailureKind};
 use crate::meta::{self, Identity, XattrBufs};
-use crate::options::{Options, Overwrite, Reflink, Verify};
+use crate::options::{Options, Overwrite, Reflink, Select, Verify};
 use crate::progress::{Progress, Strategy};
 use crate::sys::{self, Stat};
 
@@ -45,6 +45,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panicking worker cannot leave these maps half-updated in a way later readers could
     // misuse (every update is a single insert or take), so poisoning is not fatal.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `Summary::aborted` of a cancelled copy.
+pub(crate) const CANCELLED: &str = "cancelled";
+
+/// Which part of a split copy owns an entry: by its path from the top, or for a hard-linked
+/// file by its inode, so all names of one file land in the same part.
+pub(crate) fn part_of(path: &[u8], inode: Option<(u64, u64)>, count: u32) -> u32 {
+    let h = match inode {
+        Some((dev, ino)) => {
+            let mut key = [0u8; 16];
+            key[..8].copy_from_slice(&dev.to_le_bytes());
+            key[8..].copy_from_slice(&ino.to_le_bytes());
+            xxhash_rust::xxh3::xxh3_64(&key)
+        }
+        None => xxhash_rust::xxh3::xxh3_64(path),
+    };
+    (h % u64::from(count.max(1))) as u32
 }
 
 fn is_type(st: &Stat, t: u32) -> bool {
@@ -195,7 +213,9 @@ struct Queue {
 /// What a finished hard-link group leader left for its followers.
 enum Link {
     /// The first path is being copied; these entries wait to be linked to it.
-    Copying(Vec<(Arc<DirNode>, CString)>),
+    /// (directory, name, replace): `replace` for a name a resumed copy adopted, which
+    /// becomes a link to the leader in place of its own inode.
+    Copying(Vec<(Arc<DirNode>, CString, bool)>),
     Done {
         dir: Arc<DirNode>,
         name: CString,
@@ -322,7 +342,7 @@ impl<'a> Ctx<'a> {
                     q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            if self.abort.load(Ordering::Relaxed) {
+            if self.stopping() {
                 self.cancel(task, &mut local);
             } else {
                 self.run_task(task, &mut local);
@@ -334,6 +354,22 @@ impl<'a> Ctx<'a> {
                 self.wake.notify_all();
             }
         }
+    }
+
+    /// Whether the copy is stopping: the destination filled up, or the caller cancelled.
+    fn stopping(&self) -> bool {
+        if self.abort.load(Ordering::Relaxed) {
+            return true;
+        }
+        let cancelled = self
+            .opts
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed));
+        if cancelled && !self.abort.swap(true, Ordering::Relaxed) {
+            *lock(&self.aborted) = Some(CANCELLED.into());
+        }
+        cancelled
     }
 
     /// Settle a task without doing its work (after an abort), so every directory's
@@ -363,6 +399,9 @@ impl<'a> Ctx<'a> {
             }
             Task::Batch { dir, entries } => {
                 for e in &entries {
+                    if self.stopping() {
+                        break;
+                    }
                     self.entry(&dir, &e.name, &e.name, e.dtype, local);
                 }
                 self.release(dir);
@@ -481,13 +520,15 @@ impl<'a> Ctx<'a> {
         let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source directory", e))?;
         // A new directory under a visible parent is built under a staging name and renamed
         // into place when complete; under a hidden parent it needs no name of its own.
+        // Parts of a split copy share directories with other agents: made in place.
+        let split = self.opts.select != Select::All;
         let staged_as =
-            (parent.fresh && !parent.hidden).then(|| (self.tmp_name(), name.to_owned()));
+            (parent.fresh && !parent.hidden && !split).then(|| (self.tmp_name(), name.to_owned()));
         let create_as: &CStr = staged_as.as_ref().map_or(name, |(tmp, _)| tmp.as_c_str());
         // 0700 while we fill it; the final mode comes after the children.
         let fresh = match sys::mkdirat(parent.dst.as_fd(), create_as, 0o700) {
             Ok(()) => true,
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !parent.fresh => false,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && (!parent.fresh || split) => false,
             Err(e) => return Err(("create directory", e)),
         };
         // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
@@ -495,7 +536,13 @@ impl<'a> Ctx<'a> {
             .map_err(|e| ("open destination directory", e))?;
         // Merging under if-changed or always makes existing directories match the source too
         // (that is what finishes an interrupted copy); under never they are left alone.
-        let keep_meta = fresh || self.opts.overwrite != Overwrite::Never;
+        // A resumed copy finishes the directories the interrupted one made. A part of a split
+        // copy leaves directory metadata to the final `DirsOnly` run.
+        let keep_meta = match self.opts.select {
+            Select::All => fresh || self.opts.overwrite != Overwrite::Never || self.opts.resume,
+            Select::Part { .. } => false,
+            Select::DirsOnly => true,
+        };
         let dst_dev = if fresh {
             parent.dst_dev
         } else {
@@ -504,7 +551,10 @@ impl<'a> Ctx<'a> {
                 .st_dev
         };
         self.counters.dirs.fetch_add(1, Ordering::Relaxed);
-        self.progress.entry_done();
+        if !matches!(self.opts.select, Select::Part { .. }) {
+            // Every part walks every directory; only one run counts them.
+            self.progress.entry_done();
+        }
         Ok(Arc::new(DirNode {
             src,
             dst,
@@ -561,7 +611,7 @@ impl<'a> Ctx<'a> {
             });
         }
         for e in &files {
-            if self.abort.load(Ordering::Relaxed) {
+            if self.stopping() {
                 break;
             }
             self.entry(&node, &e.name, &e.name, e.dtype, local);
@@ -586,6 +636,50 @@ impl<'a> Ctx<'a> {
         dtype: DType,
         local: &mut Local,
     ) {
+        let mut dtype = dtype;
+        match self.opts.select {
+            Select::All => {}
+            // The listing sends directories elsewhere; only an unknown type may be one.
+            Select::DirsOnly if dtype != DType::Unknown => return,
+            Select::DirsOnly => {}
+            Select::Part { index, count } => {
+                let st = match sys::lstatat(dir.src.as_fd(), src_name) {
+                    Ok(st) => st,
+                    Err(e) => {
+                        // Reported by the part that owns the path, once.
+                        if part_of(&dir.child_path(src_name), None, count) == index {
+                            self.fail(&dir.child_path(dst_name), "stat", &e);
+                        }
+                        return;
+                    }
+                };
+                if !is_type(&st, libc::S_IFDIR) {
+                    let inode = (self.opts.preserve.links && st.st_nlink > 1)
+                        .then_some((st.st_dev, st.st_ino));
+                    if part_of(&dir.child_path(src_name), inode, count) != index {
+                        return;
+                    }
+                }
+                dtype = DType::Unknown;
+            }
+        }
+        if self.opts.select == Select::DirsOnly {
+            match sys::lstatat(dir.src.as_fd(), src_name) {
+                Ok(st) if is_type(&st, libc::S_IFDIR) => {
+                    dir.pending.fetch_add(1, Ordering::Relaxed);
+                    self.push(Task::Dir {
+                        parent: dir.clone(),
+                        name: src_name.to_owned(),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => self.fail(&dir.child_path(dst_name), "stat", &e),
+            }
+            return;
+        }
+        if let Some(d) = self.opts.faults.delay_per_file {
+            std::thread::sleep(d);
+        }
         let result = match dtype {
             DType::Regular => self.regular(dir, src_name, dst_name, local),
             _ => match sys::lstatat(dir.src.as_fd(), src_name) {
@@ -692,6 +786,9 @@ impl<'a> Ctx<'a> {
             return self.non_regular(dir, src_name, dst_name, &st);
         }
         if self.keep_existing(dir, dst_name, &st)? {
+            if self.opts.resume && self.opts.preserve.links && st.st_nlink > 1 {
+                return self.adopt_linked(dir, dst_name, &st, local);
+            }
             return Ok(Some(Skip::Kept));
         }
         self.in_link_group(dir, dst_name, &st, || {
@@ -722,7 +819,7 @@ impl<'a> Ctx<'a> {
                 }
                 Some(Link::Copying(waiters)) => {
                     dir.pending.fetch_add(1, Ordering::Relaxed);
-                    waiters.push((dir.clone(), dst_name.to_owned()));
+                    waiters.push((dir.clone(), dst_name.to_owned(), false));
                     return Ok(Some(Skip::Deferred));
                 }
                 Some(Link::Done {
@@ -733,7 +830,7 @@ impl<'a> Ctx<'a> {
                     let (leader, name, hash) = (leader.clone(), name.clone(), *hash);
                     drop(links);
                     return self
-                        .link_to(&leader, &name, dir, dst_name, hash)
+                        .link_to(&leader, &name, dir, dst_name, hash, false)
                         .map(|()| None);
                 }
                 Some(Link::Failed(why)) => {
@@ -763,9 +860,9 @@ impl<'a> Ctx<'a> {
                 _ => Vec::new(),
             }
         };
-        for (wdir, wname) in waiters {
+        for (wdir, wname, replace) in waiters {
             let r = match &result {
-                Ok(Some(hash)) => self.link_to(dir, dst_name, &wdir, &wname, *hash),
+                Ok(Some(hash)) => self.link_to(dir, dst_name, &wdir, &wname, *hash, replace),
                 _ => Err(("link", io::Error::other("first link of this file failed"))),
             };
             if let Err((op, e)) = r {
@@ -776,6 +873,93 @@ impl<'a> Ctx<'a> {
         result.map(|_| None)
     }
 
+    /// A resumed copy found one name of a hard-linked source file already at the
+    /// destination. If it is the interrupted run's copy (same size and mtime as the
+    /// source), it rejoins its link group: it becomes the group's leader when the group
+    /// has none yet, or is replaced by a link to the leader (an identical copy) when it has.
+    /// Anything else at that name is kept as it is.
+    fn adopt_linked(
+        &self,
+        dir: &Arc<DirNode>,
+        name: &CStr,
+        st: &Stat,
+        local: &mut Local,
+    ) -> Result<Option<Skip>, Fail> {
+        let existing = sys::lstatat(dir.dst.as_fd(), name).map_err(|e| ("stat destination", e))?;
+        let ours = is_type(&existing, libc::S_IFREG)
+            && existing.st_size == st.st_size
+            && (existing.st_mtime, existing.st_mtime_nsec) == (st.st_mtime, st.st_mtime_nsec);
+        if !ours {
+            return Ok(Some(Skip::Kept));
+        }
+        let key = (st.st_dev, st.st_ino);
+        let mut links = lock(&self.links);
+        match links.get_mut(&key) {
+            None => {
+                // The leader. Other names that arrive meanwhile wait for it.
+                links.insert(key, Link::Copying(Vec::new()));
+                drop(links);
+                // Hash what is there, so the other names get manifest lines.
+                let result = if self.hash {
+                    // O_NOATIME: reading it must not undo the atime it was given.
+                    let flags = libc::O_RDONLY | libc::O_NOFOLLOW;
+                    sys::open_beneath(dir.dst.as_fd(), name, flags | libc::O_NOATIME)
+                        .or_else(|_| sys::open_beneath(dir.dst.as_fd(), name, flags))
+                        .map_err(|e| ("open destination", e))
+                        .and_then(|fd| {
+                            data::hash_fd(fd.as_fd(), existing.st_size as u64, &mut local.buf)
+                                .map(|(h, _)| Some(h))
+                                .map_err(|e| ("read destination", e))
+                        })
+                } else {
+                    Ok(None)
+                };
+                let next = match &result {
+                    Ok(hash) => Link::Done {
+                        dir: dir.clone(),
+                        name: name.to_owned(),
+                        hash: *hash,
+                    },
+                    Err((op, e)) => Link::Failed(format!("{op}: {e}")),
+                };
+                let waiters = match lock(&self.links).insert(key, next) {
+                    Some(Link::Copying(w)) => w,
+                    _ => Vec::new(),
+                };
+                for (wdir, wname, replace) in waiters {
+                    let r = match &result {
+                        Ok(hash) => self.link_to(dir, name, &wdir, &wname, *hash, replace),
+                        Err(_) => Err(("link", io::Error::other("first link of this file failed"))),
+                    };
+                    if let Err((op, e)) = r {
+                        self.fail(&wdir.child_path(&wname), op, &e);
+                    }
+                    self.release(wdir);
+                }
+                result.map(|_| Some(Skip::Kept))
+            }
+            Some(Link::Copying(waiters)) => {
+                dir.pending.fetch_add(1, Ordering::Relaxed);
+                waiters.push((dir.clone(), name.to_owned(), true));
+                Ok(Some(Skip::Deferred))
+            }
+            Some(Link::Done {
+                dir: leader,
+                name: leader_name,
+                hash,
+            }) => {
+                let (leader, leader_name, hash) = (leader.clone(), leader_name.clone(), *hash);
+                drop(links);
+                self.link_to(&leader, &leader_name, dir, name, hash, true)
+                    .map(|()| None)
+            }
+            Some(Link::Failed(why)) => Err((
+                "link",
+                io::Error::other(format!("first link of this file failed: {why}")),
+            )),
+        }
+    }
+
     /// Make `dst_dir/dst_name` a hard link to the already committed `leader_dir/leader`.
     fn link_to(
         &self,
@@ -784,9 +968,10 @@ impl<'a> Ctx<'a> {
         dst_dir: &DirNode,
         dst_name: &CStr,
         hash: Option<u128>,
+        replace: bool,
     ) -> Result<(), Fail> {
         // linkat cannot replace; a kept or replaced name was settled by keep_existing.
-        if !dst_dir.fresh && self.opts.overwrite != Overwrite::Never {
+        if replace || (!dst_dir.fresh && self.opts.overwrite != Overwrite::Never) {
             match sys::unlinkat(dst_dir.dst.as_fd(), dst_name, false) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -811,7 +996,8 @@ impl<'a> Ctx<'a> {
             Err(e) => return Err(("link", e)),
         }
         self.counters.hardlinks.fetch_add(1, Ordering::Relaxed);
-        if let Some(h) = hash {
+        // A relinked name was listed by the run that first committed it.
+        if let Some(h) = hash.filter(|_| !replace) {
             self.manifest_line(h, &dst_dir.child_path(dst_name));
         }
         self.progress.entry_done();

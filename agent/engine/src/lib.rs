@@ -22,7 +22,6 @@ mod progress;
 pub mod sys;
 
 use std::ffi::CString;
-use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -31,7 +30,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 pub use error::{Error, Failure, FailureKind};
-pub use options::{Faults, Options, Overwrite, Preserve, Reflink, Verify};
+pub use options::{Faults, Options, Overwrite, Preserve, Reflink, Select, Verify};
 pub use progress::{NoProgress, Progress, Strategy};
 
 use copy::{Ctx, DirNode, Task};
@@ -61,8 +60,10 @@ pub struct Summary {
     /// Entries that failed (the first 1000 of them; `failed` counts all).
     pub failures: Vec<Failure>,
     pub failed: u64,
-    /// Set when the copy stopped early (destination full).
+    /// Set when the copy stopped early (destination full, or cancelled).
     pub aborted: Option<String>,
+    /// The copy stopped because `Options::cancel` was set.
+    pub cancelled: bool,
     pub elapsed: Duration,
 }
 
@@ -170,13 +171,42 @@ pub fn copy(
     let dst_is_dir = dst_st.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
 
     let manifest = match &options.manifest {
-        Some(p) => Some(File::create(p).map_err(|e| Error::io("create manifest", p, e))?),
+        // A resumed copy adds the files it commits to those the interrupted run listed.
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .append(options.resume)
+                .truncate(!options.resume)
+                .open(p)
+                .map_err(|e| Error::io("create manifest", p, e))?,
+        ),
         None => None,
     };
     let ctx = Ctx::new(options, progress, manifest);
 
     if src_is_dir {
         let src_fd = open_source_dir(src)?;
+        // A part of a split copy (or its final directory pass) shares DST with other
+        // agents: it is made in place, never staged, and merged into like an existing one.
+        let split = options.select != Select::All;
+        let dst_st = match dst_st {
+            None if split => {
+                use std::os::unix::fs::DirBuilderExt;
+                match std::fs::DirBuilder::new().mode(0o700).create(dst) {
+                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                        return Err(Error::io("create directory", dst, e))
+                    }
+                    _ => {}
+                }
+                Some(
+                    sys::stat_path(&dst_c, true)
+                        .map_err(|e| Error::io("stat destination", dst, e))?,
+                )
+            }
+            other => other,
+        };
+        let dst_is_dir = dst_st.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
         let root = match dst_st {
             None => {
                 let parent = parent_of(dst);
@@ -193,7 +223,11 @@ pub fn copy(
             Some(_) if dst_is_dir => {
                 let fd = open_dir(dst, "open destination")?;
                 check_not_inside(&src_st, &fd, src, dst)?;
-                let keep_meta = options.overwrite != Overwrite::Never;
+                let keep_meta = match options.select {
+                    Select::All => options.overwrite != Overwrite::Never || options.resume,
+                    Select::Part { .. } => false,
+                    Select::DirsOnly => true,
+                };
                 DirNode::new(src_fd, fd, keep_meta.then_some(src_st), false).map_err(|e| Error::io("stat", dst, e))?
             }
             Some(_) => {
@@ -252,6 +286,7 @@ pub fn copy(
         bytes_read_write: get(&c.by_strategy[Strategy::ReadWrite as usize]),
         failures,
         failed: get(&c.failed),
+        cancelled: aborted.as_deref() == Some(copy::CANCELLED),
         aborted,
         elapsed: started.elapsed(),
     };

@@ -1,6 +1,8 @@
 //! What a copy should do: strategy, verification, metadata and overwrite policy.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// Whether data may be shared with the source by reflink (`FICLONE`) instead of copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -125,6 +127,17 @@ pub struct Options {
     /// Requires `verify` other than `None` for the hashes to exist; the engine forces
     /// hashing on when a manifest is requested.
     pub manifest: Option<PathBuf>,
+    /// Which entries of the tree this run copies (all of them, or one part of a split copy).
+    pub select: Select,
+    /// Set from another thread to stop the copy at the next file boundary. Files already
+    /// committed stay; unfinished directories get their final names but not their metadata
+    /// (a later run with `resume` finishes them); no partial file is ever visible.
+    pub cancel: Option<Arc<AtomicBool>>,
+    /// This run continues an interrupted copy into the same destination: directories that
+    /// already exist get the source's metadata even under `Overwrite::Never` (the
+    /// interrupted run created them and could not finish them), and the manifest is
+    /// appended to rather than replaced.
+    pub resume: bool,
     /// Test-only fault injection; empty in normal use.
     #[doc(hidden)]
     pub faults: Faults,
@@ -139,6 +152,9 @@ impl Default for Options {
             overwrite: Overwrite::Never,
             preserve: Preserve::ALL,
             manifest: None,
+            select: Select::All,
+            cancel: None,
+            resume: false,
             faults: Faults::default(),
         }
     }
@@ -157,6 +173,41 @@ pub struct Faults {
     /// Flip the first byte of this destination file (by name) after it is written and
     /// before it is verified: the verification must catch it.
     pub corrupt_after_write: Option<Vec<u8>>,
+    /// Sleep this long before each regular file: makes a copy slow enough for tests to act
+    /// while it runs (cancel it, kill its process).
+    pub delay_per_file: Option<std::time::Duration>,
+}
+
+/// Which entries a run copies. A tree on a filesystem several nodes mount can be split
+/// into parts that agents copy at the same time, then finished by one `DirsOnly` run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Select {
+    /// The whole tree.
+    #[default]
+    All,
+    /// The non-directory entries whose path from the top hashes to `index` modulo
+    /// `count` (a hard-linked file by its inode instead, so a link group stays in one
+    /// part). Directories are created in place by every part that needs them and left
+    /// without their metadata: the `DirsOnly` run after all parts applies it.
+    Part { index: u32, count: u32 },
+    /// Create missing directories and give every directory the source's metadata; copy
+    /// nothing else. The last step of a split copy.
+    DirsOnly,
+}
+
+impl Select {
+    /// `"3/16"`, `"directories"`, or `""` for the whole tree: how a CopyJob's shard names it.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "" => Some(Select::All),
+            "directories" => Some(Select::DirsOnly),
+            _ => {
+                let (i, n) = s.split_once('/')?;
+                let (index, count) = (i.parse().ok()?, n.parse().ok()?);
+                (index < count).then_some(Select::Part { index, count })
+            }
+        }
+    }
 }
 
 impl Options {

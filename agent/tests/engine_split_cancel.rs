@@ -1,0 +1,252 @@
+//! The engine features the agent builds CopyJobs on, through the library API: a tree split
+//! into parts copied at the same time (then finished by one directories-only pass) equals a
+//! whole copy; a cancelled copy leaves only whole files and no staging names, and a resumed
+//! copy finishes it without recopying what was committed.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use common::*;
+use ferry_engine::{Options, Overwrite, Progress, Select, Verify};
+
+/// Nested directories with distinct modes and times, files, a symlink, a FIFO and hard
+/// links across directories. Returns the number of regular file names.
+fn build_tree(src: &Path, dirs: usize, files_per_dir: usize) -> Result<usize> {
+    let mut names = 0;
+    mkdir(src)?;
+    for d in 0..dirs {
+        let dir = src.join(format!("d{d:02}"));
+        mkdir(&dir)?;
+        mkdir(&dir.join("inner"))?;
+        for f in 0..files_per_dir {
+            let sub = if f % 4 == 0 {
+                dir.join("inner")
+            } else {
+                dir.clone()
+            };
+            write(
+                &sub.join(format!("f{f:03}")),
+                &pattern((d * 1000 + f) as u64, 100 + f * 37),
+            )?;
+            names += 1;
+        }
+        symlink("../elsewhere", &dir.join("link"))?;
+        chmod(&dir.join("inner"), 0o750)?;
+        set_times(&dir.join("inner"), (1_000_000, 1), (1_500_000, 7))?;
+        chmod(&dir, 0o705)?;
+        set_times(&dir, (2_000_000, 3), (2_500_000, 9))?;
+    }
+    mkfifo(&src.join("fifo"), 0o640)?;
+    // One file with three names in three directories: a link group crosses parts' paths.
+    write(&src.join("shared"), b"one inode, three names")?;
+    std::fs::hard_link(src.join("shared"), src.join("d00/shared-too"))?;
+    std::fs::hard_link(src.join("shared"), src.join("d01/inner/shared-three"))?;
+    names += 3;
+    set_times(src, (3_000_000, 0), (3_500_000, 5))?;
+    Ok(names)
+}
+
+/// Manifest lines (hash, path) of all these files.
+fn manifest_paths(files: &[std::path::PathBuf]) -> Result<BTreeMap<String, usize>> {
+    let mut seen = BTreeMap::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
+        for line in text.lines() {
+            let (_, path) = line
+                .split_once("  ")
+                .context("manifest line without a path")?;
+            *seen.entry(path.to_string()).or_insert(0) += 1;
+        }
+    }
+    Ok(seen)
+}
+
+fn regular_paths(tree: &Tree) -> Vec<String> {
+    tree.entries
+        .iter()
+        .filter(|(_, m)| m.kind == Kind::File)
+        .map(|(p, _)| String::from_utf8_lossy(p).into_owned())
+        .collect()
+}
+
+#[test]
+fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_source() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    let names = build_tree(&src, 12, 40)?;
+    let before = snapshot(&src)?;
+    let dst = tmp.path().join("dst");
+    let count = 4;
+    let summaries = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..count)
+            .map(|index| {
+                let (src, dst) = (&src, &dst);
+                let manifest = tmp.path().join(format!("part-{index}.xxh128"));
+                s.spawn(move || {
+                    let opts = Options {
+                        workers: 2,
+                        verify: Verify::Checksum,
+                        select: Select::Part { index, count },
+                        manifest: Some(manifest),
+                        ..Options::default()
+                    };
+                    ferry_engine::copy(src, dst, &opts, &ferry_engine::NoProgress)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("part thread panicked"))
+            .collect::<Vec<_>>()
+    });
+    let mut files_per_part = Vec::new();
+    let mut links = 0;
+    for s in summaries {
+        let s = s?;
+        ensure!(s.failures.is_empty(), "a part failed: {:?}", s.failures);
+        files_per_part.push(s.files);
+        links += s.hardlinks;
+    }
+    // Every part did some of the work, and together exactly all of it, each name once.
+    ensure!(
+        files_per_part.iter().all(|&n| n > 0),
+        "a part copied nothing: {files_per_part:?}"
+    );
+    ensure!(
+        files_per_part.iter().sum::<u64>() + links == names as u64,
+        "parts copied {files_per_part:?} files + {links} links, the source has {names} names"
+    );
+    let dirs = ferry_engine::copy(
+        &src,
+        &dst,
+        &Options {
+            select: Select::DirsOnly,
+            ..Options::default()
+        },
+        &ferry_engine::NoProgress,
+    )?;
+    ensure!(dirs.failures.is_empty() && dirs.files == 0, "{dirs:?}");
+    let got = compare(&before, &dst, Check::default())?;
+    ensure!(
+        got.link_groups() == before.link_groups(),
+        "hard links differ"
+    );
+    ensure!(staging_leftovers(&dst)?.is_empty());
+    let parts: Vec<_> = (0..count)
+        .map(|i| tmp.path().join(format!("part-{i}.xxh128")))
+        .collect();
+    let listed = manifest_paths(&parts)?;
+    for p in regular_paths(&before) {
+        ensure!(
+            listed.get(&p) == Some(&1),
+            "{p} is listed {:?} times in the parts' manifests",
+            listed.get(&p)
+        );
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Count(AtomicU64);
+
+impl Progress for Count {
+    fn entry_done(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_cancelled_copy_leaves_whole_files_only_and_a_resumed_copy_finishes_it() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    let names = build_tree(&src, 10, 30)?;
+    let before = snapshot(&src)?;
+    let dst = tmp.path().join("dst");
+    let manifest = tmp.path().join("copy.xxh128");
+    let cancel = Arc::new(AtomicBool::new(false));
+    let progress = Count::default();
+    let mut opts = Options {
+        workers: 2,
+        verify: Verify::Checksum,
+        manifest: Some(manifest.clone()),
+        cancel: Some(cancel.clone()),
+        ..Options::default()
+    };
+    opts.faults.delay_per_file = Some(Duration::from_millis(3));
+    let first = std::thread::scope(|s| {
+        let copy = s.spawn(|| ferry_engine::copy(&src, &dst, &opts, &progress));
+        while progress.0.load(Ordering::Relaxed) < 60 && !copy.is_finished() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        cancel.store(true, Ordering::Relaxed);
+        copy.join().expect("copy thread panicked")
+    })?;
+    ensure!(
+        first.cancelled,
+        "the copy did not report the cancel: {first:?}"
+    );
+    ensure!(first.failures.is_empty(), "{:?}", first.failures);
+    ensure!(
+        (first.files as usize) < names,
+        "cancelled too late to test anything: {} of {names} files",
+        first.files
+    );
+    // What is there is whole: each file equals its source byte for byte.
+    let partial = snapshot(&dst)?;
+    ensure!(staging_leftovers(&dst)?.is_empty(), "staging names left");
+    let (mut present, mut non_dirs) = (0, 0);
+    for (p, m) in &partial.entries {
+        if m.kind != Kind::Dir {
+            non_dirs += 1;
+        }
+        if m.kind == Kind::File {
+            ensure!(
+                read_rel(&dst, p)? == read_rel(&src, p)?,
+                "{} differs from its source",
+                show(p)
+            );
+            present += 1;
+        }
+    }
+    ensure!(present as u64 == first.files + first.hardlinks);
+
+    cancel.store(false, Ordering::Relaxed);
+    opts.resume = true;
+    opts.overwrite = Overwrite::Never;
+    opts.faults.delay_per_file = None;
+    let second = ferry_engine::copy(&src, &dst, &opts, &ferry_engine::NoProgress)?;
+    ensure!(second.failures.is_empty(), "{:?}", second.failures);
+    let got = snapshot(&dst)?;
+    // Nothing committed by the first run was copied again: same inodes (a hard-linked name
+    // may have been relinked to its group's leader instead).
+    for (p, m) in &partial.entries {
+        if m.kind != Kind::Dir && m.nlink == 1 {
+            ensure!(
+                got.get(p).map(|g| g.inode) == Some(m.inode),
+                "{} was copied again by the resumed run",
+                show(p)
+            );
+        }
+    }
+    ensure!(second.skipped > 0 && (second.skipped as usize) <= non_dirs);
+    let got = compare(&before, &dst, Check::default())?;
+    ensure!(
+        got.link_groups() == before.link_groups(),
+        "hard links differ"
+    );
+    let listed = manifest_paths(&[manifest])?;
+    for p in regular_paths(&before) {
+        ensure!(
+            listed.get(&p) == Some(&1),
+            "{p} is listed {:?} times in the manifest",
+            listed.get(&p)
+        );
+    }
+    Ok(())
+}
