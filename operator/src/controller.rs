@@ -15,7 +15,7 @@ use ferry_crds::{
 };
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -26,7 +26,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::validate;
-use crate::volume::{self, Nodes, Volume};
+use crate::volume::{self, Nodes, PvAccess, Volume};
 
 /// Errors that are worth a retry (the API server, the network).
 #[derive(Debug, thiserror::Error)]
@@ -124,7 +124,8 @@ fn condition(
 }
 
 /// Resolve a PVC endpoint: a claim in the job's own namespace, bound to a `local` or
-/// `hostPath` PersistentVolume whose node affinity says where it lives.
+/// `hostPath` PersistentVolume whose node affinity says where it lives, or to a CSI volume
+/// reached through the kubelet's mount for a pod that uses the claim, on that pod's node.
 async fn resolve_pvc(
     ctx: &Context,
     ns: &str,
@@ -170,7 +171,20 @@ async fn resolve_pvc(
         }
     }
     match volume::from_pv(&pv) {
-        Ok(v) => Ok(Ok(v)),
+        Ok(PvAccess::Direct(v)) => Ok(Ok(v)),
+        Ok(PvAccess::Csi) => {
+            // The claim's pods live in its namespace; the kubelet mounts the volume for them.
+            let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
+                .list(&ListParams::default())
+                .await?;
+            match volume::from_csi_mount(&volume::kubelet_dir(), &pv_name, claim, &pods.items) {
+                Some(v) => Ok(Ok(v)),
+                None => unresolved(
+                    "VolumeNotMounted",
+                    format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node"),
+                ),
+            }
+        }
         Err(why) => unresolved(
             "VolumeNotSupported",
             format!("{field}.pvc: volume {pv_name:?}: {why}"),
@@ -580,6 +594,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     }
     // A refusal waits for the spec (or the StorageRoot, on the next resync) to change.
     Ok(match (blocked, requeue) {
+        (Some(b), _) if b.reason == "VolumeNotMounted" => Action::requeue(Duration::from_secs(5)),
         (Some(_), _) => Action::requeue(Duration::from_secs(60)),
         (None, Some(after)) => Action::requeue(after),
         (None, None) => Action::await_change(),

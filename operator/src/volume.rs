@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume};
+use k8s_openapi::api::core::v1::{
+    NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume, Pod,
+};
 
 /// Which nodes have a volume.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,6 +16,8 @@ pub enum Nodes {
     Terms(Vec<NodeSelectorTerm>),
     /// Every node (a shared StorageRoot without a selector).
     All,
+    /// One node, by name (a CSI volume, reachable where a pod mounts it).
+    Named(String),
 }
 
 /// A resolved endpoint.
@@ -53,6 +57,7 @@ impl Nodes {
     pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
         match self {
             Nodes::All => true,
+            Nodes::Named(node) => node == name,
             Nodes::Labels(sel) => sel.iter().all(|(k, v)| labels.get(k) == Some(v)),
             Nodes::Terms(terms) => terms.iter().any(|t| {
                 let exprs = t
@@ -73,14 +78,31 @@ impl Nodes {
     }
 }
 
-/// The host path and nodes of a `local` or `hostPath` PersistentVolume, or why not.
-pub fn from_pv(pv: &PersistentVolume) -> Result<Volume, String> {
+/// How a PersistentVolume is reached on a node.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PvAccess {
+    /// A `local` or `hostPath` volume: its own host path, on the nodes of its affinity.
+    Direct(Volume),
+    /// A CSI volume: only through the kubelet's mount for a pod that uses it
+    /// ([`from_csi_mount`]).
+    Csi,
+}
+
+/// How a PersistentVolume can be reached: the host path and nodes of a `local` or
+/// `hostPath` volume, a CSI volume's need for a mounting pod, or why it cannot be.
+pub fn from_pv(pv: &PersistentVolume) -> Result<PvAccess, String> {
     let spec = pv.spec.as_ref().ok_or("the PersistentVolume has no spec")?;
+    if spec.csi.is_some() {
+        if spec.volume_mode.as_deref() == Some("Block") {
+            return Err("a raw block volume (volumeMode: Block) has no filesystem to copy".into());
+        }
+        return Ok(PvAccess::Csi);
+    }
     let host_path = match (&spec.local, &spec.host_path) {
         (Some(local), _) => local.path.clone(),
         (None, Some(hp)) => hp.path.clone(),
         (None, None) => {
-            return Err("only local and hostPath volumes are supported by this operator version (CSI volumes come later)".into())
+            return Err("only local, hostPath and CSI volumes can be used through a claim (for NFS, ask an admin for a shared StorageRoot)".into())
         }
     };
     let terms = spec
@@ -94,9 +116,81 @@ pub fn from_pv(pv: &PersistentVolume) -> Result<Volume, String> {
             "the PersistentVolume has no required node affinity, so its node is unknown".into(),
         );
     }
-    Ok(Volume {
+    Ok(PvAccess::Direct(Volume {
         host_path,
         nodes: Nodes::Terms(terms),
+    }))
+}
+
+/// The kubelet's root directory when `FERRY_KUBELET_DIR` does not name another.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
+
+/// The kubelet's root directory on the nodes: `FERRY_KUBELET_DIR` or the default.
+pub fn kubelet_dir() -> String {
+    std::env::var("FERRY_KUBELET_DIR")
+        .ok()
+        .filter(|d| d.starts_with('/'))
+        .unwrap_or_else(|| DEFAULT_KUBELET_DIR.into())
+}
+
+/// Where the kubelet mounts CSI volume `pv_name` for the pod with uid `pod_uid`.
+pub fn csi_mount_path(kubelet_dir: &str, pod_uid: &str, pv_name: &str) -> String {
+    format!(
+        "{}/pods/{pod_uid}/volumes/kubernetes.io~csi/{pv_name}/mount",
+        kubelet_dir.trim_end_matches('/')
+    )
+}
+
+/// The pod through which a claim's CSI volume is reached: one that mounts the claim, is
+/// scheduled to a node and has not finished. Running pods come first (their volumes are
+/// mounted), then writable mounts, then names in order, so the choice is stable.
+pub fn mounting_pod<'a>(pods: &'a [Pod], claim: &str) -> Option<&'a Pod> {
+    pods.iter()
+        .filter_map(|pod| {
+            let spec = pod.spec.as_ref()?;
+            spec.node_name.as_deref().filter(|n| !n.is_empty())?;
+            pod.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                return None;
+            }
+            if pod.metadata.deletion_timestamp.is_some() {
+                return None;
+            }
+            let read_only = spec
+                .volumes
+                .iter()
+                .flatten()
+                .filter_map(|v| v.persistent_volume_claim.as_ref())
+                .filter(|c| c.claim_name == claim)
+                .map(|c| c.read_only.unwrap_or(false))
+                .min()?;
+            let key = (
+                phase != Some("Running"),
+                read_only,
+                pod.metadata.name.as_deref().unwrap_or_default(),
+            );
+            Some((key, pod))
+        })
+        .min_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, pod)| pod)
+}
+
+/// A claim's CSI volume `pv_name` as reached through one of `pods` (those of the claim's
+/// namespace): the kubelet's mount directory for it, on that pod's node. `None` when no pod
+/// mounts it.
+pub fn from_csi_mount(
+    kubelet_dir: &str,
+    pv_name: &str,
+    claim: &str,
+    pods: &[Pod],
+) -> Option<Volume> {
+    let pod = mounting_pod(pods, claim)?;
+    let node = pod.spec.as_ref()?.node_name.clone()?;
+    let uid = pod.metadata.uid.as_deref()?;
+    Some(Volume {
+        host_path: csi_mount_path(kubelet_dir, uid, pv_name),
+        nodes: Nodes::Named(node),
     })
 }
 
@@ -127,5 +221,150 @@ mod tests {
         let nodes = Nodes::Terms(vec![term("kubernetes.io/hostname", "In", &["node-a"])]);
         assert!(!nodes.matches("node-b", &labels));
         assert!(!Nodes::Terms(vec![]).matches("node-b", &labels));
+    }
+
+    /// A pod named `name` (uid `uid-<name>`) that mounts `claims`, on `node`, in `phase`.
+    fn pod(name: &str, node: Option<&str>, phase: Option<&str>, claims: &[(&str, bool)]) -> Pod {
+        use k8s_openapi::api::core::v1::{
+            PersistentVolumeClaimVolumeSource, PodSpec, PodStatus, Volume as PodVolume,
+        };
+        Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: node.map(Into::into),
+                volumes: Some(
+                    claims
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (claim, read_only))| PodVolume {
+                            name: format!("v{i}"),
+                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                                claim_name: claim.to_string(),
+                                read_only: Some(*read_only),
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            status: phase.map(|p| PodStatus {
+                phase: Some(p.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn chosen<'a>(pods: &'a [Pod], claim: &str) -> Option<&'a str> {
+        mounting_pod(pods, claim).and_then(|p| p.metadata.name.as_deref())
+    }
+
+    #[test]
+    fn csi_mount_path_is_the_kubelet_pod_volume_directory() {
+        assert_eq!(
+            csi_mount_path("/var/lib/kubelet/", "1234-abcd", "pvc-9"),
+            "/var/lib/kubelet/pods/1234-abcd/volumes/kubernetes.io~csi/pvc-9/mount"
+        );
+    }
+
+    #[test]
+    fn a_scheduled_pod_that_mounts_the_claim_is_chosen_and_pins_the_volume_to_its_node() {
+        let pods = [
+            pod(
+                "other-claim",
+                Some("node-a"),
+                Some("Running"),
+                &[("logs", false)],
+            ),
+            pod(
+                "web-1",
+                Some("node-b"),
+                None,
+                &[("cache", false), ("data", false)],
+            ),
+            pod("web-0", Some("node-b"), None, &[("data", false)]),
+        ];
+        // Without a status (no kubelet), names decide: web-0 before web-1.
+        assert_eq!(chosen(&pods, "data"), Some("web-0"));
+        let v = from_csi_mount("/var/lib/kubelet", "pv-data", "data", &pods)
+            .expect("web-0 mounts the claim");
+        assert_eq!(
+            v.host_path,
+            "/var/lib/kubelet/pods/uid-web-0/volumes/kubernetes.io~csi/pv-data/mount"
+        );
+        assert_eq!(v.nodes, Nodes::Named("node-b".into()));
+        assert!(v.nodes.matches("node-b", &BTreeMap::new()));
+        assert!(!v.nodes.matches("node-a", &BTreeMap::new()));
+    }
+
+    #[test]
+    fn running_pods_then_writable_mounts_are_preferred() {
+        let pods = [
+            pod("a", Some("node-a"), Some("Pending"), &[("data", false)]),
+            pod("b", Some("node-b"), Some("Running"), &[("data", true)]),
+            pod("c", Some("node-a"), Some("Running"), &[("data", false)]),
+        ];
+        assert_eq!(chosen(&pods, "data"), Some("c"));
+        assert_eq!(chosen(&pods[..2], "data"), Some("b"));
+        assert_eq!(chosen(&pods[..1], "data"), Some("a"));
+    }
+
+    #[test]
+    fn finished_terminating_and_unscheduled_pods_are_ignored() {
+        let mut terminating = pod("d", Some("node-a"), Some("Running"), &[("data", false)]);
+        terminating.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        let pods = [
+            pod("a", Some("node-a"), Some("Succeeded"), &[("data", false)]),
+            pod("b", Some("node-a"), Some("Failed"), &[("data", false)]),
+            pod("c", None, Some("Pending"), &[("data", false)]),
+            terminating,
+            pod("z", Some("node-b"), Some("Running"), &[("data", false)]),
+        ];
+        assert_eq!(chosen(&pods, "data"), Some("z"));
+        assert_eq!(chosen(&pods[..4], "data"), None);
+    }
+
+    #[test]
+    fn no_pod_mounting_the_claim_means_no_volume() {
+        let pods = [pod(
+            "a",
+            Some("node-a"),
+            Some("Running"),
+            &[("other", false)],
+        )];
+        assert_eq!(chosen(&pods, "data"), None);
+        assert_eq!(
+            from_csi_mount("/var/lib/kubelet", "pv", "data", &pods),
+            None
+        );
+        assert_eq!(from_csi_mount("/var/lib/kubelet", "pv", "data", &[]), None);
+    }
+
+    #[test]
+    fn csi_pvs_need_a_mounting_pod_and_block_ones_are_refused() {
+        use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec};
+        let mut pv = PersistentVolume {
+            spec: Some(PersistentVolumeSpec {
+                csi: Some(CSIPersistentVolumeSource {
+                    driver: "fake.csi.ferry.dev".into(),
+                    volume_handle: "h".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(from_pv(&pv), Ok(PvAccess::Csi));
+        if let Some(spec) = pv.spec.as_mut() {
+            spec.volume_mode = Some("Block".into());
+        }
+        assert!(matches!(from_pv(&pv), Err(why) if why.contains("Block")));
     }
 }
