@@ -3,7 +3,7 @@
 //! worker) and publishes the shard's progress by server-side apply under its own field
 //! manager, so it owns only its shard's progress fields.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ferry_crds::{CopyJob, CopyJobSpec, ShardStatus, AGENT_MANAGER_PREFIX, STATE_DIR};
-use ferry_engine::{Failure, Overwrite, Preserve, Progress, Reflink, Strategy, Verify};
+use ferry_engine::{Failure, Overwrite, Preserve, Progress, Reflink, Select, Strategy, Verify};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -36,6 +36,9 @@ pub struct Settings {
     pub namespace: String,
     /// Copy workers per shard (0: CPUs).
     pub workers: usize,
+    /// Test-only: sleep this long before each file (`FERRY_FAULT_FILE_DELAY_MS`), so
+    /// end-to-end tests can act while a copy runs.
+    pub file_delay: Option<Duration>,
 }
 
 /// Name of a node's heartbeat Lease.
@@ -51,6 +54,8 @@ struct Live {
     reflinked: AtomicU64,
     failed: AtomicU64,
     failures: Mutex<Vec<Failure>>,
+    /// Why the shard could not start at all (reported with reason `CannotStart`).
+    start_error: Mutex<Option<String>>,
 }
 
 impl Default for Live {
@@ -62,19 +67,44 @@ impl Default for Live {
             reflinked: AtomicU64::default(),
             failed: AtomicU64::default(),
             failures: Mutex::default(),
+            start_error: Mutex::default(),
         }
     }
 }
 
+impl Live {
+    /// Counters that go on from where an interrupted run of this shard left them.
+    fn resumed(shard: &ShardStatus) -> Self {
+        let live = Live::default();
+        live.files
+            .store(shard.files_done.max(0) as u64, Ordering::Relaxed);
+        live.bytes
+            .store(shard.bytes_done.max(0) as u64, Ordering::Relaxed);
+        live.reflinked
+            .store(shard.bytes_reflinked.max(0) as u64, Ordering::Relaxed);
+        live
+    }
+}
+
+/// A shard this agent is running, and how to stop it.
+#[derive(Default)]
+struct Active {
+    /// Read by the engine at every file boundary.
+    cancel: Arc<AtomicBool>,
+    /// The job is being deleted (rather than suspended).
+    deleting: AtomicBool,
+}
+
 impl Progress for Live {
     fn bytes_copied(&self, bytes: u64, strategy: Strategy) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
         if strategy == Strategy::Reflink {
             self.reflinked.fetch_add(bytes, Ordering::Relaxed);
         }
     }
-    fn entry_done(&self) {
+    // Counted as the summary counts them, so the last update does not jump.
+    fn file_done(&self, size: u64) {
         self.files.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(size, Ordering::Relaxed);
     }
     fn failed(&self, failure: &Failure) {
         self.failed.fetch_add(1, Ordering::Relaxed);
@@ -93,7 +123,10 @@ pub async fn run(settings: Settings) -> Result<()> {
         .await
         .context("connect to the Kubernetes API")?;
     tokio::spawn(heartbeat(client.clone(), settings.clone()));
-    let running: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let running: Arc<Mutex<HashMap<String, Arc<Active>>>> = Arc::default();
+    // Shards this process finished: a stale event (published before the final state)
+    // must not start one again.
+    let finished: Arc<Mutex<HashSet<String>>> = Arc::default();
     let jobs = Api::<CopyJob>::all(client.clone());
     let mut stream = watcher(jobs, watcher::Config::default())
         .default_backoff()
@@ -109,55 +142,78 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
         };
         let Some(status) = &job.status else { continue };
-        for shard in &status.shards {
-            let mine =
-                shard.node == settings.node && (shard.state.is_empty() || shard.state == "Pending");
-            let key = format!(
-                "{}/{}/{}/{}",
-                job.namespace().unwrap_or_default(),
-                job.name_any(),
-                shard.id,
-                shard.epoch
-            );
-            if !mine || job.spec.suspend || job.metadata.deletion_timestamp.is_some() {
-                continue;
+        let prefix = format!(
+            "{}/{}/",
+            job.namespace().unwrap_or_default(),
+            job.name_any()
+        );
+        let deleting = job.metadata.deletion_timestamp.is_some();
+        if job.spec.suspend || deleting {
+            // Stop this job's running shards at the next file boundary.
+            for (key, active) in lock(&running).iter() {
+                if key.starts_with(&prefix) {
+                    if deleting {
+                        active.deleting.store(true, Ordering::Relaxed);
+                    }
+                    if !active.cancel.swap(true, Ordering::Relaxed) {
+                        tracing::info!(shard = %key, deleting, "stopping shard");
+                    }
+                }
             }
-            if !running
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(key.clone())
+            continue;
+        }
+        for shard in &status.shards {
+            if shard.node != settings.node
+                || matches!(shard.state.as_str(), "Succeeded" | "Failed" | "Stopped")
             {
                 continue;
             }
-            let (client, settings, job, shard, running) = (
+            let key = format!("{prefix}{}/{}", shard.id, shard.epoch);
+            if lock(&finished).contains(&key) {
+                continue;
+            }
+            let active = Arc::new(Active::default());
+            {
+                let mut r = lock(&running);
+                if r.contains_key(&key) {
+                    continue;
+                }
+                r.insert(key.clone(), active.clone());
+            }
+            let (client, settings, job, shard, running, finished) = (
                 client.clone(),
                 settings.clone(),
                 job.clone(),
                 shard.clone(),
                 running.clone(),
+                finished.clone(),
             );
             tokio::spawn(async move {
-                if let Err(e) = run_shard(&client, &settings, &job, &shard).await {
-                    tracing::warn!(job = %job.name_any(), error = %e, "shard failed to start");
-                    let _ = publish(
-                        &client,
-                        &settings,
-                        &job,
-                        &shard,
-                        "Failed",
-                        &Live::default(),
-                        None,
-                    )
-                    .await;
+                let state = match run_shard(&client, &settings, &job, &shard, &active).await {
+                    Ok(state) => state,
+                    Err(e) => {
+                        tracing::warn!(job = %job.name_any(), error = %e, "shard failed to start");
+                        let live = Live::default();
+                        *lock(&live.start_error) = Some(format!("{e:#}"));
+                        live.failed.store(1, Ordering::Relaxed);
+                        let _ =
+                            publish(&client, &settings, &job, &shard, "Failed", &live, None).await;
+                        "Failed"
+                    }
+                };
+                // A suspended shard runs again when the job is resumed; the others are done.
+                if state != "Suspended" {
+                    lock(&finished).insert(key.clone());
                 }
-                running
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&key);
+                lock(&running).remove(&key);
             });
         }
     }
     Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 async fn heartbeat(client: Client, settings: Settings) {
@@ -196,7 +252,11 @@ fn host_dir(host_root: &Path, resolved: &str) -> Result<PathBuf> {
     Ok(host_root.join(resolved.trim_start_matches('/')))
 }
 
-fn engine_options(spec: &CopyJobSpec, workers: usize, manifest: PathBuf) -> ferry_engine::Options {
+fn engine_options(
+    spec: &CopyJobSpec,
+    workers: usize,
+    manifest: Option<PathBuf>,
+) -> ferry_engine::Options {
     let p = &spec.preserve;
     let mut preserve = Preserve::ALL;
     preserve.mode = p.permissions;
@@ -226,7 +286,7 @@ fn engine_options(spec: &CopyJobSpec, workers: usize, manifest: PathBuf) -> ferr
             ferry_crds::OverwritePolicy::Always => Overwrite::Always,
         },
         preserve,
-        manifest: Some(manifest),
+        manifest,
         ..ferry_engine::Options::default()
     }
 }
@@ -236,16 +296,29 @@ async fn run_shard(
     settings: &Settings,
     job: &CopyJob,
     shard: &ShardStatus,
-) -> Result<()> {
+    active: &Active,
+) -> Result<&'static str> {
     let src_root = host_dir(&settings.host_root, &shard.source_root)?;
     let dst_root = host_dir(&settings.host_root, &shard.destination_root)?;
+    // A root is the admin's (or the kubelet's) to create: a missing one is a mount that is
+    // not there, and writing into the node's own disk below it would hide the data.
+    for (what, root) in [("source", &src_root), ("destination", &dst_root)] {
+        anyhow::ensure!(
+            root.is_dir(),
+            "the {what} root {} is not a directory on node {} (is the volume mounted?)",
+            root.display(),
+            settings.node
+        );
+    }
+    let select = Select::parse(&shard.part)
+        .with_context(|| format!("shard {} has an unknown part {:?}", shard.id, shard.part))?;
     let src = src_root.join(&job.spec.source.path);
     let dst = dst_root.join(&job.spec.destination.path);
     if job.spec.dry_run {
         // Count what the copy would carry; touch nothing on the destination.
         let totals = tokio::task::spawn_blocking(move || ferry_engine::plan(&src)).await??;
         let planned = Some((totals.files as i64, totals.bytes as i64));
-        return publish(
+        publish(
             client,
             settings,
             job,
@@ -254,21 +327,36 @@ async fn run_shard(
             &Live::default(),
             planned,
         )
-        .await;
+        .await?;
+        return Ok("Succeeded");
     }
-    // The manifest lives with the data it describes, under the destination root.
+    // The manifest lives with the data it describes, under the destination root; each
+    // part of a split job writes its own, and the directories pass joins them.
     let state = dst_root.join(STATE_DIR);
     std::fs::create_dir_all(&state)?;
-    let manifest = state.join(format!(
-        "{}-{}.xxh128",
-        job.namespace().unwrap_or_default(),
-        job.name_any()
-    ));
+    let base = format!("{}-{}", job.namespace().unwrap_or_default(), job.name_any());
+    let manifest = match select {
+        Select::All => Some(state.join(format!("{base}.xxh128"))),
+        Select::Part { index, .. } => Some(state.join(format!("{base}.part-{index}.xxh128"))),
+        Select::DirsOnly => None,
+    };
     if let Some(parent) = dst.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let opts = engine_options(&job.spec, settings.workers, manifest);
-    let live = Arc::new(Live::default());
+    // Anything but a fresh shard is a resumption: suspended, or left Running by an agent
+    // process that died. Committed files are kept and unfinished directories finished.
+    let resume = !(shard.state.is_empty() || shard.state == "Pending");
+    let mut opts = engine_options(&job.spec, settings.workers, manifest);
+    opts.select = select;
+    opts.resume = resume;
+    opts.cancel = Some(active.cancel.clone());
+    opts.faults.delay_per_file = settings.file_delay;
+    let live = Arc::new(if resume {
+        Live::resumed(shard)
+    } else {
+        Live::default()
+    });
+    tracing::info!(job = %base, shard = %shard.id, part = %shard.part, resume, "starting shard");
     let done = Arc::new(AtomicBool::new(false));
     publish(client, settings, job, shard, "Running", &live, None).await?;
     // The copy runs on its own OS thread; the async side only publishes.
@@ -296,13 +384,17 @@ async fn run_shard(
             }
         }
     };
-    let state = match &result {
+    let mut state = match &result {
+        Ok(summary) if summary.cancelled => {
+            if active.deleting.load(Ordering::Relaxed) {
+                "Stopped"
+            } else {
+                "Suspended"
+            }
+        }
         Ok(summary) if summary.failed == 0 && summary.aborted.is_none() => "Succeeded",
         Ok(summary) => {
-            let mut f = live
-                .failures
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut f = lock(&live.failures);
             if f.is_empty() {
                 f.extend(summary.failures.iter().take(20).cloned());
             }
@@ -310,18 +402,59 @@ async fn run_shard(
         }
         Err(e) => {
             tracing::warn!(error = %e, "copy could not start");
+            *lock(&live.start_error) = Some(e.to_string());
             "Failed"
         }
     };
+    if select == Select::DirsOnly && state == "Succeeded" {
+        if let Err(e) = join_manifests(&dst_root.join(STATE_DIR), &base) {
+            *lock(&live.start_error) = Some(format!("joining the parts' manifests: {e:#}"));
+            state = "Failed";
+        }
+    }
+    tracing::info!(job = %base, shard = %shard.id, state, "shard finished");
     if let Ok(summary) = &result {
-        // Final numbers from the summary, not the live counters.
-        live.files.store(summary.files, Ordering::Relaxed);
-        live.bytes.store(summary.bytes, Ordering::Relaxed);
-        live.reflinked
-            .store(summary.bytes_reflinked, Ordering::Relaxed);
+        if !resume {
+            // Final numbers from the summary, not the live counters.
+            live.files.store(summary.files, Ordering::Relaxed);
+            live.bytes.store(summary.bytes, Ordering::Relaxed);
+            live.reflinked
+                .store(summary.bytes_reflinked, Ordering::Relaxed);
+        }
         live.failed.store(summary.failed, Ordering::Relaxed);
     }
-    publish(client, settings, job, shard, state, &live, None).await
+    publish(client, settings, job, shard, state, &live, None).await?;
+    Ok(state)
+}
+
+/// The last step of a split job: the parts' manifests (`<base>.part-<i>.xxh128`) become
+/// one `<base>.xxh128`, written under a temporary name and renamed, then the parts go.
+fn join_manifests(state: &Path, base: &str) -> Result<()> {
+    let prefix = format!("{base}.part-");
+    let mut parts: Vec<(u32, PathBuf)> = std::fs::read_dir(state)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let index = name
+                .strip_prefix(&prefix)?
+                .strip_suffix(".xxh128")?
+                .parse()
+                .ok()?;
+            Some((index, e.path()))
+        })
+        .collect();
+    parts.sort();
+    let tmp = state.join(format!(".{base}.xxh128.tmp"));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    for (_, p) in &parts {
+        std::io::copy(&mut std::fs::File::open(p)?, &mut out)?;
+    }
+    out.into_inner()?.sync_all()?;
+    std::fs::rename(&tmp, state.join(format!("{base}.xxh128")))?;
+    for (_, p) in &parts {
+        std::fs::remove_file(p)?;
+    }
+    Ok(())
 }
 
 /// Apply this shard's progress fields (and only those: the operator owns the assignment).
@@ -335,12 +468,12 @@ async fn publish(
     live: &Live,
     planned: Option<(i64, i64)>,
 ) -> Result<()> {
-    let failures: Vec<serde_json::Value> = live
-        .failures
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .map(|f| serde_json::json!({"path": f.path.to_string_lossy(), "reason": f.kind.as_str(), "message": f.message}))
+    let start = lock(&live.start_error)
+        .as_ref()
+        .map(|m| serde_json::json!({"path": ".", "reason": "CannotStart", "message": m}));
+    let failures: Vec<serde_json::Value> = start
+        .into_iter()
+        .chain(lock(&live.failures).iter().map(|f| serde_json::json!({"path": f.path.to_string_lossy(), "reason": f.kind.as_str(), "message": f.message})))
         .collect();
     let body = serde_json::json!({
         "apiVersion": "ferry.dev/v1alpha1",
@@ -361,7 +494,7 @@ async fn publish(
         }
     });
     let ns = job.namespace().unwrap_or_default();
-    let pp = PatchParams::apply(&format!("{AGENT_MANAGER_PREFIX}{}", settings.node)).force();
+    let pp = PatchParams::apply(&ferry_crds::agent_manager(&settings.node, &shard.id)).force();
     Api::<CopyJob>::namespaced(client.clone(), &ns)
         .patch_status(&job.name_any(), &pp, &Patch::Apply(&body))
         .await?;

@@ -11,12 +11,18 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        // Colour codes only on a terminal: logs in files and `kubectl logs` stay greppable.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let settings = ferry_agent::daemon::Settings {
         node: args.node,
         host_root: args.host_root,
         namespace: args.namespace,
         workers: args.workers,
+        file_delay: std::env::var("FERRY_FAULT_FILE_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(std::time::Duration::from_millis),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -16,9 +16,26 @@ pub const VERSION: &str = "v1alpha1";
 pub const FINALIZER: &str = "ferry.dev/cleanup";
 /// Server-side-apply field manager of the operator (owns the status summary).
 pub const OPERATOR_MANAGER: &str = "ferry-operator";
-/// Field manager prefix of agents; each agent appends its node name, so it owns only its
-/// own shard entries.
+/// Field manager prefix of agents. An agent publishes each shard under its own manager
+/// (`ferry-agent-<node>.<shard id>`, see [`agent_manager`]): server-side apply drops the
+/// fields a manager stops sending, so one manager per node would erase the progress of the
+/// node's earlier shards each time it published a later one.
 pub const AGENT_MANAGER_PREFIX: &str = "ferry-agent-";
+/// The field manager an agent on `node` publishes shard `shard` under (field managers are
+/// at most 128 bytes; a longer node name is cut).
+pub fn agent_manager(node: &str, shard: &str) -> String {
+    let mut m = format!("{AGENT_MANAGER_PREFIX}{node}");
+    let room = 128usize.saturating_sub(shard.len() + 1);
+    if m.len() > room {
+        let mut cut = room;
+        while !m.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        m.truncate(cut);
+    }
+    format!("{m}.{shard}")
+}
+
 /// Directory on the destination that holds the manifest and resume state.
 pub const STATE_DIR: &str = ".ferry";
 
@@ -291,11 +308,17 @@ pub struct ShardStatus {
     pub source_root: String,
     /// Host path of the destination's root or volume.
     pub destination_root: String,
-    /// Pending (or empty), Running, Succeeded or Failed.
+    /// Which part of the tree: empty for all of it; `i/n` for the entries whose path
+    /// hashes to i of n (a tree on shared roots split across agents); `directories` for
+    /// the last step of a split copy, which gives every directory its metadata and joins
+    /// the parts' manifests.
+    pub part: String,
+    /// Empty or Pending (not started), Running, Suspended (stopped by `suspend`; resumes
+    /// where it stopped), Stopped (the job is being deleted), Succeeded or Failed.
     pub state: String,
-    /// Files committed by this shard.
+    /// Regular files committed by this shard (a hard-linked file once).
     pub files_done: i64,
-    /// Bytes committed by this shard.
+    /// Bytes (apparent size) of the files committed by this shard.
     pub bytes_done: i64,
     /// Bytes shared by reflink.
     pub bytes_reflinked: i64,

@@ -292,6 +292,52 @@ impl ControlPlane {
         )
     }
 
+    /// A jsonpath of one object, as kubectl prints it ("" when the object is gone).
+    pub fn get(&self, kind_name: &str, ns: &str, jsonpath: &str) -> Result<String> {
+        let out = self.kubectl(&[
+            "get",
+            kind_name,
+            "-n",
+            ns,
+            "--ignore-not-found",
+            "-o",
+            &format!("jsonpath={jsonpath}"),
+        ])?;
+        if !out.status.success() {
+            bail!(
+                "kubectl get {kind_name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Poll `jsonpath` of `kind_name` until `ready` accepts it; the error shows the last
+    /// value and the agents' logs.
+    pub fn wait_until(
+        &self,
+        kind_name: &str,
+        ns: &str,
+        jsonpath: &str,
+        timeout: Duration,
+        mut ready: impl FnMut(&str) -> bool,
+    ) -> Result<String> {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < timeout {
+            last = self.get(kind_name, ns, jsonpath)?;
+            if ready(&last) {
+                return Ok(last);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!(
+            "{kind_name} {jsonpath}: still {last:?} after {timeout:?}\nstatus: {}\noperator:\n{}",
+            self.get(kind_name, ns, "{.status}").unwrap_or_default(),
+            self.log_tail("operator.log", 10)
+        )
+    }
+
     /// `kubectl apply -f -` that must succeed.
     pub fn apply(&self, yaml: &str) -> Result<()> {
         let out = self.kubectl_stdin(&["apply", "-f", "-"], yaml)?;
@@ -305,6 +351,16 @@ impl ControlPlane {
     /// directory under `<dir>/hosts/<name>`), the operator and one agent per node. Returns
     /// the processes (stopped when dropped) and the hosts directory.
     pub fn start_ferry(&self, nodes: &[&str]) -> Result<(Vec<Proc>, PathBuf)> {
+        self.start_ferry_with(nodes, &[])
+    }
+
+    /// [`Self::start_ferry`] with extra environment for the agents (e.g. the test-only
+    /// `FERRY_FAULT_FILE_DELAY_MS`, which makes copies slow enough to act on mid-way).
+    pub fn start_ferry_with(
+        &self,
+        nodes: &[&str],
+        agent_env: &[(&str, &str)],
+    ) -> Result<(Vec<Proc>, PathBuf)> {
         self.kubectl_ok(&["create", "namespace", "ferry-system"])?;
         let hosts = self.dir().join("hosts");
         for node in nodes {
@@ -328,7 +384,7 @@ impl ControlPlane {
                 "--namespace",
                 "ferry-system",
             ];
-            procs.push(self.spawn(&agent, &args, &[], &format!("agent-{node}.log"))?);
+            procs.push(self.spawn(&agent, &args, agent_env, &format!("agent-{node}.log"))?);
         }
         Ok((procs, hosts))
     }
@@ -402,11 +458,14 @@ impl Drop for Proc {
     }
 }
 
-/// Build (a no-op when fresh) one of the workspace's binaries and return its path.
+/// Build (a no-op when fresh) one of the workspace's binaries and return its path: a debug
+/// build, or a release build when `FERRY_E2E_RELEASE=1` (for benchmarks).
 pub fn workspace_bin(package: &str, bin: &str) -> Result<PathBuf> {
+    let release = std::env::var_os("FERRY_E2E_RELEASE").is_some_and(|v| v == "1");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .args(["build", "-q", "-p", package, "--bin", bin])
+        .args(release.then_some("--release"))
         .current_dir(repo_root())
         .status()?;
     if !status.success() {
@@ -414,7 +473,9 @@ pub fn workspace_bin(package: &str, bin: &str) -> Result<PathBuf> {
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| repo_root().join("target"), PathBuf::from);
-    Ok(target.join("debug").join(bin))
+    Ok(target
+        .join(if release { "release" } else { "debug" })
+        .join(bin))
 }
 
 impl ControlPlane {
@@ -445,4 +506,97 @@ impl ControlPlane {
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
+}
+
+/// A bind mount, undone when dropped: one filesystem seen under several simulated nodes'
+/// host roots, as NFS is on real nodes (needs root).
+#[derive(Debug)]
+pub struct BindMount(PathBuf);
+
+impl BindMount {
+    pub fn new(from: &Path, to: &Path) -> Result<Self> {
+        std::fs::create_dir_all(to)?;
+        let status = Command::new("mount")
+            .arg("--bind")
+            .arg(from)
+            .arg(to)
+            .status()
+            .context("run mount")?;
+        if !status.success() {
+            bail!("mount --bind {} {} failed", from.display(), to.display());
+        }
+        Ok(Self(to.to_path_buf()))
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Every entry under `root` (relative path → what a user would compare: type, mode,
+/// owner, size, mtime, symlink target), walked without following links.
+pub fn tree_meta(root: &Path) -> Result<std::collections::BTreeMap<PathBuf, String>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let path = root.join(&rel);
+        let m =
+            std::fs::symlink_metadata(&path).with_context(|| format!("stat {}", path.display()))?;
+        let target = if m.file_type().is_symlink() {
+            std::fs::read_link(&path)?.display().to_string()
+        } else {
+            String::new()
+        };
+        let size = if m.is_dir() { 0 } else { m.len() };
+        out.insert(
+            rel.clone(),
+            format!(
+                "mode {:o} owner {}:{} size {size} mtime {}.{:09} nlink-group {} {target}",
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                m.mtime(),
+                m.mtime_nsec(),
+                if m.is_dir() { 1 } else { m.nlink() },
+            ),
+        );
+        if m.is_dir() {
+            for e in std::fs::read_dir(&path)? {
+                stack.push(rel.join(e?.file_name()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The destination equals the source: same entries with the same metadata (the top
+/// directory's own metadata too) and the same bytes in every file.
+pub fn assert_same_tree(src: &Path, dst: &Path) -> Result<()> {
+    let (a, b) = (tree_meta(src)?, tree_meta(dst)?);
+    let mut diffs = Vec::new();
+    for (p, m) in &a {
+        match b.get(p) {
+            None => diffs.push(format!("missing {}", p.display())),
+            Some(n) if n != m => diffs.push(format!("{}: source {m}, copy {n}", p.display())),
+            Some(_) => {
+                let sp = src.join(p);
+                if std::fs::symlink_metadata(&sp)?.is_file()
+                    && std::fs::read(&sp)? != std::fs::read(dst.join(p))?
+                {
+                    diffs.push(format!("{}: contents differ", p.display()));
+                }
+            }
+        }
+    }
+    for p in b.keys().filter(|p| !a.contains_key(*p)) {
+        diffs.push(format!("extra {}", p.display()));
+    }
+    if !diffs.is_empty() {
+        diffs.truncate(20);
+        bail!("copy differs from the source:\n  {}", diffs.join("\n  "));
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::{ensure, Result};
 use ferry_e2e::ControlPlane;
 
-/// A Pod on `node` that mounts claim `data` (never started: there is no kubelet).
+/// A Pod on `node` that mounts claim `data` (no kubelet runs here: the test sets its phase).
 fn pod(name: &str, node: &str) -> String {
     format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {node}\n  containers:\n  - {{name: pause, image: registry.k8s.io/pause:3.10, volumeMounts: [{{name: data, mountPath: /data}}]}}\n  volumes:\n  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}\n")
 }
@@ -25,6 +25,8 @@ fn pvc_on_a_csi_pv_waits_for_a_mounting_pod_then_is_copied_on_that_pods_node() -
     cp.apply(
         "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-csi\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  csi: {driver: fake.csi.ferry.dev, volumeHandle: vol-0001}\n  claimRef: {namespace: default, name: data}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\n  namespace: default\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  volumeName: pv-csi\n  resources: {requests: {storage: 1Gi}}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: backup\nspec:\n  path: /srv/backup\n  nodeSelector: {ferry.dev/node: node-b}\n  namespaces: {names: [default]}\n",
     )?;
+    // The admin made the destination root's directory on node-b.
+    std::fs::create_dir_all(hosts.join("node-b/srv/backup"))?;
     // A finished pod on node-a that mounted the claim does not count: its volume is gone.
     cp.apply(&pod("done", "node-a"))?;
     cp.kubectl_ok(&[
@@ -111,6 +113,18 @@ fn pvc_on_a_csi_pv_waits_for_a_mounting_pod_then_is_copied_on_that_pods_node() -
         b"through the kubelet mount\n",
     )?;
     std::os::unix::fs::symlink("../f3", tree.join("nested/deeper/link"))?;
+    // Only now is the volume mounted: the kubelet reports the pod Running after that.
+    cp.kubectl_ok(&[
+        "patch",
+        "pod",
+        "user",
+        "-n",
+        "default",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Running"}}"#,
+    ])?;
 
     cp.wait_succeeded("default", "from-csi", 90)?;
     let (node, source_root) = (

@@ -25,6 +25,7 @@ use kube::runtime::finalizer::{finalizer, Event};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
+use crate::schedule;
 use crate::validate;
 use crate::volume::{self, Nodes, PvAccess, Volume};
 
@@ -37,6 +38,9 @@ pub enum Error {
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     #[error("{0} has no namespace")]
     NoNamespace(String),
+    /// Not a failure: deletion waits for these nodes' agents to stop their shards.
+    #[error("waiting for the agents on {0} to stop")]
+    Stopping(String),
 }
 
 /// Shared state of the reconciler.
@@ -92,6 +96,18 @@ async fn reconcile(job: Arc<CopyJob>, ctx: Arc<Context>) -> Result<Action, Error
 }
 
 fn error_policy(_job: Arc<CopyJob>, error: &Error, _ctx: Arc<Context>) -> Action {
+    let stopping = match error {
+        Error::Stopping(_) => true,
+        Error::Finalizer(e) => matches!(
+            **e,
+            kube::runtime::finalizer::Error::CleanupFailed(Error::Stopping(_))
+        ),
+        _ => false,
+    };
+    if stopping {
+        tracing::info!(%error, "deletion waits");
+        return Action::requeue(Duration::from_millis(500));
+    }
     tracing::warn!(%error, "requeueing");
     Action::requeue(Duration::from_secs(5))
 }
@@ -207,6 +223,7 @@ async fn resolve(
         .await?
         .map(|root| Volume {
             host_path: root.spec.path.clone(),
+            shared: root.spec.shared,
             nodes: match (&root.spec.node_selector, root.spec.shared) {
                 (Some(sel), _) => Nodes::Labels(sel.clone()),
                 (None, true) => Nodes::All,
@@ -297,20 +314,8 @@ async fn eligible_nodes(ctx: &Context, volumes: &[Volume]) -> Result<Vec<String>
     let nodes = Api::<Node>::all(ctx.client.clone())
         .list(&ListParams::default())
         .await?;
-    let leases = Api::<Lease>::namespaced(ctx.client.clone(), &agent_namespace())
-        .list(&ListParams::default())
-        .await?;
-    let now = Timestamp::now().as_second();
-    let live = |node: &str| {
-        leases.items.iter().any(|l| {
-            let Some(spec) = &l.spec else { return false };
-            let (Some(renew), Some(secs)) = (&spec.renew_time, spec.lease_duration_seconds) else {
-                return false;
-            };
-            l.name_any() == format!("ferry-agent-{node}")
-                && renew.0.as_second() + i64::from(secs) >= now
-        })
-    };
+    let agents = live_agents(ctx).await?;
+    let live = |node: &str| agents.iter().any(|a| a == node);
     let mut out: Vec<String> = nodes
         .items
         .iter()
@@ -324,6 +329,25 @@ async fn eligible_nodes(ctx: &Context, volumes: &[Volume]) -> Result<Vec<String>
         .collect();
     out.sort();
     Ok(out)
+}
+
+/// Nodes whose agent's heartbeat Lease is current.
+async fn live_agents(ctx: &Context) -> Result<Vec<String>, Error> {
+    let leases = Api::<Lease>::namespaced(ctx.client.clone(), &agent_namespace())
+        .list(&ListParams::default())
+        .await?;
+    let now = Timestamp::now().as_second();
+    Ok(leases
+        .items
+        .iter()
+        .filter_map(|l| {
+            let spec = l.spec.as_ref()?;
+            let renew = spec.renew_time.as_ref()?;
+            let secs = spec.lease_duration_seconds?;
+            let node = l.name_any().strip_prefix("ferry-agent-")?.to_string();
+            (renew.0.as_second() + i64::from(secs) >= now).then_some(node)
+        })
+        .collect())
 }
 
 /// 1536 -> "1.5 KiB": for the RATE column.
@@ -374,38 +398,46 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     (phase, p, failures)
 }
 
-async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
-    let ns = job
-        .namespace()
-        .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
-    let generation = job.metadata.generation;
-    let old = job.status.clone().unwrap_or_default();
-    let previous = old.conditions.as_slice();
-    let mut roots = Vec::new();
-    let blocked = match validate::validate(&job.spec) {
-        Err(refusal) => Some(Blocked {
+/// Validate the spec and resolve both endpoints into `roots`; `Some` when it cannot go on.
+async fn check(
+    ctx: &Context,
+    ns: &str,
+    job: &CopyJob,
+    roots: &mut Vec<Volume>,
+) -> Result<Option<Blocked>, Error> {
+    if let Err(refusal) = validate::validate(&job.spec) {
+        return Ok(Some(Blocked {
             condition: "Accepted",
             reason: refusal.reason.as_str(),
             message: refusal.message,
-        }),
-        Ok(()) => match resolve(ctx, &ns, "spec.source", &job.spec.source, false).await? {
-            Err(b) => Some(b),
-            Ok(src) => {
-                roots.push(src);
-                match resolve(ctx, &ns, "spec.destination", &job.spec.destination, true).await? {
-                    Err(b) => Some(b),
-                    Ok(dst) => {
-                        roots.push(dst);
-                        None
-                    }
-                }
-            }
-        },
-    };
-    let mut conditions = Vec::new();
-    let mut shards = old.shards.clone();
-    let mut requeue = None;
-    let accepted = match &blocked {
+        }));
+    }
+    match resolve(ctx, ns, "spec.source", &job.spec.source, false).await? {
+        Err(b) => return Ok(Some(b)),
+        Ok(src) => roots.push(src),
+    }
+    match resolve(ctx, ns, "spec.destination", &job.spec.destination, true).await? {
+        Err(b) => return Ok(Some(b)),
+        Ok(dst) => roots.push(dst),
+    }
+    Ok(None)
+}
+
+/// The Accepted, Resolved and Scheduled conditions, and the shards: created on first
+/// resolution, then handed to idle agents. Returns when to look again, if no status
+/// change is bound to trigger it.
+async fn decide(
+    ctx: &Context,
+    job: &CopyJob,
+    blocked: &Option<Blocked>,
+    roots: &[Volume],
+    shards: &mut Vec<ShardStatus>,
+    conditions: &mut Vec<Condition>,
+) -> Result<Option<Duration>, Error> {
+    let generation = job.metadata.generation;
+    let old = job.status.clone().unwrap_or_default();
+    let previous = old.conditions.as_slice();
+    conditions.push(match blocked {
         Some(b) if b.condition == "Accepted" => condition(
             "Accepted", false, b.reason, &b.message, generation, previous,
         ),
@@ -417,51 +449,103 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             generation,
             previous,
         ),
-    };
-    conditions.push(accepted);
-    match &blocked {
-        Some(b) if b.condition == "Accepted" => {}
-        Some(b) => conditions.push(condition(
-            "Resolved", false, b.reason, &b.message, generation, previous,
-        )),
-        None => {
+    });
+    match blocked {
+        Some(b) if b.condition == "Accepted" => return Ok(None),
+        Some(b) => {
             conditions.push(condition(
-                "Resolved",
-                true,
-                "Resolved",
-                "source and destination resolved",
-                generation,
-                previous,
+                "Resolved", false, b.reason, &b.message, generation, previous,
             ));
-            if shards.is_empty() {
-                match eligible_nodes(ctx, &roots).await?.first() {
-                    Some(node) => shards.push(ShardStatus {
-                        id: "0".into(),
-                        node: node.clone(),
-                        epoch: 1,
-                        source_root: roots[0].host_path.clone(),
-                        destination_root: roots[1].host_path.clone(),
-                        ..Default::default()
-                    }),
-                    None => requeue = Some(Duration::from_secs(2)),
-                }
-            }
-            let (reason, msg) = match shards.first() {
-                Some(s) => ("Assigned", format!("assigned to node {}", s.node)),
-                None => (
-                    "NoAgent",
-                    "no node with a live Ferry agent has both volumes; waiting for one".to_string(),
-                ),
-            };
-            conditions.push(condition(
-                "Scheduled",
-                !shards.is_empty(),
-                reason,
-                &msg,
-                generation,
-                previous,
-            ));
+            return Ok(None);
         }
+        None => conditions.push(condition(
+            "Resolved",
+            true,
+            "Resolved",
+            "source and destination resolved",
+            generation,
+            previous,
+        )),
+    }
+    let max_agents = job.spec.parallelism.max_agents.max(1);
+    // Split only where every agent sees the same files on both sides.
+    let split = !job.spec.dry_run && max_agents > 1 && roots.iter().all(|r| r.shared);
+    if shards.is_empty() {
+        *shards = schedule::initial(
+            split.then(|| schedule::parts_for(max_agents)),
+            &roots[0].host_path,
+            &roots[1].host_path,
+        );
+    }
+    let mut requeue = None;
+    if shards.iter().any(|s| s.node.is_empty()) {
+        let eligible = eligible_nodes(ctx, roots).await?;
+        schedule::assign(shards, &eligible, max_agents as usize);
+        // Finishing shards trigger the next assignment; an agent coming up does not.
+        requeue = Some(Duration::from_secs(2));
+    }
+    let mut nodes: Vec<&str> = shards
+        .iter()
+        .filter(|s| !s.node.is_empty())
+        .map(|s| s.node.as_str())
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let (reason, msg) = match (nodes.is_empty(), shards.len()) {
+        (true, _) => (
+            "NoAgent",
+            "no node with a live Ferry agent has both volumes; waiting for one".to_string(),
+        ),
+        (false, 1) => ("Assigned", format!("assigned to node {}", nodes.join(", "))),
+        (false, n) => (
+            "Assigned",
+            format!(
+                "split into {} parts and a directories pass; nodes {}",
+                n - 1,
+                nodes.join(", ")
+            ),
+        ),
+    };
+    conditions.push(condition(
+        "Scheduled",
+        !nodes.is_empty(),
+        reason,
+        &msg,
+        generation,
+        previous,
+    ));
+    Ok(requeue)
+}
+
+async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
+    let ns = job
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
+    let generation = job.metadata.generation;
+    let old = job.status.clone().unwrap_or_default();
+    let previous = old.conditions.as_slice();
+    let mut roots = Vec::new();
+    // A finished job is history: it is not resolved again (a StorageRoot deleted or a
+    // pod unmounting a CSI volume afterwards does not turn it back to Pending).
+    let finished_before = matches!(old.phase, Some(Phase::Succeeded | Phase::Failed));
+    let blocked = if finished_before {
+        None
+    } else {
+        check(ctx, &ns, job, &mut roots).await?
+    };
+    let mut conditions = Vec::new();
+    let mut shards = old.shards.clone();
+    let mut requeue = None;
+    if finished_before {
+        // Keep what was decided when it ran.
+        conditions.extend(
+            previous
+                .iter()
+                .filter(|c| ["Accepted", "Resolved", "Scheduled"].contains(&c.type_.as_str()))
+                .cloned(),
+        );
+    } else {
+        requeue = decide(ctx, job, &blocked, &roots, &mut shards, &mut conditions).await?;
     }
     let (phase, progress, failures) = aggregate(&shards);
     let phase = match (&blocked, job.spec.suspend) {
@@ -528,8 +612,8 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         && old
             .shards
             .iter()
-            .map(|s| (&s.id, &s.node, s.epoch))
-            .eq(shards.iter().map(|s| (&s.id, &s.node, s.epoch)));
+            .map(|s| (&s.id, &s.node, s.epoch, &s.part))
+            .eq(shards.iter().map(|s| (&s.id, &s.node, s.epoch, &s.part)));
     if !unchanged {
         // The shard entries carry only the assignment: their progress fields belong to the
         // agents' field managers.
@@ -537,7 +621,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             .iter()
             .map(|s| {
                 serde_json::json!({
-                    "id": s.id, "node": s.node, "epoch": s.epoch,
+                    "id": s.id, "node": s.node, "epoch": s.epoch, "part": s.part,
                     "sourceRoot": s.source_root, "destinationRoot": s.destination_root,
                 })
             })
@@ -601,9 +685,23 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     })
 }
 
-async fn cleanup(_job: &CopyJob, _ctx: &Context) -> Result<Action, Error> {
-    // Staging data is removed by the agents that own it; nothing is held here yet.
-    Ok(Action::await_change())
+/// Deletion: the agents see the deletion timestamp and stop their running shards at the
+/// next file boundary (committed files stay; unfinished directories get their names, and
+/// no staging name or partial file is left). The finalizer stays until every shard whose
+/// agent is alive has stopped, so the job is gone only when nothing writes for it.
+async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
+    let live = live_agents(ctx).await?;
+    let running: Vec<&str> = job
+        .status
+        .iter()
+        .flat_map(|s| &s.shards)
+        .filter(|s| s.state == "Running" && live.contains(&s.node))
+        .map(|s| s.node.as_str())
+        .collect();
+    if running.is_empty() {
+        return Ok(Action::await_change());
+    }
+    Err(Error::Stopping(running.join(", ")))
 }
 
 #[cfg(test)]

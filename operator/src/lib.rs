@@ -1,8 +1,9 @@
 //! The Ferry operator: validation (the second of three checks: CRD rules at admission,
-//! this, the agent at open time) and the CopyJob reconciler. Placement, shard assignment
-//! and leader election come with the rest of the control-plane issue.
+//! this, the agent at open time), volume resolution, shard scheduling, the CopyJob
+//! reconciler and leader election.
 
 pub mod controller;
 pub mod leader;
+pub mod schedule;
 pub mod validate;
 pub mod volume;

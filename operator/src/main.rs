@@ -8,6 +8,8 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        // Colour codes only on a terminal: logs in files and `kubectl logs` stay greppable.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let client = kube::Client::try_default().await?;
     tracing::info!("ferry-operator starting");

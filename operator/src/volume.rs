@@ -26,6 +26,9 @@ pub struct Volume {
     /// Absolute path on the host of the root or volume (the endpoint's `path` is inside it).
     pub host_path: String,
     pub nodes: Nodes,
+    /// The same filesystem on every node it matches (a shared StorageRoot), so a job on it
+    /// can be split across agents.
+    pub shared: bool,
 }
 
 fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&String>) -> bool {
@@ -119,6 +122,7 @@ pub fn from_pv(pv: &PersistentVolume) -> Result<PvAccess, String> {
     Ok(PvAccess::Direct(Volume {
         host_path,
         nodes: Nodes::Terms(terms),
+        shared: false,
     }))
 }
 
@@ -150,8 +154,11 @@ pub fn mounting_pod<'a>(pods: &'a [Pod], claim: &str) -> Option<&'a Pod> {
             let spec = pod.spec.as_ref()?;
             spec.node_name.as_deref().filter(|n| !n.is_empty())?;
             pod.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
+            // Running: the kubelet has mounted its volumes (it starts containers only
+            // after). Before that the mount directory is an empty directory on the node's
+            // own disk, and writing there would hide data under the mount.
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            if matches!(phase, Some("Succeeded" | "Failed")) {
+            if phase != Some("Running") {
                 return None;
             }
             if pod.metadata.deletion_timestamp.is_some() {
@@ -165,11 +172,7 @@ pub fn mounting_pod<'a>(pods: &'a [Pod], claim: &str) -> Option<&'a Pod> {
                 .filter(|c| c.claim_name == claim)
                 .map(|c| c.read_only.unwrap_or(false))
                 .min()?;
-            let key = (
-                phase != Some("Running"),
-                read_only,
-                pod.metadata.name.as_deref().unwrap_or_default(),
-            );
+            let key = (read_only, pod.metadata.name.as_deref().unwrap_or_default());
             Some((key, pod))
         })
         .min_by(|a, b| a.0.cmp(&b.0))
@@ -191,6 +194,7 @@ pub fn from_csi_mount(
     Some(Volume {
         host_path: csi_mount_path(kubelet_dir, uid, pv_name),
         nodes: Nodes::Named(node),
+        shared: false,
     })
 }
 
@@ -283,12 +287,12 @@ mod tests {
             pod(
                 "web-1",
                 Some("node-b"),
-                None,
+                Some("Running"),
                 &[("cache", false), ("data", false)],
             ),
-            pod("web-0", Some("node-b"), None, &[("data", false)]),
+            pod("web-0", Some("node-b"), Some("Running"), &[("data", false)]),
         ];
-        // Without a status (no kubelet), names decide: web-0 before web-1.
+        // Otherwise equal, names decide: web-0 before web-1.
         assert_eq!(chosen(&pods, "data"), Some("web-0"));
         let v = from_csi_mount("/var/lib/kubelet", "pv-data", "data", &pods)
             .expect("web-0 mounts the claim");
@@ -302,7 +306,7 @@ mod tests {
     }
 
     #[test]
-    fn running_pods_then_writable_mounts_are_preferred() {
+    fn only_running_pods_count_and_writable_mounts_are_preferred() {
         let pods = [
             pod("a", Some("node-a"), Some("Pending"), &[("data", false)]),
             pod("b", Some("node-b"), Some("Running"), &[("data", true)]),
@@ -310,7 +314,10 @@ mod tests {
         ];
         assert_eq!(chosen(&pods, "data"), Some("c"));
         assert_eq!(chosen(&pods[..2], "data"), Some("b"));
-        assert_eq!(chosen(&pods[..1], "data"), Some("a"));
+        // Pending: its volume may not be mounted yet.
+        assert_eq!(chosen(&pods[..1], "data"), None);
+        let no_status = pod("e", Some("node-a"), None, &[("data", false)]);
+        assert_eq!(chosen(&[no_status], "data"), None);
     }
 
     #[test]

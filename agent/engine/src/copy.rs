@@ -1316,6 +1316,7 @@ impl<'a> Ctx<'a> {
         if let Some(h) = hash {
             self.manifest_line(h, path);
         }
+        self.progress.file_done(size);
         self.progress.entry_done();
     }
 
@@ -1438,6 +1439,7 @@ impl<'a> Ctx<'a> {
                 self.counters
                     .bytes
                     .fetch_add(file.st.st_size as u64, Ordering::Relaxed);
+                self.progress.file_done(file.st.st_size as u64);
                 self.progress.entry_done();
             }
             Ok(false) => {

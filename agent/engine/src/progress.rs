@@ -39,6 +39,9 @@ pub trait Progress: Sync {
     fn bytes_copied(&self, _bytes: u64, _strategy: Strategy) {}
     /// One entry (file, directory, link, special file) is complete under its final name.
     fn entry_done(&self) {}
+    /// A regular file of `size` bytes (apparent size) is committed under its final name
+    /// (also reported as an entry). Extra names of hard-linked files are entries only.
+    fn file_done(&self, _size: u64) {}
     /// One entry failed; the copy goes on.
     fn failed(&self, _failure: &Failure) {}
 }
