@@ -20,6 +20,8 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
+/// A copy still running after this long gets its totals counted, for the ETA.
+const PLAN_AFTER: Duration = Duration::from_secs(2);
 /// How often running shards publish progress: bounded, whatever the copy rate.
 const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 /// Lease renewal period and duration (the operator treats an expired lease as a lost agent).
@@ -56,6 +58,10 @@ struct Live {
     failures: Mutex<Vec<Failure>>,
     /// Why the shard could not start at all (reported with reason `CannotStart`).
     start_error: Mutex<Option<String>>,
+    /// Bytes done before this run (a resumed shard), left out of its rate.
+    resumed_at: u64,
+    /// What this shard carries in all (files, bytes), once a plan has counted it.
+    planned: Mutex<Option<(i64, i64)>>,
 }
 
 impl Default for Live {
@@ -68,6 +74,8 @@ impl Default for Live {
             failed: AtomicU64::default(),
             failures: Mutex::default(),
             start_error: Mutex::default(),
+            resumed_at: 0,
+            planned: Mutex::default(),
         }
     }
 }
@@ -75,7 +83,10 @@ impl Default for Live {
 impl Live {
     /// Counters that go on from where an interrupted run of this shard left them.
     fn resumed(shard: &ShardStatus) -> Self {
-        let live = Live::default();
+        let live = Live {
+            resumed_at: shard.bytes_done.max(0) as u64,
+            ..Live::default()
+        };
         live.files
             .store(shard.files_done.max(0) as u64, Ordering::Relaxed);
         live.bytes
@@ -359,6 +370,24 @@ async fn run_shard(
     tracing::info!(job = %base, shard = %shard.id, part = %shard.part, resume, "starting shard");
     let done = Arc::new(AtomicBool::new(false));
     publish(client, settings, job, shard, "Running", &live, None).await?;
+    // Totals for the job's PROGRESS and ETA: counted next to a copy that outlasts a few
+    // seconds (a short one needs no estimate, and would pay for the extra walk).
+    {
+        let (live, done, src) = (live.clone(), done.clone(), src.clone());
+        let links = job.spec.preserve.hard_links;
+        tokio::spawn(async move {
+            tokio::time::sleep(PLAN_AFTER).await;
+            if done.load(Ordering::Relaxed) {
+                return;
+            }
+            let totals =
+                tokio::task::spawn_blocking(move || ferry_engine::plan_part(&src, select, links))
+                    .await;
+            if let Ok(Ok(t)) = totals {
+                *lock(&live.planned) = Some((t.files as i64, t.bytes as i64));
+            }
+        });
+    }
     // The copy runs on its own OS thread; the async side only publishes.
     let (tx, rx) = tokio::sync::oneshot::channel();
     {
@@ -468,6 +497,10 @@ async fn publish(
     live: &Live,
     planned: Option<(i64, i64)>,
 ) -> Result<()> {
+    let planned = planned.or(*lock(&live.planned));
+    let bytes = live.bytes.load(Ordering::Relaxed);
+    let rate = bytes.saturating_sub(live.resumed_at) as f64
+        / live.started.elapsed().as_secs_f64().max(1e-3);
     let start = lock(&live.start_error)
         .as_ref()
         .map(|m| serde_json::json!({"path": ".", "reason": "CannotStart", "message": m}));
@@ -483,10 +516,10 @@ async fn publish(
                 "id": shard.id,
                 "state": state,
                 "filesDone": live.files.load(Ordering::Relaxed),
-                "bytesDone": live.bytes.load(Ordering::Relaxed),
+                "bytesDone": bytes,
                 "bytesReflinked": live.reflinked.load(Ordering::Relaxed),
                 "failed": live.failed.load(Ordering::Relaxed),
-                "bytesPerSecond": (live.bytes.load(Ordering::Relaxed) as f64 / live.started.elapsed().as_secs_f64().max(1e-3)) as i64,
+                "bytesPerSecond": rate as i64,
                 "failures": failures,
                 "plannedFiles": planned.map(|p| p.0),
                 "plannedBytes": planned.map(|p| p.1),

@@ -107,9 +107,24 @@ fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_sourc
     });
     let mut files_per_part = Vec::new();
     let mut links = 0;
-    for s in summaries {
+    for (index, s) in summaries.into_iter().enumerate() {
         let s = s?;
         ensure!(s.failures.is_empty(), "a part failed: {:?}", s.failures);
+        // A part's plan (its progress total) counts what the part copies.
+        let planned = ferry_engine::plan_part(
+            &src,
+            Select::Part {
+                index: index as u32,
+                count,
+            },
+            true,
+        )?;
+        ensure!(
+            (planned.files, planned.bytes) == (s.files, s.bytes),
+            "part {index} planned {planned:?}, copied {} files, {} bytes",
+            s.files,
+            s.bytes
+        );
         files_per_part.push(s.files);
         links += s.hardlinks;
     }

@@ -201,19 +201,32 @@ fn a_suspended_job_stops_mid_copy_and_resumes_to_an_identical_tree() -> Result<(
         return Ok(());
     };
     cp.install_crds()?;
-    let (_ferry, hosts) = cp.start_ferry_with(&NODES, &[("FERRY_FAULT_FILE_DELAY_MS", "10")])?;
+    let (_ferry, hosts) = cp.start_ferry_with(&NODES, &[("FERRY_FAULT_FILE_DELAY_MS", "25")])?;
     let root = hosts.join("node-a/srv/data");
     let names = make_tree(&root.join("src"), 10, 40)?;
     cp.apply(
         "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: pausing\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n  parallelism: {workersPerAgent: 2}\n",
     )?;
-    cp.wait_until(
+    // A copy that runs for more than a few seconds gets its totals counted: PROGRESS and
+    // ETA fill in while it runs.
+    let progress = cp.wait_until(
         "copyjob/pausing",
         "default",
-        "{.status.progress.filesDone}",
+        "{.status.progress.percent} {.status.progress.eta} {.status.progress.filesTotal}",
         Duration::from_secs(120),
-        |v| v.parse::<i64>().unwrap_or(0) >= 40,
+        |v| v.split(' ').all(|f| !f.is_empty()),
     )?;
+    ensure!(
+        progress.ends_with(&format!(" {}", names.len() - 1)),
+        "filesTotal should count the tree's {} files: {progress}",
+        names.len() - 1
+    );
+    let table = cp.kubectl_ok(&["get", "copyjob", "pausing", "-n", "default"])?;
+    let row = table.lines().nth(1).unwrap_or_default();
+    ensure!(
+        table.contains("PROGRESS") && table.contains("ETA") && row.contains('%'),
+        "kubectl get shows no progress:\n{table}"
+    );
     cp.kubectl_ok(&[
         "patch",
         "copyjob",

@@ -366,6 +366,15 @@ fn human_bytes(n: i64) -> String {
     format!("{v:.1} TiB")
 }
 
+/// 200 -> "3m20s": for the ETA column.
+fn human_duration(secs: i64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
+        s => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
 /// The phase, progress and failures the shards add up to.
 pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     let mut p = Progress::default();
@@ -380,6 +389,30 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     if p.bytes_per_second > 0 {
         p.rate = Some(format!("{}/s", human_bytes(p.bytes_per_second)));
     }
+    // Totals once every copying shard has counted its part (the directories pass copies
+    // no files); then the PROGRESS and ETA columns.
+    let counted: Vec<&ShardStatus> = shards
+        .iter()
+        .filter(|s| s.part != schedule::DIRECTORIES)
+        .collect();
+    if !counted.is_empty() && counted.iter().all(|s| s.planned_files.is_some()) {
+        let files: i64 = counted.iter().filter_map(|s| s.planned_files).sum();
+        let bytes: i64 = counted.iter().filter_map(|s| s.planned_bytes).sum();
+        p.files_total = Some(files);
+        p.bytes_total = Some(bytes);
+        if bytes > 0 {
+            let pct = (p.bytes_done as f64 * 100.0 / bytes as f64).min(100.0);
+            p.percent = Some(format!("{pct:.0}%"));
+        } else if files > 0 {
+            let pct = (p.files_done as f64 * 100.0 / files as f64).min(100.0);
+            p.percent = Some(format!("{pct:.0}%"));
+        }
+        if p.bytes_per_second > 0 && bytes > p.bytes_done {
+            p.eta = Some(human_duration(
+                (bytes - p.bytes_done) / p.bytes_per_second + 1,
+            ));
+        }
+    }
     p.bytes_copied = p.bytes_done - p.bytes_reflinked;
     failures.truncate(20);
     let done = |s: &&ShardStatus| s.state == "Succeeded" || s.state == "Failed";
@@ -387,6 +420,7 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
         Phase::Pending
     } else if shards.iter().all(|s| s.state == "Succeeded") {
         p.percent = Some("100%".into());
+        p.eta = None;
         Phase::Succeeded
     } else if shards.iter().all(|s| done(&s)) {
         Phase::Failed
@@ -772,6 +806,37 @@ mod tests {
         assert_eq!(phase, Phase::Succeeded);
         assert_eq!((progress.files_done, progress.bytes_done), (7, 70));
         assert_eq!(progress.percent.as_deref(), Some("100%"));
+    }
+
+    #[test]
+    fn totals_percent_and_eta_appear_once_every_part_is_counted() {
+        let mut a = shard("Running", 1);
+        a.bytes_done = 50;
+        a.bytes_per_second = 10;
+        a.planned_files = Some(4);
+        a.planned_bytes = Some(100);
+        let mut b = shard("Running", 0);
+        b.bytes_done = 0;
+        let dirs = ShardStatus {
+            part: schedule::DIRECTORIES.into(),
+            ..Default::default()
+        };
+        // b has not counted its part yet: no totals, no guess.
+        let (_, p, _) = aggregate(&[a.clone(), b.clone(), dirs.clone()]);
+        assert_eq!(
+            (p.bytes_total, p.percent.as_deref(), p.eta.as_deref()),
+            (None, None, None)
+        );
+        b.planned_files = Some(6);
+        b.planned_bytes = Some(100);
+        let (phase, p, _) = aggregate(&[a, b, dirs]);
+        assert_eq!(phase, Phase::Running);
+        assert_eq!((p.files_total, p.bytes_total), (Some(10), Some(200)));
+        assert_eq!(p.percent.as_deref(), Some("25%"));
+        // 150 bytes left at 10 B/s.
+        assert_eq!(p.eta.as_deref(), Some("16s"));
+        assert_eq!(human_duration(200), "3m20s");
+        assert_eq!(human_duration(7300), "2h01m");
     }
 
     #[test]
