@@ -44,6 +44,9 @@ pub struct RunArgs {
     /// Copy workers per shard unless the job sets parallelism.workersPerAgent (0: CPUs).
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
+    /// Address for /metrics (Prometheus), /healthz and /readyz.
+    #[arg(long, env = "FERRY_LISTEN", default_value = "0.0.0.0:9090")]
+    pub listen: std::net::SocketAddr,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

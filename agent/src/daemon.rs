@@ -41,6 +41,8 @@ pub struct Settings {
     /// Test-only: sleep this long before each file (`FERRY_FAULT_FILE_DELAY_MS`), so
     /// end-to-end tests can act while a copy runs.
     pub file_delay: Option<Duration>,
+    /// Address of the /metrics, /healthz and /readyz endpoints.
+    pub listen: std::net::SocketAddr,
 }
 
 /// Name of a node's heartbeat Lease.
@@ -111,14 +113,23 @@ impl Progress for Live {
         if strategy == Strategy::Reflink {
             self.reflinked.fetch_add(bytes, Ordering::Relaxed);
         }
+        crate::serve::metrics()
+            .bytes
+            .with_label_values(&[strategy.as_str()])
+            .inc_by(bytes);
     }
     // Counted as the summary counts them, so the last update does not jump.
     fn file_done(&self, size: u64) {
         self.files.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(size, Ordering::Relaxed);
+        crate::serve::metrics().files.inc();
     }
     fn failed(&self, failure: &Failure) {
         self.failed.fetch_add(1, Ordering::Relaxed);
+        crate::serve::metrics()
+            .failures
+            .with_label_values(&[failure.kind.as_str()])
+            .inc();
         let mut f = self
             .failures
             .lock()
@@ -133,7 +144,20 @@ pub async fn run(settings: Settings) -> Result<()> {
     let client = Client::try_default()
         .await
         .context("connect to the Kubernetes API")?;
-    tokio::spawn(heartbeat(client.clone(), settings.clone()));
+    let health = Arc::new(crate::serve::Health {
+        lease_seconds: i64::from(LEASE_SECONDS),
+        ..Default::default()
+    });
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("listen on {} for /metrics and /healthz", settings.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(crate::serve::serve(
+        listener,
+        crate::serve::metrics().clone(),
+        health.clone(),
+    ));
+    tokio::spawn(heartbeat(client.clone(), settings.clone(), health.clone()));
     let running: Arc<Mutex<HashMap<String, Arc<Active>>>> = Arc::default();
     // Shards this process finished: a stale event (published before the final state)
     // must not start one again.
@@ -141,12 +165,16 @@ pub async fn run(settings: Settings) -> Result<()> {
     let jobs = Api::<CopyJob>::all(client.clone());
     let mut stream = watcher(jobs, watcher::Config::default())
         .default_backoff()
-        .applied_objects()
         .boxed();
     tracing::info!(node = %settings.node, host_root = %settings.host_root.display(), "ferry-agent running");
     while let Some(event) = stream.next().await {
         let job = match event {
-            Ok(job) => job,
+            Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) => job,
+            Ok(watcher::Event::InitDone) => {
+                health.watching.store(true, Ordering::Relaxed);
+                continue;
+            }
+            Ok(_) => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "watch error");
                 continue;
@@ -200,6 +228,8 @@ pub async fn run(settings: Settings) -> Result<()> {
                 finished.clone(),
             );
             tokio::spawn(async move {
+                let active_shards = &crate::serve::metrics().active_shards;
+                active_shards.inc();
                 let state = match run_shard(&client, &settings, &job, &shard, &active).await {
                     Ok(state) => state,
                     Err(e) => {
@@ -217,6 +247,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                     lock(&finished).insert(key.clone());
                 }
                 lock(&running).remove(&key);
+                active_shards.dec();
             });
         }
     }
@@ -227,7 +258,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-async fn heartbeat(client: Client, settings: Settings) {
+async fn heartbeat(client: Client, settings: Settings, health: Arc<crate::serve::Health>) {
     let leases = Api::<Lease>::namespaced(client, &settings.namespace);
     let name = lease_name(&settings.node);
     loop {
@@ -247,8 +278,11 @@ async fn heartbeat(client: Client, settings: Settings) {
         body["apiVersion"] = "coordination.k8s.io/v1".into();
         body["kind"] = "Lease".into();
         let pp = PatchParams::apply(&format!("{AGENT_MANAGER_PREFIX}{}", settings.node)).force();
-        if let Err(e) = leases.patch(&name, &pp, &Patch::Apply(&body)).await {
-            tracing::warn!(error = %e, "lease renewal failed");
+        match leases.patch(&name, &pp, &Patch::Apply(&body)).await {
+            Ok(_) => health
+                .lease_renewed
+                .store(crate::serve::unix_now(), Ordering::Relaxed),
+            Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
         }
         tokio::time::sleep(LEASE_RENEW).await;
     }

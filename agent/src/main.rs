@@ -19,6 +19,7 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         host_root: args.host_root,
         namespace: args.namespace,
         workers: args.workers,
+        listen: args.listen,
         file_delay: std::env::var("FERRY_FAULT_FILE_DELAY_MS")
             .ok()
             .and_then(|v| v.parse().ok())

@@ -49,7 +49,8 @@ fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn http_get(port: u16, path: &str) -> Option<String> {
+/// The raw HTTP response (status line, headers, body) to a GET on the loopback.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
@@ -292,6 +293,15 @@ impl ControlPlane {
         )
     }
 
+    /// The loopback port of a simulated node's agent endpoints (/metrics, /healthz, /readyz).
+    pub fn agent_port(&self, node: &str) -> Result<u16> {
+        let f = self.dir().join(format!("agent-{node}.port"));
+        Ok(std::fs::read_to_string(&f)
+            .with_context(|| format!("read {}", f.display()))?
+            .trim()
+            .parse()?)
+    }
+
     /// A jsonpath of one object, as kubectl prints it ("" when the object is gone).
     pub fn get(&self, kind_name: &str, ns: &str, jsonpath: &str) -> Result<String> {
         let out = self.kubectl(&[
@@ -375,6 +385,13 @@ impl ControlPlane {
         for node in nodes {
             let root = hosts.join(node);
             let root = root.to_string_lossy();
+            // Each agent's /metrics on its own loopback port, recorded for agent_port().
+            let port = free_port()?;
+            std::fs::write(
+                self.dir().join(format!("agent-{node}.port")),
+                port.to_string(),
+            )?;
+            let listen = format!("127.0.0.1:{port}");
             let args = [
                 "run",
                 "--node",
@@ -383,6 +400,8 @@ impl ControlPlane {
                 &root,
                 "--namespace",
                 "ferry-system",
+                "--listen",
+                &listen,
             ];
             procs.push(self.spawn(&agent, &args, agent_env, &format!("agent-{node}.log"))?);
         }

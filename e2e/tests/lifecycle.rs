@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{assert_same_tree, BindMount, ControlPlane};
+use ferry_e2e::{assert_same_tree, http_get, BindMount, ControlPlane};
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
 
@@ -181,6 +181,37 @@ fn a_tree_on_a_shared_root_is_split_across_two_agents_and_equals_the_source() ->
     ensure!(
         total == names.len() as i64 - 1,
         "the parts committed {total} files; the tree has {}",
+        names.len() - 1
+    );
+    // Each agent's /metrics counted what it copied; together, the tree.
+    let mut metric_files = 0.0;
+    for node in NODES {
+        let port = cp.agent_port(node)?;
+        for path in ["/healthz", "/readyz"] {
+            let r = http_get(port, path).unwrap_or_default();
+            ensure!(r.starts_with("HTTP/1.1 200"), "{node} {path}: {r}");
+        }
+        let m = http_get(port, "/metrics").unwrap_or_default();
+        let files = metric(&m, "ferry_agent_files_copied_total")
+            .with_context(|| format!("{node} /metrics lacks the files counter:\n{m}"))?;
+        ensure!(files > 0.0, "{node} exported no copied files:\n{m}");
+        metric_files += files;
+        let bytes = metric(
+            &m,
+            "ferry_agent_bytes_copied_total{strategy=\"copy_file_range\"}",
+        )
+        .unwrap_or(0.0)
+            + metric(
+                &m,
+                "ferry_agent_bytes_copied_total{strategy=\"read_write\"}",
+            )
+            .unwrap_or(0.0)
+            + metric(&m, "ferry_agent_bytes_copied_total{strategy=\"reflink\"}").unwrap_or(0.0);
+        ensure!(bytes > 0.0, "{node} exported no copied bytes:\n{m}");
+    }
+    ensure!(
+        metric_files == (names.len() - 1) as f64,
+        "the agents' metrics count {metric_files} files, the tree has {}",
         names.len() - 1
     );
     let manifest = cp.get("copyjob/split", "default", "{.status.manifest}")?;
@@ -359,6 +390,12 @@ fn a_job_deleted_mid_copy_stops_before_it_is_gone_and_leaves_only_whole_files() 
         );
     }
     Ok(())
+}
+
+/// The value of one sample (`name` with its labels, exactly as exported).
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 fn nix_root() -> bool {
