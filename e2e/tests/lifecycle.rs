@@ -150,6 +150,21 @@ fn a_tree_on_a_shared_root_is_split_across_two_agents_and_equals_the_source() ->
         "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: nfs\nspec:\n  path: /srv/shared\n  shared: true\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: split\n  namespace: default\nspec:\n  source: {root: nfs, path: src}\n  destination: {root: nfs, path: copy}\n  parallelism: {maxAgents: 2, workersPerAgent: 1}\n",
     )?;
     cp.wait_succeeded("default", "split", 180)?;
+    // A dry run of the same job reports the split it would make, and copies nothing.
+    cp.apply(
+        "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: split-plan\n  namespace: default\nspec:\n  source: {root: nfs, path: src}\n  destination: {root: nfs, path: planned}\n  parallelism: {maxAgents: 2}\n  dryRun: true\n",
+    )?;
+    cp.wait_succeeded("default", "split-plan", 60)?;
+    let plan = cp.get(
+        "copyjob/split-plan",
+        "default",
+        "{.status.plan.shards} {.status.plan.nodes} {.status.plan.files}",
+    )?;
+    ensure!(
+        plan == format!("9 [\"node-a\",\"node-b\"] {}", names.len() - 1),
+        "dry-run plan: {plan}"
+    );
+    ensure!(!shared.join("planned").exists(), "the dry run copied");
 
     assert_same_tree(&shared.join("src"), &shared.join("copy"))?;
     // Both agents did part of the work, and the parts add up to every file once.

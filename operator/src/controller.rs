@@ -467,6 +467,7 @@ async fn decide(
     roots: &[Volume],
     shards: &mut Vec<ShardStatus>,
     conditions: &mut Vec<Condition>,
+    shape: &mut Option<(i64, Vec<String>)>,
 ) -> Result<Option<Duration>, Error> {
     let generation = job.metadata.generation;
     let old = job.status.clone().unwrap_or_default();
@@ -502,8 +503,10 @@ async fn decide(
         )),
     }
     let max_agents = job.spec.parallelism.max_agents.max(1);
-    // Split only where every agent sees the same files on both sides.
-    let split = !job.spec.dry_run && max_agents > 1 && roots.iter().all(|r| r.shared);
+    // Split only where every agent sees the same files on both sides. A dry run counts
+    // the whole tree on one agent and reports the split it would make.
+    let splittable = max_agents > 1 && roots.iter().all(|r| r.shared);
+    let split = splittable && !job.spec.dry_run;
     if shards.is_empty() {
         *shards = schedule::initial(
             split.then(|| schedule::parts_for(max_agents)),
@@ -512,11 +515,17 @@ async fn decide(
         );
     }
     let mut requeue = None;
-    if shards.iter().any(|s| s.node.is_empty()) {
+    if shards.iter().any(|s| s.node.is_empty()) || (job.spec.dry_run && splittable) {
         let eligible = eligible_nodes(ctx, roots).await?;
         schedule::assign(shards, &eligible, max_agents as usize);
+        if job.spec.dry_run && splittable {
+            let nodes: Vec<String> = eligible.into_iter().take(max_agents as usize).collect();
+            *shape = Some((i64::from(schedule::parts_for(max_agents)) + 1, nodes));
+        }
         // Finishing shards trigger the next assignment; an agent coming up does not.
-        requeue = Some(Duration::from_secs(2));
+        if shards.iter().any(|s| s.node.is_empty()) {
+            requeue = Some(Duration::from_secs(2));
+        }
     }
     let mut nodes: Vec<&str> = shards
         .iter()
@@ -570,6 +579,8 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     let mut conditions = Vec::new();
     let mut shards = old.shards.clone();
     let mut requeue = None;
+    // A dry run of a job that would be split: (shards, nodes) it would use.
+    let mut shape = None;
     if finished_before {
         // Keep what was decided when it ran.
         conditions.extend(
@@ -579,7 +590,16 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 .cloned(),
         );
     } else {
-        requeue = decide(ctx, job, &blocked, &roots, &mut shards, &mut conditions).await?;
+        requeue = decide(
+            ctx,
+            job,
+            &blocked,
+            &roots,
+            &mut shards,
+            &mut conditions,
+            &mut shape,
+        )
+        .await?;
     }
     let (phase, progress, failures) = aggregate(&shards);
     let phase = match (&blocked, job.spec.suspend) {
@@ -588,11 +608,19 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         _ => phase,
     };
     // A dry run's result is its plan: what each shard counted, where it would run.
-    let plan = (job.spec.dry_run && phase == Phase::Succeeded).then(|| Plan {
-        files: shards.iter().filter_map(|s| s.planned_files).sum(),
-        bytes: shards.iter().filter_map(|s| s.planned_bytes).sum(),
-        nodes: shards.iter().map(|s| s.node.clone()).collect(),
-        shards: shards.len() as i64,
+    let plan = (job.spec.dry_run && phase == Phase::Succeeded).then(|| {
+        let (count, nodes) = shape
+            .or_else(|| old.plan.as_ref().map(|p| (p.shards, p.nodes.clone())))
+            .unwrap_or_else(|| {
+                let nodes = shards.iter().map(|s| s.node.clone()).collect();
+                (shards.len() as i64, nodes)
+            });
+        Plan {
+            files: shards.iter().filter_map(|s| s.planned_files).sum(),
+            bytes: shards.iter().filter_map(|s| s.planned_bytes).sum(),
+            nodes,
+            shards: count,
+        }
     });
     match phase {
         Phase::Succeeded if job.spec.dry_run => {
