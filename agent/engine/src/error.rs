@@ -16,6 +16,14 @@ pub enum Error {
     },
     #[error("{0}")]
     Usage(String),
+    /// A path inside a root cannot be used safely: it would leave the root, it passes a
+    /// symlink, or the kernel cannot resolve it with those guarantees. `reason` is a stable
+    /// condition reason (`PathEscape`, `SymlinkRejected`, `Openat2Unavailable`).
+    #[error("{message}")]
+    Refused {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 impl Error {
@@ -51,6 +59,18 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// Every kind, so a metric can export each label from the start.
+    pub const ALL: [FailureKind; 8] = [
+        Self::NoSpace,
+        Self::PermissionDenied,
+        Self::NotFound,
+        Self::SourceChanged,
+        Self::ChecksumMismatch,
+        Self::ReflinkUnsupported,
+        Self::DestinationConflict,
+        Self::Io,
+    ];
+
     pub fn from_io(err: &io::Error) -> Self {
         match err.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => Self::NoSpace,

@@ -12,6 +12,7 @@
 //! # Ok::<(), ferry_engine::Error>(())
 //! ```
 
+mod beneath;
 mod copy;
 mod data;
 mod dirent;
@@ -29,6 +30,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
+pub use beneath::{
+    check_relative, copy_beneath, OPENAT2_UNAVAILABLE, PATH_ESCAPE, SYMLINK_REJECTED,
+};
 pub use error::{Error, Failure, FailureKind};
 pub use options::{Faults, Options, Overwrite, Preserve, Reflink, Select, Verify};
 pub use progress::{NoProgress, Progress, Strategy};
@@ -149,14 +153,30 @@ pub fn copy(
     options: &Options,
     progress: &dyn Progress,
 ) -> Result<Summary, Error> {
-    let started = Instant::now();
-    sys::raise_nofile_limit();
     let src_c = cstring(src)?;
     let dst_c = cstring(dst)?;
     let src_st = sys::stat_path(&src_c, false).map_err(|e| Error::io("stat source", src, e))?;
-    let src_is_dir = src_st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-    let dst_st = match sys::stat_path(&dst_c, true) {
-        Ok(st) => Some(st),
+    let src_at = if src_st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        SrcAt::Dir {
+            fd: open_source_dir(src)?,
+            st: src_st,
+        }
+    } else {
+        SrcAt::Entry {
+            parent: open_source_dir(parent_of(src))?,
+            name: final_name(src)?,
+        }
+    };
+    // The user named DST: a symlink to a directory is followed, as `cp` follows it.
+    let dst_at = match sys::stat_path(&dst_c, true) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+            DstAt::Dir(open_dir(dst, "open destination")?)
+        }
+        Ok(_) => DstAt::Entry {
+            parent: open_dir(parent_of(dst), "open destination parent")?,
+            name: final_name(dst)?,
+            exists: true,
+        },
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
             if sys::stat_path(&dst_c, false).is_ok() {
                 return Err(Error::Usage(format!(
@@ -164,12 +184,48 @@ pub fn copy(
                     dst.display()
                 )));
             }
-            None
+            DstAt::Entry {
+                parent: open_dir(parent_of(dst), "open destination parent")?,
+                name: final_name(dst)?,
+                exists: false,
+            }
         }
         Err(e) => return Err(Error::io("stat destination", dst, e)),
     };
-    let dst_is_dir = dst_st.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+    run(src_at, dst_at, src, dst, options, progress)
+}
 
+/// A copy's source, opened.
+pub(crate) enum SrcAt {
+    /// A directory, and its metadata.
+    Dir { fd: OwnedFd, st: sys::Stat },
+    /// Anything else: entry `name` of directory `parent`.
+    Entry { parent: OwnedFd, name: CString },
+}
+
+/// A copy's destination, opened as far as it exists.
+pub(crate) enum DstAt {
+    /// An existing directory: the source is merged into it.
+    Dir(OwnedFd),
+    /// Entry `name` of directory `parent`: absent, or an existing non-directory.
+    Entry {
+        parent: OwnedFd,
+        name: CString,
+        exists: bool,
+    },
+}
+
+/// The copy itself, once both ends are open (`src`/`dst` only label messages).
+pub(crate) fn run(
+    src_at: SrcAt,
+    dst_at: DstAt,
+    src: &Path,
+    dst: &Path,
+    options: &Options,
+    progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    let started = Instant::now();
+    sys::raise_nofile_limit();
     let manifest = match &options.manifest {
         // A resumed copy adds the files it commits to those the interrupted run listed.
         Some(p) => Some(
@@ -184,81 +240,93 @@ pub fn copy(
         None => None,
     };
     let ctx = Ctx::new(options, progress, manifest);
+    let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
-    if src_is_dir {
-        let src_fd = open_source_dir(src)?;
-        // A part of a split copy (or its final directory pass) shares DST with other
-        // agents: it is made in place, never staged, and merged into like an existing one.
-        let split = options.select != Select::All;
-        let dst_st = match dst_st {
-            None if split => {
-                use std::os::unix::fs::DirBuilderExt;
-                match std::fs::DirBuilder::new().mode(0o700).create(dst) {
-                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                        return Err(Error::io("create directory", dst, e))
+    match src_at {
+        SrcAt::Dir {
+            fd: src_fd,
+            st: src_st,
+        } => {
+            // A part of a split copy (or its final directory pass) shares DST with other
+            // agents: it is made in place, never staged, and merged into like an existing one.
+            let split = options.select != Select::All;
+            let dst_at = match dst_at {
+                DstAt::Entry {
+                    parent,
+                    name,
+                    exists: false,
+                } if split => {
+                    match sys::mkdirat(parent.as_fd(), &name, 0o700) {
+                        Err(e) if e.raw_os_error() != Some(libc::EEXIST) => {
+                            return Err(Error::io("create directory", dst, e))
+                        }
+                        _ => {}
                     }
-                    _ => {}
+                    DstAt::Dir(
+                        sys::open_beneath(parent.as_fd(), &name, dir_flags)
+                            .map_err(|e| Error::io("open destination", dst, e))?,
+                    )
                 }
-                Some(
-                    sys::stat_path(&dst_c, true)
-                        .map_err(|e| Error::io("stat destination", dst, e))?,
-                )
-            }
-            other => other,
-        };
-        let dst_is_dir = dst_st.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
-        let root = match dst_st {
-            None => {
-                let parent = parent_of(dst);
-                let parent_fd = open_dir(parent, "open destination parent")?;
-                check_not_inside(&src_st, &parent_fd, src, dst)?;
-                let name = final_name(dst)?;
-                // Built under a staging name, renamed to DST when complete.
-                let tmp = ctx.tmp_name();
-                sys::mkdirat(parent_fd.as_fd(), &tmp, 0o700).map_err(|e| Error::io("create directory", dst, e))?;
-                let fd = sys::openat(parent_fd.as_fd(), &tmp, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
-                    .map_err(|e| Error::io("open destination", dst, e))?;
-                DirNode::staged_root(src_fd, fd, src_st, parent_fd, tmp, name).map_err(|e| Error::io("stat", dst, e))?
-            }
-            Some(_) if dst_is_dir => {
-                let fd = open_dir(dst, "open destination")?;
-                check_not_inside(&src_st, &fd, src, dst)?;
-                let keep_meta = match options.select {
-                    Select::All => options.overwrite != Overwrite::Never || options.resume,
-                    Select::Part { .. } => false,
-                    Select::DirsOnly => true,
-                };
-                DirNode::new(src_fd, fd, keep_meta.then_some(src_st), false).map_err(|e| Error::io("stat", dst, e))?
-            }
-            Some(_) => {
-                return Err(Error::Usage(format!(
-                    "{} exists and is not a directory, but {} is one; choose a new name or an existing directory",
-                    dst.display(),
-                    src.display()
-                )))
-            }
-        };
-        ctx.counters.dirs.fetch_add(1, Ordering::Relaxed);
-        ctx.push(Task::List(Arc::new(root)));
-    } else {
-        let src_name = final_name(src)?;
-        let src_parent = open_source_dir(parent_of(src))?;
-        let (dst_parent, dst_name, fresh) = if dst_is_dir {
-            (open_dir(dst, "open destination")?, src_name.clone(), false)
-        } else {
-            (
-                open_dir(parent_of(dst), "open destination parent")?,
-                final_name(dst)?,
-                dst_st.is_none(),
-            )
-        };
-        let parent = DirNode::new(src_parent, dst_parent, None, fresh)
-            .map_err(|e| Error::io("stat", dst, e))?;
-        ctx.push(Task::Entry {
-            dir: Arc::new(parent),
-            src_name,
-            dst_name,
-        });
+                other => other,
+            };
+            let root = match dst_at {
+                DstAt::Entry {
+                    parent: parent_fd,
+                    name,
+                    exists: false,
+                } => {
+                    check_not_inside(&src_st, &parent_fd, src, dst)?;
+                    // Built under a staging name, renamed to DST when complete.
+                    let tmp = ctx.tmp_name();
+                    sys::mkdirat(parent_fd.as_fd(), &tmp, 0o700)
+                        .map_err(|e| Error::io("create directory", dst, e))?;
+                    let fd = sys::openat(parent_fd.as_fd(), &tmp, dir_flags, 0)
+                        .map_err(|e| Error::io("open destination", dst, e))?;
+                    DirNode::staged_root(src_fd, fd, src_st, parent_fd, tmp, name)
+                        .map_err(|e| Error::io("stat", dst, e))?
+                }
+                DstAt::Dir(fd) => {
+                    check_not_inside(&src_st, &fd, src, dst)?;
+                    let keep_meta = match options.select {
+                        Select::All => options.overwrite != Overwrite::Never || options.resume,
+                        Select::Part { .. } => false,
+                        Select::DirsOnly => true,
+                    };
+                    DirNode::new(src_fd, fd, keep_meta.then_some(src_st), false)
+                        .map_err(|e| Error::io("stat", dst, e))?
+                }
+                DstAt::Entry { exists: true, .. } => {
+                    return Err(Error::Usage(format!(
+                        "{} exists and is not a directory, but {} is one; choose a new name or an existing directory",
+                        dst.display(),
+                        src.display()
+                    )))
+                }
+            };
+            ctx.counters.dirs.fetch_add(1, Ordering::Relaxed);
+            ctx.push(Task::List(Arc::new(root)));
+        }
+        SrcAt::Entry {
+            parent: src_parent,
+            name: src_name,
+        } => {
+            // (A split copy of one file: the part that owns its name copies it.)
+            let (dst_parent, dst_name, fresh) = match dst_at {
+                DstAt::Dir(fd) => (fd, src_name.clone(), false),
+                DstAt::Entry {
+                    parent,
+                    name,
+                    exists,
+                } => (parent, name, !exists),
+            };
+            let parent = DirNode::new(src_parent, dst_parent, None, fresh)
+                .map_err(|e| Error::io("stat", dst, e))?;
+            ctx.push(Task::Entry {
+                dir: Arc::new(parent),
+                src_name,
+                dst_name,
+            });
+        }
     }
 
     ctx.run(options.workers_resolved());

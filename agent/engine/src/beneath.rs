@@ -1,0 +1,279 @@
+//! Copies between paths that tenants name inside roots that admins name: the agent opens
+//! each root's directory, and every path inside it is resolved from that fd with `openat2`
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`. No component may be a
+//! symlink (in the source or the destination, at any depth), `..` cannot climb out, and a
+//! kernel without `openat2` gets a refusal, never a weaker walk. This is the fix kubelet
+//! adopted for its subPath CVEs (resolve from a trusted fd, refuse symlinks) applied to
+//! both ends of a copy.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use crate::{run, sys, DstAt, Error, Options, Progress, SrcAt, Summary};
+
+/// Stable refusal reasons (they become CopyJob condition reasons).
+pub const PATH_ESCAPE: &str = "PathEscape";
+pub const SYMLINK_REJECTED: &str = "SymlinkRejected";
+pub const OPENAT2_UNAVAILABLE: &str = "Openat2Unavailable";
+
+fn refused(reason: &'static str, message: String) -> Error {
+    Error::Refused { reason, message }
+}
+
+/// The components of a tenant's relative path: no absolute path, no `..`, no NUL, and
+/// `""` or `"."` for the root itself.
+pub fn check_relative(path: &Path) -> Result<Vec<&[u8]>, Error> {
+    if path.as_os_str().as_bytes().contains(&0) {
+        return Err(refused(
+            PATH_ESCAPE,
+            format!("{:?} contains a NUL byte", path),
+        ));
+    }
+    let mut parts = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => parts.push(n.as_bytes()),
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(refused(
+                    PATH_ESCAPE,
+                    format!(
+                        "{} is absolute; paths inside a root are relative",
+                        path.display()
+                    ),
+                ))
+            }
+            Component::ParentDir => {
+                return Err(refused(
+                    PATH_ESCAPE,
+                    format!("{} has a '..' component", path.display()),
+                ))
+            }
+        }
+    }
+    Ok(parts)
+}
+
+fn join(parts: &[&[u8]]) -> CString {
+    // Components come from check_relative: no NUL inside.
+    CString::new(parts.join(&b'/')).unwrap_or_default()
+}
+
+/// Open `parts` (relative to `root`) with openat2, naming the failure the way a user can act
+/// on: escape, symlink, kernel too old.
+fn open_in(
+    root: BorrowedFd<'_>,
+    parts: &[&[u8]],
+    flags: libc::c_int,
+    shown: &Path,
+) -> Result<OwnedFd, Error> {
+    if parts.is_empty() {
+        // The root itself.
+        let fd = sys::openat(root, c".", flags | libc::O_NOFOLLOW, 0)
+            .map_err(|e| Error::io("open", shown, e))?;
+        return Ok(fd);
+    }
+    sys::openat2_beneath(root, &join(parts), flags).map_err(|e| {
+        // With O_DIRECTORY the kernel may answer ENOTDIR for a symlinked component: find
+        // out which it was, for the message (the open has already failed safely).
+        if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) {
+            if let Some(at) = first_symlink(root, parts) {
+                return refused(
+                    SYMLINK_REJECTED,
+                    format!(
+                        "{}: {at} is a symlink; Ferry never follows symlinks inside a root (name the real path)",
+                        shown.display()
+                    ),
+                );
+            }
+        }
+        classify(e, shown)
+    })
+}
+
+/// The first component of `parts` that is a symlink, as a path from the root.
+fn first_symlink(root: BorrowedFd<'_>, parts: &[&[u8]]) -> Option<String> {
+    for i in 0..parts.len() {
+        let parent = if i == 0 {
+            sys::openat(root, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0).ok()?
+        } else {
+            sys::openat2_beneath(root, &join(&parts[..i]), libc::O_RDONLY | libc::O_DIRECTORY)
+                .ok()?
+        };
+        let name = CString::new(parts[i]).ok()?;
+        let st = sys::lstatat(parent.as_fd(), &name).ok()?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            return Some(String::from_utf8_lossy(&parts[..=i].join(&b'/')).into_owned());
+        }
+    }
+    None
+}
+
+fn classify(e: io::Error, shown: &Path) -> Error {
+    match e.raw_os_error() {
+        Some(libc::ELOOP) => refused(
+            SYMLINK_REJECTED,
+            format!(
+                "{}: a component is a symlink; Ferry never follows symlinks inside a root (name the real path)",
+                shown.display()
+            ),
+        ),
+        Some(libc::EXDEV) => refused(
+            PATH_ESCAPE,
+            format!("{} resolves outside its root", shown.display()),
+        ),
+        Some(libc::ENOSYS) => refused(
+            OPENAT2_UNAVAILABLE,
+            format!(
+                "{}: this kernel has no openat2 (Linux 5.6+), which Ferry needs to resolve paths inside a root safely; the copy is refused rather than done without it",
+                shown.display()
+            ),
+        ),
+        _ => Error::io("open", shown, e),
+    }
+}
+
+/// Create the directories of `parts` that do not exist yet, each with `mkdirat` in its
+/// parent's fd (so nothing is created through a symlink), and return the last one.
+fn make_dirs_in(root: BorrowedFd<'_>, parts: &[&[u8]], shown: &Path) -> Result<OwnedFd, Error> {
+    let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY;
+    let mut dir = open_in(root, &[], dir_flags, shown)?;
+    for (i, part) in parts.iter().enumerate() {
+        let name = CString::new(*part).unwrap_or_default();
+        match sys::mkdirat(dir.as_fd(), &name, 0o755) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(Error::io("create directory", shown, e)),
+        }
+        let sofar: PathBuf = parts[..=i]
+            .iter()
+            .map(|p| std::ffi::OsStr::from_bytes(p))
+            .collect();
+        dir = match sys::openat2_beneath(dir.as_fd(), &name, dir_flags) {
+            Ok(fd) => fd,
+            Err(e) => {
+                // ENOTDIR or ELOOP on a name that is a symlink: say so.
+                let is_link = sys::lstatat(dir.as_fd(), &name)
+                    .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK);
+                if is_link {
+                    return Err(refused(
+                        SYMLINK_REJECTED,
+                        format!(
+                            "{}: {} is a symlink; Ferry never creates or writes through symlinks inside a root",
+                            shown.display(),
+                            sofar.display()
+                        ),
+                    ));
+                }
+                return Err(classify(e, &sofar));
+            }
+        };
+    }
+    Ok(dir)
+}
+
+/// Copy `src_path` inside `src_root` to `dst_path` inside `dst_root`, both relative and
+/// resolved without symlinks from the roots' fds. Missing parents of the destination are
+/// created (inside the root). The destination follows [`crate::copy`]'s rules, except that a
+/// symlink at the destination's name is refused instead of followed.
+pub fn copy_beneath(
+    src_root: BorrowedFd<'_>,
+    src_path: &Path,
+    dst_root: BorrowedFd<'_>,
+    dst_path: &Path,
+    options: &Options,
+    progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    let src_parts = check_relative(src_path)?;
+    let dst_parts = check_relative(dst_path)?;
+    let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY;
+    // The source: a directory, or an entry of its parent directory.
+    let src_at = match open_in(src_root, &src_parts, dir_flags | libc::O_NOATIME, src_path).or_else(
+        |e| {
+            match e {
+                // O_NOATIME is refused on files of other owners without CAP_FOWNER.
+                Error::Io { ref source, .. } if source.raw_os_error() == Some(libc::EPERM) => {
+                    open_in(src_root, &src_parts, dir_flags, src_path)
+                }
+                other => Err(other),
+            }
+        },
+    ) {
+        Ok(fd) => {
+            let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io("stat source", src_path, e))?;
+            SrcAt::Dir { fd, st }
+        }
+        Err(Error::Io { ref source, .. }) if source.raw_os_error() == Some(libc::ENOTDIR) => {
+            let Some((name, parent)) = src_parts.split_last() else {
+                // The root itself is not a directory.
+                return Err(Error::io(
+                    "open source",
+                    src_path,
+                    io::Error::from_raw_os_error(libc::ENOTDIR),
+                ));
+            };
+            let parent = open_in(src_root, parent, dir_flags, src_path)?;
+            let name = CString::new(*name).unwrap_or_default();
+            let st = sys::lstatat(parent.as_fd(), &name)
+                .map_err(|e| Error::io("stat source", src_path, e))?;
+            if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                return Err(refused(
+                        SYMLINK_REJECTED,
+                        format!(
+                            "{} is a symlink; Ferry never follows symlinks inside a root (name the real path)",
+                            src_path.display()
+                        ),
+                    ));
+            }
+            SrcAt::Entry { parent, name }
+        }
+        Err(e) => return Err(e),
+    };
+    // The destination: the root itself, or a name in a parent made inside the root.
+    let dst_at = match dst_parts.split_last() {
+        None => DstAt::Dir(open_in(dst_root, &[], dir_flags, dst_path)?),
+        Some((name, parent)) => {
+            let parent = make_dirs_in(dst_root, parent, dst_path)?;
+            let name = CString::new(*name).unwrap_or_default();
+            dst_entry(parent, name, dst_path)?
+        }
+    };
+    run(src_at, dst_at, src_path, dst_path, options, progress)
+}
+
+/// What is at `name` in `parent`, never following a symlink there.
+fn dst_entry(parent: OwnedFd, name: CString, shown: &Path) -> Result<DstAt, Error> {
+    let st = match sys::lstatat(parent.as_fd(), &name) {
+        Ok(st) => st,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            return Ok(DstAt::Entry {
+                parent,
+                name,
+                exists: false,
+            })
+        }
+        Err(e) => return Err(Error::io("stat destination", shown, e)),
+    };
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => {
+            let fd = sys::openat2_beneath(parent.as_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY)
+                .map_err(|e| classify(e, shown))?;
+            Ok(DstAt::Dir(fd))
+        }
+        libc::S_IFLNK => Err(refused(
+            SYMLINK_REJECTED,
+            format!(
+                "{} is a symlink; Ferry never writes through links: remove it or choose another destination",
+                shown.display()
+            ),
+        )),
+        _ => Ok(DstAt::Entry {
+            parent,
+            name,
+            exists: true,
+        }),
+    }
+}
