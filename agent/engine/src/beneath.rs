@@ -136,6 +136,31 @@ fn classify(e: io::Error, shown: &Path) -> Error {
     }
 }
 
+/// Open `path` inside `root` as the agent resolves a tenant's path: checked by
+/// [`check_relative`], then one `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+/// RESOLVE_NO_MAGICLINKS` (a symlink as the last component is refused too). `flags` are
+/// `open(2)` flags, e.g. `O_PATH`.
+pub fn resolve_beneath(
+    root: BorrowedFd<'_>,
+    path: &Path,
+    flags: libc::c_int,
+) -> Result<OwnedFd, Error> {
+    let parts = check_relative(path)?;
+    let flags = if names_a_directory(path) {
+        flags | libc::O_DIRECTORY
+    } else {
+        flags
+    };
+    open_in(root, &parts, flags, path)
+}
+
+/// A trailing `/` or `/.` says "a directory", as it does to the kernel: `file/` is not
+/// `file`, and `link/` would follow the link.
+fn names_a_directory(path: &Path) -> bool {
+    let b = path.as_os_str().as_bytes();
+    b.ends_with(b"/") || b.ends_with(b"/.")
+}
+
 /// Create the directories of `parts` that do not exist yet, each with `mkdirat` in its
 /// parent's fd (so nothing is created through a symlink), and return the last one.
 fn make_dirs_in(root: BorrowedFd<'_>, parts: &[&[u8]], shown: &Path) -> Result<OwnedFd, Error> {
@@ -206,7 +231,9 @@ pub fn copy_beneath(
             let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io("stat source", src_path, e))?;
             SrcAt::Dir { fd, st }
         }
-        Err(Error::Io { ref source, .. }) if source.raw_os_error() == Some(libc::ENOTDIR) => {
+        Err(Error::Io { ref source, .. })
+            if source.raw_os_error() == Some(libc::ENOTDIR) && !names_a_directory(src_path) =>
+        {
             let Some((name, parent)) = src_parts.split_last() else {
                 // The root itself is not a directory.
                 return Err(Error::io(

@@ -31,7 +31,8 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 pub use beneath::{
-    check_relative, copy_beneath, OPENAT2_UNAVAILABLE, PATH_ESCAPE, SYMLINK_REJECTED,
+    check_relative, copy_beneath, resolve_beneath, OPENAT2_UNAVAILABLE, PATH_ESCAPE,
+    SYMLINK_REJECTED,
 };
 pub use error::{Error, Failure, FailureKind};
 pub use options::{Faults, Options, Overwrite, Preserve, Reflink, Select, Verify};

@@ -128,6 +128,21 @@ pub fn openat2_beneath(
     path: &CStr,
     flags: libc::c_int,
 ) -> io::Result<OwnedFd> {
+    openat2(
+        dir,
+        path,
+        flags | libc::O_NOFOLLOW,
+        libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// `openat2(dir, path, {flags, resolve})` (Linux 5.6+; ENOSYS before). `O_CLOEXEC` is added.
+pub fn openat2(
+    dir: BorrowedFd<'_>,
+    path: &CStr,
+    flags: libc::c_int,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
     // `struct open_how` (linux/openat2.h); libc's is non-exhaustive, so mirror it here.
     #[repr(C)]
     struct OpenHow {
@@ -136,9 +151,9 @@ pub fn openat2_beneath(
         resolve: u64,
     }
     let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        flags: (flags | libc::O_CLOEXEC) as u64,
         mode: 0,
-        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+        resolve,
     };
     // SAFETY: `how` is a fully initialised open_how whose size we pass; `path` is NUL-terminated.
     let ret = unsafe {
