@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput deps clean generate check-generated
+.PHONY: all build release test lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput deps clean generate check-generated fuzz
 
 all: build
 
@@ -25,13 +25,15 @@ test: deps check-generated
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
 
-## Regenerate generated files (CRD YAML from the Rust types).
+## Regenerate generated files: the CRD YAML from the Rust types, then (helm lint, helm template)
+## the rendered chart in deploy/ (helm from `make deps`).
 generate:
 	$(CARGO) run -q -p ferry-crds --bin crdgen
+	@./scripts/render-deploy.sh
 
 ## Fail when a generated file differs from what its generator writes now.
 check-generated: generate
-	@git diff --exit-code -- charts/ferry/crds || { echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; }
+	@git diff --exit-code -- charts/ferry/crds deploy || { echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; }
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
@@ -78,3 +80,10 @@ bench-throughput: deps
 
 clean:
 	$(CARGO) clean
+
+## Fuzz tenant path resolution against the kernel's openat2 (nightly + cargo-fuzz, installed
+## into /var/cache/ferry-tools/cargo-fuzz on first use). FUZZ_SECONDS bounds the run.
+FUZZ_SECONDS ?= 300
+fuzz:
+	@test -x /var/cache/ferry-tools/cargo-fuzz/bin/cargo-fuzz || cargo install cargo-fuzz --root /var/cache/ferry-tools/cargo-fuzz
+	cd fuzz && PATH=/var/cache/ferry-tools/cargo-fuzz/bin:$$PATH cargo +nightly fuzz run resolve_beneath -- -max_total_time=$(FUZZ_SECONDS)

@@ -10,13 +10,18 @@ have getfattr || need+=(attr)
 have setfacl || need+=(acl)
 have filefrag || need+=(e2fsprogs)
 have setpriv || need+=(util-linux)
-if ((${#need[@]})); then
+# prometheus and promtool (one package) for e2e/tests/prometheus.rs; without its
+# Recommends (a node exporter service the tests do not use).
+lean=()
+{ have prometheus && have promtool; } || lean+=(prometheus)
+if ((${#need[@]} + ${#lean[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
-    echo "missing tools: ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
+    echo "missing tools: ${need[*]} ${lean[*]}; install them (apt-get install ${need[*]} ${lean[*]}) or run as root" >&2
     exit 1
   fi
-  echo "installing: ${need[*]}"
+  echo "installing: ${need[*]} ${lean[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq "${need[@]}" >/dev/null
+  if ((${#need[@]})); then apt-get install -y -qq "${need[@]}" >/dev/null; fi
+  if ((${#lean[@]})); then apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null; fi
 fi

@@ -4,6 +4,8 @@
 //! manager, so it owns only its shard's progress fields.
 
 use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +43,9 @@ pub struct Settings {
     /// Test-only: sleep this long before each file (`FERRY_FAULT_FILE_DELAY_MS`), so
     /// end-to-end tests can act while a copy runs.
     pub file_delay: Option<Duration>,
+    /// Test-only: flip a byte of every destination file with this name after it is
+    /// written (`FERRY_FAULT_CORRUPT_FILE`), so end-to-end tests see a checksum mismatch.
+    pub corrupt_file: Option<String>,
     /// Address of the /metrics, /healthz and /readyz endpoints.
     pub listen: std::net::SocketAddr,
 }
@@ -59,7 +64,7 @@ struct Live {
     failed: AtomicU64,
     failures: Mutex<Vec<Failure>>,
     /// Why the shard could not start at all (reported with reason `CannotStart`).
-    start_error: Mutex<Option<String>>,
+    start_error: Mutex<Option<(&'static str, String)>>,
     /// Bytes done before this run (a resumed shard), left out of its rate.
     resumed_at: u64,
     /// What this shard carries in all (files, bytes), once a plan has counted it.
@@ -113,23 +118,23 @@ impl Progress for Live {
         if strategy == Strategy::Reflink {
             self.reflinked.fetch_add(bytes, Ordering::Relaxed);
         }
-        crate::serve::metrics()
-            .bytes
-            .with_label_values(&[strategy.as_str()])
-            .inc_by(bytes);
+        crate::serve::metrics().bytes_copied(bytes, strategy);
     }
     // Counted as the summary counts them, so the last update does not jump.
-    fn file_done(&self, size: u64) {
+    fn file_done(&self, size: u64, took: Duration) {
         self.files.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(size, Ordering::Relaxed);
-        crate::serve::metrics().files.inc();
+        crate::serve::metrics().file_copied(took.as_secs_f64());
+    }
+    fn bytes_verified(&self, bytes: u64) {
+        crate::serve::metrics().bytes_verified.inc_by(bytes);
+    }
+    fn skipped(&self) {
+        crate::serve::metrics().file_skipped();
     }
     fn failed(&self, failure: &Failure) {
         self.failed.fetch_add(1, Ordering::Relaxed);
-        crate::serve::metrics()
-            .failures
-            .with_label_values(&[failure.kind.as_str()])
-            .inc();
+        crate::serve::metrics().file_failed(failure.kind);
         let mut f = self
             .failures
             .lock()
@@ -148,14 +153,17 @@ pub async fn run(settings: Settings) -> Result<()> {
         lease_seconds: i64::from(LEASE_SECONDS),
         ..Default::default()
     });
+    let metrics = crate::serve::init_metrics(&settings.node);
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("listen on {} for /metrics and /healthz", settings.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
-    tokio::spawn(crate::serve::serve(
+    tokio::spawn(ferry_serve::serve(
         listener,
-        crate::serve::metrics().clone(),
-        health.clone(),
+        Arc::new(crate::serve::AgentEndpoints {
+            metrics,
+            health: health.clone(),
+        }),
     ));
     tokio::spawn(heartbeat(client.clone(), settings.clone(), health.clone()));
     let running: Arc<Mutex<HashMap<String, Arc<Active>>>> = Arc::default();
@@ -167,14 +175,35 @@ pub async fn run(settings: Settings) -> Result<()> {
         .default_backoff()
         .boxed();
     tracing::info!(node = %settings.node, host_root = %settings.host_root.display(), "ferry-agent running");
+    // The jobs a (re)list has shown so far: at its end, the per-job gauges of jobs it did
+    // not show (deleted while the watch was down) are dropped.
+    let mut listed: Option<HashSet<(String, String)>> = None;
+    let job_key = |job: &CopyJob| (job.namespace().unwrap_or_default(), job.name_any());
     while let Some(event) = stream.next().await {
         let job = match event {
-            Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) => job,
+            Ok(watcher::Event::Apply(job)) => job,
+            Ok(watcher::Event::InitApply(job)) => {
+                listed
+                    .get_or_insert_with(HashSet::new)
+                    .insert(job_key(&job));
+                job
+            }
+            Ok(watcher::Event::Init) => {
+                listed = Some(HashSet::new());
+                continue;
+            }
             Ok(watcher::Event::InitDone) => {
+                metrics.retain_jobs(&listed.take().unwrap_or_default());
                 health.watching.store(true, Ordering::Relaxed);
                 continue;
             }
-            Ok(_) => continue,
+            Ok(watcher::Event::Delete(job)) => {
+                // A finished job's gauges stay (with their final values) as long as the
+                // job exists, and go with it.
+                let (ns, name) = job_key(&job);
+                metrics.forget_job(&ns, &name);
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "watch error");
                 continue;
@@ -235,7 +264,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                     Err(e) => {
                         tracing::warn!(job = %job.name_any(), error = %e, "shard failed to start");
                         let live = Live::default();
-                        *lock(&live.start_error) = Some(format!("{e:#}"));
+                        *lock(&live.start_error) = Some((refusal_reason(&e), format!("{e:#}")));
                         live.failed.store(1, Ordering::Relaxed);
                         let _ =
                             publish(&client, &settings, &job, &shard, "Failed", &live, None).await;
@@ -288,13 +317,38 @@ async fn heartbeat(client: Client, settings: Settings, health: Arc<crate::serve:
     }
 }
 
-/// A root or volume's directory on this node, as the agent sees it (under `--host-root`).
-fn host_dir(host_root: &Path, resolved: &str) -> Result<PathBuf> {
-    anyhow::ensure!(
-        resolved.starts_with('/'),
-        "the operator assigned no host path for this shard"
-    );
-    Ok(host_root.join(resolved.trim_start_matches('/')))
+/// The condition reason for a shard that could not start: the engine's refusal reason
+/// (PathEscape, SymlinkRejected, Openat2Unavailable) when it refused, else CannotStart.
+fn refusal_reason(e: &anyhow::Error) -> &'static str {
+    match e.downcast_ref::<ferry_engine::Error>() {
+        Some(ferry_engine::Error::Refused { reason, .. }) => reason,
+        _ => "CannotStart",
+    }
+}
+
+/// What a copy of `path` inside `root` would carry, resolved as the copy resolves it.
+fn plan_beneath(
+    root: &OwnedFd,
+    path: &Path,
+    select: Select,
+    links: bool,
+) -> Result<ferry_engine::Totals> {
+    let fd = ferry_engine::resolve_beneath(root.as_fd(), path, libc::O_PATH)?;
+    let st = ferry_engine::sys::fstat(fd.as_fd())?;
+    match st.st_mode & libc::S_IFMT {
+        // "/." makes the walk go through the magic link to the directory itself.
+        libc::S_IFDIR => Ok(ferry_engine::plan_part(
+            Path::new(&format!("/proc/self/fd/{}/.", fd.as_raw_fd())),
+            select,
+            links,
+        )?),
+        libc::S_IFREG if select == Select::All => Ok(ferry_engine::Totals {
+            files: 1,
+            bytes: st.st_size as u64,
+            ..Default::default()
+        }),
+        _ => Ok(ferry_engine::Totals::default()),
+    }
 }
 
 fn engine_options(
@@ -343,25 +397,38 @@ async fn run_shard(
     shard: &ShardStatus,
     active: &Active,
 ) -> Result<&'static str> {
-    let src_root = host_dir(&settings.host_root, &shard.source_root)?;
-    let dst_root = host_dir(&settings.host_root, &shard.destination_root)?;
-    // A root is the admin's (or the kubelet's) to create: a missing one is a mount that is
-    // not there, and writing into the node's own disk below it would hide the data.
-    for (what, root) in [("source", &src_root), ("destination", &dst_root)] {
+    // Every path from here on is resolved from a directory fd: the roots (admin paths)
+    // inside the node's filesystem, the job's paths (tenant paths) beneath the roots with
+    // openat2 and no symlinks (ferry_engine::copy_beneath). A root is the admin's (or the
+    // kubelet's) to create: a missing one is a mount that is not there, and writing into the
+    // node's own disk below it would hide the data.
+    let host = std::fs::File::open(&settings.host_root)
+        .with_context(|| format!("open the host root {}", settings.host_root.display()))?;
+    let open_root = |what: &str, path: &str| {
         anyhow::ensure!(
-            root.is_dir(),
-            "the {what} root {} is not a directory on node {} (is the volume mounted?)",
-            root.display(),
-            settings.node
+            path.starts_with('/'),
+            "the operator assigned no host path for this shard"
         );
-    }
+        ferry_engine::open_host_path(host.as_fd(), path).with_context(|| {
+            format!(
+                "the {what} root {path} is not a directory on node {} (is the volume mounted?)",
+                settings.node
+            )
+        })
+    };
+    let src_root = Arc::new(open_root("source", &shard.source_root)?);
+    let dst_root = Arc::new(open_root("destination", &shard.destination_root)?);
     let select = Select::parse(&shard.part)
         .with_context(|| format!("shard {} has an unknown part {:?}", shard.id, shard.part))?;
-    let src = src_root.join(&job.spec.source.path);
-    let dst = dst_root.join(&job.spec.destination.path);
+    let src_path = PathBuf::from(&job.spec.source.path);
+    let dst_path = PathBuf::from(&job.spec.destination.path);
+    let links = job.spec.preserve.hard_links;
     if job.spec.dry_run {
         // Count what the copy would carry; touch nothing on the destination.
-        let totals = tokio::task::spawn_blocking(move || ferry_engine::plan(&src)).await??;
+        let (root, path) = (src_root.clone(), src_path.clone());
+        let totals =
+            tokio::task::spawn_blocking(move || plan_beneath(&root, &path, Select::All, links))
+                .await??;
         let planned = Some((totals.files as i64, totals.bytes as i64));
         publish(
             client,
@@ -377,17 +444,15 @@ async fn run_shard(
     }
     // The manifest lives with the data it describes, under the destination root; each
     // part of a split job writes its own, and the directories pass joins them.
-    let state = dst_root.join(STATE_DIR);
-    std::fs::create_dir_all(&state)?;
+    // (Reached through /proc/self/fd: the directory itself, whatever its path does later.)
+    let state_fd = ferry_engine::state_dir(dst_root.as_fd(), STATE_DIR)?;
+    let state_path = PathBuf::from(format!("/proc/self/fd/{}", state_fd.as_raw_fd()));
     let base = format!("{}-{}", job.namespace().unwrap_or_default(), job.name_any());
     let manifest = match select {
-        Select::All => Some(state.join(format!("{base}.xxh128"))),
-        Select::Part { index, .. } => Some(state.join(format!("{base}.part-{index}.xxh128"))),
+        Select::All => Some(state_path.join(format!("{base}.xxh128"))),
+        Select::Part { index, .. } => Some(state_path.join(format!("{base}.part-{index}.xxh128"))),
         Select::DirsOnly => None,
     };
-    if let Some(parent) = dst.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
     // Anything but a fresh shard is a resumption: suspended, or left Running by an agent
     // process that died. Committed files are kept and unfinished directories finished.
     let resume = !(shard.state.is_empty() || shard.state == "Pending");
@@ -396,6 +461,7 @@ async fn run_shard(
     opts.resume = resume;
     opts.cancel = Some(active.cancel.clone());
     opts.faults.delay_per_file = settings.file_delay;
+    opts.faults.corrupt_after_write = settings.corrupt_file.clone().map(String::into_bytes);
     let live = Arc::new(if resume {
         Live::resumed(shard)
     } else {
@@ -407,15 +473,15 @@ async fn run_shard(
     // Totals for the job's PROGRESS and ETA: counted next to a copy that outlasts a few
     // seconds (a short one needs no estimate, and would pay for the extra walk).
     {
-        let (live, done, src) = (live.clone(), done.clone(), src.clone());
-        let links = job.spec.preserve.hard_links;
+        let (live, done) = (live.clone(), done.clone());
+        let (root, path) = (src_root.clone(), src_path.clone());
         tokio::spawn(async move {
             tokio::time::sleep(PLAN_AFTER).await;
             if done.load(Ordering::Relaxed) {
                 return;
             }
             let totals =
-                tokio::task::spawn_blocking(move || ferry_engine::plan_part(&src, select, links))
+                tokio::task::spawn_blocking(move || plan_beneath(&root, &path, select, links))
                     .await;
             if let Ok(Ok(t)) = totals {
                 *lock(&live.planned) = Some((t.files as i64, t.bytes as i64));
@@ -429,7 +495,14 @@ async fn run_shard(
         std::thread::Builder::new()
             .name("ferry-shard".into())
             .spawn(move || {
-                let result = ferry_engine::copy(&src, &dst, &opts, &*live);
+                let result = ferry_engine::copy_beneath(
+                    src_root.as_fd(),
+                    &src_path,
+                    dst_root.as_fd(),
+                    &dst_path,
+                    &opts,
+                    &*live,
+                );
                 done.store(true, Ordering::Relaxed);
                 let _ = tx.send(result);
             })?;
@@ -465,13 +538,20 @@ async fn run_shard(
         }
         Err(e) => {
             tracing::warn!(error = %e, "copy could not start");
-            *lock(&live.start_error) = Some(e.to_string());
+            let reason = match e {
+                ferry_engine::Error::Refused { reason, .. } => reason,
+                _ => "CannotStart",
+            };
+            *lock(&live.start_error) = Some((reason, e.to_string()));
             "Failed"
         }
     };
     if select == Select::DirsOnly && state == "Succeeded" {
-        if let Err(e) = join_manifests(&dst_root.join(STATE_DIR), &base) {
-            *lock(&live.start_error) = Some(format!("joining the parts' manifests: {e:#}"));
+        if let Err(e) = join_manifests(&state_path, &base) {
+            *lock(&live.start_error) = Some((
+                "CannotStart",
+                format!("joining the parts' manifests: {e:#}"),
+            ));
             state = "Failed";
         }
     }
@@ -507,10 +587,20 @@ fn join_manifests(state: &Path, base: &str) -> Result<()> {
         })
         .collect();
     parts.sort();
+    // Never through a link a tenant planted in the state directory.
+    let no_follow = |p: &Path, write: bool| {
+        std::fs::OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .create_new(write)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(p)
+    };
     let tmp = state.join(format!(".{base}.xxh128.tmp"));
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    let _ = std::fs::remove_file(&tmp);
+    let mut out = std::io::BufWriter::new(no_follow(&tmp, true)?);
     for (_, p) in &parts {
-        std::io::copy(&mut std::fs::File::open(p)?, &mut out)?;
+        std::io::copy(&mut no_follow(p, false)?, &mut out)?;
     }
     out.into_inner()?.sync_all()?;
     std::fs::rename(&tmp, state.join(format!("{base}.xxh128")))?;
@@ -537,7 +627,7 @@ async fn publish(
         / live.started.elapsed().as_secs_f64().max(1e-3);
     let start = lock(&live.start_error)
         .as_ref()
-        .map(|m| serde_json::json!({"path": ".", "reason": "CannotStart", "message": m}));
+        .map(|(r, m)| serde_json::json!({"path": ".", "reason": r, "message": m}));
     let failures: Vec<serde_json::Value> = start
         .into_iter()
         .chain(lock(&live.failures).iter().map(|f| serde_json::json!({"path": f.path.to_string_lossy(), "reason": f.kind.as_str(), "message": f.message})))
@@ -565,5 +655,23 @@ async fn publish(
     Api::<CopyJob>::namespaced(client.clone(), &ns)
         .patch_status(&job.name_any(), &pp, &Patch::Apply(&body))
         .await?;
+    // The gauges follow what the status says, after it says it (a dry run copies nothing).
+    if !job.spec.dry_run {
+        let bytes_total = match state {
+            // A finished shard carried what it did, whatever its count said beforehand.
+            "Succeeded" => Some(bytes),
+            _ => planned.map(|p| p.1.max(0) as u64),
+        };
+        crate::serve::metrics().shard_progress(
+            &ns,
+            &job.name_any(),
+            &shard.id,
+            crate::serve::ShardProgress {
+                files_done: live.files.load(Ordering::Relaxed),
+                bytes_done: bytes,
+                bytes_total,
+            },
+        );
+    }
     Ok(())
 }

@@ -24,6 +24,9 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
             .ok()
             .and_then(|v| v.parse().ok())
             .map(std::time::Duration::from_millis),
+        corrupt_file: std::env::var("FERRY_FAULT_CORRUPT_FILE")
+            .ok()
+            .filter(|v| !v.is_empty()),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

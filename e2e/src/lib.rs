@@ -295,11 +295,42 @@ impl ControlPlane {
 
     /// The loopback port of a simulated node's agent endpoints (/metrics, /healthz, /readyz).
     pub fn agent_port(&self, node: &str) -> Result<u16> {
-        let f = self.dir().join(format!("agent-{node}.port"));
+        self.recorded_port(&format!("agent-{node}"))
+    }
+
+    /// The loopback port of the operator's endpoints (/metrics, /healthz, /readyz), as
+    /// [`Self::start_ferry`] started it.
+    pub fn operator_port(&self) -> Result<u16> {
+        self.recorded_port("operator")
+    }
+
+    /// The port a process started here recorded in `<dir>/<name>.port`.
+    pub fn recorded_port(&self, name: &str) -> Result<u16> {
+        let f = self.dir().join(format!("{name}.port"));
         Ok(std::fs::read_to_string(&f)
             .with_context(|| format!("read {}", f.display()))?
             .trim()
             .parse()?)
+    }
+
+    /// A free loopback address for a process's endpoints, recorded in `<dir>/<name>.port`.
+    fn listen_address(&self, name: &str) -> Result<String> {
+        let port = free_port()?;
+        std::fs::write(self.dir().join(format!("{name}.port")), port.to_string())?;
+        Ok(format!("127.0.0.1:{port}"))
+    }
+
+    /// Start a `ferry-operator` replica with its endpoints on a free loopback port
+    /// (recorded for [`Self::recorded_port`] under `name`), logging to `<dir>/<name>.log`.
+    pub fn spawn_operator(&self, name: &str, envs: &[(&str, &str)]) -> Result<Proc> {
+        let operator = workspace_bin("ferry-operator", "ferry-operator")?;
+        let listen = self.listen_address(name)?;
+        self.spawn(
+            &operator,
+            &["--listen", &listen],
+            envs,
+            &format!("{name}.log"),
+        )
     }
 
     /// A jsonpath of one object, as kubectl prints it ("" when the object is gone).
@@ -372,40 +403,49 @@ impl ControlPlane {
         agent_env: &[(&str, &str)],
     ) -> Result<(Vec<Proc>, PathBuf)> {
         self.kubectl_ok(&["create", "namespace", "ferry-system"])?;
-        let hosts = self.dir().join("hosts");
         for node in nodes {
-            self.apply(&format!(
-                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    ferry.dev/node: {node}\n"
-            ))?;
-            std::fs::create_dir_all(hosts.join(node))?;
+            self.add_node(node)?;
         }
-        let operator = workspace_bin("ferry-operator", "ferry-operator")?;
+        // The operator's and each agent's endpoints on their own loopback ports, recorded
+        // for operator_port() and agent_port().
+        let mut procs = vec![self.spawn_operator("operator", &[])?];
+        for node in nodes {
+            procs.push(self.spawn_agent(node, agent_env)?);
+        }
+        Ok((procs, self.dir().join("hosts")))
+    }
+
+    /// A simulated node: a Node object labelled `ferry.dev/node=<node>` and its host-root
+    /// directory `<dir>/hosts/<node>`, which it returns.
+    pub fn add_node(&self, node: &str) -> Result<PathBuf> {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    ferry.dev/node: {node}\n"
+        ))?;
+        let root = self.dir().join("hosts").join(node);
+        std::fs::create_dir_all(&root)?;
+        Ok(root)
+    }
+
+    /// Start the agent of a node made by [`Self::add_node`], with extra environment (for
+    /// a node whose agent differs from the others'), its endpoints on a free loopback port
+    /// ([`Self::agent_port`]), logging to `<dir>/agent-<node>.log`.
+    pub fn spawn_agent(&self, node: &str, envs: &[(&str, &str)]) -> Result<Proc> {
         let agent = workspace_bin("ferry-agent", "ferry-agent")?;
-        let mut procs = vec![self.spawn(&operator, &[], &[], "operator.log")?];
-        for node in nodes {
-            let root = hosts.join(node);
-            let root = root.to_string_lossy();
-            // Each agent's /metrics on its own loopback port, recorded for agent_port().
-            let port = free_port()?;
-            std::fs::write(
-                self.dir().join(format!("agent-{node}.port")),
-                port.to_string(),
-            )?;
-            let listen = format!("127.0.0.1:{port}");
-            let args = [
-                "run",
-                "--node",
-                node,
-                "--host-root",
-                &root,
-                "--namespace",
-                "ferry-system",
-                "--listen",
-                &listen,
-            ];
-            procs.push(self.spawn(&agent, &args, agent_env, &format!("agent-{node}.log"))?);
-        }
-        Ok((procs, hosts))
+        let root = self.dir().join("hosts").join(node);
+        let root = root.to_string_lossy();
+        let listen = self.listen_address(&format!("agent-{node}"))?;
+        let args = [
+            "run",
+            "--node",
+            node,
+            "--host-root",
+            &root,
+            "--namespace",
+            "ferry-system",
+            "--listen",
+            &listen,
+        ];
+        self.spawn(&agent, &args, envs, &format!("agent-{node}.log"))
     }
 
     /// Apply the chart's generated CRDs and wait until they are served.
@@ -618,4 +658,110 @@ pub fn assert_same_tree(src: &Path, dst: &Path) -> Result<()> {
         bail!("copy differs from the source:\n  {}", diffs.join("\n  "));
     }
     Ok(())
+}
+
+/// Components running under their own identity (the chart's RBAC tests).
+impl ControlPlane {
+    /// A kubeconfig for this apiserver, with the admin kubeconfig's server and TLS settings,
+    /// that authenticates as ServiceAccount `ns/name` with a token from the TokenRequest API:
+    /// a process using it can do only what RBAC grants that account. Written to
+    /// `<dir>/<name>.kubeconfig`.
+    pub fn service_account_kubeconfig(&self, ns: &str, name: &str) -> Result<PathBuf> {
+        let token = self.kubectl_ok(&["create", "token", name, "-n", ns, "--duration=2h"])?;
+        let token = token.trim();
+        let admin = std::fs::read_to_string(&self.kubeconfig)?;
+        let mut replaced = 0;
+        let text: Vec<String> = admin
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("token: ") {
+                    replaced += 1;
+                    format!("    token: {token}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        if replaced != 1 {
+            bail!("the admin kubeconfig has {replaced} token lines, expected 1");
+        }
+        let path = self.dir().join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, text.join("\n") + "\n")?;
+        Ok(path)
+    }
+
+    /// kube-controller-manager (built by `e2e/tools/install.sh`) running only `controllers`
+    /// with the admin kubeconfig, logging to `<dir>/kube-controller-manager.log`; `Ok(None)`
+    /// with the reason printed when it is not installed and this is not CI.
+    pub fn start_controller_manager_or_skip(&self, controllers: &[&str]) -> Result<Option<Proc>> {
+        let bin = tool(
+            "FERRY_KUBE_CONTROLLER_MANAGER",
+            tools_dir().join("k8s/v1.35.4/bin/kube-controller-manager"),
+        );
+        if !bin.exists() {
+            let why = format!(
+                "{} is not installed; run e2e/tools/install.sh (make deps)",
+                bin.display()
+            );
+            if std::env::var_os("CI").is_some() {
+                bail!(why);
+            }
+            eprintln!("skipped: {why}");
+            return Ok(None);
+        }
+        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.display());
+        let controllers = format!("--controllers={}", controllers.join(","));
+        let args = [
+            kubeconfig.as_str(),
+            controllers.as_str(),
+            "--leader-elect=false",
+            // No HTTPS endpoint: nothing here probes it, and parallel tests would share a port.
+            "--secure-port=0",
+        ];
+        self.spawn(&bin, &args, &[], "kube-controller-manager.log")
+            .map(Some)
+    }
+}
+
+/// The directory of prometheus-operator CRDs (ServiceMonitor, PodMonitor, PrometheusRule)
+/// that `e2e/tools/install.sh` copies from the Go module; `Ok(None)` with the reason printed
+/// when they are not installed and this is not CI.
+pub fn prometheus_operator_crds_or_skip() -> Result<Option<PathBuf>> {
+    let dir = tool(
+        "FERRY_PROMETHEUS_OPERATOR_CRDS",
+        tools_dir().join("prometheus-operator/v0.85.0/crds"),
+    );
+    if dir
+        .join("monitoring.coreos.com_prometheusrules.yaml")
+        .exists()
+    {
+        return Ok(Some(dir));
+    }
+    let why = format!(
+        "prometheus-operator CRDs are not in {}; run e2e/tools/install.sh (make deps)",
+        dir.display()
+    );
+    if std::env::var_os("CI").is_some() {
+        bail!(why);
+    }
+    eprintln!("skipped: {why}");
+    Ok(None)
+}
+
+/// helm (built by `e2e/tools/install.sh`); `Ok(None)` with the reason printed when it is not
+/// installed and this is not CI.
+pub fn helm_or_skip() -> Result<Option<PathBuf>> {
+    let helm = tool("FERRY_HELM", tools_dir().join("helm/v3.22.0/bin/helm"));
+    if helm.exists() {
+        return Ok(Some(helm));
+    }
+    let why = format!(
+        "{} is not installed; run e2e/tools/install.sh (make deps)",
+        helm.display()
+    );
+    if std::env::var_os("CI").is_some() {
+        bail!(why);
+    }
+    eprintln!("skipped: {why}");
+    Ok(None)
 }

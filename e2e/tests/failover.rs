@@ -2,7 +2,7 @@
 //! and finishes new work, without assigning a job twice.
 
 use anyhow::{ensure, Result};
-use ferry_e2e::{workspace_bin, ControlPlane};
+use ferry_e2e::ControlPlane;
 
 fn job(name: &str, dst: &str) -> String {
     format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {{root: data, path: src}}\n  destination: {{root: data, path: {dst}}}\n")
@@ -15,8 +15,7 @@ fn killing_the_leading_operator_lets_the_other_replica_finish_new_jobs() -> Resu
     };
     cp.install_crds()?;
     let (mut procs, hosts) = cp.start_ferry(&["node-a"])?;
-    let second = workspace_bin("ferry-operator", "ferry-operator")?;
-    let op_b = cp.spawn(&second, &[], &[("POD_NAME", "op-b")], "operator-b.log")?;
+    let op_b = cp.spawn_operator("operator-b", &[("POD_NAME", "op-b")])?;
     std::fs::create_dir_all(hosts.join("node-a/srv/data/src/d"))?;
     for f in 0..20 {
         std::fs::write(

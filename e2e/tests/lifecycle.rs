@@ -187,6 +187,22 @@ fn a_tree_on_a_shared_root_is_split_across_two_agents_and_equals_the_source() ->
         }
     }
     ensure!(parts == 8, "expected 8 parts, status has:\n{shards}");
+    // No shard was handed out twice: across both agents' logs, each started exactly once.
+    let logs: String = NODES
+        .iter()
+        .map(|n| std::fs::read_to_string(cp.dir().join(format!("agent-{n}.log"))))
+        .collect::<std::io::Result<_>>()?;
+    for id in (0..8)
+        .map(|i| i.to_string())
+        .chain(["directories".to_string()])
+    {
+        let starts = logs
+            .lines()
+            .filter(|l| l.contains("starting shard") && l.contains("job=default-split "))
+            .filter(|l| l.contains(&format!(" shard={id} ")))
+            .count();
+        ensure!(starts == 1, "shard {id} started {starts} times:\n{logs}");
+    }
     ensure!(
         by_node.len() == 2 && by_node.values().all(|&n| n > 0),
         "both agents should have copied files: {by_node:?}\n{shards}"
@@ -207,22 +223,30 @@ fn a_tree_on_a_shared_root_is_split_across_two_agents_and_equals_the_source() ->
             ensure!(r.starts_with("HTTP/1.1 200"), "{node} {path}: {r}");
         }
         let m = http_get(port, "/metrics").unwrap_or_default();
-        let files = metric(&m, "ferry_agent_files_copied_total")
-            .with_context(|| format!("{node} /metrics lacks the files counter:\n{m}"))?;
+        let files = metric(
+            &m,
+            "ferry_agent_files_total",
+            &[("result", "copied"), ("node", node)],
+        )
+        .with_context(|| format!("{node} /metrics lacks the files counter:\n{m}"))?;
         ensure!(files > 0.0, "{node} exported no copied files:\n{m}");
         metric_files += files;
-        let bytes = metric(
-            &m,
-            "ferry_agent_bytes_copied_total{strategy=\"copy_file_range\"}",
-        )
-        .unwrap_or(0.0)
-            + metric(
-                &m,
-                "ferry_agent_bytes_copied_total{strategy=\"read_write\"}",
-            )
-            .unwrap_or(0.0)
-            + metric(&m, "ferry_agent_bytes_copied_total{strategy=\"reflink\"}").unwrap_or(0.0);
+        let bytes: f64 = ["copy_file_range", "read_write", "reflink"]
+            .iter()
+            .filter_map(|s| metric(&m, "ferry_agent_bytes_copied_total", &[("strategy", s)]))
+            .sum();
         ensure!(bytes > 0.0, "{node} exported no copied bytes:\n{m}");
+        // The job's progress gauge on this agent: its shards' committed files, and the
+        // total once they finished (they all did).
+        let job = [("copyjob_namespace", "default"), ("copyjob", "split")];
+        let (done, total) = (
+            metric(&m, "ferry_agent_job_bytes_done", &job),
+            metric(&m, "ferry_agent_job_bytes_total", &job),
+        );
+        ensure!(
+            done.is_some_and(|d| d > 0.0) && done == total,
+            "{node}: job gauges done {done:?}, total {total:?}:\n{m}"
+        );
     }
     ensure!(
         metric_files == (names.len() - 1) as f64,
@@ -408,9 +432,17 @@ fn a_job_deleted_mid_copy_stops_before_it_is_gone_and_leaves_only_whole_files() 
 }
 
 /// The value of one sample (`name` with its labels, exactly as exported).
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+/// The value of the series `name` that has (at least) `labels`, from /metrics text.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+        let have: Vec<&str> = rest.trim_end_matches('}').split(',').collect();
+        let all = labels
+            .iter()
+            .all(|(k, v)| have.contains(&format!("{k}=\"{v}\"").as_str()));
+        (n == name && all).then(|| value.parse().ok()).flatten()
+    })
 }
 
 fn nix_root() -> bool {

@@ -3,7 +3,7 @@
 //! a message that says what to change, and an event.
 
 use anyhow::{ensure, Result};
-use ferry_e2e::{workspace_bin, ControlPlane};
+use ferry_e2e::ControlPlane;
 
 fn job(ns: &str, name: &str, source: &str, destination: &str) -> String {
     format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  source: {source}\n  destination: {destination}\n")
@@ -59,8 +59,7 @@ fn operator_accepts_valid_jobs_and_refuses_roots_a_namespace_may_not_use() -> Re
         "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: datasets\nspec:\n  path: /srv/datasets\n  shared: true\n  namespaces:\n    selector:\n      matchLabels: {tier: gold}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: archive\nspec:\n  path: /srv/archive\n  shared: true\n  readOnly: true\n  namespaces:\n    names: [team-a, team-b]\n",
     )?;
     cp.kubectl_ok(&["create", "namespace", "ferry-system"])?;
-    let operator = workspace_bin("ferry-operator", "ferry-operator")?;
-    let _operator = cp.spawn(&operator, &[], &[], "operator.log")?;
+    let _operator = cp.spawn_operator("operator", &[])?;
 
     cp.apply(&job(
         "team-a",

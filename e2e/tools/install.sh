@@ -3,11 +3,15 @@
 # (DESIGN.md "Local control plane", "Tests" tier 3):
 #
 #   etcd, prometheus, promtool   Debian packages etcd-server and prometheus (apt)
-#   kube-apiserver, kubectl      built from k8s.io/kubernetes at $K8S_VERSION
+#   kube-apiserver, kubectl,     built from k8s.io/kubernetes at $K8S_VERSION
+#   kube-controller-manager      (the chart test runs only its clusterrole-aggregation controller)
 #   helm                         built from helm.sh/helm/v3 at $HELM_VERSION
+#   prometheus-operator CRDs     ServiceMonitor, PodMonitor, PrometheusRule, copied from the Go
+#                                module github.com/prometheus-operator/prometheus-operator at
+#                                $PROMETHEUS_OPERATOR_VERSION (the chart test applies them)
 #
 # Go-built binaries are cached outside the repo, keyed by version:
-#   ${FERRY_TOOLS:-/var/cache/ferry-tools}/k8s/<version>/bin/{kube-apiserver,kubectl}
+#   ${FERRY_TOOLS:-/var/cache/ferry-tools}/k8s/<version>/bin/{kube-apiserver,kubectl,kube-controller-manager}
 #   ${FERRY_TOOLS:-/var/cache/ferry-tools}/helm/<version>/bin/helm
 # and ${FERRY_TOOLS}/env.sh exports PATH (those bins first) plus FERRY_* paths.
 #
@@ -24,6 +28,7 @@ set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.35.4}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
+PROMETHEUS_OPERATOR_VERSION=${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}
 FERRY_TOOLS=${FERRY_TOOLS:-/var/cache/ferry-tools}
 export FERRY_TOOLS
 
@@ -125,6 +130,7 @@ k8s_bin=$k8s_dir/bin
 k8s_targets=()
 [[ -x $k8s_bin/kube-apiserver ]] || k8s_targets+=(kube-apiserver)
 [[ -x $k8s_bin/kubectl ]] || k8s_targets+=(kubectl)
+[[ -x $k8s_bin/kube-controller-manager ]] || k8s_targets+=(kube-controller-manager)
 
 if ((${#k8s_targets[@]})); then
   [[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.N.M, got $K8S_VERSION"
@@ -176,7 +182,8 @@ if ((${#k8s_targets[@]})); then
   done
 
   run_build "go.sum for k8s.io/kubernetes $K8S_VERSION" "$FERRY_TOOLS/logs/k8s-$K8S_VERSION-modules.log" \
-    go -C "$src" get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION"
+    go -C "$src" get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION"
 
   for t in "${k8s_targets[@]}"; do
     tmp=$k8s_bin/.$t.tmp.$$
@@ -215,6 +222,23 @@ if [[ ! -x $helm_bin/helm ]]; then
   rm -rf "$gobin"
 fi
 
+# --- prometheus-operator CRDs (no binary: the YAML its module ships) -------
+promop_crds=$FERRY_TOOLS/prometheus-operator/$PROMETHEUS_OPERATOR_VERSION/crds
+promop_files=(monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_podmonitors.yaml
+  monitoring.coreos.com_prometheusrules.yaml)
+if [[ ! -f $promop_crds/${promop_files[-1]} ]]; then
+  log "downloading github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION (CRDs)"
+  dl=$(mod_download "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION")
+  promop_dir=$(json_field Dir <<<"$dl")
+  [[ -d $promop_dir/example/prometheus-operator-crd ]] || die "no example/prometheus-operator-crd in $promop_dir"
+  mkdir -p "$promop_crds"
+  # The last file is the marker that the copy is complete.
+  for f in "${promop_files[@]}"; do
+    cp "$promop_dir/example/prometheus-operator-crd/$f" "$promop_crds/.$f.tmp"
+    mv -f "$promop_crds/.$f.tmp" "$promop_crds/$f"
+  done
+fi
+
 # ---------------------------------------------------------------------------
 # 3. env.sh and summary
 # ---------------------------------------------------------------------------
@@ -228,6 +252,8 @@ export FERRY_K8S_VERSION="$K8S_VERSION"
 export FERRY_HELM_VERSION="$HELM_VERSION"
 export FERRY_KUBE_APISERVER="$k8s_bin/kube-apiserver"
 export FERRY_KUBECTL="$k8s_bin/kubectl"
+export FERRY_KUBE_CONTROLLER_MANAGER="$k8s_bin/kube-controller-manager"
+export FERRY_PROMETHEUS_OPERATOR_CRDS="$promop_crds"
 export FERRY_HELM="$helm_bin/helm"
 export FERRY_ETCD="$etcd_path"
 export FERRY_PROMETHEUS="$prom_path"
@@ -249,11 +275,13 @@ check() {
 }
 v_apiserver=$(check "$k8s_bin/kube-apiserver" --version)
 v_kubectl=$(check "$k8s_bin/kubectl" version --client)
+v_kcm=$(check "$k8s_bin/kube-controller-manager" --version)
 v_helm=$(check "$helm_bin/helm" version --short)
 v_etcd=$(check "$etcd_path" --version)
 v_prom=$(check "$prom_path" --version)
 [[ $v_apiserver == "Kubernetes $K8S_VERSION" ]] || die "kube-apiserver reports '$v_apiserver', want 'Kubernetes $K8S_VERSION'"
 [[ $v_kubectl == "Client Version: $K8S_VERSION" ]] || die "kubectl reports '$v_kubectl', want 'Client Version: $K8S_VERSION'"
+[[ $v_kcm == "Kubernetes $K8S_VERSION" ]] || die "kube-controller-manager reports '$v_kcm', want 'Kubernetes $K8S_VERSION'"
 [[ $v_helm == "$HELM_VERSION"* ]] || die "helm reports '$v_helm', want $HELM_VERSION"
 
 if [[ $smoke == yes || ($smoke == auto && $built_any == 1) ]]; then
@@ -265,6 +293,8 @@ size() { du -h "$1" | cut -f1; }
 cat <<EOF
 kube-apiserver  $k8s_bin/kube-apiserver  ($v_apiserver, $(size "$k8s_bin/kube-apiserver"))
 kubectl         $k8s_bin/kubectl  ($v_kubectl, $(size "$k8s_bin/kubectl"))
+kube-controller-manager $k8s_bin/kube-controller-manager  ($v_kcm, $(size "$k8s_bin/kube-controller-manager"))
+prometheus-operator CRDs $promop_crds ($PROMETHEUS_OPERATOR_VERSION)
 helm            $helm_bin/helm  ($v_helm, $(size "$helm_bin/helm"))
 etcd            $etcd_path  ($v_etcd)
 prometheus      $prom_path  ($v_prom)

@@ -22,7 +22,8 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{finalizer, Event};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::schedule;
@@ -48,6 +49,7 @@ pub enum Error {
 pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Why a job cannot proceed, as a condition reason and a message for the user.
@@ -58,8 +60,13 @@ pub struct Blocked {
     pub message: String,
 }
 
-/// Run the controller until the process is stopped.
-pub async fn run(client: Client) {
+/// Run the controller until the process is stopped. `health` gets the controller's
+/// CopyJob cache (readiness waits for its first list; scrapes count jobs from it).
+pub async fn run(
+    client: Client,
+    metrics: Arc<crate::metrics::Metrics>,
+    health: &crate::metrics::Health,
+) {
     let jobs = Api::<CopyJob>::all(client.clone());
     let reporter = Reporter {
         controller: OPERATOR_MANAGER.into(),
@@ -68,8 +75,21 @@ pub async fn run(client: Client) {
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
+        metrics,
     });
-    Controller::new(jobs, watcher::Config::default())
+    // What Controller::new builds, with a look at the events on the way: the first
+    // InitDone (the watch has listed every job) makes this replica ready.
+    let (reader, writer) = reflector::store();
+    let listed = health.watch_listed();
+    let trigger = reflector(writer, watcher(jobs, watcher::Config::default()))
+        .inspect(move |event| {
+            if let Ok(watcher::Event::InitDone) = event {
+                listed();
+            }
+        })
+        .applied_objects();
+    health.set_store(reader.clone());
+    Controller::for_stream(trigger, reader)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
@@ -80,15 +100,24 @@ pub async fn run(client: Client) {
         .await;
 }
 
+/// One reconcile, timed and its errors counted by kind.
 async fn reconcile(job: Arc<CopyJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_job(job, &ctx).await;
+    ctx.metrics
+        .reconciled(started.elapsed(), result.as_ref().err());
+    result
+}
+
+async fn reconcile_job(job: Arc<CopyJob>, ctx: &Context) -> Result<Action, Error> {
     let ns = job
         .namespace()
         .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
     let api = Api::<CopyJob>::namespaced(ctx.client.clone(), &ns);
     finalizer(&api, FINALIZER, job, |event| async {
         match event {
-            Event::Apply(job) => apply(&job, &ctx).await,
-            Event::Cleanup(job) => cleanup(&job, &ctx).await,
+            Event::Apply(job) => apply(&job, ctx).await,
+            Event::Cleanup(job) => cleanup(&job, ctx).await,
         }
     })
     .await
@@ -664,6 +693,11 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     };
     let manifest = (!shards.is_empty() && !job.spec.dry_run)
         .then(|| format!("{}/{}-{}.xxh128", ferry_crds::STATE_DIR, ns, job.name_any()));
+    let assignment_changed = !old
+        .shards
+        .iter()
+        .map(|s| (&s.id, &s.node, s.epoch, &s.part))
+        .eq(shards.iter().map(|s| (&s.id, &s.node, s.epoch, &s.part)));
     let unchanged = old.phase == Some(phase)
         && old.conditions == conditions
         && old.progress.as_ref() == Some(&progress)
@@ -688,7 +722,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 })
             })
             .collect();
-        let patch = serde_json::json!({
+        let mut patch = serde_json::json!({
             "apiVersion": "ferry.dev/v1alpha1",
             "kind": "CopyJob",
             "status": {
@@ -702,13 +736,29 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 "plan": plan,
             },
         });
-        Api::<CopyJob>::namespaced(ctx.client.clone(), &ns)
+        // Handing out shards is decided on what this reconcile read, and the watch cache can
+        // lag our own last write: a shard that looks unassigned may already be running
+        // somewhere. So an assignment only lands on the version it was decided on; on a
+        // conflict the next reconcile decides again from fresher state.
+        if assignment_changed {
+            patch["metadata"] = serde_json::json!({ "resourceVersion": job.resource_version() });
+        }
+        let written = Api::<CopyJob>::namespaced(ctx.client.clone(), &ns)
             .patch_status(
                 &job.name_any(),
                 &PatchParams::apply(OPERATOR_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
-            .await?;
+            .await;
+        match written {
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(job = %job.name_any(), "assignment raced a newer version; deciding again");
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            other => {
+                other?;
+            }
+        }
         let new_refusal = blocked.as_ref().filter(|b| {
             !previous
                 .iter()

@@ -1,9 +1,10 @@
 //! The Ferry operator: validation (the second of three checks: CRD rules at admission,
 //! this, the agent at open time), volume resolution, shard scheduling, the CopyJob
-//! reconciler and leader election.
+//! reconciler, leader election, and the metrics and readiness served on `--listen`.
 
 pub mod controller;
 pub mod leader;
+pub mod metrics;
 pub mod schedule;
 pub mod validate;
 pub mod volume;

@@ -1,9 +1,25 @@
 //! `ferry-operator`: reconciles CopyJobs. Uses the in-cluster config, or KUBECONFIG.
+//! Serves `/metrics`, `/healthz` and `/readyz` on `--listen` from the start, leader or not.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
 use tracing_subscriber::EnvFilter;
+
+/// The Ferry operator.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Address for /metrics (Prometheus), /healthz and /readyz.
+    #[arg(long, env = "FERRY_LISTEN", default_value = "0.0.0.0:9090")]
+    listen: SocketAddr,
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -11,6 +27,19 @@ async fn main() -> anyhow::Result<()> {
         // Colour codes only on a terminal: logs in files and `kubectl logs` stay greppable.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
+    let metrics = Arc::new(ferry_operator::metrics::Metrics::new()?);
+    let health = Arc::new(ferry_operator::metrics::Health::default());
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listen on {} for /metrics and /healthz", args.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(ferry_serve::serve(
+        listener,
+        Arc::new(ferry_operator::metrics::OperatorEndpoints {
+            metrics: metrics.clone(),
+            health: health.clone(),
+        }),
+    ));
     let client = kube::Client::try_default().await?;
     tracing::info!("ferry-operator starting");
     let namespace = std::env::var("FERRY_NAMESPACE").unwrap_or_else(|_| "ferry-system".into());
@@ -21,7 +50,14 @@ async fn main() -> anyhow::Result<()> {
             std::process::id()
         )
     });
-    ferry_operator::leader::acquire(client.clone(), &namespace, "ferry-operator", &identity).await;
-    ferry_operator::controller::run(client).await;
+    ferry_operator::leader::acquire(
+        client.clone(),
+        &namespace,
+        "ferry-operator",
+        &identity,
+        health.clone(),
+    )
+    .await;
+    ferry_operator::controller::run(client, metrics, &health).await;
     Ok(())
 }

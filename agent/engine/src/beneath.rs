@@ -161,6 +161,34 @@ fn names_a_directory(path: &Path) -> bool {
     b.ends_with(b"/") || b.ends_with(b"/.")
 }
 
+/// Open a root's directory by its absolute host path (from a StorageRoot or a volume: an
+/// admin's or the kubelet's path, never a tenant's), inside `host_root` (where the node's
+/// filesystem is mounted in the agent's container). Symlinks on the way are allowed, as
+/// they are on the host, but resolved as if `host_root` were `/` (`RESOLVE_IN_ROOT`), so
+/// none leads out of the node's filesystem into the container's.
+pub fn open_host_path(host_root: BorrowedFd<'_>, path: &str) -> Result<OwnedFd, Error> {
+    let rel = path.trim_start_matches('/');
+    let rel = if rel.is_empty() { "." } else { rel };
+    let c = CString::new(rel)
+        .map_err(|_| refused(PATH_ESCAPE, format!("{path:?} contains a NUL byte")))?;
+    sys::openat2(
+        host_root,
+        &c,
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    )
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOSYS) => classify(e, Path::new(path)),
+        _ => Error::io("open root", path, e),
+    })
+}
+
+/// The destination root's `.ferry` directory (manifests, resume state), created if missing;
+/// a symlink planted at that name is refused.
+pub fn state_dir(dst_root: BorrowedFd<'_>, name: &str) -> Result<OwnedFd, Error> {
+    make_dirs_in(dst_root, &[name.as_bytes()], Path::new(name))
+}
+
 /// Create the directories of `parts` that do not exist yet, each with `mkdirat` in its
 /// parent's fd (so nothing is created through a symlink), and return the last one.
 fn make_dirs_in(root: BorrowedFd<'_>, parts: &[&[u8]], shown: &Path) -> Result<OwnedFd, Error> {

@@ -19,6 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Instant;
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -160,6 +161,8 @@ pub(crate) struct LargeFile {
     /// Tasks still working on it; the last one out finishes the file.
     workers: AtomicUsize,
     error: Mutex<Option<(&'static str, io::Error)>>,
+    /// When its source was opened, for the per-file copy time.
+    started: Instant,
 }
 
 /// Where a file being written lives until it is committed.
@@ -701,9 +704,7 @@ impl<'a> Ctx<'a> {
         };
         match result {
             Ok(None) => {}
-            Ok(Some(Skip::Kept)) => {
-                self.counters.skipped.fetch_add(1, Ordering::Relaxed);
-            }
+            Ok(Some(Skip::Kept)) => self.count_skipped(),
             Ok(Some(Skip::Deferred)) => {}
             Err((op, e)) => self.fail(&dir.child_path(dst_name), op, &e),
         }
@@ -771,6 +772,8 @@ impl<'a> Ctx<'a> {
         // O_NONBLOCK: if a FIFO was swapped in since the listing, opening it must not hang;
         // it is then recreated, never read.
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        // One clock read per file, for the copy-time histogram; the commit reads it again.
+        let started = Instant::now();
         let src = match self.open_source(dir, src_name, flags) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -792,7 +795,7 @@ impl<'a> Ctx<'a> {
             return Ok(Some(Skip::Kept));
         }
         self.in_link_group(dir, dst_name, &st, || {
-            self.copy_regular(dir, src, &st, dst_name, local)
+            self.copy_regular(dir, src, &st, dst_name, started, local)
         })
     }
 
@@ -990,7 +993,7 @@ impl<'a> Ctx<'a> {
                     && self.opts.overwrite == Overwrite::Never
                     && !dst_dir.fresh =>
             {
-                self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                self.count_skipped();
                 return Ok(());
             }
             Err(e) => return Err(("link", e)),
@@ -1124,21 +1127,26 @@ impl<'a> Ctx<'a> {
         src: OwnedFd,
         st: &Stat,
         name: &CStr,
+        started: Instant,
         local: &mut Local,
     ) -> Result<Option<Option<u128>>, Fail> {
         let mut caps = local
             .caps
             .get(dir.src_dev, dir.dst_dev, dir.dst.as_fd(), self.opts.reflink);
         let mut staged = self.stage(dir, st, name, &mut caps)?;
-        let result = self.fill_regular(dir, &src, &mut staged, st, name, &mut caps, local);
+        let result = self.fill_regular(dir, &src, &mut staged, st, name, started, &mut caps, local);
         local.caps.set(dir.src_dev, dir.dst_dev, caps);
         match result {
             Ok(FillOutcome::Committed(hash)) => Ok(Some(hash)),
             Ok(FillOutcome::Chunk(caps)) => {
-                self.start_chunks(dir, &src, staged, st, name, caps);
+                self.start_chunks(dir, &src, staged, st, name, caps, started);
                 Ok(None)
             }
-            Ok(FillOutcome::Kept) => Ok(Some(None)),
+            Ok(FillOutcome::Kept) => {
+                // An entry appeared at its name meanwhile, and the policy keeps it.
+                self.count_skipped();
+                Ok(Some(None))
+            }
             Err(err) => {
                 self.discard(dir, &mut staged);
                 Err(err)
@@ -1154,6 +1162,7 @@ impl<'a> Ctx<'a> {
         staged: &mut Staged,
         st: &Stat,
         name: &CStr,
+        started: Instant,
         caps: &mut Caps,
         local: &mut Local,
     ) -> Result<FillOutcome, Fail> {
@@ -1264,7 +1273,7 @@ impl<'a> Ctx<'a> {
         if !self.commit_staged(dir, staged, name)? {
             return Ok(FillOutcome::Kept);
         }
-        self.count_file(size, &moved, &dir.child_path(name), hash);
+        self.count_file(size, &moved, &dir.child_path(name), hash, started);
         Ok(FillOutcome::Committed(hash))
     }
 
@@ -1302,11 +1311,19 @@ impl<'a> Ctx<'a> {
                 return Err(("verify", checksum_mismatch(expected, got)));
             }
             self.counters.verified.fetch_add(1, Ordering::Relaxed);
+            self.progress.bytes_verified(n);
         }
         Ok(expected)
     }
 
-    fn count_file(&self, size: u64, moved: &Moved, path: &[u8], hash: Option<u128>) {
+    fn count_file(
+        &self,
+        size: u64,
+        moved: &Moved,
+        path: &[u8],
+        hash: Option<u128>,
+        started: Instant,
+    ) {
         self.counters.files.fetch_add(1, Ordering::Relaxed);
         self.counters.bytes.fetch_add(size, Ordering::Relaxed);
         if let Some(s) = moved.strategy {
@@ -1316,8 +1333,13 @@ impl<'a> Ctx<'a> {
         if let Some(h) = hash {
             self.manifest_line(h, path);
         }
-        self.progress.file_done(size);
+        self.progress.file_done(size, started.elapsed());
         self.progress.entry_done();
+    }
+
+    fn count_skipped(&self) {
+        self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+        self.progress.skipped();
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1329,6 +1351,7 @@ impl<'a> Ctx<'a> {
         st: &Stat,
         name: &CStr,
         caps: Caps,
+        started: Instant,
     ) {
         let chunks = (st.st_size as u64).div_ceil(CHUNK);
         let helpers = (self.opts.workers_resolved() as u64).min(chunks) as usize;
@@ -1353,6 +1376,7 @@ impl<'a> Ctx<'a> {
             next_chunk: AtomicU64::new(0),
             workers: AtomicUsize::new(helpers),
             error: Mutex::new(None),
+            started,
         });
         // All its tasks go to the queue and this worker returns to its directory: with
         // several large files each worker takes its own (buffered writes to one inode
@@ -1439,12 +1463,11 @@ impl<'a> Ctx<'a> {
                 self.counters
                     .bytes
                     .fetch_add(file.st.st_size as u64, Ordering::Relaxed);
-                self.progress.file_done(file.st.st_size as u64);
+                self.progress
+                    .file_done(file.st.st_size as u64, file.started.elapsed());
                 self.progress.entry_done();
             }
-            Ok(false) => {
-                self.counters.skipped.fetch_add(1, Ordering::Relaxed);
-            }
+            Ok(false) => self.count_skipped(),
             Err((op, e)) => {
                 self.discard(dir, &mut staged);
                 self.fail(&dir.child_path(&file.dst_name), op, &e);

@@ -25,14 +25,15 @@ pub mod sys;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 pub use beneath::{
-    check_relative, copy_beneath, resolve_beneath, OPENAT2_UNAVAILABLE, PATH_ESCAPE,
-    SYMLINK_REJECTED,
+    check_relative, copy_beneath, open_host_path, resolve_beneath, state_dir, OPENAT2_UNAVAILABLE,
+    PATH_ESCAPE, SYMLINK_REJECTED,
 };
 pub use error::{Error, Failure, FailureKind};
 pub use options::{Faults, Options, Overwrite, Preserve, Reflink, Select, Verify};
@@ -232,6 +233,8 @@ pub(crate) fn run(
         Some(p) => Some(
             std::fs::OpenOptions::new()
                 .write(true)
+                // Never written through a link planted at its name.
+                .custom_flags(libc::O_NOFOLLOW)
                 .create(true)
                 .append(options.resume)
                 .truncate(!options.resume)

@@ -3,6 +3,8 @@
 //! Called from worker threads, so implementations must be cheap and thread-safe: counters
 //! and atomics, no locks held across I/O. Per-file calls, but never per system call.
 
+use std::time::Duration;
+
 use crate::error::Failure;
 
 /// How a file's bytes reached the destination.
@@ -41,7 +43,15 @@ pub trait Progress: Sync {
     fn entry_done(&self) {}
     /// A regular file of `size` bytes (apparent size) is committed under its final name
     /// (also reported as an entry). Extra names of hard-linked files are entries only.
-    fn file_done(&self, _size: u64) {}
+    /// `took`: from opening its source to its commit (chunk workers included for a large
+    /// file; the test-only per-file delay excluded).
+    fn file_done(&self, _size: u64, _took: Duration) {}
+    /// `bytes` of a file's destination were read back and matched the source's hash
+    /// (before its commit; `verify: checksum` or `full`).
+    fn bytes_verified(&self, _bytes: u64) {}
+    /// One entry was left as the destination has it: the overwrite policy keeps it (or a
+    /// resumed run finds it committed by the run before). Counted in `Summary::skipped`.
+    fn skipped(&self) {}
     /// One entry failed; the copy goes on.
     fn failed(&self, _failure: &Failure) {}
 }

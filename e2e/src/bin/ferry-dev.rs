@@ -127,6 +127,16 @@ fn demo() -> Result<()> {
 fn up() -> Result<()> {
     let (cp, procs, hosts) = bring_up()?;
     let kubeconfig = cp.kubeconfig.clone();
+    let mut endpoints = vec![format!(
+        "  operator: http://127.0.0.1:{}/metrics (and /healthz, /readyz)",
+        cp.operator_port()?
+    )];
+    for node in NODES {
+        endpoints.push(format!(
+            "  agent {node}: http://127.0.0.1:{}/metrics",
+            cp.agent_port(node)?
+        ));
+    }
     let mut pids: Vec<u32> = procs.into_iter().map(Proc::detach).collect();
     let (dir, cp_pids) = cp.detach();
     pids.extend(cp_pids);
@@ -139,6 +149,9 @@ fn up() -> Result<()> {
     println!("  export KUBECONFIG={}", kubeconfig.display());
     for node in NODES {
         println!("  node {node}: host root {}", hosts.join(node).display());
+    }
+    for line in &endpoints {
+        println!("{line}");
     }
     println!("  logs: {}", dir.display());
     println!("Stop it with: make dev-down");

@@ -1,0 +1,1327 @@
+//! The Helm chart, as rendered into `deploy/` by `make generate`, against the real
+//! kube-apiserver: every object is accepted by a server-side apply; the monitoring objects by
+//! the prometheus-operator CRDs, selecting the chart's Services and pods; the agent's pod
+//! only in a namespace that allows privileged pods. The operator and two agents run on
+//! ServiceAccount tokens, bound only by the chart's RBAC, through a copy, PVC and CSI
+//! resolution, a refusal with its event, finalizer deletion and TTL deletion; the roles grant
+//! exactly the API calls the code makes (listed here, so a new permission is a test diff);
+//! kube-controller-manager's aggregation controller gives the built-in `edit` and `view`
+//! roles their CopyJob access; the `charts/ferry/ci/` values sets render what they say.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use ferry_e2e::{
+    assert_same_tree, http_get, prometheus_operator_crds_or_skip, repo_root, wait_for,
+    ControlPlane, Proc,
+};
+use serde_json::Value;
+
+const NS: &str = "ferry-system";
+const NODES: [&str; 2] = ["node-a", "node-b"];
+
+fn rendered(file: &str) -> PathBuf {
+    repo_root().join("deploy").join(file)
+}
+
+/// The user a component's ServiceAccount token authenticates as.
+fn service_account(sa: &str) -> String {
+    format!("system:serviceaccount:{NS}:{sa}")
+}
+
+/// What an operator does before `kubectl apply`: the namespace, labelled for the privileged
+/// agent; then the rendered file, server-side, and its CRDs served.
+fn install(cp: &ControlPlane, file: &str) -> Result<()> {
+    cp.kubectl_ok(&["create", "namespace", NS])?;
+    cp.kubectl_ok(&[
+        "label",
+        "namespace",
+        NS,
+        "pod-security.kubernetes.io/enforce=privileged",
+    ])?;
+    let path = rendered(file);
+    let out = cp.kubectl(&["apply", "--server-side", "-f", &path.to_string_lossy()])?;
+    ensure!(
+        out.status.success(),
+        "the apiserver refused deploy/{file}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/copyjobs.ferry.dev",
+        "crd/storageroots.ferry.dev",
+    ])?;
+    Ok(())
+}
+
+/// Every object of a rendered multi-document YAML file, as JSON.
+fn documents(path: &Path) -> Result<Vec<Value>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let mut out = Vec::new();
+    // helm separates documents with a "---" line; one never occurs inside a document.
+    for doc in text.split("\n---\n") {
+        let v: serde_yaml::Value = serde_yaml::from_str(doc)
+            .with_context(|| format!("a document of {}", path.display()))?;
+        if !v.is_null() {
+            out.push(serde_json::to_value(v)?);
+        }
+    }
+    Ok(out)
+}
+
+fn get_json(cp: &ControlPlane, args: &[&str]) -> Result<Value> {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    Ok(serde_json::from_str(&cp.kubectl_ok(&all)?)?)
+}
+
+/// Every label of `selector` (a matchLabels map) is on `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// `kubectl auth can-i` as `who` (kubectl's --as/--as-group arguments).
+fn can_i(cp: &ControlPlane, who: &[&str], question: &[&str]) -> Result<bool> {
+    let mut args = vec!["auth", "can-i"];
+    args.extend(question);
+    args.extend(who);
+    let out = cp.kubectl(&args)?;
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    match answer.as_str() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => bail!(
+            "kubectl {}: {answer} {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// kubectl's impersonation arguments for a component's ServiceAccount, with the groups its
+/// token carries (so a grant to those groups would count too).
+fn as_component(sa: &str) -> Vec<String> {
+    vec![
+        format!("--as={}", service_account(sa)),
+        "--as-group=system:serviceaccounts".into(),
+        format!("--as-group=system:serviceaccounts:{NS}"),
+        "--as-group=system:authenticated".into(),
+    ]
+}
+
+#[test]
+fn rendered_chart_is_accepted_by_the_apiserver_and_the_agent_pod_needs_a_privileged_namespace(
+) -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    install(&cp, "ferry.yaml")?;
+    // Everything the file holds now exists (the apply reported no error, and nothing was
+    // skipped).
+    let mut expected = BTreeSet::new();
+    for doc in documents(&rendered("ferry.yaml"))? {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_lowercase();
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        expected.insert(format!("{kind}/{name}"));
+    }
+    for object in &expected {
+        let out = cp.kubectl(&["get", object, "-n", NS, "-o", "name"])?;
+        ensure!(
+            out.status.success(),
+            "{object} from deploy/ferry.yaml is not there: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for object in [
+        "deployment/ferry-operator",
+        "daemonset/ferry-agent",
+        "serviceaccount/ferry-operator",
+        "serviceaccount/ferry-agent",
+        "service/ferry-operator",
+        "service/ferry-agent",
+        "configmap/ferry-dashboards",
+        "poddisruptionbudget/ferry-operator",
+    ] {
+        ensure!(
+            expected.contains(object),
+            "deploy/ferry.yaml lacks {object}: {expected:?}"
+        );
+    }
+    // Monitoring objects are off by default.
+    ensure!(
+        !expected.iter().any(|o| o.starts_with("servicemonitor")
+            || o.starts_with("podmonitor")
+            || o.starts_with("prometheusrule")),
+        "the default render has monitoring objects: {expected:?}"
+    );
+
+    // The DaemonSet as the agent needs it.
+    let ds = get_json(&cp, &["get", "daemonset", "ferry-agent", "-n", NS])?;
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    ensure!(
+        c["securityContext"]["privileged"] == true,
+        "agent not privileged"
+    );
+    ensure!(
+        c["args"] == serde_json::json!(["run", "--host-root", "/host", "--workers", "0"]),
+        "agent args {}",
+        c["args"]
+    );
+    let env = |name: &str| {
+        c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    ensure!(
+        env("NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName",
+        "NODE_NAME is {}",
+        env("NODE_NAME")
+    );
+    ensure!(
+        env("POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace",
+        "POD_NAMESPACE is {}",
+        env("POD_NAMESPACE")
+    );
+    let mounts: BTreeSet<String> = c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            format!(
+                "{} {}",
+                m["mountPath"].as_str().unwrap_or_default(),
+                m["mountPropagation"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    ensure!(
+        mounts
+            == BTreeSet::from([
+                "/host HostToContainer".to_string(),
+                "/host/var/lib/kubelet HostToContainer".to_string(),
+            ]),
+        "agent mounts {mounts:?}"
+    );
+    ensure!(
+        pod["tolerations"] == serde_json::json!([{"operator": "Exists"}]),
+        "agent tolerations {}",
+        pod["tolerations"]
+    );
+    ensure!(
+        pod["priorityClassName"] == "system-node-critical",
+        "agent priority {}",
+        pod["priorityClassName"]
+    );
+
+    // Pod Security: the agent's pod (the DaemonSet's template on a node; no kubelet or
+    // DaemonSet controller runs here, so the test submits it) is admitted in the labelled
+    // namespace and refused in one that enforces `baseline`.
+    let mut agent_pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "ferry-agent-probe", "labels": ds["spec"]["template"]["metadata"]["labels"]},
+        "spec": pod,
+    });
+    agent_pod["spec"]["nodeName"] = "node-a".into();
+    let pod_json = agent_pod.to_string();
+    let out = cp.kubectl_stdin(
+        &["create", "--dry-run=server", "-n", NS, "-f", "-"],
+        &pod_json,
+    )?;
+    ensure!(
+        out.status.success(),
+        "the agent's pod is refused in {NS}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cp.kubectl_ok(&["create", "namespace", "baseline"])?;
+    cp.kubectl_ok(&[
+        "label",
+        "namespace",
+        "baseline",
+        "pod-security.kubernetes.io/enforce=baseline",
+    ])?;
+    let out = cp.kubectl_stdin(
+        &["create", "--dry-run=server", "-n", "baseline", "-f", "-"],
+        &pod_json,
+    )?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && err.contains("violates PodSecurity") && err.contains("privileged"),
+        "the agent's pod was not refused under enforce=baseline: {err}"
+    );
+
+    // The operator: non-root, nothing writable, no capabilities, its leader-election
+    // identity and namespace from the pod.
+    let deploy = get_json(&cp, &["get", "deployment", "ferry-operator", "-n", NS])?;
+    ensure!(
+        deploy["spec"]["replicas"] == 2,
+        "replicas {}",
+        deploy["spec"]["replicas"]
+    );
+    let spec = &deploy["spec"]["template"]["spec"];
+    let c = &spec["containers"][0];
+    ensure!(
+        spec["securityContext"]["runAsNonRoot"] == true
+            && c["securityContext"]["allowPrivilegeEscalation"] == false
+            && c["securityContext"]["readOnlyRootFilesystem"] == true
+            && c["securityContext"]["capabilities"]["drop"] == serde_json::json!(["ALL"]),
+        "operator security context: {} {}",
+        spec["securityContext"],
+        c["securityContext"]
+    );
+    let env: BTreeSet<String> = c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let from = &e["valueFrom"]["fieldRef"]["fieldPath"];
+            format!(
+                "{}={}",
+                e["name"].as_str().unwrap_or_default(),
+                from.as_str().map_or_else(
+                    || e["value"].as_str().unwrap_or_default().to_string(),
+                    |f| format!("<{f}>")
+                )
+            )
+        })
+        .collect();
+    for want in [
+        "POD_NAME=<metadata.name>",
+        "FERRY_NAMESPACE=ferry-system",
+        "FERRY_KUBELET_DIR=/var/lib/kubelet",
+        "FERRY_LISTEN=0.0.0.0:9090",
+    ] {
+        ensure!(env.contains(want), "operator env lacks {want}: {env:?}");
+    }
+    // Each Service selects its own component's pods and not the other's.
+    let ds_labels = &ds["spec"]["template"]["metadata"]["labels"];
+    let op_labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    for (svc, own, other) in [
+        ("ferry-operator", op_labels, ds_labels),
+        ("ferry-agent", ds_labels, op_labels),
+    ] {
+        let s = get_json(&cp, &["get", "service", svc, "-n", NS])?;
+        let sel = &s["spec"]["selector"];
+        ensure!(
+            selects(sel, own) && !selects(sel, other),
+            "service {svc} selector {sel}"
+        );
+        ensure!(
+            s["spec"]["ports"][0]["targetPort"] == "metrics",
+            "service {svc} does not target the metrics port"
+        );
+    }
+    // The dashboards, for the Grafana sidecar: one key per dashboards/*.json, valid JSON.
+    let cm = get_json(&cp, &["get", "configmap", "ferry-dashboards", "-n", NS])?;
+    ensure!(
+        cm["metadata"]["labels"]["grafana_dashboard"] == "1",
+        "dashboards ConfigMap labels {}",
+        cm["metadata"]["labels"]
+    );
+    let dir = repo_root().join("charts/ferry/dashboards");
+    let mut files = BTreeSet::new();
+    for entry in std::fs::read_dir(&dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".json") {
+            files.insert(name);
+        }
+    }
+    let keys: BTreeSet<String> = cm["data"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    ensure!(
+        !files.is_empty() && keys == files,
+        "ConfigMap keys {keys:?}, dashboards {files:?}"
+    );
+    for name in &files {
+        let shipped: Value = serde_json::from_str(cm["data"][name].as_str().unwrap_or_default())
+            .with_context(|| format!("dashboard {name} in the ConfigMap is not JSON"))?;
+        let source: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(name))?)?;
+        ensure!(shipped == source, "dashboard {name} differs from its file");
+    }
+    Ok(())
+}
+
+#[test]
+fn monitoring_render_is_accepted_by_the_prometheus_operator_crds_and_scrapes_the_charts_pods(
+) -> Result<()> {
+    let Some(crds) = prometheus_operator_crds_or_skip()? else {
+        return Ok(());
+    };
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    // The CRDs of prometheus-operator (its own schemas validate the objects), then the
+    // monitoring render.
+    cp.kubectl_ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/podmonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+    ])?;
+    install(&cp, "ferry-monitoring.yaml")?;
+
+    // The ServiceMonitor finds the operator's Service (and only it) and names its port.
+    let sm = get_json(&cp, &["get", "servicemonitor", "ferry-operator", "-n", NS])?;
+    let labels: Vec<String> = sm["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    ensure!(
+        !labels.is_empty(),
+        "ServiceMonitor without a selector: {sm}"
+    );
+    let found = cp.kubectl_ok(&[
+        "get",
+        "services",
+        "-n",
+        NS,
+        "-l",
+        &labels.join(","),
+        "-o",
+        "name",
+    ])?;
+    ensure!(
+        found.trim() == "service/ferry-operator",
+        "the ServiceMonitor selects {found:?}"
+    );
+    let svc = get_json(&cp, &["get", "service", "ferry-operator", "-n", NS])?;
+    ensure!(
+        sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"],
+        "ServiceMonitor port {} is not the Service's {}",
+        sm["spec"]["endpoints"][0]["port"],
+        svc["spec"]["ports"][0]["name"]
+    );
+    ensure!(
+        sm["spec"]["namespaceSelector"]["matchNames"] == serde_json::json!([NS]),
+        "ServiceMonitor namespaces {}",
+        sm["spec"]["namespaceSelector"]
+    );
+
+    // The PodMonitor selects the agents' pods (not the operator's) on their metrics port.
+    let pm = get_json(&cp, &["get", "podmonitor", "ferry-agent", "-n", NS])?;
+    let ds = get_json(&cp, &["get", "daemonset", "ferry-agent", "-n", NS])?;
+    let deploy = get_json(&cp, &["get", "deployment", "ferry-operator", "-n", NS])?;
+    let sel = &pm["spec"]["selector"]["matchLabels"];
+    ensure!(
+        selects(sel, &ds["spec"]["template"]["metadata"]["labels"])
+            && !selects(sel, &deploy["spec"]["template"]["metadata"]["labels"]),
+        "PodMonitor selector {sel}"
+    );
+    let endpoint = &pm["spec"]["podMetricsEndpoints"][0];
+    ensure!(
+        endpoint["port"] == ds["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"],
+        "PodMonitor port {}",
+        endpoint["port"]
+    );
+    // Both scrape jobs are named as alerts/ferry.rules.yaml and the dashboards expect
+    // (`job="ferry-agent"`, `job="ferry-operator"`), and no target label `node` shadows the
+    // one the agents put on their series themselves.
+    for (kind, relabelings, job) in [
+        ("PodMonitor", &endpoint["relabelings"], "ferry-agent"),
+        (
+            "ServiceMonitor",
+            &sm["spec"]["endpoints"][0]["relabelings"],
+            "ferry-operator",
+        ),
+    ] {
+        let relabelings = relabelings.as_array().cloned().unwrap_or_default();
+        ensure!(
+            relabelings
+                .iter()
+                .any(|r| r["targetLabel"] == "job" && r["replacement"] == job),
+            "{kind} does not name its job {job}: {relabelings:?}"
+        );
+        ensure!(
+            !relabelings.iter().any(|r| r["targetLabel"] == "node"),
+            "{kind} sets a node target label: {relabelings:?}"
+        );
+    }
+    let rules_text =
+        std::fs::read_to_string(repo_root().join("charts/ferry/alerts/ferry.rules.yaml"))?;
+    for job in ["ferry-agent", "ferry-operator"] {
+        ensure!(
+            rules_text.contains(&format!("job=\"{job}\"")),
+            "the alerts no longer select job=\"{job}\"; align the monitors' job names"
+        );
+    }
+    for (kind, name) in [
+        ("servicemonitor", "ferry-operator"),
+        ("podmonitor", "ferry-agent"),
+        ("prometheusrule", "ferry"),
+    ] {
+        let labels = cp.get(&format!("{kind}/{name}"), NS, "{.metadata.labels.release}")?;
+        ensure!(
+            labels == "kube-prometheus-stack",
+            "{kind} lacks the release label kube-prometheus-stack selects on"
+        );
+    }
+
+    // The PrometheusRule carries alerts/ferry.rules.yaml's groups unchanged (as the
+    // apiserver stored them), and that file is a rule file Prometheus accepts.
+    let rules_file = repo_root().join("charts/ferry/alerts/ferry.rules.yaml");
+    let file: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&rules_file)?)?;
+    let file = serde_json::to_value(file)?;
+    let rule = get_json(&cp, &["get", "prometheusrule", "ferry", "-n", NS])?;
+    ensure!(
+        rule["spec"]["groups"] == file["groups"]
+            && file["groups"].as_array().is_some_and(|g| !g.is_empty()),
+        "PrometheusRule groups differ from alerts/ferry.rules.yaml:\n{}\n{}",
+        rule["spec"]["groups"],
+        file["groups"]
+    );
+    let promtool =
+        std::env::var_os("FERRY_PROMTOOL").map_or_else(|| PathBuf::from("promtool"), PathBuf::from);
+    match std::process::Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&rules_file)
+        .output()
+    {
+        Ok(out) => ensure!(
+            out.status.success(),
+            "promtool check rules: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => eprintln!("skipped: promtool check rules ({e})"),
+    }
+    Ok(())
+}
+
+/// The operator and one agent per node (made by `add_node`) as processes, each with a
+/// kubeconfig holding its own ServiceAccount's token. Returns the processes and the endpoint
+/// ports of the operator and of each agent.
+fn start_with_tokens(cp: &ControlPlane) -> Result<(Vec<Proc>, Vec<u16>)> {
+    let operator_kc = cp.service_account_kubeconfig(NS, "ferry-operator")?;
+    let agent_kc = cp.service_account_kubeconfig(NS, "ferry-agent")?;
+    // Each kubeconfig is the component's identity, not the admin's.
+    for (kc, sa) in [(&operator_kc, "ferry-operator"), (&agent_kc, "ferry-agent")] {
+        let who = get_json(
+            cp,
+            &["--kubeconfig", &kc.to_string_lossy(), "auth", "whoami"],
+        )?;
+        ensure!(
+            who["status"]["userInfo"]["username"] == service_account(sa).as_str(),
+            "{} authenticates as {}",
+            kc.display(),
+            who["status"]["userInfo"]
+        );
+    }
+    let (operator_kc, agent_kc) = (operator_kc.to_string_lossy(), agent_kc.to_string_lossy());
+    // The spawned process's KUBECONFIG replaces the admin's.
+    let mut procs = vec![cp.spawn_operator(
+        "operator",
+        &[
+            ("KUBECONFIG", &operator_kc),
+            ("FERRY_NAMESPACE", NS),
+            ("POD_NAME", "ferry-operator-0"),
+        ],
+    )?];
+    let mut ports = vec![cp.operator_port()?];
+    for node in NODES {
+        procs.push(cp.spawn_agent(node, &[("KUBECONFIG", &agent_kc)])?);
+        ports.push(cp.agent_port(node)?);
+    }
+    Ok((procs, ports))
+}
+
+#[test]
+fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refuse_and_delete(
+) -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    install(&cp, "ferry.yaml")?;
+    for node in NODES {
+        cp.add_node(node)?;
+    }
+    let hosts = cp.dir().join("hosts");
+    let (_procs, ports) = start_with_tokens(&cp)?;
+
+    // Each agent is ready: its CopyJob watch is synced (list, watch) and its heartbeat Lease
+    // was written (a server-side apply that created it: create, patch). The operator is
+    // ready once it leads and its CopyJob watch has listed the jobs.
+    let logs = ["operator.log", "agent-node-a.log", "agent-node-b.log"];
+    for (log, port) in logs.iter().zip(&ports) {
+        let ready = wait_for(
+            &format!("/readyz of {log}"),
+            Duration::from_secs(60),
+            || http_get(*port, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")),
+        );
+        if let Err(e) = ready {
+            bail!(
+                "{e}: {}\n{}",
+                http_get(*port, "/readyz").unwrap_or_default(),
+                cp.log_tail(log, 10)
+            );
+        }
+    }
+    // The operator leads (get, create on its Lease).
+    cp.wait_until(
+        "lease/ferry-operator",
+        NS,
+        "{.spec.holderIdentity}",
+        Duration::from_secs(60),
+        |h| h == "ferry-operator-0",
+    )?;
+
+    // A tenant namespace that a StorageRoot admits by label (the operator reads the
+    // namespace), and a tree on node-b.
+    cp.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n  labels: {ferry.dev/tenant: a}\n")?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: team-data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-b}\n  namespaces:\n    selector:\n      matchLabels: {ferry.dev/tenant: a}\n")?;
+    let tree = hosts.join("node-b/srv/data/src");
+    for d in 0..5 {
+        std::fs::create_dir_all(tree.join(format!("d{d}")))?;
+        for f in 0..20 {
+            let body: Vec<u8> = (0..(d * 311 + f * 97))
+                .map(|i| (i * 13 + f) as u8)
+                .collect();
+            std::fs::write(tree.join(format!("d{d}/f{f}")), body)?;
+        }
+    }
+
+    // A copy between roots: nodes, StorageRoots, the namespace, the shard written into the
+    // status (operator) and its progress (agent).
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: roots\n  namespace: team-a\nspec:\n  source: {root: team-data, path: src}\n  destination: {root: team-data, path: copy}\n")?;
+    cp.wait_succeeded("team-a", "roots", 120)?;
+    assert_same_tree(&tree, &hosts.join("node-b/srv/data/copy"))?;
+    let finalizers = cp.get("copyjob/roots", "team-a", "{.metadata.finalizers}")?;
+    ensure!(
+        finalizers.contains("ferry.dev/cleanup"),
+        "the operator did not add its finalizer: {finalizers}"
+    );
+
+    // A claim on a local PV on node-b: the claim and its volume are read.
+    let pv_tree = hosts.join("node-b/mnt/disks/pv1/src");
+    std::fs::create_dir_all(&pv_tree)?;
+    for f in 0..10u64 {
+        std::fs::write(
+            pv_tree.join(format!("f{f}")),
+            vec![f as u8; (f * 500) as usize],
+        )?;
+    }
+    cp.apply("apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv1\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  local: {path: /mnt/disks/pv1}\n  claimRef: {namespace: team-a, name: data}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        - {key: ferry.dev/node, operator: In, values: [node-b]}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\n  namespace: team-a\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  volumeName: pv1\n  resources: {requests: {storage: 1Gi}}\n")?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-pvc\n  namespace: team-a\nspec:\n  source: {pvc: data, path: src}\n  destination: {root: team-data, path: from-pvc}\n")?;
+    cp.wait_succeeded("team-a", "from-pvc", 120)?;
+    assert_same_tree(&pv_tree, &hosts.join("node-b/srv/data/from-pvc"))?;
+
+    // A claim on a CSI volume that no pod mounts: the operator lists the namespace's pods
+    // and says it waits for one.
+    cp.apply("apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-csi\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  csi: {driver: fake.csi.ferry.dev, volumeHandle: vol-1}\n  claimRef: {namespace: team-a, name: csi-data}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: csi-data\n  namespace: team-a\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  volumeName: pv-csi\n  resources: {requests: {storage: 1Gi}}\n")?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-csi\n  namespace: team-a\nspec:\n  source: {pvc: csi-data, path: src}\n  destination: {root: team-data, path: from-csi}\n")?;
+    cp.wait_until(
+        "copyjob/from-csi",
+        "team-a",
+        "{.status.conditions[?(@.type==\"Resolved\")].reason}",
+        Duration::from_secs(60),
+        |r| r == "VolumeNotMounted",
+    )?;
+
+    // A refusal is a condition and an event (events.k8s.io, created by the operator).
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: no-root\n  namespace: team-a\nspec:\n  source: {root: missing, path: src}\n  destination: {root: team-data, path: x}\n")?;
+    cp.wait_until(
+        "copyjob/no-root",
+        "team-a",
+        "{.status.conditions[?(@.type==\"Resolved\")].reason}",
+        Duration::from_secs(60),
+        |r| r == "RootNotFound",
+    )?;
+    wait_for("the RootNotFound event", Duration::from_secs(30), || {
+        cp.kubectl_ok(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "team-a",
+            "-o",
+            "jsonpath={range .items[*]}{.reason} {.regarding.name}{\"\\n\"}{end}",
+        ])
+        .is_ok_and(|e| e.lines().any(|l| l == "RootNotFound no-root"))
+    })?;
+
+    // Deleting jobs: the finalizer comes off (patch) once nothing runs for them; the
+    // finished copy, the waiting one and the refused one.
+    for job in ["roots", "from-csi", "no-root"] {
+        let out = cp.kubectl(&[
+            "delete",
+            "copyjob",
+            job,
+            "-n",
+            "team-a",
+            "--wait=true",
+            "--timeout=60s",
+        ])?;
+        ensure!(
+            out.status.success(),
+            "deleting {job}: {}\noperator:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            cp.log_tail("operator.log", 10)
+        );
+    }
+    // A finished job past its TTL is deleted by the operator (delete), then its finalizer
+    // removed; its copy stays.
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: short-lived\n  namespace: team-a\nspec:\n  source: {root: team-data, path: src}\n  destination: {root: team-data, path: short-lived}\n  ttlSecondsAfterFinished: 0\n")?;
+    cp.wait_until(
+        "copyjob/short-lived",
+        "team-a",
+        "{.metadata.name}",
+        Duration::from_secs(120),
+        str::is_empty,
+    )?;
+    assert_same_tree(&tree, &hosts.join("node-b/srv/data/short-lived"))?;
+
+    // Leader election renewed its Lease (update) while all this ran.
+    cp.wait_until(
+        "lease/ferry-operator",
+        NS,
+        "{.spec.acquireTime} {.spec.renewTime}",
+        Duration::from_secs(30),
+        |t| t.split_once(' ').is_some_and(|(a, r)| a != r),
+    )?;
+
+    // No call was refused on the way (a refusal the code retries would not fail a step).
+    for log in logs {
+        let text = std::fs::read_to_string(cp.dir().join(log))?;
+        let refused: Vec<&str> = text
+            .lines()
+            .filter(|l| l.to_lowercase().contains("forbidden"))
+            .collect();
+        ensure!(
+            refused.is_empty(),
+            "{log} has refused API calls:\n{}",
+            refused.join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// The permissions RBAC objects in `docs` give ServiceAccount `sa` of the release namespace,
+/// one line per (scope, group/resource, verb[, resource name]).
+fn granted(docs: &[Value], sa: &str) -> BTreeSet<String> {
+    let role = |kind: &str, name: &str, ns: Option<&str>| {
+        docs.iter()
+            .find(|d| {
+                d["kind"] == kind
+                    && d["metadata"]["name"] == name
+                    && (ns.is_none() || d["metadata"]["namespace"].as_str() == ns)
+            })
+            .cloned()
+    };
+    let mut out = BTreeSet::new();
+    for b in docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
+    {
+        let bound = b["subjects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == NS);
+        if !bound {
+            continue;
+        }
+        let scope = match b["metadata"]["namespace"].as_str() {
+            Some(ns) => ns.to_string(),
+            None => "cluster".to_string(),
+        };
+        let ref_kind = b["roleRef"]["kind"].as_str().unwrap_or_default();
+        let ref_name = b["roleRef"]["name"].as_str().unwrap_or_default();
+        let ns = (ref_kind == "Role").then_some(scope.as_str());
+        let Some(r) = role(ref_kind, ref_name, ns) else {
+            out.insert(format!("{scope} MISSING {ref_kind}/{ref_name}"));
+            continue;
+        };
+        for rule in r["rules"].as_array().into_iter().flatten() {
+            let list = |k: &str| -> Vec<String> {
+                rule[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.as_str().unwrap_or_default().to_string())
+                    .collect()
+            };
+            let names = list("resourceNames");
+            for group in list("apiGroups") {
+                for resource in list("resources") {
+                    for verb in list("verbs") {
+                        let g = if group.is_empty() { "core" } else { &group };
+                        if names.is_empty() {
+                            out.insert(format!("{scope} {g}/{resource} {verb}"));
+                        }
+                        for n in &names {
+                            out.insert(format!("{scope} {g}/{resource} {verb} {n}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn set(lines: &[&str]) -> BTreeSet<String> {
+    lines.iter().map(|s| (*s).to_string()).collect()
+}
+
+/// Every permission the operator's ServiceAccount has, each a call in operator/src.
+fn operator_permissions() -> BTreeSet<String> {
+    set(&[
+        "cluster ferry.dev/copyjobs list",              // Controller watch
+        "cluster ferry.dev/copyjobs watch",             // Controller watch
+        "cluster ferry.dev/copyjobs patch",             // finalizer add/remove
+        "cluster ferry.dev/copyjobs delete",            // ttlSecondsAfterFinished
+        "cluster ferry.dev/copyjobs/status patch",      // status by server-side apply
+        "cluster ferry.dev/storageroots get",           // resolve_root
+        "cluster core/namespaces get",                  // StorageRoot namespace selector
+        "cluster core/nodes list",                      // eligible_nodes
+        "cluster core/persistentvolumeclaims get",      // resolve_pvc
+        "cluster core/persistentvolumes get",           // resolve_pvc
+        "cluster core/pods list",                       // CSI: a pod that mounts the claim
+        "cluster events.k8s.io/events create",          // Recorder::publish
+        "cluster events.k8s.io/events patch",           // Recorder::publish, a repeat
+        "ferry-system coordination.k8s.io/leases list", // live_agents
+        "ferry-system coordination.k8s.io/leases create", // leader: first claim
+        "ferry-system coordination.k8s.io/leases get ferry-operator", // leader
+        "ferry-system coordination.k8s.io/leases update ferry-operator", // leader: renew
+    ])
+}
+
+/// Every permission the agents' ServiceAccount has, each a call in agent/src.
+fn agent_permissions() -> BTreeSet<String> {
+    set(&[
+        "cluster ferry.dev/copyjobs list",                // watcher
+        "cluster ferry.dev/copyjobs watch",               // watcher
+        "cluster ferry.dev/copyjobs/status patch",        // shard progress
+        "ferry-system coordination.k8s.io/leases create", // heartbeat apply, first time
+        "ferry-system coordination.k8s.io/leases patch",  // heartbeat apply
+    ])
+}
+
+#[test]
+fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_get_copyjobs(
+) -> Result<()> {
+    // The rendered roles, read from the file: every permission is listed here, so a new
+    // one shows up as a diff of this test. Each line is a call in operator/src or agent/src.
+    let docs = documents(&rendered("ferry.yaml"))?;
+    let (operator, agent) = (operator_permissions(), agent_permissions());
+    for (sa, want) in [("ferry-operator", &operator), ("ferry-agent", &agent)] {
+        let got = granted(&docs, sa);
+        let extra: Vec<&String> = got.difference(want).collect();
+        let missing: Vec<&String> = want.difference(&got).collect();
+        ensure!(
+            extra.is_empty() && missing.is_empty(),
+            "{sa}: granted but not expected {extra:?}; expected but not granted {missing:?}"
+        );
+    }
+    // The aggregated roles for namespace users.
+    for (name, labels, verbs) in [
+        (
+            "ferry-copyjobs-edit",
+            vec!["aggregate-to-admin", "aggregate-to-edit"],
+            "get list watch create update patch delete deletecollection",
+        ),
+        (
+            "ferry-copyjobs-view",
+            vec!["aggregate-to-view"],
+            "get list watch",
+        ),
+    ] {
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == name)
+            .with_context(|| format!("deploy/ferry.yaml has no ClusterRole {name}"))?;
+        let aggregate: BTreeSet<String> = role["metadata"]["labels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, v)| {
+                k.starts_with("rbac.authorization.k8s.io/aggregate-to-") && *v == "true"
+            })
+            .map(|(k, _)| {
+                k.trim_start_matches("rbac.authorization.k8s.io/")
+                    .to_string()
+            })
+            .collect();
+        ensure!(
+            aggregate == labels.iter().map(|s| (*s).to_string()).collect(),
+            "{name} aggregates to {aggregate:?}"
+        );
+        let rules = serde_json::json!([{
+            "apiGroups": ["ferry.dev"],
+            "resources": ["copyjobs"],
+            "verbs": verbs.split(' ').collect::<Vec<_>>(),
+        }]);
+        ensure!(role["rules"] == rules, "{name} rules {}", role["rules"]);
+    }
+
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    install(&cp, "ferry.yaml")?;
+    cp.kubectl_ok(&["create", "namespace", "team"])?;
+    // The apiserver agrees with the list above, and denies the rest.
+    let operator_as = as_component("ferry-operator");
+    let agent_as = as_component("ferry-agent");
+    let op: Vec<&str> = operator_as.iter().map(String::as_str).collect();
+    let ag: Vec<&str> = agent_as.iter().map(String::as_str).collect();
+    let (op, ag) = (op.as_slice(), ag.as_slice());
+    let checks: Vec<(&[&str], &[&str], bool)> = vec![
+        (op, &["list", "copyjobs.ferry.dev", "-A"], true),
+        (
+            op,
+            &[
+                "patch",
+                "copyjobs.ferry.dev",
+                "--subresource=status",
+                "-n",
+                "team",
+            ],
+            true,
+        ),
+        (op, &["update", "leases/ferry-operator", "-n", NS], true),
+        (op, &["get", "secrets", "-n", NS], false),
+        (op, &["list", "secrets", "-A"], false),
+        (op, &["create", "pods", "-n", "team"], false),
+        (op, &["create", "copyjobs.ferry.dev", "-n", "team"], false),
+        (op, &["update", "storageroots.ferry.dev"], false),
+        (
+            op,
+            &["update", "leases/ferry-agent-node-a", "-n", NS],
+            false,
+        ),
+        (op, &["delete", "leases/ferry-operator", "-n", NS], false),
+        (op, &["list", "leases", "-n", "kube-system"], false),
+        (ag, &["watch", "copyjobs.ferry.dev", "-A"], true),
+        (
+            ag,
+            &[
+                "patch",
+                "copyjobs.ferry.dev",
+                "--subresource=status",
+                "-n",
+                "team",
+            ],
+            true,
+        ),
+        (ag, &["patch", "leases/ferry-agent-node-a", "-n", NS], true),
+        (ag, &["create", "pods", "-n", "team"], false),
+        (ag, &["create", "pods", "-n", NS], false),
+        (ag, &["get", "secrets", "-n", NS], false),
+        (ag, &["list", "secrets", "-A"], false),
+        (ag, &["patch", "copyjobs.ferry.dev", "-n", "team"], false),
+        (ag, &["delete", "copyjobs.ferry.dev", "-n", "team"], false),
+        (ag, &["get", "storageroots.ferry.dev"], false),
+        (ag, &["patch", "leases", "-n", "kube-system"], false),
+    ];
+    let mut wrong = Vec::new();
+    for (who, question, want) in checks {
+        let got = can_i(&cp, who, question)?;
+        if got != want {
+            wrong.push(format!(
+                "{}: can-i {} is {got}, expected {want}",
+                who[0],
+                question.join(" ")
+            ));
+        }
+    }
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+
+    // The built-in roles select the chart's roles by their labels (the apiserver serves
+    // `admin`, `edit` and `view` with empty rules and these selectors) ...
+    for (builtin, role) in [
+        ("admin", "ferry-copyjobs-edit"),
+        ("edit", "ferry-copyjobs-edit"),
+        ("view", "ferry-copyjobs-view"),
+    ] {
+        let selector = cp.kubectl_ok(&[
+            "get",
+            "clusterrole",
+            builtin,
+            "-o",
+            "jsonpath={.aggregationRule.clusterRoleSelectors[0].matchLabels}",
+        ])?;
+        let selector: Value = serde_json::from_str(&selector)
+            .with_context(|| format!("clusterrole {builtin} has no aggregation selector"))?;
+        let labels = get_json(&cp, &["get", "clusterrole", role])?;
+        ensure!(
+            selects(&selector, &labels["metadata"]["labels"]),
+            "{builtin}'s selector {selector} does not pick {role}"
+        );
+    }
+    // ... and kube-controller-manager's aggregation controller (only it; no other controller
+    // runs here) fills them: a user bound to `edit` in a namespace can create CopyJobs there,
+    // one bound to `view` only read them.
+    let Some(_kcm) = cp.start_controller_manager_or_skip(&["clusterrole-aggregation"])? else {
+        return Ok(());
+    };
+    cp.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "alice-edit",
+        "--clusterrole=edit",
+        "--user=alice",
+        "-n",
+        "team",
+    ])?;
+    cp.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "bob-view",
+        "--clusterrole=view",
+        "--user=bob",
+        "-n",
+        "team",
+    ])?;
+    let alice: &[&str] = &["--as=alice"];
+    let bob: &[&str] = &["--as=bob"];
+    let aggregated = wait_for(
+        "edit and view to aggregate CopyJobs",
+        Duration::from_secs(60),
+        || {
+            can_i(&cp, alice, &["create", "copyjobs.ferry.dev", "-n", "team"]).unwrap_or(false)
+                && can_i(&cp, bob, &["list", "copyjobs.ferry.dev", "-n", "team"]).unwrap_or(false)
+        },
+    );
+    if let Err(e) = aggregated {
+        bail!(
+            "{e}\nkube-controller-manager:\n{}",
+            cp.log_tail("kube-controller-manager.log", 10)
+        );
+    }
+    let job = "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: by-alice\n  namespace: team\nspec:\n  source: {root: r, path: a}\n  destination: {root: r, path: b}\n";
+    let out = cp.kubectl_stdin(&["--as=alice", "create", "-f", "-"], job)?;
+    ensure!(
+        out.status.success(),
+        "alice (edit) cannot create a CopyJob: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = cp.kubectl_ok(&["--as=bob", "get", "copyjobs", "-n", "team", "-o", "name"])?;
+    ensure!(
+        seen.trim() == "copyjob.ferry.dev/by-alice",
+        "bob (view) sees {seen:?}"
+    );
+    let out = cp.kubectl(&[
+        "--as=bob",
+        "delete",
+        "copyjob",
+        "by-alice",
+        "-n",
+        "team",
+        "--wait=false",
+    ])?;
+    ensure!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("forbidden"),
+        "bob (view) could delete a CopyJob: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cp.kubectl_stdin(
+        &["--as=bob", "create", "-f", "-"],
+        &job.replace("by-alice", "by-bob"),
+    )?;
+    ensure!(!out.status.success(), "bob (view) could create a CopyJob");
+    let mut wrong = Vec::new();
+    for (who, question, want) in [
+        (
+            alice,
+            &["delete", "copyjobs.ferry.dev", "-n", "team"][..],
+            true,
+        ),
+        (
+            alice,
+            &["create", "copyjobs.ferry.dev", "-n", "default"][..],
+            false,
+        ),
+        (alice, &["create", "storageroots.ferry.dev"][..], false),
+        (
+            bob,
+            &["watch", "copyjobs.ferry.dev", "-n", "team"][..],
+            true,
+        ),
+        (
+            bob,
+            &["patch", "copyjobs.ferry.dev", "-n", "team"][..],
+            false,
+        ),
+    ] {
+        if can_i(&cp, who, question)? != want {
+            wrong.push(format!(
+                "{}: can-i {} should be {want}",
+                who[0],
+                question.join(" ")
+            ));
+        }
+    }
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+    Ok(())
+}
+
+/// `helm template` of the chart with a values set from `charts/ferry/ci/` (and `extra`
+/// arguments), written into the control plane's directory.
+fn render_ci(helm: &Path, dir: &Path, values: &str, extra: &[&str]) -> Result<PathBuf> {
+    let chart = repo_root().join("charts/ferry");
+    let out = std::process::Command::new(helm)
+        .args(["template", "ferry"])
+        .arg(&chart)
+        .args(["--namespace", NS, "-f"])
+        .arg(chart.join("ci").join(values))
+        .args(extra)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "helm template -f ci/{values}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.join(values);
+    std::fs::write(&path, &out.stdout)?;
+    Ok(path)
+}
+
+#[test]
+fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Result<()> {
+    let Some(helm) = ferry_e2e::helm_or_skip()? else {
+        return Ok(());
+    };
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    // namespace.create: the chart brings its namespace, labelled for the privileged agent,
+    // so the render applies to a cluster where it does not exist yet.
+    let path = render_ci(
+        &helm,
+        cp.dir(),
+        "namespace-create.yaml",
+        &["--include-crds"],
+    )?;
+    let docs = documents(&path)?;
+    let ns = docs
+        .iter()
+        .find(|d| d["kind"] == "Namespace")
+        .context("no Namespace rendered with namespace.create")?;
+    ensure!(
+        ns["metadata"]["name"] == NS
+            && ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged",
+        "rendered namespace {ns}"
+    );
+    let out = cp.kubectl(&["apply", "--server-side", "-f", &path.to_string_lossy()])?;
+    ensure!(
+        out.status.success(),
+        "namespace-create render refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let label = cp.get(
+        &format!("namespace/{NS}"),
+        "",
+        "{.metadata.labels.pod-security\\.kubernetes\\.io/enforce}",
+    )?;
+    ensure!(label == "privileged", "namespace label {label:?}");
+
+    // Everything moved off its default.
+    let path = render_ci(&helm, cp.dir(), "custom.yaml", &[])?;
+    let docs = documents(&path)?;
+    let names: BTreeSet<String> = docs
+        .iter()
+        .map(|d| {
+            format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap_or_default(),
+                d["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    let expected = set(&[
+        "ClusterRole/copier-agent",
+        "ClusterRole/copier-operator",
+        "ClusterRoleBinding/copier-agent",
+        "ClusterRoleBinding/copier-operator",
+        "DaemonSet/copier-agent",
+        "Deployment/copier-operator",
+        "Role/copier-agent",
+        "Role/copier-operator",
+        "RoleBinding/copier-agent",
+        "RoleBinding/copier-operator",
+        "Service/copier-operator",
+        "ServiceAccount/copier-agent",
+        "ServiceAccount/copier-operator",
+    ]);
+    ensure!(names == expected, "custom render has {names:?}");
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (deploy, ds) = (find("Deployment"), find("DaemonSet"));
+    let operator = &deploy["spec"]["template"]["spec"]["containers"][0];
+    let env = |c: &Value, name: &str| {
+        c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+            .unwrap_or_default()
+    };
+    ensure!(
+        env(operator, "FERRY_KUBELET_DIR") == "/var/lib/k0s/kubelet"
+            && env(operator, "FERRY_LISTEN") == "[::]:9090",
+        "operator env {}",
+        operator["env"]
+    );
+    ensure!(
+        operator["image"]
+            == "ghcr.io/ferry-dev/ferry@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+        "image {}",
+        operator["image"]
+    );
+    let pod = &ds["spec"]["template"]["spec"];
+    let agent = &pod["containers"][0];
+    ensure!(
+        agent["volumeMounts"][1]["mountPath"] == "/host/var/lib/k0s/kubelet"
+            && pod["volumes"][1]["hostPath"]["path"] == "/var/lib/k0s/kubelet",
+        "kubelet dir mount {} {}",
+        agent["volumeMounts"],
+        pod["volumes"]
+    );
+    ensure!(
+        agent["args"] == serde_json::json!(["run", "--host-root", "/host", "--workers", "8"])
+            && env(agent, "FERRY_LISTEN") == "[::]:9090"
+            && pod.get("priorityClassName").is_none()
+            && pod.get("tolerations").is_none()
+            && pod["nodeSelector"]["ferry.dev/storage"] == "true",
+        "agent pod {pod}"
+    );
+    ensure!(
+        granted(&docs, "copier-operator") == operator_permissions()
+            && granted(&docs, "copier-agent") == agent_permissions(),
+        "renamed accounts are bound to other permissions: {:?} {:?}",
+        granted(&docs, "copier-operator"),
+        granted(&docs, "copier-agent")
+    );
+    let out = cp.kubectl(&["apply", "--server-side", "-f", &path.to_string_lossy()])?;
+    ensure!(
+        out.status.success(),
+        "custom render refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A relative kubeletDir is refused at render time, with the value's name.
+    let chart = repo_root().join("charts/ferry");
+    let out = std::process::Command::new(&helm)
+        .args(["template", "ferry"])
+        .arg(&chart)
+        .args(["--set", "kubeletDir=var/lib/kubelet"])
+        .output()?;
+    ensure!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("kubeletDir must be an absolute path"),
+        "a relative kubeletDir rendered: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[test]
+fn helm_installs_upgrades_and_uninstalls_the_chart_against_the_apiserver() -> Result<()> {
+    let Some(helm) = ferry_e2e::helm_or_skip()? else {
+        return Ok(());
+    };
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    let helm = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new(&helm)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&cp.kubeconfig)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "helm {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let chart = repo_root().join("charts/ferry");
+    let chart = chart.to_string_lossy();
+    // The README's install: the namespace first, labelled (helm stores its release record
+    // there before anything else, so the chart cannot bring it) ...
+    let out = cp.kubectl(&["get", "namespace", NS])?;
+    ensure!(!out.status.success(), "{NS} exists before the install");
+    let refused = helm(&[
+        "install",
+        "ferry",
+        &chart,
+        "-n",
+        NS,
+        "--set",
+        "namespace.create=true",
+    ]);
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("not found")),
+        "helm install into a missing namespace: {refused:?}"
+    );
+    cp.kubectl_ok(&["create", "namespace", NS])?;
+    cp.kubectl_ok(&[
+        "label",
+        "namespace",
+        NS,
+        "pod-security.kubernetes.io/enforce=privileged",
+    ])?;
+    // ... then the chart with its defaults.
+    helm(&["install", "ferry", &chart, "-n", NS])?;
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/copyjobs.ferry.dev",
+    ])?;
+    let replicas = cp.get("deployment/ferry-operator", NS, "{.spec.replicas}")?;
+    ensure!(replicas == "2", "replicas {replicas}");
+    // An upgrade that changes a value, then an uninstall that leaves the CRDs (and so
+    // every CopyJob) alone, as Helm does with crds/.
+    helm(&[
+        "upgrade",
+        "ferry",
+        &chart,
+        "-n",
+        NS,
+        "--reuse-values",
+        "--set",
+        "operator.replicas=1",
+    ])?;
+    let replicas = cp.get("deployment/ferry-operator", NS, "{.spec.replicas}")?;
+    ensure!(replicas == "1", "replicas after upgrade {replicas}");
+    let pdb = cp.get("poddisruptionbudget/ferry-operator", NS, "{.metadata.name}")?;
+    ensure!(pdb.is_empty(), "a PodDisruptionBudget for one replica");
+    helm(&["uninstall", "ferry", "-n", NS, "--wait=false"])?;
+    for object in [
+        "deployment/ferry-operator",
+        "daemonset/ferry-agent",
+        "clusterrole/ferry-operator",
+    ] {
+        let left = cp.get(object, NS, "{.metadata.name}")?;
+        ensure!(left.is_empty(), "{object} left after uninstall");
+    }
+    let crd = cp.get("crd/copyjobs.ferry.dev", "", "{.metadata.name}")?;
+    ensure!(!crd.is_empty(), "uninstall removed the CopyJob CRD");
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! Tenant safety through CopyJobs: paths that pass admission but lead through a symlink a
+//! tenant planted inside the root are refused by the agent (which resolves every path from
+//! the root's fd with openat2), the job fails with reason SymlinkRejected, and the files
+//! outside the root stay as they were.
+
+use anyhow::{ensure, Result};
+use ferry_e2e::ControlPlane;
+
+#[test]
+fn symlinks_planted_in_a_root_fail_the_job_with_symlink_rejected_and_touch_nothing_outside(
+) -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    let (_ferry, hosts) = cp.start_ferry(&["node-a"])?;
+    let node = hosts.join("node-a");
+    // The node's secrets, outside the root, and a root whose tenant planted links to them.
+    let secret = node.join("etc/secret");
+    std::fs::create_dir_all(&secret)?;
+    std::fs::write(secret.join("key"), b"do not copy")?;
+    let root = node.join("srv/tenant");
+    std::fs::create_dir_all(root.join("data"))?;
+    std::fs::write(root.join("data/ok"), b"tenant data")?;
+    std::os::unix::fs::symlink("/etc/secret", root.join("up"))?;
+    std::os::unix::fs::symlink("../../../etc/secret", root.join("data/rel"))?;
+    cp.apply(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: tenant\nspec:\n  path: /srv/tenant\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n",
+    )?;
+    let job = |name: &str, src: &str, dst: &str| {
+        format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {{root: tenant, path: {src}}}\n  destination: {{root: tenant, path: {dst}}}\n")
+    };
+    for (name, src, dst) in [
+        ("read-through-link", "up", "stolen"),
+        ("read-below-link", "data/rel/key", "stolen2"),
+        ("write-through-link", "data", "up/planted"),
+        ("write-below-link", "data", "data/rel/planted"),
+    ] {
+        cp.apply(&job(name, src, dst))?;
+        let got = cp.wait_until(
+            &format!("copyjob/{name}"),
+            "default",
+            "{.status.phase} {.status.conditions[?(@.type==\"Failed\")].reason}",
+            std::time::Duration::from_secs(60),
+            |v| v.starts_with("Failed") || v.starts_with("Succeeded"),
+        )?;
+        ensure!(
+            got == "Failed SymlinkRejected",
+            "{name}: {src} -> {dst} should fail with SymlinkRejected, got {got:?}"
+        );
+        let msg = cp.get(
+            &format!("copyjob/{name}"),
+            "default",
+            "{.status.failures[0].message}",
+        )?;
+        ensure!(
+            msg.contains("symlink"),
+            "{name}: the message does not say why: {msg}"
+        );
+    }
+    ensure!(std::fs::read(secret.join("key"))? == b"do not copy");
+    let names: Vec<_> = std::fs::read_dir(&secret)?.collect();
+    ensure!(names.len() == 1, "something was written next to the secret");
+    for stolen in ["stolen", "stolen2"] {
+        ensure!(
+            !root.join(stolen).exists(),
+            "{stolen} exists: the secret was copied"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,379 @@
+//! The operator's metrics and readiness, served on `--listen` by [`ferry_serve`] as
+//! `/metrics`, `/healthz` and `/readyz`.
+//!
+//! Readiness: both replicas are ready once they do their part. The leader is ready when
+//! its CopyJob watch has delivered its first list; a standby is ready while it reaches the
+//! API server (its last look at the leader Lease succeeded within the lease's duration),
+//! so a rolling update of a two-replica Deployment is not held up by the replica that
+//! waits. Only the leader watches CopyJobs, so only the leader exports the job gauges
+//! (`ferry_operator_jobs`, `ferry_operator_job_phase`): a sum over replicas counts each
+//! job once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_crds::{CopyJob, Phase};
+use kube::runtime::reflector::Store;
+use kube::ResourceExt;
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+use crate::controller::Error;
+
+/// Every phase, as exported (a job without a phase yet is Pending).
+const PHASES: [Phase; 5] = [
+    Phase::Pending,
+    Phase::Running,
+    Phase::Suspended,
+    Phase::Succeeded,
+    Phase::Failed,
+];
+
+fn phase_label(p: Phase) -> &'static str {
+    match p {
+        Phase::Pending => "Pending",
+        Phase::Running => "Running",
+        Phase::Suspended => "Suspended",
+        Phase::Succeeded => "Succeeded",
+        Phase::Failed => "Failed",
+    }
+}
+
+/// Every `kind` label of `ferry_operator_reconcile_errors_total`.
+pub const ERROR_KINDS: [&str; 3] = ["kube_api", "finalizer", "no_namespace"];
+
+impl Error {
+    /// The bounded `kind` label of a reconcile error, or `None` for an outcome that is not
+    /// a failure (a deletion that waits for agents to stop their shards).
+    pub fn metric_kind(&self) -> Option<&'static str> {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Error::Kube(_) => Some("kube_api"),
+            Error::NoNamespace(_) => Some("no_namespace"),
+            Error::Stopping(_) => None,
+            Error::Finalizer(e) => match &**e {
+                F::ApplyFailed(inner) | F::CleanupFailed(inner) => inner.metric_kind(),
+                F::AddFinalizer(_)
+                | F::RemoveFinalizer(_)
+                | F::UnnamedObject
+                | F::InvalidFinalizer => Some("finalizer"),
+            },
+        }
+    }
+}
+
+/// Reconcile times: most reconciles are a few API calls.
+const RECONCILE_SECONDS_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+/// The operator's metrics, named `ferry_operator_<what>_<unit>`.
+#[allow(missing_debug_implementations)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// `ferry_operator_reconcile_duration_seconds`.
+    pub reconcile_seconds: Histogram,
+    /// `ferry_operator_reconcile_errors_total{kind}`.
+    pub reconcile_errors: IntCounterVec,
+    /// `ferry_operator_jobs{phase}` (leader only, set at each scrape).
+    pub jobs: IntGaugeVec,
+    /// `ferry_operator_job_phase{copyjob_namespace, copyjob, phase}`: 1 for the job's
+    /// phase, 0 for the others (leader only, set at each scrape).
+    pub job_phase: IntGaugeVec,
+    /// `ferry_operator_leader`: 1 while this replica leads.
+    pub leader: IntGauge,
+    /// `ferry_operator_ready`: what `/readyz` answers, as 1 or 0.
+    pub ready: IntGauge,
+    /// Scrapes rebuild the job gauges one at a time.
+    scrape: Mutex<()>,
+}
+
+impl Metrics {
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let reconcile_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "ferry_operator_reconcile_duration_seconds",
+                "Time one CopyJob reconcile took (finalizer, validation, resolution, placement, status)",
+            )
+            .buckets(RECONCILE_SECONDS_BUCKETS.to_vec()),
+        )?;
+        let reconcile_errors = IntCounterVec::new(
+            Opts::new(
+                "ferry_operator_reconcile_errors_total",
+                "Reconciles that failed and were requeued, by kind (kube_api, finalizer, no_namespace)",
+            ),
+            &["kind"],
+        )?;
+        let jobs = IntGaugeVec::new(
+            Opts::new(
+                "ferry_operator_jobs",
+                "CopyJobs by phase (exported by the leading replica)",
+            ),
+            &["phase"],
+        )?;
+        let job_phase = IntGaugeVec::new(
+            Opts::new(
+                "ferry_operator_job_phase",
+                "1 for a CopyJob's current phase, 0 for the others (exported by the leading replica)",
+            ),
+            &["copyjob_namespace", "copyjob", "phase"],
+        )?;
+        let leader = IntGauge::new(
+            "ferry_operator_leader",
+            "1 while this replica holds the leader Lease",
+        )?;
+        let ready = IntGauge::new(
+            "ferry_operator_ready",
+            "1 when this replica is ready (see /readyz), else 0",
+        )?;
+        for c in [
+            Box::new(reconcile_seconds.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reconcile_errors.clone()),
+            Box::new(jobs.clone()),
+            Box::new(job_phase.clone()),
+            Box::new(leader.clone()),
+            Box::new(ready.clone()),
+        ] {
+            registry.register(c)?;
+        }
+        for kind in ERROR_KINDS {
+            reconcile_errors.with_label_values(&[kind]);
+        }
+        Ok(Self {
+            registry,
+            reconcile_seconds,
+            reconcile_errors,
+            jobs,
+            job_phase,
+            leader,
+            ready,
+            scrape: Mutex::new(()),
+        })
+    }
+
+    /// One reconcile ended after `took`, with `error` when it failed.
+    pub fn reconciled(&self, took: Duration, error: Option<&Error>) {
+        self.reconcile_seconds.observe(took.as_secs_f64());
+        if let Some(kind) = error.and_then(Error::metric_kind) {
+            self.reconcile_errors.with_label_values(&[kind]).inc();
+        }
+    }
+
+    /// Set the job gauges from the controller's cache (the jobs that exist now; the series
+    /// of deleted jobs go).
+    pub fn observe_jobs(&self, jobs: &[Arc<CopyJob>]) {
+        let _one = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts: HashMap<&'static str, i64> = HashMap::new();
+        self.job_phase.reset();
+        for job in jobs {
+            let phase = job
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .unwrap_or_default();
+            *counts.entry(phase_label(phase)).or_default() += 1;
+            let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
+            for p in PHASES {
+                self.job_phase
+                    .with_label_values(&[&ns, &name, phase_label(p)])
+                    .set(i64::from(p == phase));
+            }
+        }
+        for p in PHASES {
+            let label = phase_label(p);
+            self.jobs
+                .with_label_values(&[label])
+                .set(counts.get(label).copied().unwrap_or(0));
+        }
+    }
+}
+
+/// This replica's part, for `/readyz` (0: has not looked at the lease yet).
+const STANDBY: u8 = 1;
+const LEADER: u8 = 2;
+
+/// What `/readyz` looks at.
+#[derive(Default)]
+#[allow(missing_debug_implementations)] // Store is not Debug
+pub struct Health {
+    /// 0 (starting), [`STANDBY`] or [`LEADER`].
+    role: AtomicU8,
+    /// Unix seconds of the last successful look at the leader Lease (0: never).
+    api_reached: AtomicI64,
+    /// The leader's CopyJob watch has delivered its first list.
+    watching: Arc<AtomicBool>,
+    /// The leader's CopyJob cache (the controller's).
+    store: Mutex<Option<Store<CopyJob>>>,
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+impl Health {
+    /// A look at the leader Lease succeeded: this replica leads (`true`) or stands by.
+    pub fn lease_checked(&self, leading: bool) {
+        self.api_reached.store(unix_now(), Ordering::Relaxed);
+        self.role
+            .store(if leading { LEADER } else { STANDBY }, Ordering::Relaxed);
+    }
+
+    /// The controller's cache, which scrapes read the job gauges from.
+    pub fn set_store(&self, store: Store<CopyJob>) {
+        *self.store.lock().unwrap_or_else(|e| e.into_inner()) = Some(store);
+    }
+
+    /// What to call when the controller's CopyJob watch has listed every job. (Not
+    /// `Store::wait_until_ready`: its readiness signal wakes only one waiting task, and
+    /// the controller itself waits on it.)
+    pub fn watch_listed(&self) -> impl Fn() + Send + Sync + 'static {
+        let watching = self.watching.clone();
+        move || watching.store(true, Ordering::Relaxed)
+    }
+
+    fn store(&self) -> Option<Store<CopyJob>> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// `Ok` when ready, or why not.
+    pub fn ready(&self) -> Result<(), String> {
+        match self.role.load(Ordering::Relaxed) {
+            LEADER if self.watching.load(Ordering::Relaxed) => Ok(()),
+            LEADER => Err("leading; the CopyJob watch has not listed the jobs yet".into()),
+            STANDBY => {
+                let age = unix_now() - self.api_reached.load(Ordering::Relaxed);
+                if age > i64::from(crate::leader::LEASE_SECONDS) {
+                    Err(format!(
+                        "standing by; the API server was last reached {age} s ago"
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+            _ => Err("has not reached the API server yet".into()),
+        }
+    }
+
+    fn leading(&self) -> bool {
+        self.role.load(Ordering::Relaxed) == LEADER
+    }
+}
+
+/// What the operator serves.
+#[allow(missing_debug_implementations)]
+pub struct OperatorEndpoints {
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+}
+
+impl ferry_serve::Endpoints for OperatorEndpoints {
+    fn metrics(&self) -> String {
+        let m = &self.metrics;
+        m.ready.set(i64::from(self.health.ready().is_ok()));
+        m.leader.set(i64::from(self.health.leading()));
+        if let Some(store) = self.health.store() {
+            m.observe_jobs(&store.state());
+        }
+        ferry_serve::render(&m.registry)
+    }
+    fn ready(&self) -> Result<(), String> {
+        self.health.ready()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_crds::CopyJobStatus;
+
+    fn job(ns: &str, name: &str, phase: Option<Phase>) -> Arc<CopyJob> {
+        let mut j: CopyJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1",
+            "kind": "CopyJob",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"source": {"root": "r", "path": "a"}, "destination": {"root": "r", "path": "b"}},
+        }))
+        .expect("a CopyJob");
+        j.status = Some(CopyJobStatus {
+            phase,
+            ..Default::default()
+        });
+        Arc::new(j)
+    }
+
+    #[test]
+    fn jobs_are_counted_by_phase_and_each_job_has_one_phase_set() {
+        let m = Metrics::new().expect("metrics");
+        m.observe_jobs(&[
+            job("a", "one", Some(Phase::Running)),
+            job("a", "two", Some(Phase::Running)),
+            job("b", "three", Some(Phase::Failed)),
+            job("b", "new", None),
+        ]);
+        let get = |phase| m.jobs.with_label_values(&[phase]).get();
+        assert_eq!(
+            [
+                get("Pending"),
+                get("Running"),
+                get("Suspended"),
+                get("Succeeded"),
+                get("Failed")
+            ],
+            [1, 2, 0, 0, 1]
+        );
+        let phase = |ns, name, p| m.job_phase.with_label_values(&[ns, name, p]).get();
+        assert_eq!(phase("b", "three", "Failed"), 1);
+        assert_eq!(phase("b", "three", "Running"), 0);
+        // A job that is gone loses its series at the next scrape.
+        m.observe_jobs(&[job("a", "one", Some(Phase::Succeeded))]);
+        let text = ferry_serve::render(&m.registry);
+        assert!(!text.contains("three"), "{text}");
+        assert_eq!(get("Running"), 0);
+        assert_eq!(get("Succeeded"), 1);
+    }
+
+    #[test]
+    fn errors_are_counted_by_a_bounded_kind_and_a_waiting_deletion_is_not_an_error() {
+        let m = Metrics::new().expect("metrics");
+        let apply_failed = Error::Finalizer(Box::new(
+            kube::runtime::finalizer::Error::ApplyFailed(Error::NoNamespace("x".into())),
+        ));
+        let waiting = Error::Finalizer(Box::new(kube::runtime::finalizer::Error::CleanupFailed(
+            Error::Stopping("node-a".into()),
+        )));
+        m.reconciled(Duration::from_millis(3), Some(&apply_failed));
+        m.reconciled(Duration::from_millis(3), Some(&waiting));
+        m.reconciled(Duration::from_millis(3), None);
+        let count = |k| m.reconcile_errors.with_label_values(&[k]).get();
+        assert_eq!(count("no_namespace"), 1);
+        assert_eq!(count("kube_api") + count("finalizer"), 0);
+        assert_eq!(m.reconcile_seconds.get_sample_count(), 3);
+        let text = ferry_serve::render(&m.registry);
+        for kind in ERROR_KINDS {
+            assert!(
+                text.contains(&format!(
+                    "ferry_operator_reconcile_errors_total{{kind=\"{kind}\"}}"
+                )),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_standby_is_ready_while_it_reaches_the_api_and_a_leader_once_it_watches() {
+        let h = Health::default();
+        assert!(h.ready().is_err(), "not ready before reaching the API");
+        h.lease_checked(false);
+        assert_eq!(h.ready(), Ok(()));
+        h.api_reached.store(unix_now() - 60, Ordering::Relaxed);
+        assert!(h.ready().is_err_and(|e| e.contains("60 s ago")));
+        h.lease_checked(true);
+        assert!(h.ready().is_err_and(|e| e.contains("not listed")));
+        h.watching.store(true, Ordering::Relaxed);
+        assert_eq!(h.ready(), Ok(()));
+    }
+}
