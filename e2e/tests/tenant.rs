@@ -19,6 +19,14 @@ fn symlinks_planted_in_a_root_fail_the_job_with_symlink_rejected_and_touch_nothi
     let secret = node.join("etc/secret");
     std::fs::create_dir_all(&secret)?;
     std::fs::write(secret.join("key"), b"do not copy")?;
+    // An atime far in the past: under relatime any read of the key would move it.
+    let old = std::fs::FileTimes::new()
+        .set_accessed(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
+        .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(2_000_000));
+    std::fs::File::options()
+        .write(true)
+        .open(secret.join("key"))?
+        .set_times(old)?;
     let root = node.join("srv/tenant");
     std::fs::create_dir_all(root.join("data"))?;
     std::fs::write(root.join("data/ok"), b"tenant data")?;
@@ -57,7 +65,25 @@ fn symlinks_planted_in_a_root_fail_the_job_with_symlink_rejected_and_touch_nothi
             msg.contains("symlink"),
             "{name}: the message does not say why: {msg}"
         );
+        // And an event says so.
+        let events = cp.kubectl_ok(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "default",
+            "--field-selector",
+            &format!("regarding.name={name}"),
+            "-o",
+            "jsonpath={.items[*].reason}",
+        ])?;
+        ensure!(
+            events.contains("SymlinkRejected"),
+            "{name}: no SymlinkRejected event: {events:?}"
+        );
     }
+    use std::os::unix::fs::MetadataExt;
+    let atime = std::fs::metadata(secret.join("key"))?.atime();
+    ensure!(atime == 1_000_000, "the secret was read (atime {atime})");
     ensure!(std::fs::read(secret.join("key"))? == b"do not copy");
     let names: Vec<_> = std::fs::read_dir(&secret)?.collect();
     ensure!(names.len() == 1, "something was written next to the secret");

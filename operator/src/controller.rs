@@ -775,6 +775,18 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             // An event is a courtesy; the condition is the record.
             let _ = ctx.recorder.publish(&ev, &job.object_ref(&())).await;
         }
+        // A job that just failed says why, once, with the first failing path.
+        if phase == Phase::Failed && old.phase != Some(Phase::Failed) {
+            let first = failures.first();
+            let ev = KubeEvent {
+                type_: EventType::Warning,
+                reason: first.map_or("CopyFailed", |f| f.reason.as_str()).into(),
+                note: first.map(|f| format!("{}: {}", f.path, f.message)),
+                action: "Copy".into(),
+                secondary: None,
+            };
+            let _ = ctx.recorder.publish(&ev, &job.object_ref(&())).await;
+        }
     }
     // ttlSecondsAfterFinished: delete the finished job once its time is up (the finalizer
     // runs as for any deletion), or come back when it will be.
