@@ -320,8 +320,13 @@ async fn heartbeat(client: Client, settings: Settings, health: Arc<crate::serve:
 /// The condition reason for a shard that could not start: the engine's refusal reason
 /// (PathEscape, SymlinkRejected, Openat2Unavailable) when it refused, else CannotStart.
 fn refusal_reason(e: &anyhow::Error) -> &'static str {
-    match e.downcast_ref::<ferry_engine::Error>() {
-        Some(ferry_engine::Error::Refused { reason, .. }) => reason,
+    e.downcast_ref::<ferry_engine::Error>()
+        .map_or("CannotStart", engine_reason)
+}
+
+fn engine_reason(e: &ferry_engine::Error) -> &'static str {
+    match e {
+        ferry_engine::Error::Refused { reason, .. } => reason,
         _ => "CannotStart",
     }
 }
@@ -538,11 +543,7 @@ async fn run_shard(
         }
         Err(e) => {
             tracing::warn!(error = %e, "copy could not start");
-            let reason = match e {
-                ferry_engine::Error::Refused { reason, .. } => reason,
-                _ => "CannotStart",
-            };
-            *lock(&live.start_error) = Some((reason, e.to_string()));
+            *lock(&live.start_error) = Some((engine_reason(e), e.to_string()));
             "Failed"
         }
     };

@@ -846,34 +846,47 @@ impl<'a> Ctx<'a> {
         }
         let result = copy_leader();
         // Finish the hard-link group whatever happened to its leader.
-        let waiters = {
-            let mut links = lock(&self.links);
-            let next = match &result {
-                Ok(Some(hash)) => Link::Done {
-                    dir: dir.clone(),
-                    name: dst_name.to_owned(),
-                    hash: *hash,
-                },
-                // Never: linked files are not chunked, so their leader is done here.
-                Ok(None) => Link::Failed("internal: hard-linked file was chunked".into()),
-                Err((op, e)) => Link::Failed(format!("{op}: {e}")),
-            };
-            match links.insert(key, next) {
-                Some(Link::Copying(w)) => w,
-                _ => Vec::new(),
-            }
+        let outcome = match &result {
+            Ok(Some(hash)) => Ok(*hash),
+            // Never: linked files are not chunked, so their leader is done here.
+            Ok(None) => Err("internal: hard-linked file was chunked".to_string()),
+            Err((op, e)) => Err(format!("{op}: {e}")),
+        };
+        self.finish_group(key, dir, dst_name, outcome);
+        result.map(|_| None)
+    }
+
+    /// Record how a hard-link group's leader `dir/name` ended (its hash, or why it failed)
+    /// and settle the names that waited for it: linked to it, or failed.
+    fn finish_group(
+        &self,
+        key: (u64, u64),
+        dir: &Arc<DirNode>,
+        name: &CStr,
+        outcome: Result<Option<u128>, String>,
+    ) {
+        let next = match &outcome {
+            Ok(hash) => Link::Done {
+                dir: dir.clone(),
+                name: name.to_owned(),
+                hash: *hash,
+            },
+            Err(why) => Link::Failed(why.clone()),
+        };
+        let waiters = match lock(&self.links).insert(key, next) {
+            Some(Link::Copying(w)) => w,
+            _ => Vec::new(),
         };
         for (wdir, wname, replace) in waiters {
-            let r = match &result {
-                Ok(Some(hash)) => self.link_to(dir, dst_name, &wdir, &wname, *hash, replace),
-                _ => Err(("link", io::Error::other("first link of this file failed"))),
+            let r = match &outcome {
+                Ok(hash) => self.link_to(dir, name, &wdir, &wname, *hash, replace),
+                Err(_) => Err(("link", io::Error::other("first link of this file failed"))),
             };
             if let Err((op, e)) = r {
                 self.fail(&wdir.child_path(&wname), op, &e);
             }
             self.release(wdir);
         }
-        result.map(|_| None)
     }
 
     /// A resumed copy found one name of a hard-linked source file already at the
@@ -917,28 +930,11 @@ impl<'a> Ctx<'a> {
                 } else {
                     Ok(None)
                 };
-                let next = match &result {
-                    Ok(hash) => Link::Done {
-                        dir: dir.clone(),
-                        name: name.to_owned(),
-                        hash: *hash,
-                    },
-                    Err((op, e)) => Link::Failed(format!("{op}: {e}")),
+                let outcome = match &result {
+                    Ok(hash) => Ok(*hash),
+                    Err((op, e)) => Err(format!("{op}: {e}")),
                 };
-                let waiters = match lock(&self.links).insert(key, next) {
-                    Some(Link::Copying(w)) => w,
-                    _ => Vec::new(),
-                };
-                for (wdir, wname, replace) in waiters {
-                    let r = match &result {
-                        Ok(hash) => self.link_to(dir, name, &wdir, &wname, *hash, replace),
-                        Err(_) => Err(("link", io::Error::other("first link of this file failed"))),
-                    };
-                    if let Err((op, e)) = r {
-                        self.fail(&wdir.child_path(&wname), op, &e);
-                    }
-                    self.release(wdir);
-                }
+                self.finish_group(key, dir, name, outcome);
                 result.map(|_| Some(Skip::Kept))
             }
             Some(Link::Copying(waiters)) => {
