@@ -10,6 +10,9 @@ have getfattr || need+=(attr)
 have setfacl || need+=(acl)
 have filefrag || need+=(e2fsprogs)
 have setpriv || need+=(util-linux)
+# A FUSE filesystem whose reads fail (EIO) for the I/O-error tests.
+/usr/bin/python3 -c 'import fusepy' 2>/dev/null || need+=(python3-fusepy)
+have fusermount3 || need+=(fuse3)
 # prometheus and promtool (one package) for e2e/tests/prometheus.rs; without its
 # Recommends (a node exporter service the tests do not use).
 lean=()
