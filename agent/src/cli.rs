@@ -47,6 +47,12 @@ pub struct RunArgs {
     /// Address for /metrics (Prometheus), /healthz and /readyz.
     #[arg(long, env = "FERRY_LISTEN", default_value = "0.0.0.0:9090")]
     pub listen: std::net::SocketAddr,
+    /// Duration of the heartbeat Lease, in seconds: the operator gives this node's work on
+    /// shared roots to another agent once it has not been renewed for this long. It is
+    /// renewed every third of it, and the agent stops committing files two thirds of it
+    /// after its last renewal, before anyone else may take over.
+    #[arg(long, env = "FERRY_LEASE_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(i32).range(3..=3600))]
+    pub lease_seconds: i32,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

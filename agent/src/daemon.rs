@@ -19,6 +19,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
@@ -26,9 +27,9 @@ use kube::{Api, Client, ResourceExt};
 const PLAN_AFTER: Duration = Duration::from_secs(2);
 /// How often running shards publish progress: bounded, whatever the copy rate.
 const PUBLISH_EVERY: Duration = Duration::from_secs(1);
-/// Lease renewal period and duration (the operator treats an expired lease as a lost agent).
-const LEASE_RENEW: Duration = Duration::from_secs(10);
-pub const LEASE_SECONDS: i32 = 30;
+/// How often every known job is looked at again, for what no watch event announces: a
+/// shard whose older run (a stale epoch) has just stopped, a heartbeat that came back.
+const RESCAN_EVERY: Duration = Duration::from_secs(3);
 
 /// What the daemon needs to know about its node.
 #[derive(Debug, Clone)]
@@ -48,6 +49,8 @@ pub struct Settings {
     pub corrupt_file: Option<String>,
     /// Address of the /metrics, /healthz and /readyz endpoints.
     pub listen: std::net::SocketAddr,
+    /// Duration of the heartbeat Lease (renewed every third of it).
+    pub lease_seconds: i32,
 }
 
 /// Name of a node's heartbeat Lease.
@@ -107,10 +110,61 @@ impl Live {
 /// A shard this agent is running, and how to stop it.
 #[derive(Default)]
 struct Active {
+    /// The assignment it runs for.
+    epoch: i64,
     /// Read by the engine at every file boundary.
     cancel: Arc<AtomicBool>,
     /// The job is being deleted (rather than suspended).
     deleting: AtomicBool,
+    /// The shard is no longer this agent's to run (given to another node or epoch, or this
+    /// agent's heartbeat is stale): it stops without publishing anything more.
+    fenced: AtomicBool,
+}
+
+/// Until when this agent may run shards: two thirds of a lease after its last successful
+/// renewal was sent. The operator gives an agent's shared work away only after a whole
+/// lease without renewal, so an agent cut off from the API server stops a third of a lease
+/// before anyone else may start on the same files.
+#[derive(Debug)]
+pub struct Fence {
+    base: std::time::Instant,
+    /// Nanoseconds after `base`; 0 before the first renewal.
+    until: AtomicU64,
+    lease: Duration,
+}
+
+impl Fence {
+    fn new(lease_seconds: i32) -> Self {
+        Self {
+            base: std::time::Instant::now(),
+            until: AtomicU64::new(0),
+            lease: Duration::from_secs(lease_seconds.max(1) as u64),
+        }
+    }
+
+    /// A renewal sent at `sent` succeeded.
+    fn renewed(&self, sent: std::time::Instant) {
+        let until = sent.duration_since(self.base) + self.lease * 2 / 3;
+        self.until
+            .fetch_max(until.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Whether this agent may still commit work.
+    pub fn holds(&self) -> bool {
+        (self.base.elapsed().as_nanos() as u64) < self.until.load(Ordering::Relaxed)
+    }
+}
+
+/// What every shard task shares.
+struct Agent {
+    client: Client,
+    settings: Settings,
+    fence: Arc<Fence>,
+    /// Running shards by `<ns>/<job>/<shard id>`.
+    running: Mutex<HashMap<String, Arc<Active>>>,
+    /// Runs this process finished, by `<ns>/<job>/<shard id>/<epoch>`: a stale event
+    /// (published before the final state) must not start one again.
+    finished: Mutex<HashSet<String>>,
 }
 
 impl Progress for Live {
@@ -150,7 +204,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         .await
         .context("connect to the Kubernetes API")?;
     let health = Arc::new(crate::serve::Health {
-        lease_seconds: i64::from(LEASE_SECONDS),
+        lease_seconds: i64::from(settings.lease_seconds),
         ..Default::default()
     });
     let metrics = crate::serve::init_metrics(&settings.node);
@@ -165,15 +219,47 @@ pub async fn run(settings: Settings) -> Result<()> {
             health: health.clone(),
         }),
     ));
-    tokio::spawn(heartbeat(client.clone(), settings.clone(), health.clone()));
-    let running: Arc<Mutex<HashMap<String, Arc<Active>>>> = Arc::default();
-    // Shards this process finished: a stale event (published before the final state)
-    // must not start one again.
-    let finished: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let fence = Arc::new(Fence::new(settings.lease_seconds));
+    tokio::spawn(heartbeat(
+        client.clone(),
+        settings.clone(),
+        health.clone(),
+        fence.clone(),
+    ));
+    let agent = Arc::new(Agent {
+        client: client.clone(),
+        settings: settings.clone(),
+        fence,
+        running: Mutex::default(),
+        finished: Mutex::default(),
+    });
+    let (store, writer) = reflector::store();
     let jobs = Api::<CopyJob>::all(client.clone());
-    let mut stream = watcher(jobs, watcher::Config::default())
+    let mut stream = reflector(writer, watcher(jobs, watcher::Config::default()))
         .default_backoff()
         .boxed();
+    // Look again at every job now and then (see RESCAN_EVERY), and stop runs the moment
+    // the heartbeat is stale.
+    {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                agent.fence_if_stale();
+            }
+        });
+    }
+    {
+        let (agent, store) = (agent.clone(), store.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RESCAN_EVERY).await;
+                for job in store.state() {
+                    agent.consider(&job);
+                }
+            }
+        });
+    }
     tracing::info!(node = %settings.node, host_root = %settings.host_root.display(), "ferry-agent running");
     // The jobs a (re)list has shown so far: at its end, the per-job gauges of jobs it did
     // not show (deleted while the watch was down) are dropped.
@@ -209,88 +295,169 @@ pub async fn run(settings: Settings) -> Result<()> {
                 continue;
             }
         };
-        let Some(status) = &job.status else { continue };
+        agent.consider(&Arc::new(job));
+    }
+    Ok(())
+}
+
+impl Agent {
+    /// Stop every running shard, without publishing, when this agent may no longer hold
+    /// work (its heartbeat has not been renewed for two thirds of a lease).
+    fn fence_if_stale(&self) {
+        if self.fence.holds() {
+            return;
+        }
+        for (key, active) in lock(&self.running).iter() {
+            if !active.fenced.swap(true, Ordering::Relaxed) {
+                active.cancel.store(true, Ordering::Relaxed);
+                tracing::warn!(shard = %key, "heartbeat not renewed: stopping the shard (another agent may be given it)");
+            }
+        }
+    }
+
+    /// Start the shards of `job` given to this node, and stop those no longer its own.
+    fn consider(self: &Arc<Self>, job: &Arc<CopyJob>) {
+        let Some(status) = &job.status else { return };
         let prefix = format!(
             "{}/{}/",
             job.namespace().unwrap_or_default(),
             job.name_any()
         );
         let deleting = job.metadata.deletion_timestamp.is_some();
-        if job.spec.suspend || deleting {
-            // Stop this job's running shards at the next file boundary.
-            for (key, active) in lock(&running).iter() {
-                if key.starts_with(&prefix) {
-                    if deleting {
-                        active.deleting.store(true, Ordering::Relaxed);
-                    }
-                    if !active.cancel.swap(true, Ordering::Relaxed) {
-                        tracing::info!(shard = %key, deleting, "stopping shard");
-                    }
+        // Stop runs this job no longer wants here: suspended or deleted (they publish
+        // where they stopped), or given to another node or epoch (they stop silently; the
+        // API server would refuse what they publish).
+        for (key, active) in lock(&self.running).iter() {
+            let Some(id) = key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let mine = status.shards.iter().any(|s| {
+                s.id == id
+                    && s.node == self.settings.node
+                    && s.epoch == active.epoch
+                    && !schedule_failed(s)
+            });
+            if !mine && !active.fenced.swap(true, Ordering::Relaxed) {
+                active.cancel.store(true, Ordering::Relaxed);
+                tracing::warn!(shard = %key, epoch = active.epoch, "the shard was given to another node or epoch: stopping");
+            } else if job.spec.suspend || deleting {
+                if deleting {
+                    active.deleting.store(true, Ordering::Relaxed);
+                }
+                if !active.cancel.swap(true, Ordering::Relaxed) {
+                    tracing::info!(shard = %key, deleting, "stopping shard");
                 }
             }
-            continue;
         }
-        for shard in &status.shards {
-            if shard.node != settings.node
+        if job.spec.suspend || deleting || !self.fence.holds() {
+            return;
+        }
+        for (index, shard) in status.shards.iter().enumerate() {
+            if shard.node != self.settings.node
                 || matches!(shard.state.as_str(), "Succeeded" | "Failed" | "Stopped")
             {
                 continue;
             }
-            let key = format!("{prefix}{}/{}", shard.id, shard.epoch);
-            if lock(&finished).contains(&key) {
+            let key = format!("{prefix}{}", shard.id);
+            if lock(&self.finished).contains(&format!("{key}/{}", shard.epoch)) {
                 continue;
             }
-            let active = Arc::new(Active::default());
+            let active = Arc::new(Active {
+                epoch: shard.epoch,
+                ..Active::default()
+            });
             {
-                let mut r = lock(&running);
+                // One run of a shard at a time: a new epoch's run waits until the old
+                // one has stopped (a rescan starts it then).
+                let mut r = lock(&self.running);
                 if r.contains_key(&key) {
                     continue;
                 }
                 r.insert(key.clone(), active.clone());
             }
-            let (client, settings, job, shard, running, finished) = (
-                client.clone(),
-                settings.clone(),
-                job.clone(),
-                shard.clone(),
-                running.clone(),
-                finished.clone(),
-            );
+            let (agent, job, shard) = (self.clone(), job.clone(), shard.clone());
             tokio::spawn(async move {
                 let active_shards = &crate::serve::metrics().active_shards;
                 active_shards.inc();
-                let state = match run_shard(&client, &settings, &job, &shard, &active).await {
+                let target = Target {
+                    job: &job,
+                    shard: &shard,
+                    index,
+                };
+                let state = match run_shard(&agent, target, &active).await {
                     Ok(state) => state,
+                    Err(e) if fenced_error(&e) => {
+                        tracing::warn!(job = %job.name_any(), shard = %shard.id, "the API server refused our update for this epoch: the shard is no longer ours");
+                        "Fenced"
+                    }
                     Err(e) => {
                         tracing::warn!(job = %job.name_any(), error = %e, "shard failed to start");
                         let live = Live::default();
                         *lock(&live.start_error) = Some((refusal_reason(&e), format!("{e:#}")));
                         live.failed.store(1, Ordering::Relaxed);
-                        let _ =
-                            publish(&client, &settings, &job, &shard, "Failed", &live, None).await;
+                        let _ = publish(&agent, target, "Failed", &live, None).await;
                         "Failed"
                     }
                 };
-                // A suspended shard runs again when the job is resumed; the others are done.
-                if state != "Suspended" {
-                    lock(&finished).insert(key.clone());
+                // A suspended shard runs again when the job is resumed, and one stopped
+                // by a stale heartbeat when it is fresh again (if it is still ours); the
+                // others are done.
+                let heartbeat_lost = state == "Fenced" && !agent.fence.holds();
+                if state != "Suspended" && !heartbeat_lost {
+                    lock(&agent.finished).insert(format!("{key}/{}", shard.epoch));
                 }
-                lock(&running).remove(&key);
+                let mut running = lock(&agent.running);
+                if running.get(&key).is_some_and(|a| Arc::ptr_eq(a, &active)) {
+                    running.remove(&key);
+                }
                 active_shards.dec();
             });
         }
     }
-    Ok(())
 }
+
+/// A shard the operator failed itself (its node stayed away too long).
+fn schedule_failed(s: &ShardStatus) -> bool {
+    s.state == "Failed" && s.failures.iter().any(|f| f.reason == "NodeUnavailable")
+}
+
+/// The shard a run is for: where it sits in the job's status, for the fenced update.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    job: &'a CopyJob,
+    shard: &'a ShardStatus,
+    index: usize,
+}
+
+/// Whether publishing failed because the shard is no longer this agent's (a JSON patch
+/// `test` of its node and epoch did not hold).
+fn fenced_error(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(c.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 422)
+            || c.downcast_ref::<Fenced>().is_some()
+    })
+}
+
+/// A run stopped because the shard is no longer this agent's.
+#[derive(Debug, thiserror::Error)]
+#[error("the shard is no longer assigned to this agent's node and epoch")]
+struct Fenced;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-async fn heartbeat(client: Client, settings: Settings, health: Arc<crate::serve::Health>) {
+async fn heartbeat(
+    client: Client,
+    settings: Settings,
+    health: Arc<crate::serve::Health>,
+    fence: Arc<Fence>,
+) {
     let leases = Api::<Lease>::namespaced(client, &settings.namespace);
     let name = lease_name(&settings.node);
+    let every = Duration::from_secs(settings.lease_seconds.max(3) as u64) / 3;
     loop {
+        let sent = std::time::Instant::now();
         let lease = Lease {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.clone()),
@@ -298,7 +465,7 @@ async fn heartbeat(client: Client, settings: Settings, health: Arc<crate::serve:
             },
             spec: Some(LeaseSpec {
                 holder_identity: Some(settings.node.clone()),
-                lease_duration_seconds: Some(LEASE_SECONDS),
+                lease_duration_seconds: Some(settings.lease_seconds),
                 renew_time: Some(MicroTime(Timestamp::now())),
                 ..Default::default()
             }),
@@ -308,12 +475,24 @@ async fn heartbeat(client: Client, settings: Settings, health: Arc<crate::serve:
         body["kind"] = "Lease".into();
         let pp = PatchParams::apply(&format!("{AGENT_MANAGER_PREFIX}{}", settings.node)).force();
         match leases.patch(&name, &pp, &Patch::Apply(&body)).await {
-            Ok(_) => health
-                .lease_renewed
-                .store(crate::serve::unix_now(), Ordering::Relaxed),
+            Ok(_) => {
+                fence.renewed(sent);
+                health
+                    .lease_renewed
+                    .store(crate::serve::unix_now(), Ordering::Relaxed)
+            }
             Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
         }
-        tokio::time::sleep(LEASE_RENEW).await;
+        tokio::time::sleep(every.saturating_sub(sent.elapsed())).await;
+    }
+}
+
+/// A failed entry's reason in status: the engine's, except that a full destination is
+/// `DestinationFull` (the job-level reason, which says how much more is needed).
+fn failure_reason(kind: ferry_engine::FailureKind) -> &'static str {
+    match kind {
+        ferry_engine::FailureKind::NoSpace => "DestinationFull",
+        other => other.as_str(),
     }
 }
 
@@ -395,13 +574,8 @@ fn engine_options(
     }
 }
 
-async fn run_shard(
-    client: &Client,
-    settings: &Settings,
-    job: &CopyJob,
-    shard: &ShardStatus,
-    active: &Active,
-) -> Result<&'static str> {
+async fn run_shard(agent: &Agent, target: Target<'_>, active: &Active) -> Result<&'static str> {
+    let (settings, job, shard) = (&agent.settings, target.job, target.shard);
     // Every path from here on is resolved from a directory fd: the roots (admin paths)
     // inside the node's filesystem, the job's paths (tenant paths) beneath the roots with
     // openat2 and no symlinks (ferry_engine::copy_beneath). A root is the admin's (or the
@@ -423,9 +597,12 @@ async fn run_shard(
     };
     let src_root = Arc::new(open_root("source", &shard.source_root)?);
     let dst_root = Arc::new(open_root("destination", &shard.destination_root)?);
+    // For the "destination full" message, after the copy thread has the roots.
+    let (src_for_plan, dst_volume) = (src_root.clone(), dst_root.clone());
     let select = Select::parse(&shard.part)
         .with_context(|| format!("shard {} has an unknown part {:?}", shard.id, shard.part))?;
     let src_path = PathBuf::from(&job.spec.source.path);
+    let src_rel = src_path.clone();
     let dst_path = PathBuf::from(&job.spec.destination.path);
     let links = job.spec.preserve.hard_links;
     if job.spec.dry_run {
@@ -435,16 +612,7 @@ async fn run_shard(
             tokio::task::spawn_blocking(move || plan_beneath(&root, &path, Select::All, links))
                 .await??;
         let planned = Some((totals.files as i64, totals.bytes as i64));
-        publish(
-            client,
-            settings,
-            job,
-            shard,
-            "Succeeded",
-            &Live::default(),
-            planned,
-        )
-        .await?;
+        publish(agent, target, "Succeeded", &Live::default(), planned).await?;
         return Ok("Succeeded");
     }
     // The manifest lives with the data it describes, under the destination root; each
@@ -474,7 +642,7 @@ async fn run_shard(
     });
     tracing::info!(job = %base, shard = %shard.id, part = %shard.part, resume, "starting shard");
     let done = Arc::new(AtomicBool::new(false));
-    publish(client, settings, job, shard, "Running", &live, None).await?;
+    publish(agent, target, "Running", &live, None).await?;
     // Totals for the job's PROGRESS and ETA: counted next to a copy that outlasts a few
     // seconds (a short one needs no estimate, and would pay for the extra walk).
     {
@@ -517,9 +685,16 @@ async fn run_shard(
         tokio::select! {
             r = &mut rx => break r.context("copy thread vanished")?,
             _ = tokio::time::sleep(PUBLISH_EVERY) => {
-                if !done.load(Ordering::Relaxed) {
-                    if let Err(e) = publish(client, settings, job, shard, "Running", &live, None).await {
-                        tracing::warn!(error = %e, "progress update failed");
+                if !done.load(Ordering::Relaxed) && !active.fenced.load(Ordering::Relaxed) {
+                    match publish(agent, target, "Running", &live, None).await {
+                        // Not ours any more: stop copying at once.
+                        Err(e) if fenced_error(&e) => {
+                            active.fenced.store(true, Ordering::Relaxed);
+                            active.cancel.store(true, Ordering::Relaxed);
+                            tracing::warn!(shard = %shard.id, epoch = shard.epoch, "the API server refused our progress for this epoch: stopping");
+                        }
+                        Err(e) => tracing::warn!(error = %e, "progress update failed"),
+                        Ok(()) => {}
                     }
                 }
             }
@@ -547,6 +722,18 @@ async fn run_shard(
             "Failed"
         }
     };
+    if let Ok(summary) = &result {
+        if summary
+            .failures
+            .iter()
+            .any(|f| f.kind == ferry_engine::FailureKind::NoSpace)
+        {
+            let message =
+                destination_full(&live, src_for_plan, &dst_volume, &src_rel, select, links)
+                    .await;
+            *lock(&live.start_error) = Some(("DestinationFull", message));
+        }
+    }
     if select == Select::DirsOnly && state == "Succeeded" {
         if let Err(e) = join_manifests(&state_path, &base) {
             *lock(&live.start_error) = Some((
@@ -567,8 +754,60 @@ async fn run_shard(
         }
         live.failed.store(summary.failed, Ordering::Relaxed);
     }
-    publish(client, settings, job, shard, state, &live, None).await?;
+    if active.fenced.load(Ordering::Relaxed) {
+        // Another agent (or epoch) owns the shard now, or may soon: say nothing more.
+        return Err(Fenced.into());
+    }
+    publish(agent, target, state, &live, None).await?;
     Ok(state)
+}
+
+/// What a user whose destination filled up needs to know: how much was copied, about how
+/// much more is needed, and how much is free.
+async fn destination_full(
+    live: &Live,
+    src_root: Arc<OwnedFd>,
+    dst_volume: &OwnedFd,
+    src_path: &Path,
+    select: Select,
+    links: bool,
+) -> String {
+    let done = live.bytes.load(Ordering::Relaxed);
+    let files = live.files.load(Ordering::Relaxed);
+    let planned = *lock(&live.planned);
+    let total = match planned {
+        Some((_, bytes)) => Some(bytes.max(0) as u64),
+        // Not counted while copying (a short copy): count it now, the walk is cheap next
+        // to the copy that filled a volume.
+        None => {
+            let path = src_path.to_path_buf();
+            tokio::task::spawn_blocking(move || plan_beneath(&src_root, &path, select, links))
+                .await
+                .ok()
+                .and_then(|t| t.ok())
+                .map(|t| t.bytes)
+        }
+    };
+    let free = ferry_engine::sys::free_bytes(dst_volume.as_fd()).unwrap_or(0);
+    let human = crate::copy_cmd::human;
+    let copied = format!("{files} files ({}) were copied", human(done));
+    let kept = "re-create the job: what was copied is kept and not copied again";
+    match total {
+        Some(total) => {
+            let needed = total.saturating_sub(done);
+            format!(
+                "the destination volume is full: {copied}; about {} more are needed and {} \
+                 are free. Free or add at least {}, then {kept}",
+                human(needed),
+                human(free),
+                human(needed.saturating_sub(free)),
+            )
+        }
+        None => format!(
+            "the destination volume is full: {copied} and {} are free. Free some space, then {kept}",
+            human(free),
+        ),
+    }
 }
 
 /// The last step of a split job: the parts' manifests (`<base>.part-<i>.xxh128`) become
@@ -611,17 +850,18 @@ fn join_manifests(state: &Path, base: &str) -> Result<()> {
     Ok(())
 }
 
-/// Apply this shard's progress fields (and only those: the operator owns the assignment).
-/// `planned`: a dry run's (files, bytes).
+/// Publish this shard's progress fields (and only those: the operator owns the
+/// assignment), as a JSON patch that first tests the shard is still this node's, at this
+/// epoch: an agent that lost its shard (its heartbeat expired and the work moved on) is
+/// refused by the API server, whatever it believes. `planned`: a dry run's (files, bytes).
 async fn publish(
-    client: &Client,
-    settings: &Settings,
-    job: &CopyJob,
-    shard: &ShardStatus,
+    agent: &Agent,
+    target: Target<'_>,
     state: &str,
     live: &Live,
     planned: Option<(i64, i64)>,
 ) -> Result<()> {
+    let (settings, job, shard) = (&agent.settings, target.job, target.shard);
     let planned = planned.or(*lock(&live.planned));
     let bytes = live.bytes.load(Ordering::Relaxed);
     let rate = bytes.saturating_sub(live.resumed_at) as f64
@@ -631,30 +871,39 @@ async fn publish(
         .map(|(r, m)| serde_json::json!({"path": ".", "reason": r, "message": m}));
     let failures: Vec<serde_json::Value> = start
         .into_iter()
-        .chain(lock(&live.failures).iter().map(|f| serde_json::json!({"path": f.path.to_string_lossy(), "reason": f.kind.as_str(), "message": f.message})))
+        .chain(lock(&live.failures).iter().map(|f| serde_json::json!({"path": f.path.to_string_lossy(), "reason": failure_reason(f.kind), "message": f.message})))
         .collect();
-    let body = serde_json::json!({
-        "apiVersion": "ferry.dev/v1alpha1",
-        "kind": "CopyJob",
-        "status": {
-            "shards": [{
-                "id": shard.id,
-                "state": state,
-                "filesDone": live.files.load(Ordering::Relaxed),
-                "bytesDone": bytes,
-                "bytesReflinked": live.reflinked.load(Ordering::Relaxed),
-                "failed": live.failed.load(Ordering::Relaxed),
-                "bytesPerSecond": rate as i64,
-                "failures": failures,
-                "plannedFiles": planned.map(|p| p.0),
-                "plannedBytes": planned.map(|p| p.1),
-            }]
-        }
-    });
+    let at = format!("/status/shards/{}", target.index);
+    let mut ops = vec![
+        serde_json::json!({"op": "test", "path": format!("{at}/id"), "value": shard.id}),
+        serde_json::json!({"op": "test", "path": format!("{at}/node"), "value": settings.node}),
+        serde_json::json!({"op": "test", "path": format!("{at}/epoch"), "value": shard.epoch}),
+    ];
+    let mut set = |field: &str, value: serde_json::Value| {
+        ops.push(serde_json::json!({"op": "add", "path": format!("{at}/{field}"), "value": value}));
+    };
+    set("state", state.into());
+    set("filesDone", live.files.load(Ordering::Relaxed).into());
+    set("bytesDone", bytes.into());
+    set(
+        "bytesReflinked",
+        live.reflinked.load(Ordering::Relaxed).into(),
+    );
+    set("failed", live.failed.load(Ordering::Relaxed).into());
+    set("bytesPerSecond", (rate as i64).into());
+    set("failures", failures.into());
+    if let Some((files, bytes)) = planned {
+        set("plannedFiles", files.into());
+        set("plannedBytes", bytes.into());
+    }
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))?;
     let ns = job.namespace().unwrap_or_default();
-    let pp = PatchParams::apply(&ferry_crds::agent_manager(&settings.node, &shard.id)).force();
-    Api::<CopyJob>::namespaced(client.clone(), &ns)
-        .patch_status(&job.name_any(), &pp, &Patch::Apply(&body))
+    let pp = PatchParams {
+        field_manager: Some(ferry_crds::agent_manager(&settings.node, &shard.id)),
+        ..Default::default()
+    };
+    Api::<CopyJob>::namespaced(agent.client.clone(), &ns)
+        .patch_status(&job.name_any(), &pp, &Patch::<()>::Json(patch))
         .await?;
     // The gauges follow what the status says, after it says it (a dry run copies nothing).
     if !job.spec.dry_run {

@@ -20,6 +20,7 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         namespace: args.namespace,
         workers: args.workers,
         listen: args.listen,
+        lease_seconds: args.lease_seconds,
         file_delay: std::env::var("FERRY_FAULT_FILE_DELAY_MS")
             .ok()
             .and_then(|v| v.parse().ok())

@@ -2,9 +2,9 @@
 //! the finalizer to an idempotent `apply` or `cleanup`; `error_policy` requeues transient
 //! errors with backoff, while refusals are written as conditions and wait for a change.
 //!
-//! What `apply` does today: validate the spec, resolve `root` endpoints against their
-//! StorageRoots (exists, namespace allowed, not read-only as a destination), and publish
-//! `Accepted`/`Resolved` conditions. Placement and shard assignment come next.
+//! `apply` validates the spec, resolves both endpoints to host paths on nodes, cuts the
+//! job into shards and hands them to live agents (taking them back from lost ones), then
+//! sums the agents' progress into the job's phase, conditions and events.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +26,7 @@ use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 
+use crate::heartbeat::Heartbeats;
 use crate::schedule;
 use crate::validate;
 use crate::volume::{self, Nodes, PvAccess, Volume};
@@ -50,6 +51,9 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub heartbeats: Arc<Heartbeats>,
+    /// How long node-local work waits for a lost node before failing `NodeUnavailable`.
+    pub node_deadline: Duration,
 }
 
 /// Why a job cannot proceed, as a condition reason and a message for the user.
@@ -66,16 +70,49 @@ pub async fn run(
     client: Client,
     metrics: Arc<crate::metrics::Metrics>,
     health: &crate::metrics::Health,
+    node_deadline: Duration,
 ) {
     let jobs = Api::<CopyJob>::all(client.clone());
     let reporter = Reporter {
         controller: OPERATOR_MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    // The agents' heartbeats, cached: every reconcile asks who is alive.
+    let (leases, lease_writer) = reflector::store::<Lease>();
+    let lease_api = Api::<Lease>::namespaced(client.clone(), &agent_namespace());
+    tokio::spawn(
+        reflector(lease_writer, watcher(lease_api, watcher::Config::default()))
+            .default_backoff()
+            .for_each(|_| async {}),
+    );
+    if leases.wait_until_ready().await.is_err() {
+        tracing::warn!("the agents' Lease watch ended before its first list");
+    }
+    let heartbeats = Arc::new(Heartbeats::new(leases));
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
         metrics,
+        heartbeats: heartbeats.clone(),
+        node_deadline,
+    });
+    // An agent that comes or goes changes no CopyJob, and a Lease that expires sends no
+    // event at all: so the set of live agents is watched here, and every job is looked at
+    // again when it changes (rare: a node lost or added).
+    let (flip_tx, flip_rx) = futures::channel::mpsc::channel::<()>(1);
+    tokio::spawn(async move {
+        let mut flip_tx = flip_tx;
+        let mut last = heartbeats.live();
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = heartbeats.live();
+            if now != last {
+                tracing::info!(live = ?now, was = ?last, "agents changed");
+                last = now;
+                // A full channel already holds a pending "look again".
+                let _ = flip_tx.try_send(());
+            }
+        }
     });
     // What Controller::new builds, with a look at the events on the way: the first
     // InitDone (the watch has listed every job) makes this replica ready.
@@ -90,6 +127,7 @@ pub async fn run(
         .applied_objects();
     health.set_store(reader.clone());
     Controller::for_stream(trigger, reader)
+        .reconcile_all_on(flip_rx)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
@@ -343,8 +381,7 @@ async fn eligible_nodes(ctx: &Context, volumes: &[Volume]) -> Result<Vec<String>
     let nodes = Api::<Node>::all(ctx.client.clone())
         .list(&ListParams::default())
         .await?;
-    let agents = live_agents(ctx).await?;
-    let live = |node: &str| agents.iter().any(|a| a == node);
+    let live = ctx.heartbeats.live();
     let mut out: Vec<String> = nodes
         .items
         .iter()
@@ -354,29 +391,10 @@ async fn eligible_nodes(ctx: &Context, volumes: &[Volume]) -> Result<Vec<String>
                 .all(|v| v.nodes.matches(&n.name_any(), n.labels()))
         })
         .map(|n| n.name_any())
-        .filter(|n| live(n))
+        .filter(|n| live.contains(n))
         .collect();
     out.sort();
     Ok(out)
-}
-
-/// Nodes whose agent's heartbeat Lease is current.
-async fn live_agents(ctx: &Context) -> Result<Vec<String>, Error> {
-    let leases = Api::<Lease>::namespaced(ctx.client.clone(), &agent_namespace())
-        .list(&ListParams::default())
-        .await?;
-    let now = Timestamp::now().as_second();
-    Ok(leases
-        .items
-        .iter()
-        .filter_map(|l| {
-            let spec = l.spec.as_ref()?;
-            let renew = spec.renew_time.as_ref()?;
-            let secs = spec.lease_duration_seconds?;
-            let node = l.name_any().strip_prefix("ferry-agent-")?.to_string();
-            (renew.0.as_second() + i64::from(secs) >= now).then_some(node)
-        })
-        .collect())
 }
 
 /// 1536 -> "1.5 KiB": for the RATE column.
@@ -461,6 +479,63 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     (phase, p, failures)
 }
 
+/// Reasons that stopped a whole shard (rather than one entry), strongest first.
+const STOPPING_REASONS: [&str; 6] = [
+    "DestinationFull",
+    schedule::NODE_UNAVAILABLE,
+    "PathEscape",
+    "SymlinkRejected",
+    "Openat2Unavailable",
+    "CannotStart",
+];
+
+/// Why a failed job failed, and a message that says what to do: what stopped a shard (a
+/// full destination, a lost node, a refused path), else `IOError` when the volume returned
+/// read or write errors, else `PartiallyFailed`: some entries failed, the rest was copied.
+pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (&'static str, String) {
+    let failed: i64 = shards.iter().map(|s| s.failed).sum::<i64>().max(1);
+    let files: i64 = shards.iter().map(|s| s.files_done).sum();
+    let first = |reason: &str| failures.iter().find(|f| f.reason == reason);
+    for reason in STOPPING_REASONS {
+        if let Some(f) = first(reason) {
+            let at = if f.path == "." { String::new() } else { format!("{}: ", f.path) };
+            return (reason, format!("{at}{}", f.message));
+        }
+    }
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for f in failures {
+        *counts.entry(f.reason.as_str()).or_default() += 1;
+    }
+    let kinds = counts
+        .iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let paths = failures
+        .iter()
+        .take(3)
+        .map(|f| f.path.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let reason = if first("IOError").is_some() {
+        "IOError"
+    } else {
+        "PartiallyFailed"
+    };
+    let what = if reason == "IOError" {
+        "the volume returned I/O errors (each file was read and written twice); check the device"
+    } else {
+        "fix them and re-create the job to copy the rest (what was copied is kept)"
+    };
+    (
+        reason,
+        format!(
+            "{failed} entries failed ({kinds}), e.g. {paths}; {files} files were copied. \
+             {what}; the failing paths are in status.failures"
+        ),
+    )
+}
+
 /// Validate the spec and resolve both endpoints into `roots`; `Some` when it cannot go on.
 async fn check(
     ctx: &Context,
@@ -497,6 +572,7 @@ async fn decide(
     shards: &mut Vec<ShardStatus>,
     conditions: &mut Vec<Condition>,
     shape: &mut Option<(i64, Vec<String>)>,
+    notes: &mut Vec<KubeEvent>,
 ) -> Result<Option<Duration>, Error> {
     let generation = job.metadata.generation;
     let old = job.status.clone().unwrap_or_default();
@@ -544,9 +620,51 @@ async fn decide(
         );
     }
     let mut requeue = None;
+    // Work held by agents that stopped heartbeating: moved on shared roots, waited for
+    // (then failed) on node-local ones.
+    let lost = schedule::handle_lost(
+        shards,
+        |node| ctx.heartbeats.lost_for(node),
+        roots.iter().all(|r| r.shared),
+        job.spec.suspend,
+        ctx.node_deadline,
+    );
+    for (id, node) in &lost.failed {
+        notes.push(KubeEvent {
+            type_: EventType::Warning,
+            reason: schedule::NODE_UNAVAILABLE.into(),
+            note: Some(format!(
+                "shard {id}: the agent on node {node} did not come back within {}s",
+                ctx.node_deadline.as_secs()
+            )),
+            action: "Schedule".into(),
+            secondary: None,
+        });
+    }
+    if let Some(left) = lost.next_deadline {
+        requeue = Some(left + Duration::from_millis(100));
+    }
     if shards.iter().any(|s| s.node.is_empty()) || (job.spec.dry_run && splittable) {
         let eligible = eligible_nodes(ctx, roots).await?;
         schedule::assign(shards, &eligible, max_agents as usize);
+        for (id, from) in &lost.moved {
+            let to = shards.iter().find(|s| &s.id == id).map(|s| s.node.as_str());
+            let note = match to {
+                Some(to) if !to.is_empty() => format!(
+                    "shard {id}: the agent on node {from} stopped heartbeating; node {to} resumes it"
+                ),
+                _ => format!(
+                    "shard {id}: the agent on node {from} stopped heartbeating; waiting for another agent"
+                ),
+            };
+            notes.push(KubeEvent {
+                type_: EventType::Warning,
+                reason: "Reassigned".into(),
+                note: Some(note),
+                action: "Schedule".into(),
+                secondary: None,
+            });
+        }
         if job.spec.dry_run && splittable {
             let nodes: Vec<String> = eligible.into_iter().take(max_agents as usize).collect();
             *shape = Some((i64::from(schedule::parts_for(max_agents)) + 1, nodes));
@@ -564,6 +682,15 @@ async fn decide(
     nodes.sort_unstable();
     nodes.dedup();
     let (reason, msg) = match (nodes.is_empty(), shards.len()) {
+        _ if !lost.waiting.is_empty() => (
+            "WaitingForNode",
+            format!(
+                "the agent on {} stopped heartbeating; the volumes are only reachable there. \
+                 Waiting for it (the job fails with NodeUnavailable after {}s)",
+                lost.waiting.join(", "),
+                ctx.node_deadline.as_secs()
+            ),
+        ),
         (true, _) => (
             "NoAgent",
             "no node with a live Ferry agent has both volumes; waiting for one".to_string(),
@@ -610,6 +737,8 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     let mut requeue = None;
     // A dry run of a job that would be split: (shards, nodes) it would use.
     let mut shape = None;
+    // Events to publish once the status that explains them is written.
+    let mut notes = Vec::new();
     if finished_before {
         // Keep what was decided when it ran.
         conditions.extend(
@@ -627,6 +756,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             &mut shards,
             &mut conditions,
             &mut shape,
+            &mut notes,
         )
         .await?;
     }
@@ -673,11 +803,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             previous,
         )),
         Phase::Failed => {
-            let reason = failures.first().map_or("CopyFailed", |f| f.reason.as_str());
-            let msg = format!(
-                "{} entries failed; see status.failures",
-                shards.iter().map(|s| s.failed).sum::<i64>()
-            );
+            let (reason, msg) = failed_reason(&shards, &failures);
             conditions.push(condition(
                 "Failed", true, reason, &msg, generation, previous,
             ));
@@ -713,13 +839,20 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     if !unchanged {
         // The shard entries carry only the assignment: their progress fields belong to the
         // agents' field managers.
+        // A shard the operator failed (its node never came back) carries its state and
+        // failure too; the operator keeps sending them, or server-side apply would drop them.
         let assignment: Vec<serde_json::Value> = shards
             .iter()
             .map(|s| {
-                serde_json::json!({
+                let mut a = serde_json::json!({
                     "id": s.id, "node": s.node, "epoch": s.epoch, "part": s.part,
                     "sourceRoot": s.source_root, "destinationRoot": s.destination_root,
-                })
+                });
+                if schedule::failed_by_operator(s) {
+                    a["state"] = s.state.clone().into();
+                    a["failures"] = serde_json::to_value(&s.failures).unwrap_or_default();
+                }
+                a
             })
             .collect();
         let mut patch = serde_json::json!({
@@ -759,6 +892,9 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 other?;
             }
         }
+        for ev in &notes {
+            let _ = ctx.recorder.publish(ev, &job.object_ref(&())).await;
+        }
         let new_refusal = blocked.as_ref().filter(|b| {
             !previous
                 .iter()
@@ -775,13 +911,13 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             // An event is a courtesy; the condition is the record.
             let _ = ctx.recorder.publish(&ev, &job.object_ref(&())).await;
         }
-        // A job that just failed says why, once, with the first failing path.
+        // A job that just failed says why, once, with the first failing paths.
         if phase == Phase::Failed && old.phase != Some(Phase::Failed) {
-            let first = failures.first();
+            let (reason, msg) = failed_reason(&shards, &failures);
             let ev = KubeEvent {
                 type_: EventType::Warning,
-                reason: first.map_or("CopyFailed", |f| f.reason.as_str()).into(),
-                note: first.map(|f| format!("{}: {}", f.path, f.message)),
+                reason: reason.into(),
+                note: Some(msg),
                 action: "Copy".into(),
                 secondary: None,
             };
@@ -814,7 +950,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
 /// no staging name or partial file is left). The finalizer stays until every shard whose
 /// agent is alive has stopped, so the job is gone only when nothing writes for it.
 async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
-    let live = live_agents(ctx).await?;
+    let live = ctx.heartbeats.live();
     let running: Vec<&str> = job
         .status
         .iter()

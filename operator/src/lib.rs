@@ -3,6 +3,7 @@
 //! reconciler, leader election, and the metrics and readiness served on `--listen`.
 
 pub mod controller;
+pub mod heartbeat;
 pub mod leader;
 pub mod metrics;
 pub mod schedule;

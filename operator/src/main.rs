@@ -15,6 +15,11 @@ struct Args {
     /// Address for /metrics (Prometheus), /healthz and /readyz.
     #[arg(long, env = "FERRY_LISTEN", default_value = "0.0.0.0:9090")]
     listen: SocketAddr,
+    /// Seconds that work on a node's own volumes waits for a node whose agent stopped
+    /// heartbeating, before its job fails with `NodeUnavailable`. (Work on shared roots
+    /// moves to another agent as soon as the heartbeat expires.)
+    #[arg(long, env = "FERRY_NODE_UNAVAILABLE_AFTER", default_value_t = 300)]
+    node_unavailable_after: u64,
 }
 
 #[tokio::main]
@@ -58,6 +63,12 @@ async fn main() -> anyhow::Result<()> {
         health.clone(),
     )
     .await;
-    ferry_operator::controller::run(client, metrics, &health).await;
+    ferry_operator::controller::run(
+        client,
+        metrics,
+        &health,
+        std::time::Duration::from_secs(args.node_unavailable_after),
+    )
+    .await;
     Ok(())
 }

@@ -9,8 +9,9 @@
 //! joined manifest.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
-use ferry_crds::ShardStatus;
+use ferry_crds::{FailedPath, ShardStatus};
 
 /// `part` of the last shard of a split job.
 pub const DIRECTORIES: &str = "directories";
@@ -75,11 +76,85 @@ pub fn assign(shards: &mut [ShardStatus], eligible: &[String], max_agents: usize
             break;
         };
         s.node = node.clone();
-        s.epoch = 1;
+        // A new epoch for every assignment: the agent that held it before, should it come
+        // back, is refused when it publishes for its old one.
+        s.epoch += 1;
         busy.insert(node.clone());
         changed = true;
     }
     changed
+}
+
+/// Reason of a shard failed because its node stayed away past the deadline.
+pub const NODE_UNAVAILABLE: &str = "NodeUnavailable";
+
+/// What became of the shards of agents that stopped heartbeating.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Lost {
+    /// (shard id, node) taken from a lost agent, to be given to another: the roots are
+    /// shared, so any agent reaches the same files and resumes where it stopped.
+    pub moved: Vec<(String, String)>,
+    /// (shard id, node) failed with `NodeUnavailable`: its volumes are only on that node,
+    /// and it stayed away past the deadline.
+    pub failed: Vec<(String, String)>,
+    /// Nodes being waited for, and the least time left before one of them is given up.
+    pub waiting: Vec<String>,
+    pub next_deadline: Option<Duration>,
+}
+
+/// Deal with unfinished shards whose node's agent is lost (`lost_for` says for how long):
+/// on shared roots they are unassigned (the next [`assign`] gives them a new epoch on a
+/// live agent); on node-local volumes they wait for the node, then fail after `deadline`
+/// (with a new epoch, so the agent cannot publish for them should it return). A
+/// suspended job waits without a deadline.
+pub fn handle_lost(
+    shards: &mut [ShardStatus],
+    lost_for: impl Fn(&str) -> Option<Duration>,
+    shared: bool,
+    suspended: bool,
+    deadline: Duration,
+) -> Lost {
+    let mut out = Lost::default();
+    for s in shards
+        .iter_mut()
+        .filter(|s| !s.node.is_empty() && !finished(s))
+    {
+        let Some(lost) = lost_for(&s.node) else {
+            continue;
+        };
+        if shared {
+            out.moved.push((s.id.clone(), std::mem::take(&mut s.node)));
+        } else if suspended {
+            out.waiting.push(s.node.clone());
+        } else if lost >= deadline {
+            s.state = "Failed".into();
+            s.epoch += 1;
+            s.failures = vec![FailedPath {
+                path: ".".into(),
+                reason: NODE_UNAVAILABLE.into(),
+                message: format!(
+                    "the agent on node {} stopped heartbeating and did not come back within {}s; \
+                     the volumes are only reachable from that node. Files already copied are \
+                     kept: bring the node back and re-create the job to copy the rest",
+                    s.node,
+                    deadline.as_secs()
+                ),
+            }];
+            out.failed.push((s.id.clone(), s.node.clone()));
+        } else {
+            out.waiting.push(s.node.clone());
+            let left = deadline - lost;
+            out.next_deadline = Some(out.next_deadline.map_or(left, |d: Duration| d.min(left)));
+        }
+    }
+    out.waiting.sort();
+    out.waiting.dedup();
+    out
+}
+
+/// Whether the operator failed this shard (its fields are then the operator's to keep).
+pub fn failed_by_operator(s: &ShardStatus) -> bool {
+    s.failures.iter().any(|f| f.reason == NODE_UNAVAILABLE)
 }
 
 #[cfg(test)]
@@ -150,6 +225,65 @@ mod tests {
         let mut shards = initial(Some(4), "/s", "/d");
         assert!(!assign(&mut shards, &[], 2));
         assert!(shards.iter().all(|s| s.node.is_empty()));
+    }
+
+    #[test]
+    fn a_lost_agents_shards_move_on_shared_roots_with_a_new_epoch() {
+        let mut shards = initial(Some(2), "/s", "/d");
+        assign(&mut shards, &nodes(&["a", "b"]), 2);
+        shards[0].state = "Running".into();
+        shards[1].state = "Succeeded".into();
+        let lost = |n: &str| (n == "a" || n == "b").then_some(Duration::from_secs(1));
+        let out = handle_lost(&mut shards, lost, true, false, Duration::from_secs(60));
+        // The finished shard stays where it ran; the running one is free again.
+        assert_eq!(out.moved, vec![("0".to_string(), "a".to_string())]);
+        assert_eq!(shards[1].node, "b");
+        assert!(assign(&mut shards, &nodes(&["c"]), 2));
+        assert_eq!((shards[0].node.as_str(), shards[0].epoch), ("c", 2));
+    }
+
+    #[test]
+    fn node_local_work_waits_for_its_node_then_fails_node_unavailable() {
+        let mut shards = initial(None, "/s", "/d");
+        assign(&mut shards, &nodes(&["a"]), 1);
+        shards[0].state = "Running".into();
+        let deadline = Duration::from_secs(300);
+        let out = handle_lost(
+            &mut shards,
+            |_| Some(Duration::from_secs(100)),
+            false,
+            false,
+            deadline,
+        );
+        assert_eq!(out.waiting, vec!["a".to_string()]);
+        assert_eq!(out.next_deadline, Some(Duration::from_secs(200)));
+        assert_eq!((shards[0].state.as_str(), shards[0].epoch), ("Running", 1));
+        // Suspended: no deadline.
+        let out = handle_lost(
+            &mut shards,
+            |_| Some(Duration::from_secs(400)),
+            false,
+            true,
+            deadline,
+        );
+        assert!(out.failed.is_empty() && out.next_deadline.is_none());
+        let out = handle_lost(
+            &mut shards,
+            |_| Some(Duration::from_secs(400)),
+            false,
+            false,
+            deadline,
+        );
+        assert_eq!(out.failed, vec![("0".to_string(), "a".to_string())]);
+        assert_eq!(shards[0].state, "Failed");
+        assert_eq!(shards[0].epoch, 2, "the returning agent's epoch is stale");
+        assert!(failed_by_operator(&shards[0]));
+        assert!(shards[0].failures[0].message.contains("node a"));
+        // A live node's shards are left alone.
+        let mut shards = initial(None, "/s", "/d");
+        assign(&mut shards, &nodes(&["a"]), 1);
+        let out = handle_lost(&mut shards, |_| None, false, false, deadline);
+        assert_eq!(out, Lost::default());
     }
 
     #[test]

@@ -176,6 +176,17 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// Bytes available to an unprivileged writer on the filesystem of `fd` (`fstatvfs`'s
+/// `f_bavail`), for "how much more space is needed" messages.
+pub fn free_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut st = MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `st` points to writable memory of the right size; the kernel fills it on success.
+    cvt(unsafe { libc::fstatvfs(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstatvfs succeeded, so `st` is initialised.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: never follows a final symlink.
 pub fn lstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
     let mut st = MaybeUninit::<Stat>::uninit();

@@ -1,0 +1,110 @@
+//! Agent liveness from their heartbeat Leases (`ferry-agent-<node>`). A pod's status says
+//! nothing about a lost node, so each agent renews a Lease and the operator reads it.
+//!
+//! Expiry is judged on the operator's own monotonic clock, as client-go's leader election
+//! does: a Lease counts as renewed when its `renewTime` changes, whatever the agent's clock
+//! says. Only on first sight (an operator that just started) is the agent's timestamp
+//! used, so a replica taking over does not give long-dead agents a fresh lease.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::Store;
+use kube::ResourceExt;
+
+/// Prefix of the agents' Lease names; the rest is the node name.
+pub const LEASE_PREFIX: &str = "ferry-agent-";
+
+/// What this operator has seen of one agent's Lease.
+#[derive(Debug, Clone)]
+struct Seen {
+    renew: Option<String>,
+    /// When the current `renew` was (in effect) written, on our clock.
+    at: Instant,
+    duration: Duration,
+}
+
+/// The agents' heartbeats, read from a reflector of their Leases.
+#[derive(Debug)]
+pub struct Heartbeats {
+    store: Store<Lease>,
+    seen: Mutex<HashMap<String, Seen>>,
+}
+
+impl Heartbeats {
+    pub fn new(store: Store<Lease>) -> Self {
+        Self {
+            store,
+            seen: Mutex::default(),
+        }
+    }
+
+    /// Take in the Leases as they are now.
+    fn observe(&self) -> HashMap<String, Seen> {
+        let now = Instant::now();
+        let wall = Timestamp::now();
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for lease in self.store.state() {
+            let Some(node) = lease.name_any().strip_prefix(LEASE_PREFIX).map(String::from) else {
+                continue;
+            };
+            let Some(spec) = &lease.spec else { continue };
+            let renew = spec.renew_time.as_ref().map(|t| t.0.to_string());
+            let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(30).max(1) as u64);
+            match seen.get_mut(&node) {
+                Some(s) if s.renew == renew => s.duration = duration,
+                Some(s) => {
+                    *s = Seen {
+                        renew,
+                        at: now,
+                        duration,
+                    }
+                }
+                None => {
+                    // First sight: trust the agent's timestamp, but never beyond one lease.
+                    let age = spec
+                        .renew_time
+                        .as_ref()
+                        .map_or(duration, |t| {
+                            let secs = (wall.as_millisecond() - t.0.as_millisecond()).max(0);
+                            Duration::from_millis(secs as u64)
+                        })
+                        .min(duration + Duration::from_secs(1));
+                    seen.insert(
+                        node,
+                        Seen {
+                            renew,
+                            at: now.checked_sub(age).unwrap_or(now),
+                            duration,
+                        },
+                    );
+                }
+            }
+        }
+        seen.clone()
+    }
+
+    /// Nodes whose agent's Lease is current.
+    pub fn live(&self) -> BTreeSet<String> {
+        self.observe()
+            .into_iter()
+            .filter(|(_, s)| s.at.elapsed() <= s.duration)
+            .map(|(node, _)| node)
+            .collect()
+    }
+
+    /// `None` while the node's agent is live; otherwise how long ago its Lease expired
+    /// (zero for a node whose agent this operator has never seen).
+    pub fn lost_for(&self, node: &str) -> Option<Duration> {
+        match self.observe().get(node) {
+            None => Some(Duration::ZERO),
+            Some(s) => s.at.elapsed().checked_sub(s.duration),
+        }
+    }
+}
