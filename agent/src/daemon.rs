@@ -722,15 +722,21 @@ async fn run_shard(agent: &Agent, target: Target<'_>, active: &Active) -> Result
             "Failed"
         }
     };
-    if let Ok(summary) = &result {
-        if summary
+    // A full destination stops the copy (or, at its end, the manifest's last lines).
+    let full = match &result {
+        Ok(summary) => summary
             .failures
             .iter()
-            .any(|f| f.kind == ferry_engine::FailureKind::NoSpace)
-        {
+            .any(|f| f.kind == ferry_engine::FailureKind::NoSpace),
+        Err(ferry_engine::Error::Io { source, .. }) => {
+            ferry_engine::FailureKind::from_io(source) == ferry_engine::FailureKind::NoSpace
+        }
+        Err(_) => false,
+    };
+    {
+        if full {
             let message =
-                destination_full(&live, src_for_plan, &dst_volume, &src_rel, select, links)
-                    .await;
+                destination_full(&live, src_for_plan, &dst_volume, &src_rel, select, links).await;
             *lock(&live.start_error) = Some(("DestinationFull", message));
         }
     }

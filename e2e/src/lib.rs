@@ -430,6 +430,17 @@ impl ControlPlane {
     /// a node whose agent differs from the others'), its endpoints on a free loopback port
     /// ([`Self::agent_port`]), logging to `<dir>/agent-<node>.log`.
     pub fn spawn_agent(&self, node: &str, envs: &[(&str, &str)]) -> Result<Proc> {
+        self.spawn_agent_under(node, envs, &[])
+    }
+
+    /// [`Self::spawn_agent`] run under a wrapper command (e.g. `setpriv` dropping
+    /// capabilities), whose arguments come before the agent's path.
+    pub fn spawn_agent_under(
+        &self,
+        node: &str,
+        envs: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Result<Proc> {
         let agent = workspace_bin("ferry-agent", "ferry-agent")?;
         let root = self.dir().join("hosts").join(node);
         let root = root.to_string_lossy();
@@ -445,7 +456,20 @@ impl ControlPlane {
             "--listen",
             &listen,
         ];
-        self.spawn(&agent, &args, envs, &format!("agent-{node}.log"))
+        let log = format!("agent-{node}.log");
+        match wrapper.split_first() {
+            None => self.spawn(&agent, &args, envs, &log),
+            Some((cmd, rest)) => {
+                let agent = agent.to_string_lossy();
+                let all: Vec<&str> = rest
+                    .iter()
+                    .copied()
+                    .chain(std::iter::once(agent.as_ref()))
+                    .chain(args)
+                    .collect();
+                self.spawn(Path::new(cmd), &all, envs, &log)
+            }
+        }
     }
 
     /// Apply the chart's generated CRDs and wait until they are served.
@@ -503,6 +527,24 @@ impl Proc {
         self.0.id()
     }
 
+    /// Send a signal (`STOP`, `CONT`, `KILL`, ...) by name.
+    pub fn signal(&self, sig: &str) -> Result<()> {
+        let status = Command::new("kill")
+            .args(["-s", sig, &self.0.id().to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -s {sig} {} failed", self.0.id());
+        }
+        Ok(())
+    }
+
+    /// Kill the process (SIGKILL: no chance to clean up) and reap it.
+    pub fn kill(&mut self) -> Result<()> {
+        self.0.kill()?;
+        self.0.wait()?;
+        Ok(())
+    }
+
     /// Leave the process running; returns its pid.
     pub fn detach(self) -> u32 {
         let this = std::mem::ManuallyDrop::new(self);
@@ -546,7 +588,11 @@ impl ControlPlane {
         envs: &[(&str, &str)],
         log: &str,
     ) -> Result<Proc> {
-        let file = std::fs::File::create(self.dir().join(log))?;
+        // Appended: a process restarted by a test keeps its earlier incarnations' lines.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir().join(log))?;
         let child = Command::new(bin)
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
@@ -564,6 +610,54 @@ impl ControlPlane {
         let text = std::fs::read_to_string(self.dir().join(log)).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+/// The value of the series `name` that has (at least) `labels`, from /metrics text.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+        let have: Vec<&str> = rest.trim_end_matches('}').split(',').collect();
+        let all = labels
+            .iter()
+            .all(|(k, v)| have.contains(&format!("{k}=\"{v}\"").as_str()));
+        (n == name && all).then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// Every path under `root` whose name starts with `.ferry-` (staging names): none may be
+/// left once a job has finished.
+pub fn staging_leftovers(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            if e.file_name().to_string_lossy().starts_with(".ferry-") {
+                out.push(e.path());
+            }
+            if e.file_type()?.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The reasons of the events about one object, oldest first.
+impl ControlPlane {
+    pub fn event_reasons(&self, ns: &str, name: &str) -> Result<String> {
+        self.kubectl_ok(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            ns,
+            "--field-selector",
+            &format!("regarding.name={name}"),
+            "-o",
+            "jsonpath={.items[*].reason}",
+        ])
     }
 }
 

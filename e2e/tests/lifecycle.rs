@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{assert_same_tree, http_get, BindMount, ControlPlane};
+use ferry_e2e::{assert_same_tree, http_get, metric, BindMount, ControlPlane};
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
 
@@ -429,20 +429,6 @@ fn a_job_deleted_mid_copy_stops_before_it_is_gone_and_leaves_only_whole_files() 
         );
     }
     Ok(())
-}
-
-/// The value of one sample (`name` with its labels, exactly as exported).
-/// The value of the series `name` that has (at least) `labels`, from /metrics text.
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().find_map(|l| {
-        let (series, value) = l.rsplit_once(' ')?;
-        let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
-        let have: Vec<&str> = rest.trim_end_matches('}').split(',').collect();
-        let all = labels
-            .iter()
-            .all(|(k, v)| have.contains(&format!("{k}=\"{v}\"").as_str()));
-        (n == name && all).then(|| value.parse().ok()).flatten()
-    })
 }
 
 fn nix_root() -> bool {

@@ -498,7 +498,11 @@ pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (&'stat
     let first = |reason: &str| failures.iter().find(|f| f.reason == reason);
     for reason in STOPPING_REASONS {
         if let Some(f) = first(reason) {
-            let at = if f.path == "." { String::new() } else { format!("{}: ", f.path) };
+            let at = if f.path == "." {
+                String::new()
+            } else {
+                format!("{}: ", f.path)
+            };
             return (reason, format!("{at}{}", f.message));
         }
     }

@@ -51,12 +51,17 @@ impl Heartbeats {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for lease in self.store.state() {
-            let Some(node) = lease.name_any().strip_prefix(LEASE_PREFIX).map(String::from) else {
+            let Some(node) = lease
+                .name_any()
+                .strip_prefix(LEASE_PREFIX)
+                .map(String::from)
+            else {
                 continue;
             };
             let Some(spec) = &lease.spec else { continue };
             let renew = spec.renew_time.as_ref().map(|t| t.0.to_string());
-            let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(30).max(1) as u64);
+            let duration =
+                Duration::from_secs(spec.lease_duration_seconds.unwrap_or(30).max(1) as u64);
             match seen.get_mut(&node) {
                 Some(s) if s.renew == renew => s.duration = duration,
                 Some(s) => {

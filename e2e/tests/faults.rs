@@ -1,0 +1,394 @@
+//! Faults, on a real control plane with the operator and agents as processes: an agent
+//! that stops heartbeating loses its shared work to another agent, which resumes it; the
+//! stale agent, when it comes back, commits nothing more; node-local work waits for its
+//! node and then fails `NodeUnavailable`; a full destination fails `DestinationFull` and
+//! says how much more is needed; a source partly unreadable fails `PartiallyFailed` with
+//! the rest copied.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use ferry_e2e::{assert_same_tree, http_get, metric, staging_leftovers, BindMount, ControlPlane};
+
+/// Agents renew every second and lose their work after 3 s without renewal.
+const LEASE: (&str, &str) = ("FERRY_LEASE_SECONDS", "3");
+
+/// `n` files of `size` bytes in `dirs` directories under `root`.
+fn make_tree(root: &Path, dirs: usize, n: usize, size: usize) -> Result<()> {
+    for i in 0..n {
+        let dir = root.join(format!("d{}", i % dirs));
+        std::fs::create_dir_all(&dir)?;
+        let body: Vec<u8> = (0..size).map(|b| (b * 31 + i * 7) as u8).collect();
+        std::fs::write(dir.join(format!("f{i}")), body)?;
+    }
+    Ok(())
+}
+
+/// Relative paths of the regular files under `root`.
+fn files(root: &Path) -> Result<BTreeSet<PathBuf>> {
+    let mut out = BTreeSet::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            if e.file_type()?.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.insert(e.path().strip_prefix(root)?.to_path_buf());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn copied_files(cp: &ControlPlane, node: &str) -> Result<f64> {
+    let m = http_get(cp.agent_port(node)?, "/metrics").unwrap_or_default();
+    metric(&m, "ferry_agent_files_total", &[("result", "copied")])
+        .with_context(|| format!("{node} exports no files counter"))
+}
+
+/// Each line of the job's manifest, checked by `xxh128sum -c` from the root.
+fn check_manifest(cp: &ControlPlane, root: &Path, job: &str, count: usize) -> Result<()> {
+    let manifest = cp.get(&format!("copyjob/{job}"), "default", "{.status.manifest}")?;
+    let text = std::fs::read_to_string(root.join(&manifest))
+        .with_context(|| format!("read the manifest {manifest}"))?;
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once("  ").map(|(_, n)| n))
+        .collect();
+    let unique: BTreeSet<&str> = names.iter().copied().collect();
+    ensure!(
+        names.len() == count && unique.len() == count,
+        "the manifest has {} lines for {} names; the tree has {count} files",
+        names.len(),
+        unique.len()
+    );
+    let out = std::process::Command::new("xxh128sum")
+        .args(["-c", "--quiet", &manifest])
+        .current_dir(root)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "xxh128sum -c: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_lost_agents_shared_work_moves_to_another_agent_and_the_stale_agent_commits_nothing(
+) -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    cp.kubectl_ok(&["create", "namespace", "ferry-system"])?;
+    let hosts = cp.dir().join("hosts");
+    for node in ["node-a", "node-b"] {
+        cp.add_node(node)?;
+    }
+    // One filesystem seen by both nodes, as NFS would be.
+    let shared = cp.dir().join("nfs");
+    make_tree(&shared.join("src"), 10, 300, 2000)?;
+    let _mounts = ["node-a", "node-b"]
+        .iter()
+        .map(|n| BindMount::new(&shared, &hosts.join(n).join("srv/shared")))
+        .collect::<Result<Vec<_>>>()?;
+    let _operator = cp.spawn_operator("operator", &[])?;
+    // Only node-a's agent runs at first, so the job goes there.
+    let slow = ("FERRY_FAULT_FILE_DELAY_MS", "20");
+    let mut agent_a = cp.spawn_agent("node-a", &[LEASE, slow])?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: nfs\nspec:\n  path: /srv/shared\n  shared: true\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: moving\n  namespace: default\nspec:\n  source: {root: nfs, path: src}\n  destination: {root: nfs, path: copy}\n  verify: Checksum\n  parallelism: {workersPerAgent: 2}\n")?;
+    cp.wait_until(
+        "copyjob/moving",
+        "default",
+        "{.status.shards[0].node}/{.status.shards[0].filesDone}",
+        Duration::from_secs(60),
+        |v| {
+            v.split_once('/')
+                .is_some_and(|(n, f)| n == "node-a" && f.parse::<u32>().unwrap_or(0) >= 30)
+        },
+    )?;
+    // node-a hangs (a lost node: the process is there, its heartbeat is not).
+    agent_a.signal("STOP")?;
+    let copy = shared.join("copy");
+    let before = files(&copy)?;
+    // Its lease expires and the operator takes the shard back (no other agent yet).
+    cp.wait_until(
+        "copyjob/moving",
+        "default",
+        "{.status.shards[0].node}",
+        Duration::from_secs(30),
+        |v| v.is_empty(),
+    )?;
+    ensure!(
+        cp.event_reasons("default", "moving")?
+            .contains("Reassigned"),
+        "no Reassigned event"
+    );
+    // node-a comes back: it must notice its heartbeat is stale and commit nothing more,
+    // although its copy was mid-way and its workers wake up with files in hand.
+    agent_a.signal("CONT")?;
+    std::thread::sleep(Duration::from_secs(2));
+    let after = files(&copy)?;
+    ensure!(
+        after == before,
+        "the stale agent committed {} files after it came back",
+        after.difference(&before).count()
+    );
+    let log = std::fs::read_to_string(cp.dir().join("agent-node-a.log"))?;
+    ensure!(
+        log.contains("heartbeat not renewed") || log.contains("given to another node or epoch"),
+        "node-a did not say why it stopped:\n{}",
+        cp.log_tail("agent-node-a.log", 20)
+    );
+    // node-a goes for good; node-b's agent starts and resumes the shard at a new epoch.
+    agent_a.kill()?;
+    let _agent_b = cp.spawn_agent("node-b", &[LEASE])?;
+    cp.wait_succeeded("default", "moving", 120)?;
+    let shard = cp.get(
+        "copyjob/moving",
+        "default",
+        "{.status.shards[0].node}/{.status.shards[0].epoch}/{.status.shards[0].filesDone}",
+    )?;
+    ensure!(
+        shard == "node-b/2/300",
+        "the shard should end on node-b at epoch 2 with all 300 files: {shard}"
+    );
+    assert_same_tree(&shared.join("src"), &copy)?;
+    ensure!(staging_leftovers(&copy)?.is_empty(), "staging names left");
+    // node-b copied only what node-a had not committed.
+    let by_b = copied_files(&cp, "node-b")?;
+    ensure!(
+        by_b as usize == 300 - before.len(),
+        "node-b copied {by_b} files; {} were missing when it took over",
+        300 - before.len()
+    );
+    check_manifest(&cp, &shared, "moving", 300)?;
+    Ok(())
+}
+
+#[test]
+fn node_local_work_waits_for_its_node_then_fails_node_unavailable() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    cp.kubectl_ok(&["create", "namespace", "ferry-system"])?;
+    let root = cp.add_node("node-a")?.join("srv/data");
+    make_tree(&root.join("src"), 4, 200, 100)?;
+    let _operator = cp.spawn_operator("operator", &[("FERRY_NODE_UNAVAILABLE_AFTER", "4")])?;
+    let slow = ("FERRY_FAULT_FILE_DELAY_MS", "50");
+    let mut agent = cp.spawn_agent("node-a", &[LEASE, slow])?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: stranded\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n")?;
+    cp.wait_until(
+        "copyjob/stranded",
+        "default",
+        "{.status.shards[0].state}",
+        Duration::from_secs(60),
+        |v| v == "Running",
+    )?;
+    agent.kill()?;
+    // First it waits for the node, saying so.
+    cp.wait_until(
+        "copyjob/stranded",
+        "default",
+        "{.status.conditions[?(@.type==\"Scheduled\")].reason}",
+        Duration::from_secs(30),
+        |v| v == "WaitingForNode",
+    )?;
+    // Then it gives up, with the reason, an event and the message in status.
+    cp.wait_until(
+        "copyjob/stranded",
+        "default",
+        "{.status.phase}/{.status.conditions[?(@.type==\"Failed\")].reason}",
+        Duration::from_secs(30),
+        |v| v == "Failed/NodeUnavailable",
+    )?;
+    let message = cp.get(
+        "copyjob/stranded",
+        "default",
+        "{.status.failures[0].message}",
+    )?;
+    ensure!(
+        message.contains("node-a") && message.contains("re-create the job"),
+        "the failure does not say what happened and what to do: {message}"
+    );
+    ensure!(
+        cp.event_reasons("default", "stranded")?
+            .contains("NodeUnavailable"),
+        "no NodeUnavailable event"
+    );
+    // The agent that comes back does not run the failed shard (its epoch moved on).
+    let epoch = cp.get("copyjob/stranded", "default", "{.status.shards[0].epoch}")?;
+    ensure!(epoch == "2", "the failed shard's epoch is {epoch}, not 2");
+    let _agent = cp.spawn_agent("node-a", &[LEASE])?;
+    std::thread::sleep(Duration::from_secs(4));
+    let log = std::fs::read_to_string(cp.dir().join("agent-node-a.log"))?;
+    let starts = log.matches("starting shard").count();
+    ensure!(
+        starts == 1,
+        "the shard was started {starts} times; the returning agent must leave it failed"
+    );
+    let phase = cp.get("copyjob/stranded", "default", "{.status.phase}")?;
+    ensure!(phase == "Failed", "the job is {phase} again");
+    Ok(())
+}
+
+/// A tmpfs of `size` mounted at `at`, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Result<Self> {
+        std::fs::create_dir_all(at)?;
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()?;
+        ensure!(status.success(), "mount -t tmpfs at {}", at.display());
+        Ok(Self(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_full_destination_fails_destination_full_and_says_how_much_more_is_needed() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    let (_procs, hosts) = cp.start_ferry(&["node-a"])?;
+    let data = hosts.join("node-a/srv/data");
+    // 8 MiB of files for a 2 MiB volume.
+    make_tree(&data.join("src"), 2, 16, 512 * 1024)?;
+    let small = hosts.join("node-a/srv/small");
+    let _tmpfs = Tmpfs::mount(&small, "2m")?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: small\nspec:\n  path: /srv/small\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: overflow\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: small, path: copy}\n")?;
+    cp.wait_until(
+        "copyjob/overflow",
+        "default",
+        "{.status.phase}/{.status.conditions[?(@.type==\"Failed\")].reason}",
+        Duration::from_secs(60),
+        |v| v == "Failed/DestinationFull",
+    )?;
+    let message = cp.get(
+        "copyjob/overflow",
+        "default",
+        "{.status.conditions[?(@.type==\"Failed\")].message}",
+    )?;
+    ensure!(
+        message.contains("more are needed") && message.contains("free"),
+        "the condition does not say how much more is needed: {message}\n{}",
+        cp.get("copyjob/overflow", "default", "{.status}")?
+    );
+    ensure!(
+        cp.event_reasons("default", "overflow")?
+            .contains("DestinationFull"),
+        "no DestinationFull event"
+    );
+    // What is there is whole: every file at its final name equals its source.
+    let copy = small.join("copy");
+    let there = files(&copy)?;
+    ensure!(
+        !there.is_empty() && there.len() < 16,
+        "{} files copied",
+        there.len()
+    );
+    for rel in &there {
+        ensure!(
+            std::fs::read(copy.join(rel))? == std::fs::read(data.join("src").join(rel))?,
+            "{} is partial",
+            rel.display()
+        );
+    }
+    ensure!(staging_leftovers(&copy)?.is_empty(), "staging names left");
+    Ok(())
+}
+
+#[test]
+fn an_unreadable_part_of_the_source_fails_partially_failed_and_the_rest_is_copied() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    cp.kubectl_ok(&["create", "namespace", "ferry-system"])?;
+    let root = cp.add_node("node-a")?.join("srv/data");
+    make_tree(&root.join("src"), 3, 30, 100)?;
+    // Files of another user that only they may read; the agent runs as root without
+    // CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH, as on an NFS export with root_squash.
+    use std::os::unix::fs::PermissionsExt;
+    let private = root.join("src/d1/private");
+    std::fs::create_dir_all(&private)?;
+    for name in ["a", "b"] {
+        std::fs::write(private.join(name), "secret")?;
+        std::fs::set_permissions(private.join(name), std::fs::Permissions::from_mode(0o600))?;
+        std::os::unix::fs::chown(private.join(name), Some(1000), Some(1000))?;
+    }
+    let _operator = cp.spawn_operator("operator", &[])?;
+    let _agent = cp.spawn_agent_under(
+        "node-a",
+        &[],
+        &[
+            "setpriv",
+            "--inh-caps=-dac_override,-dac_read_search",
+            "--bounding-set=-dac_override,-dac_read_search",
+        ],
+    )?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: partial\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n")?;
+    cp.wait_until(
+        "copyjob/partial",
+        "default",
+        "{.status.phase}/{.status.conditions[?(@.type==\"Failed\")].reason}",
+        Duration::from_secs(60),
+        |v| v == "Failed/PartiallyFailed",
+    )?;
+    let failures = cp.get(
+        "copyjob/partial",
+        "default",
+        "{range .status.failures[*]}{.path}:{.reason};{end}",
+    )?;
+    ensure!(
+        failures == "d1/private/a:PermissionDenied;d1/private/b:PermissionDenied;"
+            || failures == "d1/private/b:PermissionDenied;d1/private/a:PermissionDenied;",
+        "status.failures should list the two unreadable files: {failures}"
+    );
+    let message = cp.get(
+        "copyjob/partial",
+        "default",
+        "{.status.conditions[?(@.type==\"Failed\")].message}",
+    )?;
+    ensure!(
+        message.contains("30 files were copied") && message.contains("PermissionDenied 2"),
+        "the condition does not say what failed and what was copied: {message}"
+    );
+    ensure!(
+        cp.event_reasons("default", "partial")?
+            .contains("PartiallyFailed"),
+        "no PartiallyFailed event"
+    );
+    // Everything readable was copied.
+    let copy = root.join("copy");
+    for rel in files(&root.join("src"))? {
+        let there = copy.join(&rel);
+        if rel.starts_with("d1/private") {
+            ensure!(!there.exists(), "{} was copied", rel.display());
+        } else {
+            ensure!(
+                std::fs::read(&there)? == std::fs::read(root.join("src").join(&rel))?,
+                "{} was not copied",
+                rel.display()
+            );
+        }
+    }
+    Ok(())
+}
