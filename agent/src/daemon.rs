@@ -741,7 +741,13 @@ async fn run_shard(agent: &Agent, target: Target<'_>, active: &Active) -> Result
         }
     }
     if select == Select::DirsOnly && state == "Succeeded" {
-        if let Err(e) = join_manifests(&state_path, &base) {
+        let parts = job
+            .status
+            .iter()
+            .flat_map(|s| &s.shards)
+            .filter(|s| Select::parse(&s.part).is_some_and(|p| matches!(p, Select::Part { .. })))
+            .count();
+        if let Err(e) = join_manifests(&state_path, &base, parts) {
             *lock(&live.start_error) = Some((
                 "CannotStart",
                 format!("joining the parts' manifests: {e:#}"),
@@ -818,7 +824,11 @@ async fn destination_full(
 
 /// The last step of a split job: the parts' manifests (`<base>.part-<i>.xxh128`) become
 /// one `<base>.xxh128`, written under a temporary name and renamed, then the parts go.
-fn join_manifests(state: &Path, base: &str) -> Result<()> {
+///
+/// It may be run again after being killed at any point: the joined file appears whole
+/// (rename) before any part is removed, so fewer parts than `expected` next to a joined
+/// manifest means an earlier run joined them all and only the removal is left to do.
+fn join_manifests(state: &Path, base: &str, expected: usize) -> Result<()> {
     let prefix = format!("{base}.part-");
     let mut parts: Vec<(u32, PathBuf)> = std::fs::read_dir(state)?
         .filter_map(|e| e.ok())
@@ -833,6 +843,13 @@ fn join_manifests(state: &Path, base: &str) -> Result<()> {
         })
         .collect();
     parts.sort();
+    let joined = state.join(format!("{base}.xxh128"));
+    if parts.len() < expected && std::fs::symlink_metadata(&joined).is_ok() {
+        for (_, p) in &parts {
+            std::fs::remove_file(p)?;
+        }
+        return Ok(());
+    }
     // Never through a link a tenant planted in the state directory.
     let no_follow = |p: &Path, write: bool| {
         std::fs::OpenOptions::new()
@@ -849,7 +866,7 @@ fn join_manifests(state: &Path, base: &str) -> Result<()> {
         std::io::copy(&mut no_follow(p, false)?, &mut out)?;
     }
     out.into_inner()?.sync_all()?;
-    std::fs::rename(&tmp, state.join(format!("{base}.xxh128")))?;
+    std::fs::rename(&tmp, &joined)?;
     for (_, p) in &parts {
         std::fs::remove_file(p)?;
     }
