@@ -117,4 +117,24 @@ pub struct CopyArgs {
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Continue a copy into DST that was interrupted (killed, cancelled, or stopped by a
+    /// full disk): files already there are kept (and counted as resumed when they are the
+    /// interrupted run's), unfinished directories get their metadata, the manifest is
+    /// appended to (lines the interrupted run lost are added for files equal to their
+    /// source). Give the interrupted run's --staging-tag to also finish its staging
+    /// directories and remove its staging files.
+    #[arg(long)]
+    pub resume: bool,
+    /// Name staging entries `.ferry-TAG-*.tmp` (1 to 32 letters and digits) instead of by
+    /// process id, so that `--resume --staging-tag TAG` can find what an interrupted run
+    /// left. Only entries with this tag are ever removed.
+    #[arg(long, value_name = "TAG")]
+    pub staging_tag: Option<String>,
+    /// Flush the destination filesystem (syncfs) before reporting; a failed flush fails the
+    /// copy.
+    #[arg(long)]
+    pub sync: bool,
+    /// Test only: sleep this many milliseconds before copying each file.
+    #[arg(long, hide = true, value_name = "MS")]
+    pub fault_delay_per_file_ms: Option<u64>,
 }

@@ -49,6 +49,13 @@ pub fn options(args: &CopyArgs) -> Result<Options, String> {
         },
         preserve,
         manifest: args.manifest.clone(),
+        resume: args.resume,
+        staging_tag: args.staging_tag.clone(),
+        sync: args.sync,
+        faults: ferry_engine::Faults {
+            delay_per_file: args.fault_delay_per_file_ms.map(Duration::from_millis),
+            ..ferry_engine::Faults::default()
+        },
         ..Options::default()
     })
 }
@@ -222,6 +229,8 @@ struct JsonSummary<'a> {
     specials: u64,
     hardlinks: u64,
     skipped: u64,
+    files_resumed: u64,
+    bytes_resumed: u64,
     verified: u64,
     bytes: u64,
     bytes_reflinked: u64,
@@ -246,6 +255,8 @@ fn report(s: &Summary, json: bool) {
             specials: s.specials,
             hardlinks: s.hardlinks,
             skipped: s.skipped,
+            files_resumed: s.files_resumed,
+            bytes_resumed: s.bytes_resumed,
             verified: s.verified,
             bytes: s.bytes,
             bytes_reflinked: s.bytes_reflinked,
@@ -275,6 +286,13 @@ fn report(s: &Summary, json: bool) {
         if s.skipped > 0 {
             extra.push_str(&format!(", {} kept (already in destination)", s.skipped));
         }
+        if s.files_resumed > 0 {
+            extra.push_str(&format!(
+                ", {} of them copied by the interrupted run ({})",
+                s.files_resumed,
+                human(s.bytes_resumed)
+            ));
+        }
         if s.verified > 0 {
             extra.push_str(&format!(", {} verified", s.verified));
         }
@@ -298,7 +316,7 @@ fn report(s: &Summary, json: bool) {
         eprintln!("... and {} more failures", s.failed - FAILURES_SHOWN as u64);
     }
     if let Some(why) = &s.aborted {
-        eprintln!("stopped early: {why}; free space on the destination and run the same command with --overwrite if-changed to finish");
+        eprintln!("stopped early: {why}; free space on the destination and run the same command with --resume (or --overwrite if-changed) to finish");
     } else if s.failed > 0 {
         eprintln!("{} entries failed; fix the causes above and re-run with --overwrite if-changed to copy only what is missing", s.failed);
     }

@@ -10,10 +10,10 @@
 //! directory, released up the parent chain), so a 0555 directory gets its mode after its
 //! children exist and directory mtimes are not disturbed by later creates.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Instant;
 
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use crate::data::{self, Caps, CapsCache, Clone, Moved, Range};
 use crate::dirent::{self, DType};
@@ -41,6 +41,14 @@ const CHUNK_THRESHOLD: u64 = 128 << 20;
 const CHUNK: u64 = 64 << 20;
 /// Failures kept in the summary; the count goes on past it.
 const MAX_FAILURES_KEPT: usize = 1000;
+/// Attempts at a file whose source keeps changing while it is copied, in all.
+const ATTEMPTS_WHILE_CHANGING: u32 = 3;
+/// Fresh rewrites of a file after an I/O error reading its source or writing its copy.
+const REWRITES_AFTER_IO_ERROR: u32 = 1;
+/// How a regular file's source is opened. O_NONBLOCK: if a FIFO was swapped in since the
+/// listing, opening it must not hang; it is then recreated, never read.
+const SOURCE_FLAGS: libc::c_int =
+    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panicking worker cannot leave these maps half-updated in a way later readers could
@@ -127,11 +135,13 @@ impl DirNode {
         parent: OwnedFd,
         tmp: CString,
         name: CString,
+        fresh: bool,
     ) -> io::Result<Self> {
         // The parent only serves the final rename: an empty node whose release is a no-op.
         let parent_src = parent.try_clone()?;
         let parent = DirNode::new(parent_src, parent, None, false)?;
-        let mut root = DirNode::new(src, dst, Some(meta), true)?;
+        // Not fresh: a resumed copy adopted the staging directory its interrupted run left.
+        let mut root = DirNode::new(src, dst, Some(meta), fresh)?;
         root.parent = Some(Arc::new(parent));
         root.hidden = true;
         root.staged_as = Some((tmp, name));
@@ -151,6 +161,7 @@ impl DirNode {
 /// A file large enough to be copied in chunks by several workers.
 pub(crate) struct LargeFile {
     node: Arc<DirNode>,
+    src_name: CString,
     dst_name: CString,
     src: OwnedFd,
     staged: Mutex<Staged>,
@@ -163,6 +174,17 @@ pub(crate) struct LargeFile {
     error: Mutex<Option<(&'static str, io::Error)>>,
     /// When its source was opened, for the per-file copy time.
     started: Instant,
+    /// Attempts before this one (a failed one is retried from `finish_chunked`).
+    tries: Tries,
+}
+
+/// Earlier attempts at one regular file, by why they failed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tries {
+    /// The source changed while it was copied.
+    changed: u32,
+    /// An I/O error reading the source or writing (or flushing) the copy.
+    io: u32,
 }
 
 /// Where a file being written lives until it is committed.
@@ -235,6 +257,8 @@ pub(crate) struct Counters {
     pub specials: AtomicU64,
     pub hardlinks: AtomicU64,
     pub skipped: AtomicU64,
+    pub files_resumed: AtomicU64,
+    pub bytes_resumed: AtomicU64,
     pub verified: AtomicU64,
     pub bytes: AtomicU64,
     pub by_strategy: [AtomicU64; 3],
@@ -259,6 +283,8 @@ pub(crate) struct Ctx<'a> {
     wake: Condvar,
     links: Mutex<HashMap<(u64, u64), Link>>,
     manifest: Option<Mutex<BufWriter<File>>>,
+    /// xxh3-64 of every path an interrupted run's manifest lists (resume only).
+    listed: HashSet<u64>,
     pub counters: Counters,
     pub failures: Mutex<Vec<Failure>>,
     pub aborted: Mutex<Option<String>>,
@@ -286,7 +312,16 @@ impl<'a> Ctx<'a> {
         opts: &'a Options,
         progress: &'a dyn Progress,
         manifest: Option<File>,
+        listed: HashSet<u64>,
     ) -> Self {
+        // With a tag, staging names must not repeat those of an earlier attempt in the
+        // directories a resumed walk does not sweep: start the counter from the clock.
+        let first_tmp = match &opts.staging_tag {
+            Some(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+            None => 0,
+        };
         Self {
             opts,
             progress,
@@ -296,20 +331,44 @@ impl<'a> Ctx<'a> {
             wake: Condvar::new(),
             links: Mutex::new(HashMap::new()),
             manifest: manifest.map(|f| Mutex::new(BufWriter::with_capacity(1 << 16, f))),
+            listed,
             counters: Counters::default(),
             failures: Mutex::new(Vec::new()),
             aborted: Mutex::new(None),
             abort: AtomicBool::new(false),
-            tmp_counter: AtomicU64::new(0),
+            tmp_counter: AtomicU64::new(first_tmp),
             pid: std::process::id(),
         }
     }
 
     /// Flush the manifest (its lines were written as files committed).
+    /// With `Options::sync` it is also flushed to stable storage: it may live on another
+    /// filesystem than the destination's.
     pub(crate) fn finish_manifest(&self) -> io::Result<()> {
-        match &self.manifest {
-            Some(m) => lock(m).flush(),
-            None => Ok(()),
+        let Some(m) = &self.manifest else {
+            return Ok(());
+        };
+        let mut m = lock(m);
+        m.flush()?;
+        match self.opts.sync {
+            true => m.get_ref().sync_data(),
+            false => Ok(()),
+        }
+    }
+
+    /// Flush the destination filesystem once (`Options::sync`). A failure is reported and
+    /// stops the copy's success, never retried: after failed writeback the kernel may have
+    /// dropped the pages, and a second `syncfs` could succeed without them (fsyncgate).
+    pub(crate) fn sync_destination(&self, fd: BorrowedFd<'_>) {
+        let result = match self.opts.faults.syncfs_errno {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => sys::syncfs(fd),
+        };
+        if let Err(e) = result {
+            self.fail(b"", "syncfs", &e);
+            lock(&self.aborted).get_or_insert_with(|| {
+                format!("flushing the destination filesystem failed ({e}): files reported copied may not be on stable storage")
+            });
         }
     }
 
@@ -424,21 +483,7 @@ impl<'a> Ctx<'a> {
     /// Record one failed entry. A full destination stops the whole copy: every later file
     /// would fail the same way.
     fn fail(&self, path: &[u8], op: &'static str, err: &io::Error) {
-        let kind = match err.kind() {
-            io::ErrorKind::AlreadyExists => FailureKind::DestinationConflict,
-            _ if err.raw_os_error() == Some(libc::ELOOP)
-                || err.raw_os_error() == Some(libc::ENOTDIR) =>
-            {
-                FailureKind::DestinationConflict
-            }
-            _ => match err.get_ref() {
-                Some(inner) if inner.is::<SourceChanged>() => FailureKind::SourceChanged,
-                Some(inner) if inner.is::<ChecksumMismatch>() => FailureKind::ChecksumMismatch,
-                Some(inner) if inner.is::<ReflinkRefused>() => FailureKind::ReflinkUnsupported,
-                _ => FailureKind::from_io(err),
-            },
-        };
-        self.fail_kind(path, op, kind, err.to_string());
+        self.fail_kind(path, op, kind_of(err), err.to_string());
     }
 
     fn fail_kind(&self, path: &[u8], op: &'static str, kind: FailureKind, message: String) {
@@ -525,18 +570,33 @@ impl<'a> Ctx<'a> {
         // into place when complete; under a hidden parent it needs no name of its own.
         // Parts of a split copy share directories with other agents: made in place.
         let split = self.opts.select != Select::All;
-        let staged_as =
-            (parent.fresh && !parent.hidden && !split).then(|| (self.tmp_name(), name.to_owned()));
-        let create_as: &CStr = staged_as.as_ref().map_or(name, |(tmp, _)| tmp.as_c_str());
-        // 0700 while we fill it; the final mode comes after the children.
-        let fresh = match sys::mkdirat(parent.dst.as_fd(), create_as, 0o700) {
-            Ok(()) => true,
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && (!parent.fresh || split) => false,
-            Err(e) => return Err(("create directory", e)),
+        // A resumed copy finishes the staging directory an interrupted run left for it.
+        let adopted = match parent.fresh || split {
+            true => None,
+            false => self.adopt_staged(parent.dst.as_fd(), name),
         };
-        // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
-        let dst = sys::open_beneath(parent.dst.as_fd(), create_as, flags)
-            .map_err(|e| ("open destination directory", e))?;
+        let (dst, fresh, staged_as) = match adopted {
+            Some((dst, tmp)) => (dst, false, Some((tmp, name.to_owned()))),
+            None => {
+                let staged_as = (parent.fresh && !parent.hidden && !split)
+                    .then(|| (self.dir_tmp_name(name), name.to_owned()));
+                let create_as: &CStr = staged_as.as_ref().map_or(name, |(tmp, _)| tmp.as_c_str());
+                // 0700 while we fill it; the final mode comes after the children.
+                let fresh = match sys::mkdirat(parent.dst.as_fd(), create_as, 0o700) {
+                    Ok(()) => true,
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EEXIST) && (!parent.fresh || split) =>
+                    {
+                        false
+                    }
+                    Err(e) => return Err(("create directory", e)),
+                };
+                // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
+                let dst = sys::open_beneath(parent.dst.as_fd(), create_as, flags)
+                    .map_err(|e| ("open destination directory", e))?;
+                (dst, fresh, staged_as)
+            }
+        };
         // Merging under if-changed or always makes existing directories match the source too
         // (that is what finishes an interrupted copy); under never they are left alone.
         // A resumed copy finishes the directories the interrupted one made. A part of a split
@@ -566,7 +626,7 @@ impl<'a> Ctx<'a> {
             meta: keep_meta.then_some(st),
             pending: AtomicUsize::new(1),
             fresh,
-            hidden: fresh && (parent.hidden || staged_as.is_some()),
+            hidden: staged_as.is_some() || (fresh && parent.hidden),
             staged_as,
             src_dev: st.st_dev,
             dst_dev,
@@ -576,6 +636,10 @@ impl<'a> Ctx<'a> {
     fn list(&self, node: Arc<DirNode>, local: &mut Local) {
         if local.dents.is_empty() {
             local.dents.resize(64 * 1024, 0);
+        }
+        // Before this directory's own work starts, so none of this run's names are swept.
+        if self.opts.resume && !node.fresh {
+            self.sweep_leftovers(&node, local);
         }
         let entries = match dirent::read_all(node.src.as_fd(), &mut local.dents) {
             Ok(e) => e,
@@ -624,9 +688,89 @@ impl<'a> Ctx<'a> {
 
     pub(crate) fn tmp_name(&self) -> CString {
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        // Short, so a 255-byte source name still has a legal staging name; the pid keeps
-        // concurrent copies into one directory apart.
-        CString::new(format!(".ferry-{:x}-{n:x}.tmp", self.pid)).unwrap_or_default()
+        // Short, so a 255-byte source name still has a legal staging name; the tag (or the
+        // pid) keeps concurrent copies into one directory apart.
+        let name = match &self.opts.staging_tag {
+            Some(tag) => format!(".ferry-{tag}-{n:x}.tmp"),
+            None => format!(".ferry-{:x}-{n:x}.tmp", self.pid),
+        };
+        CString::new(name).unwrap_or_default()
+    }
+
+    /// The staging name of a new directory that will be renamed to `name`. With a tag it is
+    /// the same in every attempt (`d` and the name's hash: at most 61 bytes, never one of
+    /// `tmp_name`'s, whose counter has at most 16 hex digits), so a resumed copy finds it.
+    pub(crate) fn dir_tmp_name(&self, name: &CStr) -> CString {
+        match &self.opts.staging_tag {
+            Some(tag) => {
+                let h = xxh3_64(name.to_bytes());
+                CString::new(format!(".ferry-{tag}-d{h:016x}.tmp")).unwrap_or_default()
+            }
+            None => self.tmp_name(),
+        }
+    }
+
+    /// The staging directory an interrupted run with this copy's tag left in `parent` for
+    /// `name`, opened, and its staging name; only for a resumed copy, and only while `name`
+    /// itself is free (a directory made there since is merged into instead).
+    pub(crate) fn adopt_staged(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &CStr,
+    ) -> Option<(OwnedFd, CString)> {
+        if !self.opts.resume || self.opts.staging_tag.is_none() {
+            return None;
+        }
+        let tmp = self.dir_tmp_name(name);
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        let fd = sys::open_beneath(parent, &tmp, flags).ok()?;
+        match sys::lstatat(parent, name) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Some((fd, tmp)),
+            _ => None,
+        }
+    }
+
+    /// Remove the staging files, symlinks and special files an interrupted attempt with
+    /// this copy's tag left in `node`, a directory that existed before this run (its
+    /// staging directories are adopted by `open_subdir` instead). Names without our tag are
+    /// never touched, whatever they look like: they may be a tenant's, or another copy's.
+    fn sweep_leftovers(&self, node: &DirNode, local: &mut Local) {
+        let Some(tag) = &self.opts.staging_tag else {
+            return;
+        };
+        let prefix = format!(".ferry-{tag}-");
+        let entries = match dirent::read_all(node.dst.as_fd(), &mut local.dents) {
+            Ok(e) => e,
+            Err(e) => return self.fail(&node.rel, "read destination directory", &e),
+        };
+        for e in entries {
+            let n = e.name.to_bytes();
+            if !(n.starts_with(prefix.as_bytes()) && n.ends_with(b".tmp")) {
+                continue;
+            }
+            let is_dir = match e.dtype {
+                DType::Dir => true,
+                DType::Unknown => sys::lstatat(node.dst.as_fd(), &e.name)
+                    .map_or(true, |st| is_type(&st, libc::S_IFDIR)),
+                _ => false,
+            };
+            if is_dir {
+                continue;
+            }
+            match sys::unlinkat(node.dst.as_fd(), &e.name, false) {
+                Ok(()) => {}
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(err) => self.fail(&node.child_path(&e.name), "remove staging leftover", &err),
+            }
+        }
+    }
+
+    /// Whether entries of `dir` are created under their final names directly: inside a
+    /// staged directory nothing is visible yet, so one rename of the directory stands for
+    /// all of them. Not with a staging tag: a resumed copy adopts the staged directory, and
+    /// must be able to trust that a final name inside it holds a complete file.
+    fn names_directly(&self, dir: &DirNode) -> bool {
+        dir.hidden && self.opts.staging_tag.is_none()
     }
 
     /// Copy one non-directory entry. `dtype` is the listing's hint; the real type comes
@@ -679,9 +823,6 @@ impl<'a> Ctx<'a> {
                 Err(e) => self.fail(&dir.child_path(dst_name), "stat", &e),
             }
             return;
-        }
-        if let Some(d) = self.opts.faults.delay_per_file {
-            std::thread::sleep(d);
         }
         let result = match dtype {
             DType::Regular => self.regular(dir, src_name, dst_name, local),
@@ -769,12 +910,9 @@ impl<'a> Ctx<'a> {
         dst_name: &CStr,
         local: &mut Local,
     ) -> Result<Option<Skip>, Fail> {
-        // O_NONBLOCK: if a FIFO was swapped in since the listing, opening it must not hang;
-        // it is then recreated, never read.
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
         // One clock read per file, for the copy-time histogram; the commit reads it again.
         let started = Instant::now();
-        let src = match self.open_source(dir, src_name, flags) {
+        let src = match self.open_source(dir, src_name, SOURCE_FLAGS) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
                 // It became a symlink since the listing: copy the link.
@@ -790,13 +928,94 @@ impl<'a> Ctx<'a> {
         }
         if self.keep_existing(dir, dst_name, &st)? {
             if self.opts.resume && self.opts.preserve.links && st.st_nlink > 1 {
-                return self.adopt_linked(dir, dst_name, &st, local);
+                return self.adopt_linked(dir, &src, dst_name, &st, local);
+            }
+            if self.opts.resume {
+                self.committed_earlier(dir, dst_name, &src, &st, local)?;
             }
             return Ok(Some(Skip::Kept));
         }
         self.in_link_group(dir, dst_name, &st, || {
-            self.copy_regular(dir, src, &st, dst_name, started, local)
+            let first = Tries::default();
+            self.copy_regular(dir, src, src_name, &st, dst_name, started, local, first)
         })
+    }
+
+    /// Whether `path` is in the manifest an interrupted run wrote.
+    fn is_listed(&self, path: &[u8]) -> bool {
+        self.listed.contains(&xxh3_64(path))
+    }
+
+    /// A resumed copy keeps regular file `dir/name`: count it as committed by an earlier
+    /// attempt if it is. Listed in the manifest, it is. Not listed (its line was lost with
+    /// the process that committed it, or it is a tenant's file), it is if it equals the
+    /// source byte for byte, and then gets its line now, so the manifest lists every file
+    /// once. Without a manifest there is nothing to tell them apart: every kept file counts.
+    fn committed_earlier(
+        &self,
+        dir: &DirNode,
+        name: &CStr,
+        src: &OwnedFd,
+        st: &Stat,
+        local: &mut Local,
+    ) -> Result<bool, Fail> {
+        let path = dir.child_path(name);
+        let ours = if self.manifest.is_none() || self.is_listed(&path) {
+            true
+        } else {
+            match self.same_as_source(dir, name, src, st, local)? {
+                Some(hash) => {
+                    self.manifest_line(hash, &path);
+                    true
+                }
+                None => false,
+            }
+        };
+        if ours {
+            self.count_resumed(st.st_size as u64);
+        }
+        Ok(ours)
+    }
+
+    fn count_resumed(&self, size: u64) {
+        self.counters.files_resumed.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_resumed
+            .fetch_add(size, Ordering::Relaxed);
+        self.progress.resumed(size);
+    }
+
+    /// The xxHash3-128 of destination file `dir/name` if it is a regular file with the same
+    /// bytes as the source `src`, `None` if it is anything else.
+    fn same_as_source(
+        &self,
+        dir: &DirNode,
+        name: &CStr,
+        src: &OwnedFd,
+        st: &Stat,
+        local: &mut Local,
+    ) -> Result<Option<u128>, Fail> {
+        // O_NOATIME: reading it must not undo the atime it was given; O_NONBLOCK: a FIFO
+        // there must not hang the open.
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let dst = match sys::open_beneath(dir.dst.as_fd(), name, flags | libc::O_NOATIME)
+            .or_else(|_| sys::open_beneath(dir.dst.as_fd(), name, flags))
+        {
+            Ok(fd) => fd,
+            // A symlink there is not our file.
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+            Err(e) => return Err(("open destination", e)),
+        };
+        let dst_st = sys::fstat(dst.as_fd()).map_err(|e| ("stat destination", e))?;
+        if !is_type(&dst_st, libc::S_IFREG) || dst_st.st_size != st.st_size {
+            return Ok(None);
+        }
+        let size = st.st_size as u64;
+        let (want, n) =
+            data::hash_fd(src.as_fd(), size, &mut local.buf).map_err(|e| ("read source", e))?;
+        let (got, m) = data::hash_fd(dst.as_fd(), size, &mut local.buf)
+            .map_err(|e| ("read destination", e))?;
+        Ok((n == size && m == size && got == want).then_some(want))
     }
 
     /// Copy an entry that may be one name of a hard-link group (regular file, symlink or
@@ -893,10 +1112,12 @@ impl<'a> Ctx<'a> {
     /// destination. If it is the interrupted run's copy (same size and mtime as the
     /// source), it rejoins its link group: it becomes the group's leader when the group
     /// has none yet, or is replaced by a link to the leader (an identical copy) when it has.
-    /// Anything else at that name is kept as it is.
+    /// Anything else at that name is kept as it is. With a manifest, a name it does not
+    /// list must also equal the source byte for byte (and is listed now).
     fn adopt_linked(
         &self,
         dir: &Arc<DirNode>,
+        src: &OwnedFd,
         name: &CStr,
         st: &Stat,
         local: &mut Local,
@@ -908,6 +1129,14 @@ impl<'a> Ctx<'a> {
         if !ours {
             return Ok(Some(Skip::Kept));
         }
+        let path = dir.child_path(name);
+        let proven = match self.manifest.is_some() && !self.is_listed(&path) {
+            true => match self.same_as_source(dir, name, src, st, local)? {
+                Some(hash) => Some(hash),
+                None => return Ok(Some(Skip::Kept)),
+            },
+            false => None,
+        };
         let key = (st.st_dev, st.st_ino);
         let mut links = lock(&self.links);
         match links.get_mut(&key) {
@@ -916,7 +1145,10 @@ impl<'a> Ctx<'a> {
                 links.insert(key, Link::Copying(Vec::new()));
                 drop(links);
                 // Hash what is there, so the other names get manifest lines.
-                let result = if self.hash {
+                let result = if let Some(hash) = proven {
+                    self.manifest_line(hash, &path);
+                    Ok(Some(hash))
+                } else if self.hash {
                     // O_NOATIME: reading it must not undo the atime it was given.
                     let flags = libc::O_RDONLY | libc::O_NOFOLLOW;
                     sys::open_beneath(dir.dst.as_fd(), name, flags | libc::O_NOATIME)
@@ -931,7 +1163,10 @@ impl<'a> Ctx<'a> {
                     Ok(None)
                 };
                 let outcome = match &result {
-                    Ok(hash) => Ok(*hash),
+                    Ok(hash) => {
+                        self.count_resumed(st.st_size as u64);
+                        Ok(*hash)
+                    }
                     Err((op, e)) => Err(format!("{op}: {e}")),
                 };
                 self.finish_group(key, dir, name, outcome);
@@ -995,9 +1230,11 @@ impl<'a> Ctx<'a> {
             Err(e) => return Err(("link", e)),
         }
         self.counters.hardlinks.fetch_add(1, Ordering::Relaxed);
-        // A relinked name was listed by the run that first committed it.
-        if let Some(h) = hash.filter(|_| !replace) {
-            self.manifest_line(h, &dst_dir.child_path(dst_name));
+        // A relinked name was listed by the run that first committed it, unless its line
+        // was lost with that run's process.
+        let path = dst_dir.child_path(dst_name);
+        if let Some(h) = hash.filter(|_| !replace || !self.is_listed(&path)) {
+            self.manifest_line(h, &path);
         }
         self.progress.entry_done();
         Ok(())
@@ -1043,7 +1280,7 @@ impl<'a> Ctx<'a> {
         };
         let (mode, mode_done) = self.who.creation_mode(st, &self.opts.preserve, dir.fresh);
         let create = access | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-        if dir.hidden {
+        if self.names_directly(dir) {
             let fd = sys::openat(dir.dst.as_fd(), name, create, mode).map_err(|e| ("create", e))?;
             return Ok(Staged {
                 fd,
@@ -1116,38 +1353,111 @@ impl<'a> Ctx<'a> {
 
     /// Copy a regular file's data and metadata to a staged file, verify, and commit it.
     /// `Ok(Some(hash))` when committed (hash when hashing), `Ok(None)` when handed to
-    /// chunk workers that will finish it.
+    /// chunk workers that will finish it. An attempt that fails because the source changed
+    /// under it, or with an I/O error, is discarded and the file copied again from a fresh
+    /// open of its source (see [`Ctx::retry`]); `tries` counts the attempts before this call.
+    #[allow(clippy::too_many_arguments)]
     fn copy_regular(
         &self,
         dir: &Arc<DirNode>,
-        src: OwnedFd,
+        mut src: OwnedFd,
+        src_name: &CStr,
         st: &Stat,
         name: &CStr,
         started: Instant,
         local: &mut Local,
+        mut tries: Tries,
     ) -> Result<Option<Option<u128>>, Fail> {
-        let mut caps = local
-            .caps
-            .get(dir.src_dev, dir.dst_dev, dir.dst.as_fd(), self.opts.reflink);
-        let mut staged = self.stage(dir, st, name, &mut caps)?;
-        let result = self.fill_regular(dir, &src, &mut staged, st, name, started, &mut caps, local);
-        local.caps.set(dir.src_dev, dir.dst_dev, caps);
-        match result {
-            Ok(FillOutcome::Committed(hash)) => Ok(Some(hash)),
-            Ok(FillOutcome::Chunk(caps)) => {
-                self.start_chunks(dir, &src, staged, st, name, caps, started);
-                Ok(None)
-            }
-            Ok(FillOutcome::Kept) => {
-                // An entry appeared at its name meanwhile, and the policy keeps it.
-                self.count_skipped();
-                Ok(Some(None))
-            }
-            Err(err) => {
-                self.discard(dir, &mut staged);
-                Err(err)
-            }
+        if let Some(d) = self.opts.faults.delay_per_file {
+            std::thread::sleep(d);
         }
+        let mut st = *st;
+        loop {
+            let mut caps =
+                local
+                    .caps
+                    .get(dir.src_dev, dir.dst_dev, dir.dst.as_fd(), self.opts.reflink);
+            let mut staged = self.stage(dir, &st, name, &mut caps)?;
+            let result = self.fill_regular(
+                dir,
+                &src,
+                src_name,
+                &mut staged,
+                &st,
+                name,
+                started,
+                &mut caps,
+                local,
+                tries,
+            );
+            local.caps.set(dir.src_dev, dir.dst_dev, caps);
+            let err = match result {
+                Ok(FillOutcome::Committed(hash)) => return Ok(Some(hash)),
+                Ok(FillOutcome::Chunk(caps)) => {
+                    let file = (src_name, name, caps, started, tries);
+                    self.start_chunks(dir, &src, staged, &st, file);
+                    return Ok(None);
+                }
+                Ok(FillOutcome::Kept) => {
+                    // An entry appeared at its name meanwhile, and the policy keeps it.
+                    self.count_skipped();
+                    return Ok(Some(None));
+                }
+                Err(err) => err,
+            };
+            self.discard(dir, &mut staged);
+            drop(staged);
+            (src, st) = self.retry(dir, src_name, &mut tries, err)?;
+        }
+    }
+
+    /// After a failed attempt at a regular file (its staged copy already discarded): the
+    /// source to copy it again from, or the error to report. A source that changed while
+    /// it was copied is tried again, up to [`ATTEMPTS_WHILE_CHANGING`] attempts in all; an
+    /// I/O error (reading the source, writing or flushing the copy) gets one fresh rewrite.
+    /// Always from a new open of the source and into a new staged file: a handle that
+    /// failed may keep failing (FUSE, NFS), and after a failed flush the kernel may have
+    /// dropped the pages it could not write, so the old fd is never flushed again.
+    fn retry(
+        &self,
+        dir: &DirNode,
+        src_name: &CStr,
+        tries: &mut Tries,
+        (op, err): Fail,
+    ) -> Result<(OwnedFd, Stat), Fail> {
+        if self.stopping() {
+            return Err((op, err));
+        }
+        match kind_of(&err) {
+            FailureKind::SourceChanged => {
+                tries.changed += 1;
+                if tries.changed >= ATTEMPTS_WHILE_CHANGING {
+                    let msg = format!(
+                        "{err}; gave up after {} attempts, the source changed during each",
+                        tries.changed
+                    );
+                    return Err((op, source_changed(msg)));
+                }
+            }
+            // Only errors the kernel reported: ours (a stopped copy...) are final.
+            FailureKind::Io if err.raw_os_error().is_some() => {
+                if tries.io >= REWRITES_AFTER_IO_ERROR {
+                    let msg = format!("{err} (again on a fresh rewrite from the source)");
+                    return Err((op, io::Error::other(msg)));
+                }
+                tries.io += 1;
+            }
+            _ => return Err((op, err)),
+        }
+        let src = self
+            .open_source(dir, src_name, SOURCE_FLAGS)
+            .map_err(|e| ("open source", e))?;
+        let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source", e))?;
+        if !is_type(&st, libc::S_IFREG) {
+            let msg = "the source stopped being a regular file while it was copied";
+            return Err(("open source", source_changed(msg.into())));
+        }
+        Ok((src, st))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1155,12 +1465,14 @@ impl<'a> Ctx<'a> {
         &self,
         dir: &Arc<DirNode>,
         src: &OwnedFd,
+        src_name: &CStr,
         staged: &mut Staged,
         st: &Stat,
         name: &CStr,
         started: Instant,
         caps: &mut Caps,
         local: &mut Local,
+        tries: Tries,
     ) -> Result<FillOutcome, Fail> {
         let opts = self.opts;
         let size = st.st_size as u64;
@@ -1253,8 +1565,14 @@ impl<'a> Ctx<'a> {
                 let _ = sys::pwrite(dst, b"\xff", 0);
             }
         }
+        if let Some((victim, times)) = &opts.faults.change_source {
+            if victim.as_slice() == src_name.to_bytes() && tries.changed < *times {
+                change_source(dir, src_name);
+            }
+        }
+        check_unchanged(src.as_fd(), st)?;
         let hash = match src_hash {
-            Some(expected) => Some(self.verify_dst(src, dst, st, expected, logical_len, local)?),
+            Some(expected) => Some(self.verify_dst(dst, expected, logical_len, local)?),
             None => None,
         };
         meta::apply_fd(
@@ -1275,27 +1593,14 @@ impl<'a> Ctx<'a> {
 
     /// Re-read the destination and compare with the source's hash; with `Verify::Full`
     /// the destination is flushed and evicted first so the bytes come from the medium.
-    /// Also refuses a source whose size or mtime moved during the copy: its bytes may be
-    /// a mix of two versions, and must never be reported verified.
+    /// (The source was checked unchanged before: a mix of two versions is never verified.)
     fn verify_dst(
         &self,
-        src: &OwnedFd,
         dst: BorrowedFd<'_>,
-        st: &Stat,
         expected: u128,
         len: u64,
         local: &mut Local,
     ) -> Result<u128, Fail> {
-        let after = sys::fstat(src.as_fd()).map_err(|e| ("stat source", e))?;
-        if after.st_size != st.st_size
-            || after.st_mtime != st.st_mtime
-            || after.st_mtime_nsec != st.st_mtime_nsec
-        {
-            return Err((
-                "verify",
-                source_changed("source was modified while it was copied".into()),
-            ));
-        }
         if self.opts.verify == Verify::Full {
             sys::fdatasync(dst).map_err(|e| ("fdatasync", e))?;
             sys::fadvise_dontneed(dst).map_err(|e| ("fadvise", e))?;
@@ -1338,17 +1643,17 @@ impl<'a> Ctx<'a> {
         self.progress.skipped();
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Hand a large file to chunk workers. `file`: its source and destination names, the
+    /// capabilities to copy with, when it was opened, and the attempts before this one.
     fn start_chunks(
         &self,
         dir: &Arc<DirNode>,
         src: &OwnedFd,
         staged: Staged,
         st: &Stat,
-        name: &CStr,
-        caps: Caps,
-        started: Instant,
+        file: (&CStr, &CStr, Caps, Instant, Tries),
     ) {
+        let (src_name, name, caps, started, tries) = file;
         let chunks = (st.st_size as u64).div_ceil(CHUNK);
         let helpers = (self.opts.workers_resolved() as u64).min(chunks) as usize;
         let src = match src.try_clone() {
@@ -1363,6 +1668,7 @@ impl<'a> Ctx<'a> {
         dir.pending.fetch_add(1, Ordering::Relaxed);
         let file = Arc::new(LargeFile {
             node: dir.clone(),
+            src_name: src_name.to_owned(),
             dst_name: name.to_owned(),
             src,
             staged: Mutex::new(staged),
@@ -1373,6 +1679,7 @@ impl<'a> Ctx<'a> {
             workers: AtomicUsize::new(helpers),
             error: Mutex::new(None),
             started,
+            tries,
         });
         // All its tasks go to the queue and this worker returns to its directory: with
         // several large files each worker takes its own (buffered writes to one inode
@@ -1442,16 +1749,19 @@ impl<'a> Ctx<'a> {
         let mut staged = lock(&file.staged);
         let result = match lock(&file.error).take() {
             Some(err) => Err(err),
-            None => meta::apply_fd(
-                file.src.as_fd(),
-                staged.fd.as_fd(),
-                &file.st,
-                &self.opts.preserve,
-                &self.who,
-                staged.mode_done,
-                &mut local.xattrs,
-            )
-            .and_then(|()| self.commit_staged(dir, &mut staged, &file.dst_name)),
+            None => check_unchanged(file.src.as_fd(), &file.st)
+                .and_then(|()| {
+                    meta::apply_fd(
+                        file.src.as_fd(),
+                        staged.fd.as_fd(),
+                        &file.st,
+                        &self.opts.preserve,
+                        &self.who,
+                        staged.mode_done,
+                        &mut local.xattrs,
+                    )
+                })
+                .and_then(|()| self.commit_staged(dir, &mut staged, &file.dst_name)),
         };
         match result {
             Ok(true) => {
@@ -1464,9 +1774,28 @@ impl<'a> Ctx<'a> {
                 self.progress.entry_done();
             }
             Ok(false) => self.count_skipped(),
-            Err((op, e)) => {
+            Err(err) => {
                 self.discard(dir, &mut staged);
-                self.fail(&dir.child_path(&file.dst_name), op, &e);
+                drop(staged);
+                // Copied again (whole, or in chunks by new tasks) when the error allows.
+                let mut tries = file.tries;
+                let again =
+                    self.retry(dir, &file.src_name, &mut tries, err)
+                        .and_then(|(src, st)| {
+                            self.copy_regular(
+                                dir,
+                                src,
+                                &file.src_name,
+                                &st,
+                                &file.dst_name,
+                                file.started,
+                                local,
+                                tries,
+                            )
+                        });
+                if let Err((op, e)) = again {
+                    self.fail(&dir.child_path(&file.dst_name), op, &e);
+                }
             }
         }
     }
@@ -1500,7 +1829,8 @@ impl<'a> Ctx<'a> {
         st: &Stat,
     ) -> Result<Option<Skip>, Fail> {
         // Inside a staged directory the final name is not visible yet: create it directly.
-        let tmp = if dir.hidden {
+        let direct = self.names_directly(dir);
+        let tmp = if direct {
             dst_name.to_owned()
         } else {
             self.tmp_name()
@@ -1517,7 +1847,7 @@ impl<'a> Ctx<'a> {
         }
         let staged = meta::apply_at(dir.dst.as_fd(), &tmp, st, &self.opts.preserve, &self.who)
             .and_then(|()| {
-                if dir.hidden {
+                if direct {
                     Ok(true)
                 } else {
                     self.commit(dir, &tmp, dst_name)
@@ -1546,6 +1876,112 @@ enum FillOutcome {
     /// Large enough to be copied in chunks by several workers, with these capabilities.
     Chunk(Caps),
     Kept,
+}
+
+/// What kind of failure `err` is (marker payloads first, then the errno).
+fn kind_of(err: &io::Error) -> FailureKind {
+    match err.kind() {
+        io::ErrorKind::AlreadyExists => FailureKind::DestinationConflict,
+        _ if err.raw_os_error() == Some(libc::ELOOP)
+            || err.raw_os_error() == Some(libc::ENOTDIR) =>
+        {
+            FailureKind::DestinationConflict
+        }
+        _ => match err.get_ref() {
+            Some(inner) if inner.is::<SourceChanged>() => FailureKind::SourceChanged,
+            Some(inner) if inner.is::<ChecksumMismatch>() => FailureKind::ChecksumMismatch,
+            Some(inner) if inner.is::<ReflinkRefused>() => FailureKind::ReflinkUnsupported,
+            _ => FailureKind::from_io(err),
+        },
+    }
+}
+
+/// Refuse a copy whose source moved while it was read: size, mtime or ctime (which also
+/// catches a write that kept the size and reset the mtime) differ from when it was opened.
+/// Its bytes may be a mix of two versions, and must never be committed or verified.
+fn check_unchanged(src: BorrowedFd<'_>, st: &Stat) -> Result<(), Fail> {
+    let after = sys::fstat(src).map_err(|e| ("stat source", e))?;
+    let fingerprint = |s: &Stat| {
+        (
+            s.st_size,
+            (s.st_mtime, s.st_mtime_nsec),
+            (s.st_ctime, s.st_ctime_nsec),
+        )
+    };
+    if fingerprint(&after) != fingerprint(st) {
+        let msg = "source was modified while it was copied".to_string();
+        return Err(("copy data", source_changed(msg)));
+    }
+    Ok(())
+}
+
+/// The `change_source` fault: append a byte to source file `dir/name`, as a writer would.
+fn change_source(dir: &DirNode, name: &CStr) {
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW;
+    if let Ok(fd) = sys::openat(dir.src.as_fd(), name, flags, 0) {
+        let _ = sys::pwrite(fd.as_fd(), b"+", 0);
+    }
+}
+
+/// Read the manifest an interrupted run wrote: the xxh3-64 of each path it lists (8 bytes
+/// a file, however long the paths). A last line cut short (the process died while its
+/// buffer was written out) is removed, so the lines appended next start on a line.
+pub(crate) fn read_manifest(file: &mut File) -> io::Result<HashSet<u64>> {
+    file.rewind()?;
+    let mut listed = HashSet::new();
+    let mut whole = 0u64;
+    let mut reader = BufReader::with_capacity(1 << 16, &*file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 || line.last() != Some(&b'\n') {
+            break;
+        }
+        whole += n as u64;
+        if let Some(path) = manifest_path(&line[..n - 1]) {
+            listed.insert(xxh3_64(&path));
+        }
+    }
+    drop(reader);
+    if file.metadata()?.len() > whole {
+        file.set_len(whole)?;
+    }
+    Ok(listed)
+}
+
+/// The path of one manifest line (without its newline), as `manifest_line` wrote it: raw,
+/// or GNU-escaped (`\` first, `\\` and `\n` inside) for a name with a newline.
+fn manifest_path(line: &[u8]) -> Option<Vec<u8>> {
+    let (escaped, rest) = match line.strip_prefix(b"\\") {
+        Some(rest) => (true, rest),
+        None => (false, line),
+    };
+    let hex = rest.get(..32)?;
+    let sep = rest.get(32..34)?;
+    if !hex.iter().all(u8::is_ascii_hexdigit) || (sep != b"  " && sep != b" *") {
+        return None;
+    }
+    let raw = &rest[34..];
+    if !escaped {
+        return Some(raw.to_vec());
+    }
+    let mut path = Vec::with_capacity(raw.len());
+    let mut bytes = raw.iter();
+    while let Some(&b) = bytes.next() {
+        match (b, bytes.clone().next()) {
+            (b'\\', Some(b'n')) => {
+                path.push(b'\n');
+                bytes.next();
+            }
+            (b'\\', Some(b'\\')) => {
+                path.push(b'\\');
+                bytes.next();
+            }
+            _ => path.push(b),
+        }
+    }
+    Some(path)
 }
 
 fn source_changed(msg: String) -> io::Error {
@@ -1584,3 +2020,38 @@ impl std::fmt::Display for ReflinkRefused {
     }
 }
 impl std::error::Error for ReflinkRefused {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn manifest_paths_are_read_back_raw_or_unescaped() {
+        let hash = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            manifest_path(format!("{hash}  a/b c\\d").as_bytes()),
+            Some(b"a/b c\\d".to_vec())
+        );
+        assert_eq!(
+            manifest_path(format!("\\{hash}  new\\nline\\\\x").as_bytes()),
+            Some(b"new\nline\\x".to_vec())
+        );
+        assert_eq!(manifest_path(b"not a manifest line"), None);
+    }
+
+    #[test]
+    fn a_manifest_line_cut_short_is_dropped_and_removed() -> io::Result<()> {
+        let mut f = tempfile::tempfile()?;
+        let hash = "0123456789abcdef0123456789abcdef";
+        f.write_all(format!("{hash}  one\n{hash}  two\n{hash}  thr").as_bytes())?;
+        let listed = read_manifest(&mut f)?;
+        assert_eq!(listed.len(), 2);
+        assert!(listed.contains(&xxh3_64(b"one")) && listed.contains(&xxh3_64(b"two")));
+        let mut text = String::new();
+        f.rewind()?;
+        f.read_to_string(&mut text)?;
+        assert_eq!(text, format!("{hash}  one\n{hash}  two\n"));
+        Ok(())
+    }
+}

@@ -22,6 +22,7 @@ mod options;
 mod progress;
 pub mod sys;
 
+use std::collections::HashSet;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -55,6 +56,13 @@ pub struct Summary {
     pub hardlinks: u64,
     /// Entries left alone because the destination had them (overwrite policy).
     pub skipped: u64,
+    /// Regular files (counted once per link group) that a resumed copy found committed by
+    /// an earlier attempt: listed in the manifest, or verified equal to the source and
+    /// listed now; without a manifest, every regular file it kept. Included in `skipped`.
+    /// `files + files_resumed` is what all attempts together copied.
+    pub files_resumed: u64,
+    /// Apparent size of the `files_resumed` files.
+    pub bytes_resumed: u64,
     /// Files whose destination bytes were re-read and matched the source's hash.
     pub verified: u64,
     /// Apparent size of the committed files.
@@ -227,11 +235,14 @@ pub(crate) fn run(
     progress: &dyn Progress,
 ) -> Result<Summary, Error> {
     let started = Instant::now();
+    options.check_staging_tag().map_err(Error::Usage)?;
     sys::raise_nofile_limit();
+    let mut listed = HashSet::new();
     let manifest = match &options.manifest {
         // A resumed copy adds the files it commits to those the interrupted run listed.
-        Some(p) => Some(
-            std::fs::OpenOptions::new()
+        Some(p) => {
+            let mut file = std::fs::OpenOptions::new()
+                .read(options.resume)
                 .write(true)
                 // Never written through a link planted at its name.
                 .custom_flags(libc::O_NOFOLLOW)
@@ -239,11 +250,24 @@ pub(crate) fn run(
                 .append(options.resume)
                 .truncate(!options.resume)
                 .open(p)
-                .map_err(|e| Error::io("create manifest", p, e))?,
-        ),
+                .map_err(|e| Error::io("create manifest", p, e))?;
+            if options.resume {
+                listed =
+                    copy::read_manifest(&mut file).map_err(|e| Error::io("read manifest", p, e))?;
+            }
+            Some(file)
+        }
         None => None,
     };
-    let ctx = Ctx::new(options, progress, manifest);
+    // The filesystem to flush at the end: the destination's (or, for a new one, its parent's).
+    let sync_fd = match (&dst_at, options.sync) {
+        (DstAt::Dir(fd), true) | (DstAt::Entry { parent: fd, .. }, true) => Some(
+            fd.try_clone()
+                .map_err(|e| Error::io("duplicate descriptor", dst, e))?,
+        ),
+        (_, false) => None,
+    };
+    let ctx = Ctx::new(options, progress, manifest, listed);
     let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
     match src_at {
@@ -280,13 +304,20 @@ pub(crate) fn run(
                     exists: false,
                 } => {
                     check_not_inside(&src_st, &parent_fd, src, dst)?;
-                    // Built under a staging name, renamed to DST when complete.
-                    let tmp = ctx.tmp_name();
-                    sys::mkdirat(parent_fd.as_fd(), &tmp, 0o700)
-                        .map_err(|e| Error::io("create directory", dst, e))?;
-                    let fd = sys::openat(parent_fd.as_fd(), &tmp, dir_flags, 0)
-                        .map_err(|e| Error::io("open destination", dst, e))?;
-                    DirNode::staged_root(src_fd, fd, src_st, parent_fd, tmp, name)
+                    // Built under a staging name, renamed to DST when complete. A resumed
+                    // copy takes over the staging directory its interrupted run left.
+                    let (fd, tmp, fresh) = match ctx.adopt_staged(parent_fd.as_fd(), &name) {
+                        Some((fd, tmp)) => (fd, tmp, false),
+                        None => {
+                            let tmp = ctx.dir_tmp_name(&name);
+                            sys::mkdirat(parent_fd.as_fd(), &tmp, 0o700)
+                                .map_err(|e| Error::io("create directory", dst, e))?;
+                            let fd = sys::openat(parent_fd.as_fd(), &tmp, dir_flags, 0)
+                                .map_err(|e| Error::io("open destination", dst, e))?;
+                            (fd, tmp, true)
+                        }
+                    };
+                    DirNode::staged_root(src_fd, fd, src_st, parent_fd, tmp, name, fresh)
                         .map_err(|e| Error::io("stat", dst, e))?
                 }
                 DstAt::Dir(fd) => {
@@ -334,6 +365,17 @@ pub(crate) fn run(
     }
 
     ctx.run(options.workers_resolved());
+    let manifest_written = ctx.finish_manifest().map_err(|e| {
+        Error::io(
+            "write manifest",
+            options.manifest.clone().unwrap_or_default(),
+            e,
+        )
+    });
+    if let Some(fd) = sync_fd {
+        ctx.sync_destination(fd.as_fd());
+    }
+    manifest_written?;
 
     let c = &ctx.counters;
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -351,6 +393,8 @@ pub(crate) fn run(
         specials: get(&c.specials),
         hardlinks: get(&c.hardlinks),
         skipped: get(&c.skipped),
+        files_resumed: get(&c.files_resumed),
+        bytes_resumed: get(&c.bytes_resumed),
         verified: get(&c.verified),
         bytes: get(&c.bytes),
         bytes_reflinked: get(&c.by_strategy[Strategy::Reflink as usize]),
@@ -362,13 +406,6 @@ pub(crate) fn run(
         aborted,
         elapsed: started.elapsed(),
     };
-    ctx.finish_manifest().map_err(|e| {
-        Error::io(
-            "write manifest",
-            options.manifest.clone().unwrap_or_default(),
-            e,
-        )
-    })?;
     Ok(summary)
 }
 

@@ -138,6 +138,20 @@ pub struct Options {
     /// interrupted run created them and could not finish them), and the manifest is
     /// appended to rather than replaced.
     pub resume: bool,
+    /// Names this copy's staging entries (`.ferry-<tag>-<n>.tmp` for files and special
+    /// files, `.ferry-<tag>-d<hash of the final name>.tmp` for directories) instead of
+    /// using the process id: 1 to 32 ASCII letters and digits, unique to one copy (the agent
+    /// uses 12 hex digits of the job's and shard's identity). With `resume`, a run with the
+    /// same tag adopts the staging directories an interrupted run left (merging into them
+    /// and renaming them into place when complete) and removes its leftover staging files
+    /// in every existing directory it visits; entries without this tag are never touched.
+    /// Files are then staged unnamed (`O_TMPFILE`) even inside staged directories, so a
+    /// final name always holds a complete file. `None`: pid-based names, no adoption.
+    pub staging_tag: Option<String>,
+    /// Flush the destination filesystem (`syncfs`) once after the walk, so what the summary
+    /// reports as copied is on stable storage. A failed flush is reported (never retried:
+    /// after a failed flush the kernel may have dropped the dirty pages it could not write).
+    pub sync: bool,
     /// Test-only fault injection; empty in normal use.
     #[doc(hidden)]
     pub faults: Faults,
@@ -155,6 +169,8 @@ impl Default for Options {
             select: Select::All,
             cancel: None,
             resume: false,
+            staging_tag: None,
+            sync: false,
             faults: Faults::default(),
         }
     }
@@ -173,9 +189,15 @@ pub struct Faults {
     /// Flip the first byte of this destination file (by name) after it is written and
     /// before it is verified: the verification must catch it.
     pub corrupt_after_write: Option<Vec<u8>>,
-    /// Sleep this long before each regular file: makes a copy slow enough for tests to act
-    /// while it runs (cancel it, kill its process).
+    /// Sleep this long before copying each regular file (files a merge or resume keeps take
+    /// none): makes a copy slow enough for tests to act while it runs (cancel it, kill its
+    /// process), and lets a resumed copy get past what was done quickly.
     pub delay_per_file: Option<std::time::Duration>,
+    /// Modify the source file with this name (append one byte) after its data was copied
+    /// and before the engine checks whether it changed, on this many attempts at it.
+    pub change_source: Option<(Vec<u8>, u32)>,
+    /// `syncfs` of the destination fails with this errno.
+    pub syncfs_errno: Option<i32>,
 }
 
 /// Which entries a run copies. A tree on a filesystem several nodes mount can be split
@@ -211,6 +233,23 @@ impl Select {
 }
 
 impl Options {
+    /// Refuse a staging tag that could not be told apart from other names (or from another
+    /// tag): 1 to 32 ASCII letters and digits.
+    pub(crate) fn check_staging_tag(&self) -> Result<(), String> {
+        match &self.staging_tag {
+            Some(t)
+                if t.is_empty()
+                    || t.len() > 32
+                    || !t.bytes().all(|b| b.is_ascii_alphanumeric()) =>
+            {
+                Err(format!(
+                    "staging tag {t:?} must be 1 to 32 ASCII letters and digits"
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The worker count to use: `workers`, or the number of CPUs when it is 0.
     pub fn workers_resolved(&self) -> usize {
         match self.workers {

@@ -52,6 +52,11 @@ pub trait Progress: Sync {
     /// One entry was left as the destination has it: the overwrite policy keeps it (or a
     /// resumed run finds it committed by the run before). Counted in `Summary::skipped`.
     fn skipped(&self) {}
+    /// A resumed copy found a regular file of `size` bytes committed by an earlier attempt
+    /// (listed in the manifest, or verified equal to its source; without a manifest, any
+    /// file it keeps). Also reported as [`Progress::skipped`]. Files done in all attempts are
+    /// the `file_done` calls plus these.
+    fn resumed(&self, _size: u64) {}
     /// One entry failed; the copy goes on.
     fn failed(&self, _failure: &Failure) {}
 }

@@ -401,6 +401,12 @@ pub fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
     cvt(unsafe { libc::fdatasync(fd.as_raw_fd()) }).map(drop)
 }
 
+/// Write back every dirty page and inode of the filesystem `fd` is on (`syncfs`).
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain integer argument.
+    cvt(unsafe { libc::syncfs(fd.as_raw_fd()) }).map(drop)
+}
+
 /// Drop `fd`'s clean pages from the page cache, so the next read comes from the medium.
 pub fn fadvise_dontneed(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: plain integer arguments. posix_fadvise returns the error number instead of -1.

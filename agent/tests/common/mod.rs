@@ -1268,3 +1268,95 @@ impl OpenWatch {
         out.into_iter().collect()
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// A FUSE source whose reads fail (tests/fuse/eiofs.py)
+// ---------------------------------------------------------------------------------------
+
+/// The eiofs script: a read-only passthrough where `bad-*` files always fail to read with
+/// EIO and `flaky-*` files fail through their first open only.
+pub const EIOFS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuse/eiofs.py");
+
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// A mounted eiofs, unmounted (and its process reaped) on drop.
+pub struct FuseMount {
+    pub dir: PathBuf,
+    child: std::process::Child,
+}
+
+impl FuseMount {
+    /// Mount eiofs of `root` at `dir`. `Ok(None)` (after printing why) where FUSE cannot
+    /// be used here: not root, no /dev/fuse, no fusermount3, no python3-fusepy, or the
+    /// mount refused.
+    pub fn eiofs(root: &Path, dir: &Path) -> Result<Option<Self>> {
+        if !require_root("mounting a FUSE filesystem") || !require_tools(&["fusermount3"]) {
+            return Ok(None);
+        }
+        if !Path::new("/dev/fuse").exists() {
+            eprintln!("skipped: /dev/fuse does not exist");
+            return Ok(None);
+        }
+        let python = Path::new("/usr/bin/python3");
+        let has_fusepy = Command::new(python)
+            .args(["-c", "import fusepy"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !has_fusepy {
+            eprintln!(
+                "skipped: /usr/bin/python3 cannot import fusepy (apt install python3-fusepy)"
+            );
+            return Ok(None);
+        }
+        mkdir(dir)?;
+        let log = dir.with_extension("log");
+        let child = Command::new(python)
+            .arg(EIOFS)
+            .arg(root)
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log)?)
+            .spawn()
+            .context("start eiofs")?;
+        let mut mount = Self {
+            dir: dir.to_path_buf(),
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if fs_type(dir).ok() == Some(FUSE_SUPER_MAGIC) {
+                return Ok(Some(mount));
+            }
+            if let Some(status) = mount.child.try_wait()? {
+                let why = std::fs::read_to_string(&log).unwrap_or_default();
+                eprintln!("skipped: eiofs could not mount ({status}): {why}");
+                return Ok(None);
+            }
+            if Instant::now() > deadline {
+                bail!("eiofs did not mount {} within 10 s", dir.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if sh("fusermount3", &["-u".as_ref(), self.dir.as_os_str()]).is_err() {
+            let _ = sh("umount", &["-l".as_ref(), self.dir.as_os_str()]);
+        }
+        // Our own child, by its id: it exits once unmounted.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

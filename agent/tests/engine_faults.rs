@@ -1,0 +1,289 @@
+//! Files that fail while they are copied: a source that changes under the copy is copied
+//! again (three attempts in all, then `SourceChanged`); a source whose reads fail with EIO
+//! (a FUSE filesystem, tests/fuse/eiofs.py) is rewritten once from a fresh open, then
+//! reported as `IOError`; a failed `syncfs` fails the copy. Never a partial file under a
+//! final name, never a manifest line or a "verified" for a file that was not copied whole.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::{ensure, Result};
+use common::*;
+use ferry_engine::{FailureKind, NoProgress, Options, Verify};
+
+fn manifest_lines(manifest: &Path) -> Result<Vec<String>> {
+    Ok(std::fs::read_to_string(manifest)?
+        .lines()
+        .map(str::to_string)
+        .collect())
+}
+
+fn source_tree(src: &Path) -> Result<()> {
+    mkdir(&src.join("sub"))?;
+    write(&src.join("a"), b"first file")?;
+    write(&src.join("sub/b"), b"second file")?;
+    write_pattern_file(&src.join("sub/victim"), 300_000)?;
+    Ok(())
+}
+
+#[test]
+fn a_source_changed_once_while_copied_is_copied_again_with_its_final_content() -> Result<()> {
+    for verify in [Verify::None, Verify::Checksum] {
+        let tmp = tempdir()?;
+        let src = tmp.path().join("src");
+        source_tree(&src)?;
+        let dst = tmp.path().join("dst");
+        let manifest = tmp.path().join("m.xxh128");
+        let mut opts = Options {
+            verify,
+            manifest: (verify != Verify::None).then(|| manifest.clone()),
+            ..Options::default()
+        };
+        opts.faults.change_source = Some((b"victim".to_vec(), 1));
+        let s = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
+        ensure!(s.failures.is_empty(), "{verify:?}: {:?}", s.failures);
+        let now = std::fs::read(src.join("sub/victim"))?;
+        ensure!(
+            now.len() == 300_001,
+            "the fault did not change the source once"
+        );
+        ensure!(
+            std::fs::read(dst.join("sub/victim"))? == now,
+            "{verify:?}: the copy is not the source's final content"
+        );
+        ensure!(s.files == 3, "{verify:?}: {s:?}");
+        if verify != Verify::None {
+            ensure!(s.verified == 3, "{s:?}");
+            let lines = manifest_lines(&manifest)?;
+            ensure!(
+                lines.iter().filter(|l| l.ends_with("  sub/victim")).count() == 1,
+                "{lines:?}"
+            );
+        }
+        ensure!(staging_leftovers(&dst)?.is_empty());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_source_changing_on_every_attempt_fails_source_changed_after_three_attempts() -> Result<()> {
+    for (verify, merge) in [(Verify::None, false), (Verify::Checksum, true)] {
+        let tmp = tempdir()?;
+        let src = tmp.path().join("src");
+        source_tree(&src)?;
+        let dst = tmp.path().join("dst");
+        if merge {
+            mkdir(&dst.join("sub"))?;
+        }
+        let manifest = tmp.path().join("m.xxh128");
+        let mut opts = Options {
+            verify,
+            manifest: Some(manifest.clone()),
+            ..Options::default()
+        };
+        opts.faults.change_source = Some((b"victim".to_vec(), u32::MAX));
+        let s = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
+        let failed: Vec<_> = s
+            .failures
+            .iter()
+            .map(|f| (f.path.to_string_lossy().into_owned(), f.kind))
+            .collect();
+        ensure!(
+            failed == [("sub/victim".to_string(), FailureKind::SourceChanged)],
+            "{verify:?}: {:?}",
+            s.failures
+        );
+        ensure!(
+            s.failures[0].message.contains("3 attempts"),
+            "the message does not say how often it was tried: {}",
+            s.failures[0]
+        );
+        // Three attempts, each disturbed once: no more.
+        ensure!(std::fs::metadata(src.join("sub/victim"))?.len() == 300_003);
+        ensure!(
+            dst.join("sub/victim").symlink_metadata().is_err(),
+            "something is under the failed file's final name"
+        );
+        ensure!(std::fs::read(dst.join("a"))? == b"first file");
+        ensure!(std::fs::read(dst.join("sub/b"))? == b"second file");
+        ensure!(s.files == 2 && s.verified == if verify == Verify::None { 0 } else { 2 });
+        ensure!(
+            s.aborted.is_none(),
+            "one changing file stops nothing: {s:?}"
+        );
+        let lines = manifest_lines(&manifest)?;
+        ensure!(
+            lines.len() == 2 && !lines.iter().any(|l| l.contains("victim")),
+            "{lines:?}"
+        );
+        ensure!(staging_leftovers(&dst)?.is_empty());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_failed_syncfs_fails_the_copy_with_an_ioerror_for_the_destination() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    source_tree(&src)?;
+    let mut opts = Options {
+        sync: true,
+        ..Options::default()
+    };
+    let ok = ferry_engine::copy(&src, &tmp.path().join("synced"), &opts, &NoProgress)?;
+    ensure!(ok.failures.is_empty() && ok.aborted.is_none(), "{ok:?}");
+
+    opts.faults.syncfs_errno = Some(libc::EIO);
+    let s = ferry_engine::copy(&src, &tmp.path().join("dst"), &opts, &NoProgress)?;
+    ensure!(s.files == 3, "{s:?}");
+    ensure!(
+        s.failures.len() == 1
+            && s.failures[0].kind == FailureKind::Io
+            && s.failures[0].op == "syncfs"
+            && s.failures[0].path == Path::new("."),
+        "{:?}",
+        s.failures
+    );
+    ensure!(
+        s.aborted
+            .as_deref()
+            .is_some_and(|a| a.contains("stable storage")),
+        "{s:?}"
+    );
+    Ok(())
+}
+
+/// Normal, flaky (EIO through the first open) and bad (EIO always) files, in two levels.
+fn eio_tree(base: &Path) -> Result<()> {
+    mkdir(&base.join("sub"))?;
+    for (i, dir) in [base.to_path_buf(), base.join("sub")].iter().enumerate() {
+        for f in 0..4u64 {
+            write_pattern_file(&dir.join(format!("normal-{f}")), 1000 + f * 70_000)?;
+        }
+        write_pattern_file(&dir.join("flaky-1"), 150_000 + i as u64)?;
+        write_pattern_file(&dir.join(format!("bad-{i}")), 4096)?;
+        set_times(&dir.join("flaky-1"), (1_500_000_000, 1), (1_400_000_000, 2))?;
+    }
+    write(&base.join("flaky-empty"), b"")?;
+    Ok(())
+}
+
+/// Compare what was copied from an eiofs mount with the directory under it: every file but
+/// the bad ones, byte for byte, with its mode and mtime; no bad file under its final name.
+fn check_eio_copy(base: &Path, dst: &Path) -> Result<()> {
+    let want = snapshot(base)?;
+    let got = snapshot(dst)?;
+    // The top itself is left out: merged into, it keeps its own metadata.
+    for (p, m) in want.entries.iter().filter(|(p, _)| !p.is_empty()) {
+        let name = p.rsplit(|&b| b == b'/').next().unwrap_or(p);
+        if name.starts_with(b"bad-") {
+            ensure!(got.get(p).is_none(), "{} exists in the copy", show(p));
+            continue;
+        }
+        let g = got
+            .get(p)
+            .ok_or_else(|| anyhow::anyhow!("{} was not copied", show(p)))?;
+        ensure!(
+            (g.kind, g.mode, g.mtime) == (m.kind, m.mode, m.mtime),
+            "{}: {g:?} vs {m:?}",
+            show(p)
+        );
+        if m.kind == Kind::File {
+            ensure!(
+                read_rel(dst, p)? == read_rel(base, p)?,
+                "{} differs",
+                show(p)
+            );
+        }
+    }
+    ensure!(staging_leftovers(dst)?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn eio_reading_a_source_is_retried_once_then_reported_as_ioerror_by_the_cli() -> Result<()> {
+    let tmp = tempdir()?;
+    let base = tmp.path().join("base");
+    eio_tree(&base)?;
+    let Some(mnt) = FuseMount::eiofs(&base, &tmp.path().join("mnt"))? else {
+        return Ok(());
+    };
+    let dst = tmp.path().join("dst");
+    let manifest = tmp.path().join("m.xxh128");
+    let out = copy([
+        "--json".as_ref(),
+        "--verify".as_ref(),
+        "checksum".as_ref(),
+        "--manifest".as_ref(),
+        manifest.as_os_str(),
+        mnt.dir.as_os_str(),
+        dst.as_os_str(),
+    ])?;
+    out.expect_code(1)?;
+    let json = out.json()?;
+    let failed: BTreeSet<_> = failures(&json).into_iter().collect();
+    let expected: BTreeSet<_> = [("bad-0", "IOError"), ("sub/bad-1", "IOError")]
+        .into_iter()
+        .map(|(p, r)| (p.to_string(), r.to_string()))
+        .collect();
+    ensure!(failed == expected, "failures {failed:?}:\n{out}");
+    for f in json["failures"].as_array().into_iter().flatten() {
+        let (op, msg) = (
+            f["op"].as_str().unwrap_or(""),
+            f["message"].as_str().unwrap_or(""),
+        );
+        ensure!(
+            !op.is_empty() && msg.contains("again"),
+            "the failure does not say it was tried twice: {f}"
+        );
+    }
+    ensure!(
+        num(&json, "files") == 11 && num(&json, "verified") == 11,
+        "{out}"
+    );
+    check_eio_copy(&base, &dst)?;
+    let lines = manifest_lines(&manifest)?;
+    ensure!(
+        lines.len() == 11 && !lines.iter().any(|l| l.contains("bad-")),
+        "{lines:?}"
+    );
+    drop(mnt);
+    Ok(())
+}
+
+#[test]
+fn eio_reading_a_source_is_retried_once_then_reported_through_the_engine() -> Result<()> {
+    let tmp = tempdir()?;
+    let base = tmp.path().join("base");
+    eio_tree(&base)?;
+    let Some(mnt) = FuseMount::eiofs(&base, &tmp.path().join("mnt"))? else {
+        return Ok(());
+    };
+    // Into an existing directory (files staged unnamed and linked in), without hashing
+    // (the kernel's copy paths, not only read/write).
+    let dst = tmp.path().join("dst");
+    mkdir(&dst)?;
+    let opts = Options {
+        workers: 2,
+        ..Options::default()
+    };
+    let s = ferry_engine::copy(&mnt.dir, &dst, &opts, &NoProgress)?;
+    let failed: BTreeSet<_> = s
+        .failures
+        .iter()
+        .map(|f| (f.path.to_string_lossy().into_owned(), f.kind.as_str()))
+        .collect();
+    let expected: BTreeSet<_> = [
+        ("bad-0".to_string(), FailureKind::Io.as_str()),
+        ("sub/bad-1".to_string(), FailureKind::Io.as_str()),
+    ]
+    .into_iter()
+    .collect();
+    ensure!(failed == expected, "{:?}", s.failures);
+    ensure!(s.files == 11 && s.aborted.is_none(), "{s:?}");
+    check_eio_copy(&base, &dst)?;
+    drop(mnt);
+    Ok(())
+}

@@ -1,0 +1,544 @@
+//! Crash-safe resume: a copy SIGKILLed mid-way several times, then resumed with the same
+//! staging tag, ends equal to the source with every file listed once in its manifest, no
+//! staging names left, and nothing the killed runs committed copied again; staging entries
+//! of other tags (or a tenant's look-alikes) survive; a full destination stops the copy
+//! cleanly and a resume after space is freed finishes it.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use common::*;
+use ferry_engine::{FailureKind, NoProgress, Options, Verify};
+
+const TAG: &str = "5eed0fca11ed";
+
+/// Directories two levels deep with distinct modes and times, files of varied sizes (3 in
+/// each top directory, `files` in each of its `subs` subdirectories), a symlink and a FIFO
+/// per top directory. Returns (regular files, their total bytes).
+fn build_tree(src: &Path, tops: usize, subs: usize, files: usize) -> Result<(usize, u64)> {
+    let (mut count, mut bytes) = (0, 0u64);
+    mkdir(src)?;
+    for t in 0..tops {
+        let top = src.join(format!("top{t}"));
+        mkdir(&top)?;
+        let mut dirs = vec![top.clone()];
+        for s in 0..subs {
+            let sub = top.join(format!("sub{s}"));
+            mkdir(&sub)?;
+            dirs.push(sub);
+        }
+        for (i, dir) in dirs.iter().enumerate() {
+            // Few files at the top, so the copy is soon inside (staged) subdirectories.
+            let files = if i == 0 { 3 } else { files };
+            for f in 0..files {
+                let len = 500 + ((t * 7919 + i * 104_729 + f * 1_299_709) % 30_000) as u64;
+                write_pattern_file(&dir.join(format!("file-{f:03}")), len)?;
+                set_times(
+                    &dir.join(format!("file-{f:03}")),
+                    (1_600_000_000, 5),
+                    (1_500_000_000 + f as i64, 123_456_789),
+                )?;
+                count += 1;
+                bytes += len;
+            }
+        }
+        symlink(format!("file-{:03}", 0), &top.join("link"))?;
+        mkfifo(&top.join("fifo"), 0o640)?;
+        for (i, dir) in dirs.iter().enumerate().rev() {
+            chmod(dir, if i == 0 { 0o751 } else { 0o705 })?;
+            set_times(dir, (1_400_000_000, 1), (1_300_000_000 + i as i64, 2))?;
+        }
+    }
+    set_times(src, (1_400_000_000, 3), (1_300_000_000, 4))?;
+    Ok((count, bytes))
+}
+
+/// Every regular file under `dir` (staging directories included): inode → size.
+fn files_under(dir: &Path, out: &mut BTreeMap<(u64, u64), u64>) -> Result<()> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in rd.flatten() {
+        // Entries vanish while a copy runs (a staging directory renamed into place).
+        let Ok(md) = e.path().symlink_metadata() else {
+            continue;
+        };
+        if md.is_dir() {
+            files_under(&e.path(), out)?;
+        } else if md.is_file() {
+            out.insert((md.dev(), md.ino()), md.size());
+        }
+    }
+    Ok(())
+}
+
+/// The regular files the copies have made so far: under `dst`, and under staging
+/// directories next to it (a new destination is built under one).
+fn copied_so_far(parent: &Path, dst: &Path) -> Result<BTreeMap<(u64, u64), u64>> {
+    let mut out = BTreeMap::new();
+    files_under(dst, &mut out)?;
+    for e in std::fs::read_dir(parent)? {
+        let e = e?;
+        if e.file_name().as_bytes().starts_with(b".ferry-") {
+            files_under(&e.path(), &mut out)?;
+        }
+    }
+    Ok(out)
+}
+
+/// Names starting `.ferry-` anywhere under `dir` (and `dir` itself).
+fn ferry_names(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_name().as_bytes().starts_with(b".ferry-") {
+            out.push(e.path());
+        }
+        if e.path().symlink_metadata()?.is_dir() {
+            ferry_names(&e.path(), out)?;
+        }
+    }
+    Ok(())
+}
+
+fn copy_args(src: &Path, dst: &Path, manifest: &Path, resume: bool) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "--json".into(),
+        "--workers".into(),
+        "2".into(),
+        "--verify".into(),
+        "checksum".into(),
+        "--staging-tag".into(),
+        TAG.into(),
+        "--manifest".into(),
+        manifest.into(),
+    ];
+    if resume {
+        args.push("--resume".into());
+    }
+    args.push(src.into());
+    args.push(dst.into());
+    args
+}
+
+/// Paths listed in a manifest, with how often.
+fn manifest_counts(manifest: &Path) -> Result<BTreeMap<Vec<u8>, usize>> {
+    let text = std::fs::read(manifest).with_context(|| format!("read {}", manifest.display()))?;
+    let mut seen = BTreeMap::new();
+    for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        // A name with a newline is escaped, the line marked by a leading backslash.
+        let line = line.strip_prefix(b"\\").unwrap_or(line);
+        ensure!(
+            line.len() > 34 && &line[32..34] == b"  ",
+            "bad manifest line {}",
+            show(line)
+        );
+        *seen.entry(line[34..].to_vec()).or_insert(0) += 1;
+    }
+    Ok(seen)
+}
+
+fn xxh128sum_check(dst: &Path, manifest: &Path) -> Result<()> {
+    if which("xxh128sum").is_none() {
+        eprintln!("note: xxh128sum is not installed; the manifest is checked by counts only");
+        return Ok(());
+    }
+    let out = Command::new("xxh128sum")
+        .arg("-c")
+        .arg("--quiet")
+        .arg(manifest)
+        .current_dir(dst)
+        .stdin(Stdio::null())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "xxh128sum -c rejects the manifest: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Kill a copy of `src` to `dst` with SIGKILL three times, each time after it has committed
+/// at least `step` more files, then let a resumed run finish; check what a user would.
+fn killed_three_times_then_resumed(dst_exists: bool) -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    let (total_files, total_bytes) = build_tree(&src, 3, 2, 16)?;
+    let before = snapshot(&src)?;
+    let dst = tmp.path().join("dst");
+    if dst_exists {
+        // Merging into an existing directory: its new subdirectories are made in place and
+        // theirs are staged, so the killed runs leave staging directories inside DST.
+        mkdir(&dst)?;
+    }
+    let manifest = tmp.path().join("copy.xxh128");
+    let step = 12;
+    // Whether a killed run left a staging directory for the next one to adopt.
+    let mut left_staging = false;
+    for round in 0..3 {
+        let start = copied_so_far(tmp.path(), &dst)?.len();
+        let mut cmd = copy_command(copy_args(&src, &dst, &manifest, round > 0));
+        cmd.arg("--fault-delay-per-file-ms")
+            .arg("15")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().context("spawn ferry-agent copy")?;
+        let deadline = Instant::now() + COPY_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("round {round}: the copy finished ({status}) before it could be killed; make the tree bigger");
+            }
+            if copied_so_far(tmp.path(), &dst)?.len() >= start + step {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "round {round}: no progress");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // Our own child, by its id: SIGKILL, the way a node loses an agent.
+        child.kill()?;
+        child.wait()?;
+        let mut names = Vec::new();
+        ferry_names(tmp.path(), &mut names)?;
+        left_staging |= !names.is_empty();
+    }
+    // What the killed runs committed, wherever it is (staged or in place).
+    let present = copied_so_far(tmp.path(), &dst)?;
+    let (kept_files, kept_bytes) = (present.len(), present.values().sum::<u64>());
+    ensure!(
+        kept_files >= 3 * step && kept_files < total_files,
+        "{kept_files} of {total_files} files before the final run: nothing left to test"
+    );
+    ensure!(
+        left_staging,
+        "no killed run left a staging directory to adopt"
+    );
+
+    let out = copy(copy_args(&src, &dst, &manifest, true))?;
+    out.expect_code(0)?;
+    let json = out.json()?;
+    // The final run copied exactly what was missing, and counted the rest as resumed.
+    ensure!(
+        (num(&json, "files"), num(&json, "bytes"))
+            == ((total_files - kept_files) as u64, total_bytes - kept_bytes),
+        "the final run copied {} files, {} bytes; {} files, {} bytes were missing:\n{out}",
+        num(&json, "files"),
+        num(&json, "bytes"),
+        total_files - kept_files,
+        total_bytes - kept_bytes
+    );
+    ensure!(
+        (num(&json, "files_resumed"), num(&json, "bytes_resumed"))
+            == (kept_files as u64, kept_bytes),
+        "resumed counts differ from what was there:\n{out}"
+    );
+    // Nothing committed before was copied again: every one of those inodes is in DST.
+    let mut after = BTreeMap::new();
+    files_under(&dst, &mut after)?;
+    let missing: Vec<_> = present.keys().filter(|k| !after.contains_key(k)).collect();
+    ensure!(
+        missing.is_empty(),
+        "{} files were copied again: {missing:?}",
+        missing.len()
+    );
+
+    let check = Check {
+        atime: false,
+        ..Check::default()
+    };
+    compare(&before, &dst, check)?;
+    let mut leftovers = Vec::new();
+    ferry_names(tmp.path(), &mut leftovers)?;
+    ensure!(leftovers.is_empty(), "staging names left: {leftovers:?}");
+
+    let listed = manifest_counts(&manifest)?;
+    let files: BTreeSet<Vec<u8>> = before
+        .entries
+        .iter()
+        .filter(|(_, m)| m.kind == Kind::File)
+        .map(|(p, _)| p.clone())
+        .collect();
+    let listed_paths: BTreeSet<Vec<u8>> = listed.keys().cloned().collect();
+    ensure!(
+        listed_paths == files,
+        "the manifest does not list exactly the source's files"
+    );
+    let twice: Vec<_> = listed
+        .iter()
+        .filter(|(_, &n)| n != 1)
+        .map(|(p, _)| show(p))
+        .collect();
+    ensure!(twice.is_empty(), "listed more than once: {twice:?}");
+    xxh128sum_check(&dst, &manifest)
+}
+
+#[test]
+fn a_new_copy_killed_three_times_then_resumed_equals_the_source_and_recopies_nothing() -> Result<()>
+{
+    killed_three_times_then_resumed(false)
+}
+
+#[test]
+fn a_merge_killed_three_times_then_resumed_adopts_its_staged_subdirectories() -> Result<()> {
+    killed_three_times_then_resumed(true)
+}
+
+#[test]
+fn leftover_staging_files_of_our_tag_are_removed_and_every_other_name_survives() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src.join("a"))?;
+    write(&src.join("a/f"), b"data")?;
+    let dst = tmp.path().join("dst");
+    mkdir(&dst.join("a"))?;
+    let ours = [".ferry-5eed0fca11ed-1f.tmp", ".ferry-5eed0fca11ed-20.tmp"];
+    let theirs = [
+        ".ferry-other-1.tmp",
+        ".ferry-5eed0fca11edff-1.tmp",
+        ".ferry-5eed0fca11ed-1f",
+        "ferry-5eed0fca11ed-1.tmp",
+    ];
+    write(&dst.join("a").join(ours[0]), b"half a file")?;
+    symlink("nowhere", &dst.join("a").join(ours[1]))?;
+    mkfifo(&dst.join(ours[0]), 0o600)?;
+    for name in theirs {
+        write(&dst.join("a").join(name), b"a tenant's")?;
+    }
+    // A directory with our tag whose final name exists: not ours to remove.
+    mkdir(&dst.join(".ferry-5eed0fca11ed-d0000000000000000.tmp"))?;
+    let opts = Options {
+        resume: true,
+        staging_tag: Some(TAG.into()),
+        ..Options::default()
+    };
+    let s = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
+    ensure!(s.failures.is_empty(), "{:?}", s.failures);
+    for name in ours {
+        ensure!(
+            dst.join("a").join(name).symlink_metadata().is_err(),
+            "{name} was left"
+        );
+    }
+    ensure!(
+        dst.join(ours[0]).symlink_metadata().is_err(),
+        "the FIFO was left"
+    );
+    for name in theirs {
+        ensure!(
+            std::fs::read(dst.join("a").join(name))? == b"a tenant's",
+            "{name} was touched"
+        );
+    }
+    ensure!(dst
+        .join(".ferry-5eed0fca11ed-d0000000000000000.tmp")
+        .is_dir());
+    ensure!(std::fs::read(dst.join("a/f"))? == b"data");
+    Ok(())
+}
+
+#[test]
+fn a_staging_tag_that_could_match_other_names_is_refused_before_anything_is_made() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    write(&src.join("f"), b"x")?;
+    let dst = tmp.path().join("dst");
+    for bad in ["", "a-b", "a/b", "x.tmp", &"f".repeat(33)] {
+        let opts = Options {
+            staging_tag: Some(bad.into()),
+            ..Options::default()
+        };
+        let r = ferry_engine::copy(&src, &dst, &opts, &NoProgress);
+        ensure!(
+            matches!(&r, Err(ferry_engine::Error::Usage(m)) if m.contains("staging tag")),
+            "tag {bad:?}: {r:?}"
+        );
+        ensure!(
+            std::fs::read_dir(tmp.path())?.count() == 1,
+            "tag {bad:?} made something"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_resume_lists_kept_files_its_manifest_lacks_only_when_they_equal_the_source() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    for name in ["listed", "ours-unlisted", "tenants", "missing", "new\nline"] {
+        write(&src.join(name), format!("source {name}").as_bytes())?;
+    }
+    let dst = tmp.path().join("dst");
+    mkdir(&dst)?;
+    let manifest = tmp.path().join("m.xxh128");
+    // An earlier attempt committed "listed" and wrote its line; it also committed
+    // "ours-unlisted" and "new\nline" but died before their lines reached the file (the
+    // last one cut short). "tenants" was there before with other bytes.
+    let first = Options {
+        verify: Verify::Checksum,
+        manifest: Some(manifest.clone()),
+        ..Options::default()
+    };
+    ferry_engine::copy(&src.join("listed"), &dst, &first, &NoProgress)?;
+    std::fs::copy(src.join("ours-unlisted"), dst.join("ours-unlisted"))?;
+    std::fs::copy(src.join("new\nline"), dst.join("new\nline"))?;
+    write(&dst.join("tenants"), b"tenant's own bytes")?;
+    let mut text = std::fs::read(&manifest)?;
+    text.extend_from_slice(b"0123456789abcdef01234567");
+    std::fs::write(&manifest, &text)?;
+
+    let opts = Options {
+        verify: Verify::Checksum,
+        manifest: Some(manifest.clone()),
+        resume: true,
+        ..Options::default()
+    };
+    let s = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
+    ensure!(s.failures.is_empty(), "{:?}", s.failures);
+    ensure!(s.files == 1, "only \"missing\" is copied: {s:?}");
+    ensure!(
+        s.files_resumed == 3 && s.skipped == 4,
+        "listed, ours-unlisted and new\\nline were the earlier attempt's, tenants not: {s:?}"
+    );
+    let listed = manifest_counts(&manifest)?;
+    let expected: BTreeMap<Vec<u8>, usize> = [
+        b"listed".to_vec(),
+        b"ours-unlisted".to_vec(),
+        b"missing".to_vec(),
+    ]
+    .into_iter()
+    .map(|p| (p, 1))
+    .collect();
+    let plain: BTreeMap<Vec<u8>, usize> = listed
+        .into_iter()
+        .filter(|(p, _)| !p.contains(&b'\\'))
+        .collect();
+    ensure!(plain == expected, "manifest lists {plain:?}");
+    let raw = std::fs::read(&manifest)?;
+    ensure!(
+        raw.split(|&b| b == b'\n')
+            .filter(|l| l.starts_with(b"\\"))
+            .count()
+            == 1,
+        "the name with a newline is listed once, escaped:\n{}",
+        String::from_utf8_lossy(&raw)
+    );
+    ensure!(std::fs::read(dst.join("tenants"))? == b"tenant's own bytes");
+    xxh128sum_check(&dst, &manifest)
+}
+
+#[test]
+fn a_full_destination_stops_cleanly_and_a_resume_after_freeing_space_recopies_nothing() -> Result<()>
+{
+    if !require_root("mounting a small tmpfs") {
+        return Ok(());
+    }
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    for d in 0..4 {
+        let dir = src.join(format!("d{d}/inner"));
+        mkdir(&dir)?;
+        for i in 0..4u64 {
+            write_pattern_file(&dir.join(format!("f{i}")), 200 * 1024 + i)?;
+        }
+        chmod(&dir, 0o751)?;
+        set_times(&dir, (1_400_000_000, 1), (1_300_000_000, 2))?;
+    }
+    let before = snapshot(&src)?;
+    let mnt = Mount::tmpfs(&tmp.path().join("mnt"), "1m")?;
+    let dst = mnt.dir.join("dst");
+    let manifest = tmp.path().join("m.xxh128");
+    let mut opts = Options {
+        workers: 2,
+        verify: Verify::Checksum,
+        manifest: Some(manifest.clone()),
+        staging_tag: Some(TAG.into()),
+        ..Options::default()
+    };
+    let first = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
+    ensure!(
+        first.aborted.as_deref().is_some_and(|a| a.contains("full")),
+        "not aborted as full: {first:?}"
+    );
+    ensure!(
+        first
+            .failures
+            .iter()
+            .any(|f| f.kind == FailureKind::NoSpace),
+        "no NoSpace failure: {:?}",
+        first.failures
+    );
+    ensure!(
+        first.files > 0,
+        "nothing fitted: the test needs some files committed"
+    );
+    // Every file under a final name is whole.
+    let partial = snapshot(&dst)?;
+    for (p, m) in &partial.entries {
+        if m.kind == Kind::File {
+            ensure!(
+                read_rel(&dst, p)? == read_rel(&src, p)?,
+                "{} is partial",
+                show(p)
+            );
+        }
+    }
+    let present: BTreeMap<Vec<u8>, (u64, u64)> = partial
+        .entries
+        .iter()
+        .filter(|(_, m)| m.kind == Kind::File)
+        .map(|(p, m)| (p.clone(), m.inode))
+        .collect();
+    ensure!(present.len() as u64 == first.files);
+
+    sh(
+        "mount",
+        &[
+            "-o".as_ref(),
+            "remount,size=64m".as_ref(),
+            mnt.dir.as_os_str(),
+        ],
+    )?;
+    opts.resume = true;
+    let second = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
+    ensure!(
+        second.failures.is_empty() && second.aborted.is_none(),
+        "{second:?}"
+    );
+    ensure!(
+        second.files_resumed == first.files && second.files + first.files == 16,
+        "{second:?}"
+    );
+    let got = compare(
+        &before,
+        &dst,
+        Check {
+            atime: false,
+            ..Check::default()
+        },
+    )?;
+    for (p, inode) in &present {
+        ensure!(
+            got.get(p).map(|m| m.inode) == Some(*inode),
+            "{} was copied again",
+            show(p)
+        );
+    }
+    let mut leftovers = Vec::new();
+    ferry_names(&mnt.dir, &mut leftovers)?;
+    ensure!(leftovers.is_empty(), "staging names left: {leftovers:?}");
+    let listed = manifest_counts(&manifest)?;
+    ensure!(
+        listed.len() == 16 && listed.values().all(|&n| n == 1),
+        "{listed:?}"
+    );
+    Ok(())
+}
