@@ -1,8 +1,9 @@
 //! Files that fail while they are copied: a source that changes under the copy is copied
 //! again (three attempts in all, then `SourceChanged`); a source whose reads fail with EIO
 //! (a FUSE filesystem, tests/fuse/eiofs.py) is rewritten once from a fresh open, then
-//! reported as `IOError`; a failed `syncfs` fails the copy. Never a partial file under a
-//! final name, never a manifest line or a "verified" for a file that was not copied whole.
+//! reported as `IOError`, and so is a file whose flush fails (simulated); a failed
+//! `syncfs` fails the copy. Never a partial file under a final name, never a manifest line
+//! or a "verified" for a file that was not copied whole.
 
 mod common;
 
@@ -285,5 +286,51 @@ fn eio_reading_a_source_is_retried_once_then_reported_through_the_engine() -> Re
     ensure!(s.files == 11 && s.aborted.is_none(), "{s:?}");
     check_eio_copy(&base, &dst)?;
     drop(mnt);
+    Ok(())
+}
+
+#[test]
+fn a_failed_flush_is_followed_by_one_fresh_rewrite_then_reported_as_ioerror() -> Result<()> {
+    for (times, should_fail) in [(1, false), (2, true)] {
+        let tmp = tempdir()?;
+        let src = tmp.path().join("src");
+        source_tree(&src)?;
+        let dst = tmp.path().join("dst");
+        let manifest = tmp.path().join("m.xxh128");
+        let mut opts = Options {
+            verify: Verify::Full,
+            manifest: Some(manifest.clone()),
+            ..Options::default()
+        };
+        opts.faults.fdatasync_eio = Some((b"victim".to_vec(), times));
+        let s = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
+        let lines = manifest_lines(&manifest)?;
+        if should_fail {
+            ensure!(
+                s.failures.len() == 1
+                    && s.failures[0].kind == FailureKind::Io
+                    && s.failures[0].op == "fdatasync"
+                    && s.failures[0].path == Path::new("sub/victim")
+                    && s.failures[0].message.contains("again"),
+                "{:?}",
+                s.failures
+            );
+            ensure!(dst.join("sub/victim").symlink_metadata().is_err());
+            ensure!(
+                s.files == 2 && s.verified == 2 && lines.len() == 2,
+                "{s:?} {lines:?}"
+            );
+        } else {
+            ensure!(s.failures.is_empty(), "{:?}", s.failures);
+            ensure!(
+                std::fs::read(dst.join("sub/victim"))? == std::fs::read(src.join("sub/victim"))?
+            );
+            ensure!(
+                s.files == 3 && s.verified == 3 && lines.len() == 3,
+                "{s:?} {lines:?}"
+            );
+        }
+        ensure!(staging_leftovers(&dst)?.is_empty());
+    }
     Ok(())
 }

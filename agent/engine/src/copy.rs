@@ -1572,7 +1572,16 @@ impl<'a> Ctx<'a> {
         }
         check_unchanged(src.as_fd(), st)?;
         let hash = match src_hash {
-            Some(expected) => Some(self.verify_dst(dst, expected, logical_len, local)?),
+            Some(expected) => {
+                let fail_flush =
+                    opts.faults
+                        .fdatasync_eio
+                        .as_ref()
+                        .is_some_and(|(victim, times)| {
+                            victim.as_slice() == name.to_bytes() && tries.io < *times
+                        });
+                Some(self.verify_dst(dst, expected, logical_len, local, fail_flush)?)
+            }
             None => None,
         };
         meta::apply_fd(
@@ -1594,15 +1603,21 @@ impl<'a> Ctx<'a> {
     /// Re-read the destination and compare with the source's hash; with `Verify::Full`
     /// the destination is flushed and evicted first so the bytes come from the medium.
     /// (The source was checked unchanged before: a mix of two versions is never verified.)
+    /// `fail_flush`: the `fdatasync_eio` fault.
     fn verify_dst(
         &self,
         dst: BorrowedFd<'_>,
         expected: u128,
         len: u64,
         local: &mut Local,
+        fail_flush: bool,
     ) -> Result<u128, Fail> {
         if self.opts.verify == Verify::Full {
-            sys::fdatasync(dst).map_err(|e| ("fdatasync", e))?;
+            match fail_flush {
+                true => Err(io::Error::from_raw_os_error(libc::EIO)),
+                false => sys::fdatasync(dst),
+            }
+            .map_err(|e| ("fdatasync", e))?;
             sys::fadvise_dontneed(dst).map_err(|e| ("fadvise", e))?;
         }
         if self.opts.verify != Verify::None {

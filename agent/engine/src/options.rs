@@ -196,6 +196,9 @@ pub struct Faults {
     /// Modify the source file with this name (append one byte) after its data was copied
     /// and before the engine checks whether it changed, on this many attempts at it.
     pub change_source: Option<(Vec<u8>, u32)>,
+    /// With `Verify::Full`, the `fdatasync` of this file's copy (by name) fails with EIO on
+    /// this many attempts at it.
+    pub fdatasync_eio: Option<(Vec<u8>, u32)>,
     /// `syncfs` of the destination fails with this errno.
     pub syncfs_errno: Option<i32>,
 }
