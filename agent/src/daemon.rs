@@ -68,8 +68,8 @@ struct Live {
     failures: Mutex<Vec<Failure>>,
     /// Why the shard could not start at all (reported with reason `CannotStart`).
     start_error: Mutex<Option<(&'static str, String)>>,
-    /// Bytes done before this run (a resumed shard), left out of its rate.
-    resumed_at: u64,
+    /// Bytes of files an earlier run committed (a resumed shard), left out of its rate.
+    resumed_bytes: AtomicU64,
     /// What this shard carries in all (files, bytes), once a plan has counted it.
     planned: Mutex<Option<(i64, i64)>>,
 }
@@ -84,26 +84,9 @@ impl Default for Live {
             failed: AtomicU64::default(),
             failures: Mutex::default(),
             start_error: Mutex::default(),
-            resumed_at: 0,
+            resumed_bytes: AtomicU64::default(),
             planned: Mutex::default(),
         }
-    }
-}
-
-impl Live {
-    /// Counters that go on from where an interrupted run of this shard left them.
-    fn resumed(shard: &ShardStatus) -> Self {
-        let live = Live {
-            resumed_at: shard.bytes_done.max(0) as u64,
-            ..Live::default()
-        };
-        live.files
-            .store(shard.files_done.max(0) as u64, Ordering::Relaxed);
-        live.bytes
-            .store(shard.bytes_done.max(0) as u64, Ordering::Relaxed);
-        live.reflinked
-            .store(shard.bytes_reflinked.max(0) as u64, Ordering::Relaxed);
-        live
     }
 }
 
@@ -185,6 +168,14 @@ impl Progress for Live {
     }
     fn skipped(&self) {
         crate::serve::metrics().file_skipped();
+    }
+    // Committed by an earlier run of this shard: done, but not copied by this one (the
+    // counters start from zero and count the tree as it is, so they are exact whatever
+    // the earlier run managed to publish before it died).
+    fn resumed(&self, size: u64) {
+        self.files.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(size, Ordering::Relaxed);
+        self.resumed_bytes.fetch_add(size, Ordering::Relaxed);
     }
     fn failed(&self, failure: &Failure) {
         self.failed.fetch_add(1, Ordering::Relaxed);
@@ -626,20 +617,29 @@ async fn run_shard(agent: &Agent, target: Target<'_>, active: &Active) -> Result
         Select::Part { index, .. } => Some(state_path.join(format!("{base}.part-{index}.xxh128"))),
         Select::DirsOnly => None,
     };
-    // Anything but a fresh shard is a resumption: suspended, or left Running by an agent
-    // process that died. Committed files are kept and unfinished directories finished.
-    let resume = !(shard.state.is_empty() || shard.state == "Pending");
+    // Anything but a fresh shard is a resumption: suspended, left Running by an agent
+    // process that died, or taken over from a lost agent; so is a job re-created after a
+    // failure (its manifest is there). Committed files are kept, not copied again, and
+    // unfinished directories and the staging an interrupted run left are finished.
+    let resume = !(shard.state.is_empty() || shard.state == "Pending")
+        || manifest
+            .as_ref()
+            .is_some_and(|m| std::fs::symlink_metadata(m).is_ok());
     let mut opts = engine_options(&job.spec, settings.workers, manifest);
     opts.select = select;
     opts.resume = resume;
+    // Staging names every run of this shard shares (on any node, at any epoch), so a
+    // resumed run adopts what a killed one staged and sweeps its leftovers.
+    opts.staging_tag = Some(format!(
+        "{:012x}",
+        xxhash_rust::xxh3::xxh3_64(format!("{base}/{}", shard.id).as_bytes()) >> 16
+    ));
+    // Succeeded means on stable storage.
+    opts.sync = true;
     opts.cancel = Some(active.cancel.clone());
     opts.faults.delay_per_file = settings.file_delay;
     opts.faults.corrupt_after_write = settings.corrupt_file.clone().map(String::into_bytes);
-    let live = Arc::new(if resume {
-        Live::resumed(shard)
-    } else {
-        Live::default()
-    });
+    let live = Arc::new(Live::default());
     tracing::info!(job = %base, shard = %shard.id, part = %shard.part, resume, "starting shard");
     let done = Arc::new(AtomicBool::new(false));
     publish(agent, target, "Running", &live, None).await?;
@@ -757,13 +757,13 @@ async fn run_shard(agent: &Agent, target: Target<'_>, active: &Active) -> Result
     }
     tracing::info!(job = %base, shard = %shard.id, state, "shard finished");
     if let Ok(summary) = &result {
-        if !resume {
-            // Final numbers from the summary, not the live counters.
-            live.files.store(summary.files, Ordering::Relaxed);
-            live.bytes.store(summary.bytes, Ordering::Relaxed);
-            live.reflinked
-                .store(summary.bytes_reflinked, Ordering::Relaxed);
-        }
+        // Final numbers from the summary, not the live counters.
+        live.files
+            .store(summary.files + summary.files_resumed, Ordering::Relaxed);
+        live.bytes
+            .store(summary.bytes + summary.bytes_resumed, Ordering::Relaxed);
+        live.reflinked
+            .store(summary.bytes_reflinked, Ordering::Relaxed);
         live.failed.store(summary.failed, Ordering::Relaxed);
     }
     if active.fenced.load(Ordering::Relaxed) {
@@ -887,7 +887,7 @@ async fn publish(
     let (settings, job, shard) = (&agent.settings, target.job, target.shard);
     let planned = planned.or(*lock(&live.planned));
     let bytes = live.bytes.load(Ordering::Relaxed);
-    let rate = bytes.saturating_sub(live.resumed_at) as f64
+    let rate = bytes.saturating_sub(live.resumed_bytes.load(Ordering::Relaxed)) as f64
         / live.started.elapsed().as_secs_f64().max(1e-3);
     let start = lock(&live.start_error)
         .as_ref()

@@ -288,11 +288,22 @@ fn random_sigkills_of_agents_and_operators_lose_nothing_and_recopy_nothing() -> 
         "the manifest has {lines} lines for {} names; {FILES} files were copied",
         names.len()
     );
+    // Its paths are relative to the copy.
     let check = std::process::Command::new("xxh128sum")
-        .args(["-c", "--quiet", &manifest])
-        .current_dir(&shared)
+        .args(["-c", "--quiet"])
+        .arg(shared.join(&manifest))
+        .current_dir(&copy)
         .output()?;
-    ensure!(check.status.success(), "xxh128sum -c failed");
+    ensure!(
+        check.status.success(),
+        "xxh128sum -c failed:\n{}{}",
+        String::from_utf8_lossy(&check.stdout)
+            .lines()
+            .take(10)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        String::from_utf8_lossy(&check.stderr)
+    );
     let files_done = cp.get("copyjob/chaos", "default", "{.status.progress.filesDone}")?;
     ensure!(
         files_done == FILES.to_string(),

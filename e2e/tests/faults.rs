@@ -26,9 +26,12 @@ fn make_tree(root: &Path, dirs: usize, n: usize, size: usize) -> Result<()> {
     Ok(())
 }
 
-/// Relative paths of the regular files under `root`.
+/// Relative paths of the regular files under `root` (none if it does not exist).
 fn files(root: &Path) -> Result<BTreeSet<PathBuf>> {
     let mut out = BTreeSet::new();
+    if !root.exists() {
+        return Ok(out);
+    }
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for e in std::fs::read_dir(&dir)? {
@@ -49,8 +52,15 @@ fn copied_files(cp: &ControlPlane, node: &str) -> Result<f64> {
         .with_context(|| format!("{node} exports no files counter"))
 }
 
-/// Each line of the job's manifest, checked by `xxh128sum -c` from the root.
-fn check_manifest(cp: &ControlPlane, root: &Path, job: &str, count: usize) -> Result<()> {
+/// The job's manifest (under `root`) lists `count` files once each, and `xxh128sum -c`
+/// run in the copy `copy` accepts it.
+fn check_manifest(
+    cp: &ControlPlane,
+    root: &Path,
+    copy: &Path,
+    job: &str,
+    count: usize,
+) -> Result<()> {
     let manifest = cp.get(&format!("copyjob/{job}"), "default", "{.status.manifest}")?;
     let text = std::fs::read_to_string(root.join(&manifest))
         .with_context(|| format!("read the manifest {manifest}"))?;
@@ -66,8 +76,9 @@ fn check_manifest(cp: &ControlPlane, root: &Path, job: &str, count: usize) -> Re
         unique.len()
     );
     let out = std::process::Command::new("xxh128sum")
-        .args(["-c", "--quiet", &manifest])
-        .current_dir(root)
+        .args(["-c", "--quiet"])
+        .arg(root.join(&manifest))
+        .current_dir(copy)
         .output()?;
     ensure!(
         out.status.success(),
@@ -97,9 +108,12 @@ fn a_lost_agents_shared_work_moves_to_another_agent_and_the_stale_agent_commits_
         .map(|n| BindMount::new(&shared, &hosts.join(n).join("srv/shared")))
         .collect::<Result<Vec<_>>>()?;
     let _operator = cp.spawn_operator("operator", &[])?;
-    // Only node-a's agent runs at first, so the job goes there.
+    // The job goes to node-a (the first eligible node). node-b's agent starts a minute
+    // before each file, so that until it is restarted, every file that appears was
+    // committed by node-a.
     let slow = ("FERRY_FAULT_FILE_DELAY_MS", "20");
     let mut agent_a = cp.spawn_agent("node-a", &[LEASE, slow])?;
+    let mut agent_b = cp.spawn_agent("node-b", &[LEASE, ("FERRY_FAULT_FILE_DELAY_MS", "60000")])?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: nfs\nspec:\n  path: /srv/shared\n  shared: true\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: moving\n  namespace: default\nspec:\n  source: {root: nfs, path: src}\n  destination: {root: nfs, path: copy}\n  verify: Checksum\n  parallelism: {workersPerAgent: 2}\n")?;
     cp.wait_until(
         "copyjob/moving",
@@ -114,14 +128,28 @@ fn a_lost_agents_shared_work_moves_to_another_agent_and_the_stale_agent_commits_
     // node-a hangs (a lost node: the process is there, its heartbeat is not).
     agent_a.signal("STOP")?;
     let copy = shared.join("copy");
-    let before = files(&copy)?;
-    // Its lease expires and the operator takes the shard back (no other agent yet).
+    // The copy is still under its staging name: every file on the volume but the
+    // source's and the manifests, by name (unique in this tree): a stopped copy renames
+    // its staged directories into place.
+    let copied = |shared: &Path| -> Result<BTreeSet<PathBuf>> {
+        Ok(files(shared)?
+            .into_iter()
+            .filter(|p| !p.starts_with("src") && !p.starts_with(".ferry"))
+            .filter_map(|p| p.file_name().map(PathBuf::from))
+            .collect())
+    };
+    let before = copied(&shared)?;
+    ensure!(
+        !before.is_empty(),
+        "nothing was committed before node-a hung"
+    );
+    // Its lease expires and the operator gives the shard to node-b, at a new epoch.
     cp.wait_until(
         "copyjob/moving",
         "default",
-        "{.status.shards[0].node}",
+        "{.status.shards[0].node}/{.status.shards[0].epoch}",
         Duration::from_secs(30),
-        |v| v.is_empty(),
+        |v| v == "node-b/2",
     )?;
     ensure!(
         cp.event_reasons("default", "moving")?
@@ -132,7 +160,7 @@ fn a_lost_agents_shared_work_moves_to_another_agent_and_the_stale_agent_commits_
     // although its copy was mid-way and its workers wake up with files in hand.
     agent_a.signal("CONT")?;
     std::thread::sleep(Duration::from_secs(2));
-    let after = files(&copy)?;
+    let after = copied(&shared)?;
     ensure!(
         after == before,
         "the stale agent committed {} files after it came back",
@@ -144,8 +172,9 @@ fn a_lost_agents_shared_work_moves_to_another_agent_and_the_stale_agent_commits_
         "node-a did not say why it stopped:\n{}",
         cp.log_tail("agent-node-a.log", 20)
     );
-    // node-a goes for good; node-b's agent starts and resumes the shard at a new epoch.
+    // node-a goes for good; node-b's agent restarts at full speed and resumes the shard.
     agent_a.kill()?;
+    agent_b.kill()?;
     let _agent_b = cp.spawn_agent("node-b", &[LEASE])?;
     cp.wait_succeeded("default", "moving", 120)?;
     let shard = cp.get(
@@ -166,7 +195,7 @@ fn a_lost_agents_shared_work_moves_to_another_agent_and_the_stale_agent_commits_
         "node-b copied {by_b} files; {} were missing when it took over",
         300 - before.len()
     );
-    check_manifest(&cp, &shared, "moving", 300)?;
+    check_manifest(&cp, &shared, &copy, "moving", 300)?;
     Ok(())
 }
 
