@@ -106,13 +106,16 @@ struct Active {
 
 /// Until when this agent may run shards: two thirds of a lease after its last successful
 /// renewal was sent. The operator gives an agent's shared work away only after a whole
-/// lease without renewal, so an agent cut off from the API server stops a third of a lease
-/// before anyone else may start on the same files.
+/// lease without renewal, so an agent cut off from the API server (or frozen) stops a
+/// third of a lease before anyone else may start on the same files.
 #[derive(Debug)]
 pub struct Fence {
     base: std::time::Instant,
     /// Nanoseconds after `base`; 0 before the first renewal.
     until: AtomicU64,
+    /// Times a renewal came after `until` had passed: a run that began before such a gap
+    /// may have lost its work meanwhile, so it never commits again (see `Run::owns`).
+    lapses: AtomicU64,
     lease: Duration,
 }
 
@@ -121,20 +124,36 @@ impl Fence {
         Self {
             base: std::time::Instant::now(),
             until: AtomicU64::new(0),
+            lapses: AtomicU64::new(0),
             lease: Duration::from_secs(lease_seconds.max(1) as u64),
         }
     }
 
-    /// A renewal sent at `sent` succeeded.
+    fn now(&self) -> u64 {
+        self.base.elapsed().as_nanos() as u64
+    }
+
+    /// A renewal sent at `sent` succeeded. A gap is recorded before the deadline moves,
+    /// so a worker that sees the new deadline also sees the gap.
     fn renewed(&self, sent: std::time::Instant) {
-        let until = sent.duration_since(self.base) + self.lease * 2 / 3;
+        let until = self.until.load(Ordering::SeqCst);
+        if until != 0 && self.now() >= until {
+            self.lapses.fetch_add(1, Ordering::SeqCst);
+        }
+        let next = sent.duration_since(self.base) + self.lease * 2 / 3;
         self.until
-            .fetch_max(until.as_nanos() as u64, Ordering::Relaxed);
+            .fetch_max(next.as_nanos() as u64, Ordering::SeqCst);
     }
 
     /// Whether this agent may still commit work.
     pub fn holds(&self) -> bool {
-        (self.base.elapsed().as_nanos() as u64) < self.until.load(Ordering::Relaxed)
+        self.now() < self.until.load(Ordering::SeqCst)
+    }
+
+    /// Whether a run that began when the lapse count was `lapses` may still commit: the
+    /// lease holds and has held without a gap since.
+    fn holds_since(&self, lapses: u64) -> bool {
+        self.holds() && self.lapses.load(Ordering::SeqCst) == lapses
     }
 }
 
@@ -393,7 +412,9 @@ impl Agent {
                 // A suspended shard runs again when the job is resumed, and one stopped
                 // by a stale heartbeat when it is fresh again (if it is still ours); the
                 // others are done.
-                let heartbeat_lost = state == "Fenced" && !agent.fence.holds();
+                // A run stopped by its heartbeat alone (not by the shard moving) runs
+                // again on a rescan if the shard is still this node's at this epoch.
+                let heartbeat_lost = state == "Fenced" && !active.fenced.load(Ordering::Relaxed);
                 if state != "Suspended" && !heartbeat_lost {
                     lock(&agent.finished).insert(format!("{key}/{}", shard.epoch));
                 }
@@ -565,7 +586,11 @@ fn engine_options(
     }
 }
 
-async fn run_shard(agent: &Agent, target: Target<'_>, active: &Active) -> Result<&'static str> {
+async fn run_shard(
+    agent: &Agent,
+    target: Target<'_>,
+    active: &Arc<Active>,
+) -> Result<&'static str> {
     let (settings, job, shard) = (&agent.settings, target.job, target.shard);
     // Every path from here on is resolved from a directory fd: the roots (admin paths)
     // inside the node's filesystem, the job's paths (tenant paths) beneath the roots with
@@ -636,6 +661,13 @@ async fn run_shard(agent: &Agent, target: Target<'_>, active: &Active) -> Result
     ));
     // Succeeded means on stable storage.
     opts.sync = true;
+    // Nothing becomes visible once the shard is not ours (it moved, per the watch or the
+    // API server) or may not be (the heartbeat lapsed since this run began).
+    let lapses = agent.fence.lapses.load(Ordering::SeqCst);
+    opts.fence = Some(ferry_engine::Fence(Arc::new({
+        let (fence, mine) = (agent.fence.clone(), active.clone());
+        move || !mine.fenced.load(Ordering::Relaxed) && fence.holds_since(lapses)
+    })));
     opts.cancel = Some(active.cancel.clone());
     opts.faults.delay_per_file = settings.file_delay;
     opts.faults.corrupt_after_write = settings.corrupt_file.clone().map(String::into_bytes);
@@ -766,7 +798,7 @@ async fn run_shard(agent: &Agent, target: Target<'_>, active: &Active) -> Result
             .store(summary.bytes_reflinked, Ordering::Relaxed);
         live.failed.store(summary.failed, Ordering::Relaxed);
     }
-    if active.fenced.load(Ordering::Relaxed) {
+    if active.fenced.load(Ordering::Relaxed) || !agent.fence.holds_since(lapses) {
         // Another agent (or epoch) owns the shard now, or may soon: say nothing more.
         return Err(Fenced.into());
     }

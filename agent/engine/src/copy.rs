@@ -289,6 +289,8 @@ pub(crate) struct Ctx<'a> {
     pub failures: Mutex<Vec<Failure>>,
     pub aborted: Mutex<Option<String>>,
     abort: AtomicBool,
+    /// `Options::fence` said no: this copy makes nothing more visible.
+    fenced: AtomicBool,
     tmp_counter: AtomicU64,
     pid: u32,
 }
@@ -336,8 +338,27 @@ impl<'a> Ctx<'a> {
             failures: Mutex::new(Vec::new()),
             aborted: Mutex::new(None),
             abort: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
             tmp_counter: AtomicU64::new(first_tmp),
             pid: std::process::id(),
+        }
+    }
+
+    /// Whether this copy may still make things visible at the destination (see
+    /// `Options::fence`). Once it may not, it never may again, and the copy stops.
+    pub(crate) fn owns(&self) -> bool {
+        if self.fenced.load(Ordering::Relaxed) {
+            return false;
+        }
+        match &self.opts.fence {
+            Some(f) if !(f.0)() => {
+                if !self.fenced.swap(true, Ordering::Relaxed) {
+                    self.abort.store(true, Ordering::Relaxed);
+                    *lock(&self.aborted) = Some(CANCELLED.into());
+                }
+                false
+            }
+            _ => true,
         }
     }
 
@@ -349,6 +370,13 @@ impl<'a> Ctx<'a> {
             return Ok(());
         };
         let mut m = lock(m);
+        if self.fenced.load(Ordering::Relaxed) {
+            // Not ours to write any more (the new owner may be appending): drop the
+            // buffered lines; the new owner verifies those files and lists them itself.
+            let file = m.get_ref().try_clone()?;
+            let (_, _unwritten) = std::mem::replace(&mut *m, BufWriter::new(file)).into_parts();
+            return Ok(());
+        }
         m.flush()?;
         match self.opts.sync {
             true => m.get_ref().sync_data(),
@@ -421,6 +449,9 @@ impl<'a> Ctx<'a> {
     /// Whether the copy is stopping: the destination filled up, or the caller cancelled.
     fn stopping(&self) -> bool {
         if self.abort.load(Ordering::Relaxed) {
+            return true;
+        }
+        if !self.owns() {
             return true;
         }
         let cancelled = self
@@ -532,7 +563,12 @@ impl<'a> Ctx<'a> {
                     Err((op, e)) => self.fail(&node.rel, op, &e),
                 }
             }
-            if let (Some((tmp, name)), Some(parent)) = (&node.staged_as, &node.parent) {
+            // A fenced copy leaves its staging directories for the new owner to adopt.
+            let staged = node
+                .staged_as
+                .as_ref()
+                .filter(|_| !self.fenced.load(Ordering::Relaxed));
+            if let (Some((tmp, name)), Some(parent)) = (staged, &node.parent) {
                 if let Err(e) =
                     sys::renameat(parent.dst.as_fd(), tmp, parent.dst.as_fd(), name, true)
                 {
@@ -885,6 +921,10 @@ impl<'a> Ctx<'a> {
     /// Move a finished staging entry to its final name. `Ok(false)` when an entry that
     /// appeared meanwhile is kept by the overwrite policy (the staging entry is removed).
     fn commit(&self, dir: &DirNode, tmp: &CStr, name: &CStr) -> Result<bool, Fail> {
+        if !self.owns() {
+            let _ = sys::unlinkat(dir.dst.as_fd(), tmp, false);
+            return Err(("rename into place", not_owner()));
+        }
         let no_replace = dir.fresh || self.opts.overwrite == Overwrite::Never;
         match sys::renameat(dir.dst.as_fd(), tmp, dir.dst.as_fd(), name, no_replace) {
             Ok(()) => Ok(true),
@@ -1204,6 +1244,9 @@ impl<'a> Ctx<'a> {
         hash: Option<u128>,
         replace: bool,
     ) -> Result<(), Fail> {
+        if !self.owns() {
+            return Err(("link", not_owner()));
+        }
         // linkat cannot replace; a kept or replaced name was settled by keep_existing.
         if replace || (!dst_dir.fresh && self.opts.overwrite != Overwrite::Never) {
             match sys::unlinkat(dst_dir.dst.as_fd(), dst_name, false) {
@@ -1320,6 +1363,9 @@ impl<'a> Ctx<'a> {
     /// Give a finished file its final name. `Ok(false)` when an entry that appeared
     /// meanwhile is kept by the overwrite policy.
     fn commit_staged(&self, dir: &DirNode, staged: &mut Staged, name: &CStr) -> Result<bool, Fail> {
+        if !self.owns() {
+            return Err(("link into place", not_owner()));
+        }
         let replace = !dir.fresh && self.opts.overwrite != Overwrite::Never;
         match std::mem::replace(&mut staged.at, StagedAt::Committed) {
             StagedAt::Final(_) | StagedAt::Committed => Ok(true),
@@ -1997,6 +2043,11 @@ fn manifest_path(line: &[u8]) -> Option<Vec<u8>> {
         }
     }
     Some(path)
+}
+
+/// The copy no longer owns the destination (`Options::fence`).
+fn not_owner() -> io::Error {
+    io::Error::other("this copy no longer owns the destination (fenced); nothing more is committed")
 }
 
 fn source_changed(msg: String) -> io::Error {

@@ -37,7 +37,7 @@ pub use beneath::{
     PATH_ESCAPE, SYMLINK_REJECTED,
 };
 pub use error::{Error, Failure, FailureKind};
-pub use options::{Faults, Options, Overwrite, Preserve, Reflink, Select, Verify};
+pub use options::{Faults, Fence, Options, Overwrite, Preserve, Reflink, Select, Verify};
 pub use progress::{NoProgress, Progress, Strategy};
 
 use copy::{Ctx, DirNode, Task};

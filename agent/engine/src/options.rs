@@ -114,6 +114,21 @@ impl Preserve {
     }
 }
 
+/// Asked before anything becomes visible under a final name (a file linked or renamed
+/// into place, a staged directory renamed, the manifest's buffered lines written).
+/// `false` means this copy no longer owns the destination (the node agent lost its
+/// heartbeat lease, or the shard moved to another agent, who may already be resuming it):
+/// the copy then stops and makes nothing more visible, leaving its staging for the new
+/// owner to adopt. Cheap, as it runs once per file.
+#[derive(Clone)]
+pub struct Fence(pub Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fence")
+    }
+}
+
 /// Everything a copy needs besides the two paths.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -152,6 +167,8 @@ pub struct Options {
     /// reports as copied is on stable storage. A failed flush is reported (never retried:
     /// after a failed flush the kernel may have dropped the dirty pages it could not write).
     pub sync: bool,
+    /// Whether this copy still owns the destination; see [`Fence`]. `None`: always.
+    pub fence: Option<Fence>,
     /// Test-only fault injection; empty in normal use.
     #[doc(hidden)]
     pub faults: Faults,
@@ -170,6 +187,7 @@ impl Default for Options {
             cancel: None,
             resume: false,
             staging_tag: None,
+            fence: None,
             sync: false,
             faults: Faults::default(),
         }
