@@ -421,3 +421,101 @@ fn an_unreadable_part_of_the_source_fails_partially_failed_and_the_rest_is_copie
     }
     Ok(())
 }
+
+/// `agent/tests/fuse/eiofs.py` serving `root` at `at` (reads of `bad-*` files fail with
+/// EIO, `flaky-*` files fail through their first open only); unmounted when dropped.
+struct Eiofs(PathBuf, std::process::Child);
+
+impl Eiofs {
+    /// `None` (after saying why) where FUSE cannot be used.
+    fn mount(root: &Path, at: &Path) -> Result<Option<Self>> {
+        let script = ferry_e2e::repo_root().join("agent/tests/fuse/eiofs.py");
+        let usable = Path::new("/dev/fuse").exists()
+            && std::process::Command::new("/usr/bin/python3")
+                .args(["-c", "import fusepy"])
+                .status()
+                .is_ok_and(|s| s.success());
+        if !usable {
+            eprintln!("skipped: no /dev/fuse or no python3-fusepy (apt install python3-fusepy fuse3)");
+            return Ok(None);
+        }
+        std::fs::create_dir_all(at)?;
+        let child = std::process::Command::new("/usr/bin/python3")
+            .arg(script)
+            .arg(root)
+            .arg(at)
+            .spawn()?;
+        let mounted = Self(at.to_path_buf(), child);
+        let parent = std::fs::metadata(at.parent().context("mount point")?)?;
+        use std::os::unix::fs::MetadataExt;
+        ferry_e2e::wait_for("eiofs to mount", Duration::from_secs(10), || {
+            std::fs::metadata(at).is_ok_and(|m| m.dev() != parent.dev())
+        })?;
+        Ok(Some(mounted))
+    }
+}
+
+impl Drop for Eiofs {
+    fn drop(&mut self) {
+        // Lazily: an agent may still hold the root open.
+        let _ = std::process::Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.0)
+            .status();
+        let _ = self.1.kill();
+        let _ = self.1.wait();
+    }
+}
+
+#[test]
+fn a_source_with_read_errors_fails_io_error_with_the_paths_after_one_rewrite() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    let (_procs, hosts) = cp.start_ferry(&["node-a"])?;
+    // The real files, and the failing view of them the node has as its source volume.
+    let real = cp.dir().join("disk");
+    make_tree(&real.join("src"), 2, 10, 3000)?;
+    std::fs::write(real.join("src/d0/bad-sector"), vec![7u8; 5000])?;
+    std::fs::write(real.join("src/d1/flaky-cable"), vec![9u8; 5000])?;
+    let Some(_fuse) = Eiofs::mount(&real, &hosts.join("node-a/srv/eio"))? else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(hosts.join("node-a/srv/data"))?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: eio\nspec:\n  path: /srv/eio\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n  readOnly: true\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: eio\n  namespace: default\nspec:\n  source: {root: eio, path: src}\n  destination: {root: data, path: copy}\n  verify: Checksum\n")?;
+    cp.wait_until(
+        "copyjob/eio",
+        "default",
+        "{.status.phase}/{.status.conditions[?(@.type==\"Failed\")].reason}",
+        Duration::from_secs(60),
+        |v| v == "Failed/IOError",
+    )?;
+    let failures = cp.get(
+        "copyjob/eio",
+        "default",
+        "{range .status.failures[*]}{.path}:{.reason};{end}",
+    )?;
+    ensure!(
+        failures == "d0/bad-sector:IOError;",
+        "status.failures should list the unreadable file once: {failures}"
+    );
+    ensure!(
+        cp.event_reasons("default", "eio")?.contains("IOError"),
+        "no IOError event"
+    );
+    // The flaky file was read again and copied; the bad one is nowhere; the rest is whole.
+    let copy = hosts.join("node-a/srv/data/copy");
+    ensure!(std::fs::read(copy.join("d1/flaky-cable"))? == vec![9u8; 5000]);
+    ensure!(!copy.join("d0/bad-sector").exists(), "a partial bad file");
+    for rel in files(&real.join("src"))? {
+        if !rel.ends_with("bad-sector") {
+            ensure!(
+                std::fs::read(copy.join(&rel))? == std::fs::read(real.join("src").join(&rel))?,
+                "{} differs",
+                rel.display()
+            );
+        }
+    }
+    Ok(())
+}

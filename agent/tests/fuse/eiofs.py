@@ -23,7 +23,7 @@ class EioFS(Operations):
 
     def __init__(self, root):
         self.root = root
-        self.lock = threading.Lock()
+        self.mutex = threading.Lock()
         self.next_fh = 1
         self.fds = {}  # fh -> (fd, fails)
         self.opened = set()  # flaky paths opened at least once
@@ -57,7 +57,7 @@ class EioFS(Operations):
             raise FuseOSError(errno.EROFS)
         name = os.path.basename(path)
         fd = os.open(self._real(path), os.O_RDONLY)
-        with self.lock:
+        with self.mutex:
             fails = name.startswith("bad-")
             if name.startswith("flaky-") and path not in self.opened:
                 self.opened.add(path)
@@ -68,14 +68,14 @@ class EioFS(Operations):
         return fh
 
     def read(self, path, size, offset, fh):
-        with self.lock:
+        with self.mutex:
             fd, fails = self.fds[fh]
         if fails:
             raise FuseOSError(errno.EIO)
         return os.pread(fd, size, offset)
 
     def release(self, path, fh):
-        with self.lock:
+        with self.mutex:
             fd, _ = self.fds.pop(fh)
         os.close(fd)
 
