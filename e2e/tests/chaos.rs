@@ -115,7 +115,7 @@ impl Cluster<'_> {
         Ok(true)
     }
 
-    /// Kill the replica holding the leader Lease (or any live one).
+    /// Kill the replica holding the leader Lease (or any live one if none holds it).
     fn kill_leader(&mut self, down: Duration) -> Result<bool> {
         let holder = self.cp.kubectl_ok(&[
             "get",
@@ -127,12 +127,21 @@ impl Cluster<'_> {
             "-o",
             "jsonpath={.spec.holderIdentity}",
         ])?;
-        let i = holder
+        // A leader that is already down (its lease not yet taken) is not killed again,
+        // nor is its standby in its place: that one is about to take over.
+        let i = match holder
             .strip_prefix("op-")
             .and_then(|i| i.parse::<usize>().ok())
-            .filter(|&i| self.operators.get(i).is_some_and(Option::is_some))
-            .or_else(|| self.operators.iter().position(Option::is_some));
-        let Some(i) = i else { return Ok(false) };
+        {
+            Some(i) => i,
+            None => match self.operators.iter().position(Option::is_some) {
+                Some(i) => i,
+                None => return Ok(false),
+            },
+        };
+        if self.operators.get(i).is_none_or(Option::is_none) {
+            return Ok(false);
+        }
         if let Some(mut p) = self.operators[i].take() {
             p.kill()?;
         }
@@ -203,6 +212,7 @@ fn random_sigkills_of_agents_and_operators_lose_nothing_and_recopy_nothing() -> 
         |v| v.parse::<u64>().unwrap_or(0) > 0,
     )?;
     let mut kills = Vec::new();
+    let mut took_over = false;
     let started = Instant::now();
     while kills.len() < KILLS {
         std::thread::sleep(Duration::from_millis(150 + rng.below(700)));
@@ -224,6 +234,18 @@ fn random_sigkills_of_agents_and_operators_lose_nothing_and_recopy_nothing() -> 
             6..=8 => 3500 + rng.below(1500),
             _ => 18_000,
         });
+        // Once, for certain: the leader goes mid-copy and stays away past its 15 s lease,
+        // so the other replica must take over and go on.
+        let both_up = cluster.operators.iter().all(Option::is_some);
+        if kills.len() >= 3 && !took_over && both_up {
+            took_over = cluster.kill_leader(Duration::from_secs(20))?;
+            println!(
+                "{:>6.1}s kill operator, down 20.0s (the standby must take over)",
+                started.elapsed().as_secs_f64()
+            );
+            kills.push("operator (standby takes over)".to_string());
+            continue;
+        }
         let what = match rng.below(4) {
             0 | 1 => {
                 let i = rng.below(NODES.len() as u64) as usize;
@@ -265,6 +287,7 @@ fn random_sigkills_of_agents_and_operators_lose_nothing_and_recopy_nothing() -> 
         "only {} kills happened before the copy finished; slow it down",
         kills.len()
     );
+    ensure!(took_over, "the leader was never killed with its standby up");
     cp.wait_succeeded("default", "chaos", 300)?;
     for p in cluster.agents.iter_mut().flatten() {
         cluster.written += written(p.id())?;
@@ -308,6 +331,19 @@ fn random_sigkills_of_agents_and_operators_lose_nothing_and_recopy_nothing() -> 
     ensure!(
         files_done == FILES.to_string(),
         "filesDone is {files_done}, not {FILES}"
+    );
+    let transitions = cp.kubectl_ok(&[
+        "get",
+        "lease",
+        "ferry-operator",
+        "-n",
+        "ferry-system",
+        "-o",
+        "jsonpath={.spec.leaseTransitions}",
+    ])?;
+    ensure!(
+        transitions.parse::<u32>().unwrap_or(0) >= 1,
+        "the leader Lease never changed hands ({transitions:?})"
     );
     // Bytes written by every agent process, over the tree's bytes. The manifest, logs and
     // API traffic add a little; recopied files would add their whole size.

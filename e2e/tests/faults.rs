@@ -436,7 +436,9 @@ impl Eiofs {
                 .status()
                 .is_ok_and(|s| s.success());
         if !usable {
-            eprintln!("skipped: no /dev/fuse or no python3-fusepy (apt install python3-fusepy fuse3)");
+            eprintln!(
+                "skipped: no /dev/fuse or no python3-fusepy (apt install python3-fusepy fuse3)"
+            );
             return Ok(None);
         }
         std::fs::create_dir_all(at)?;
