@@ -265,3 +265,108 @@ fn a_cancelled_copy_leaves_whole_files_only_and_a_resumed_copy_finishes_it() -> 
     }
     Ok(())
 }
+
+/// A copy whose fence says no (the node agent lost its lease or its shard) makes nothing
+/// more visible: no file linked after that moment, the staged top directory left under
+/// its staging name for the next owner, no manifest lines; the next owner's resumed run
+/// (same staging tag) adopts all of it and finishes with nothing copied twice.
+#[test]
+fn a_fenced_copy_makes_nothing_more_visible_and_the_next_owner_adopts_its_staging() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    let names = build_tree(&src, 10, 30)?;
+    let before = snapshot(&src)?;
+    let dst = tmp.path().join("dst");
+    let manifest = tmp.path().join("copy.xxh128");
+    let progress = Arc::new(Count::default());
+    let owned = Arc::new(AtomicBool::new(true));
+    let mut opts = Options {
+        workers: 2,
+        verify: Verify::Checksum,
+        manifest: Some(manifest.clone()),
+        staging_tag: Some("fencetest".into()),
+        ..Options::default()
+    };
+    opts.fence = Some(ferry_engine::Fence(Arc::new({
+        let owned = owned.clone();
+        move || owned.load(Ordering::SeqCst)
+    })));
+    opts.faults.delay_per_file = Some(Duration::from_millis(3));
+    let (first, at_fence) = std::thread::scope(|s| {
+        let copy = s.spawn(|| ferry_engine::copy(&src, &dst, &opts, &*progress));
+        while progress.0.load(Ordering::Relaxed) < 60 && !copy.is_finished() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        owned.store(false, Ordering::SeqCst);
+        let at_fence = progress.0.load(Ordering::Relaxed);
+        (copy.join().expect("copy thread panicked"), at_fence)
+    });
+    let first = first?;
+    ensure!(
+        first.cancelled,
+        "a fenced copy reports that it stopped: {first:?}"
+    );
+    ensure!(
+        (at_fence as usize) < names,
+        "fenced too late to test anything: {at_fence} of {names} entries"
+    );
+    // Nothing under the final name: the top directory is still staged.
+    ensure!(
+        !dst.exists(),
+        "the fenced copy renamed its staging into place"
+    );
+    let staged: Vec<_> = std::fs::read_dir(tmp.path())?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".ferry-fencetest-d"))
+        .collect();
+    ensure!(staged.len() == 1, "the staging directory: {staged:?}");
+    // At most the files already past their check when the fence flipped (one per worker).
+    let files_there = snapshot(&tmp.path().join(&staged[0]))?
+        .entries
+        .values()
+        .filter(|m| m.kind != Kind::Dir)
+        .count();
+    ensure!(
+        files_there as u64 <= at_fence + 2,
+        "{files_there} entries visible; {at_fence} were done when the fence flipped"
+    );
+    let lines = std::fs::read_to_string(&manifest)?.lines().count();
+    ensure!(lines == 0, "a fenced copy wrote {lines} manifest lines");
+
+    // The next owner: same tag, resumed, its own fence always yes.
+    opts.fence = None;
+    opts.resume = true;
+    opts.faults.delay_per_file = None;
+    let second = ferry_engine::copy(&src, &dst, &opts, &ferry_engine::NoProgress)?;
+    ensure!(second.failures.is_empty(), "{:?}", second.failures);
+    ensure!(
+        second.files_resumed > 0
+            && second.files + second.files_resumed == names as u64 - hard_extra(&before),
+        "resumed {} + copied {} files for {names} names",
+        second.files_resumed,
+        second.files
+    );
+    compare(&before, &dst, Check::default())?;
+    ensure!(staging_leftovers(&dst)?.is_empty(), "staging names left");
+    let listed = manifest_paths(&[manifest])?;
+    for p in regular_paths(&before) {
+        ensure!(
+            listed.get(&p) == Some(&1),
+            "{p} is listed {:?} times in the manifest",
+            listed.get(&p)
+        );
+    }
+    Ok(())
+}
+
+/// Names of regular files beyond the first of each hard-link group.
+fn hard_extra(tree: &Tree) -> u64 {
+    let files: Vec<_> = tree
+        .entries
+        .values()
+        .filter(|m| m.kind == Kind::File)
+        .collect();
+    let inodes: std::collections::BTreeSet<(u64, u64)> = files.iter().map(|m| m.inode).collect();
+    (files.len() - inodes.len()) as u64
+}
