@@ -301,7 +301,9 @@ pub struct ShardStatus {
     pub id: String,
     /// Node whose agent runs it.
     pub node: String,
-    /// Assignment epoch: an agent only publishes work for the epoch it was given.
+    /// Assignment epoch, raised each time the shard is given to an agent: an agent's
+    /// updates are refused by the API server unless `node` and `epoch` are still the ones
+    /// it was given (a JSON patch `test`), so an agent that lost its shard cannot publish.
     pub epoch: i64,
     /// Host path of the source's root or volume, as resolved by the operator (the agent
     /// joins the endpoint's relative path below it, under its host-root mount).
@@ -342,7 +344,11 @@ pub struct ShardStatus {
 pub struct FailedPath {
     /// Path relative to the source.
     pub path: String,
-    /// Stable reason (NoSpace, PermissionDenied, SourceChanged, ChecksumMismatch, ...).
+    /// Stable reason. Per entry: PermissionDenied, NotFound, SourceChanged (changed on
+    /// every one of 3 attempts), ChecksumMismatch, IOError (failed again on a fresh
+    /// rewrite), DestinationConflict, ReflinkUnsupported, DestinationFull. For a whole
+    /// shard (path "."): DestinationFull (says how much more is needed), NodeUnavailable,
+    /// PathEscape, SymlinkRejected, Openat2Unavailable, CannotStart.
     pub reason: String,
     /// What happened.
     pub message: String,

@@ -795,7 +795,8 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster core/pods list",                       // CSI: a pod that mounts the claim
         "cluster events.k8s.io/events create",          // Recorder::publish
         "cluster events.k8s.io/events patch",           // Recorder::publish, a repeat
-        "ferry-system coordination.k8s.io/leases list", // live_agents
+        "ferry-system coordination.k8s.io/leases list", // heartbeats reflector
+        "ferry-system coordination.k8s.io/leases watch", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases create", // leader: first claim
         "ferry-system coordination.k8s.io/leases get ferry-operator", // leader
         "ferry-system coordination.k8s.io/leases update ferry-operator", // leader: renew
