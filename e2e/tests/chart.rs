@@ -782,20 +782,20 @@ fn set(lines: &[&str]) -> BTreeSet<String> {
 /// Every permission the operator's ServiceAccount has, each a call in operator/src.
 fn operator_permissions() -> BTreeSet<String> {
     set(&[
-        "cluster ferry.dev/copyjobs list",              // Controller watch
-        "cluster ferry.dev/copyjobs watch",             // Controller watch
-        "cluster ferry.dev/copyjobs patch",             // finalizer add/remove
-        "cluster ferry.dev/copyjobs delete",            // ttlSecondsAfterFinished
-        "cluster ferry.dev/copyjobs/status patch",      // status by server-side apply
-        "cluster ferry.dev/storageroots get",           // resolve_root
-        "cluster core/namespaces get",                  // StorageRoot namespace selector
-        "cluster core/nodes list",                      // eligible_nodes
-        "cluster core/persistentvolumeclaims get",      // resolve_pvc
-        "cluster core/persistentvolumes get",           // resolve_pvc
-        "cluster core/pods list",                       // CSI: a pod that mounts the claim
-        "cluster events.k8s.io/events create",          // Recorder::publish
-        "cluster events.k8s.io/events patch",           // Recorder::publish, a repeat
-        "ferry-system coordination.k8s.io/leases list", // heartbeats reflector
+        "cluster ferry.dev/copyjobs list",               // Controller watch
+        "cluster ferry.dev/copyjobs watch",              // Controller watch
+        "cluster ferry.dev/copyjobs patch",              // finalizer add/remove
+        "cluster ferry.dev/copyjobs delete",             // ttlSecondsAfterFinished
+        "cluster ferry.dev/copyjobs/status patch",       // status by server-side apply
+        "cluster ferry.dev/storageroots get",            // resolve_root
+        "cluster core/namespaces get",                   // StorageRoot namespace selector
+        "cluster core/nodes list",                       // eligible_nodes
+        "cluster core/persistentvolumeclaims get",       // resolve_pvc
+        "cluster core/persistentvolumes get",            // resolve_pvc
+        "cluster core/pods list",                        // CSI: a pod that mounts the claim
+        "cluster events.k8s.io/events create",           // Recorder::publish
+        "cluster events.k8s.io/events patch",            // Recorder::publish, a repeat
+        "ferry-system coordination.k8s.io/leases list",  // heartbeats reflector
         "ferry-system coordination.k8s.io/leases watch", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases create", // leader: first claim
         "ferry-system coordination.k8s.io/leases get ferry-operator", // leader
