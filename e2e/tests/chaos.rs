@@ -91,9 +91,9 @@ impl Cluster<'_> {
     /// Restart what is due.
     fn revive(&mut self) -> Result<()> {
         let now = Instant::now();
-        for i in 0..NODES.len() {
+        for (i, node) in NODES.iter().enumerate() {
             if self.agent_back[i].is_some_and(|t| t <= now) {
-                self.agents[i] = Some(self.cp.spawn_agent(NODES[i], &AGENT_ENV)?);
+                self.agents[i] = Some(self.cp.spawn_agent(node, &AGENT_ENV)?);
                 self.agent_back[i] = None;
             }
         }

@@ -565,6 +565,16 @@ async fn check(
     Ok(None)
 }
 
+/// What `decide` adds to a reconcile besides the shards.
+#[derive(Default)]
+struct Decided {
+    conditions: Vec<Condition>,
+    /// A dry run of a job that would be split: (shards, nodes) it would use.
+    shape: Option<(i64, Vec<String>)>,
+    /// Events to publish once the status that explains them is written.
+    notes: Vec<KubeEvent>,
+}
+
 /// The Accepted, Resolved and Scheduled conditions, and the shards: created on first
 /// resolution, then handed to idle agents. Returns when to look again, if no status
 /// change is bound to trigger it.
@@ -574,10 +584,13 @@ async fn decide(
     blocked: &Option<Blocked>,
     roots: &[Volume],
     shards: &mut Vec<ShardStatus>,
-    conditions: &mut Vec<Condition>,
-    shape: &mut Option<(i64, Vec<String>)>,
-    notes: &mut Vec<KubeEvent>,
+    out: &mut Decided,
 ) -> Result<Option<Duration>, Error> {
+    let Decided {
+        conditions,
+        shape,
+        notes,
+    } = out;
     let generation = job.metadata.generation;
     let old = job.status.clone().unwrap_or_default();
     let previous = old.conditions.as_slice();
@@ -736,34 +749,25 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     } else {
         check(ctx, &ns, job, &mut roots).await?
     };
-    let mut conditions = Vec::new();
     let mut shards = old.shards.clone();
     let mut requeue = None;
-    // A dry run of a job that would be split: (shards, nodes) it would use.
-    let mut shape = None;
-    // Events to publish once the status that explains them is written.
-    let mut notes = Vec::new();
+    let mut decided = Decided::default();
     if finished_before {
         // Keep what was decided when it ran.
-        conditions.extend(
+        decided.conditions.extend(
             previous
                 .iter()
                 .filter(|c| ["Accepted", "Resolved", "Scheduled"].contains(&c.type_.as_str()))
                 .cloned(),
         );
     } else {
-        requeue = decide(
-            ctx,
-            job,
-            &blocked,
-            &roots,
-            &mut shards,
-            &mut conditions,
-            &mut shape,
-            &mut notes,
-        )
-        .await?;
+        requeue = decide(ctx, job, &blocked, &roots, &mut shards, &mut decided).await?;
     }
+    let Decided {
+        mut conditions,
+        shape,
+        notes,
+    } = decided;
     let (phase, progress, failures) = aggregate(&shards);
     let phase = match (&blocked, job.spec.suspend) {
         (Some(_), _) => Phase::Pending,
