@@ -170,7 +170,16 @@ fn rendered_chart_is_accepted_by_the_apiserver_and_the_agent_pod_needs_a_privile
         "agent not privileged"
     );
     ensure!(
-        c["args"] == serde_json::json!(["run", "--host-root", "/host", "--workers", "0"]),
+        c["args"]
+            == serde_json::json!([
+                "run",
+                "--host-root",
+                "/host",
+                "--workers",
+                "0",
+                "--lease-seconds",
+                "30"
+            ]),
         "agent args {}",
         c["args"]
     );
@@ -1200,7 +1209,16 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         pod["volumes"]
     );
     ensure!(
-        agent["args"] == serde_json::json!(["run", "--host-root", "/host", "--workers", "8"])
+        agent["args"]
+            == serde_json::json!([
+                "run",
+                "--host-root",
+                "/host",
+                "--workers",
+                "8",
+                "--lease-seconds",
+                "30"
+            ])
             && env(agent, "FERRY_LISTEN") == "[::]:9090"
             && pod.get("priorityClassName").is_none()
             && pod.get("tolerations").is_none()
