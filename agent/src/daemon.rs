@@ -99,8 +99,8 @@ struct Active {
     cancel: Arc<AtomicBool>,
     /// The job is being deleted (rather than suspended).
     deleting: AtomicBool,
-    /// The shard is no longer this agent's to run (given to another node or epoch, or this
-    /// agent's heartbeat is stale): it stops without publishing anything more.
+    /// The shard is no longer this agent's to run (given to another node or epoch, as the
+    /// watch or the API server says): it stops without publishing anything more.
     fenced: AtomicBool,
 }
 
@@ -311,15 +311,16 @@ pub async fn run(settings: Settings) -> Result<()> {
 }
 
 impl Agent {
-    /// Stop every running shard, without publishing, when this agent may no longer hold
-    /// work (its heartbeat has not been renewed for two thirds of a lease).
+    /// Stop every running shard when this agent may no longer hold work (its heartbeat has
+    /// not been renewed for two thirds of a lease); they publish nothing (see run_shard).
     fn fence_if_stale(&self) {
         if self.fence.holds() {
             return;
         }
+        // Only stopped, not marked as given away: if the heartbeat comes back before the
+        // operator gives the shard to someone else, a rescan runs it again (resumed).
         for (key, active) in lock(&self.running).iter() {
-            if !active.fenced.swap(true, Ordering::Relaxed) {
-                active.cancel.store(true, Ordering::Relaxed);
+            if !active.cancel.swap(true, Ordering::Relaxed) {
                 tracing::warn!(shard = %key, "heartbeat not renewed: stopping the shard (another agent may be given it)");
             }
         }
@@ -979,4 +980,42 @@ async fn publish(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_may_commit_only_while_the_heartbeat_has_held_without_a_gap_since_it_began() {
+        let fence = Fence::new(3);
+        assert!(
+            !fence.holds(),
+            "nothing may be committed before the first renewal"
+        );
+        fence.renewed(std::time::Instant::now());
+        assert!(fence.holds());
+        let run = fence.lapses.load(Ordering::SeqCst);
+        assert!(fence.holds_since(run));
+        // A renewal sent long ago (the agent was frozen or cut off) has already run out...
+        let long_ago = std::time::Instant::now() - Duration::from_secs(10);
+        let fence = Fence {
+            base: long_ago - Duration::from_secs(1),
+            ..Fence::new(3)
+        };
+        fence.renewed(long_ago);
+        let run = fence.lapses.load(Ordering::SeqCst);
+        assert!(!fence.holds() && !fence.holds_since(run));
+        // ...and the next renewal brings the agent back, but not the runs from before the gap.
+        fence.renewed(std::time::Instant::now());
+        assert!(fence.holds());
+        assert!(
+            !fence.holds_since(run),
+            "a run from before the gap must stay fenced"
+        );
+        assert!(
+            fence.holds_since(run + 1),
+            "a run started after it may commit"
+        );
+    }
 }
