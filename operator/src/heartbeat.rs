@@ -19,7 +19,7 @@ use kube::ResourceExt;
 pub const LEASE_PREFIX: &str = "ferry-agent-";
 
 /// What this operator has seen of one agent's Lease.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Seen {
     renew: Option<String>,
     /// When the current `renew` was (in effect) written, on our clock.
@@ -42,8 +42,8 @@ impl Heartbeats {
         }
     }
 
-    /// Take in the Leases as they are now.
-    fn observe(&self) -> HashMap<String, Seen> {
+    /// Take in the Leases as they are now, and look at what was seen.
+    fn observe<T>(&self, look: impl FnOnce(&HashMap<String, Seen>) -> T) -> T {
         let now = Instant::now();
         let wall = Timestamp::now();
         let mut seen = self
@@ -92,24 +92,69 @@ impl Heartbeats {
                 }
             }
         }
-        seen.clone()
+        look(&seen)
     }
 
     /// Nodes whose agent's Lease is current.
     pub fn live(&self) -> BTreeSet<String> {
-        self.observe()
-            .into_iter()
-            .filter(|(_, s)| s.at.elapsed() <= s.duration)
-            .map(|(node, _)| node)
-            .collect()
+        self.observe(|seen| {
+            seen.iter()
+                .filter(|(_, s)| s.at.elapsed() <= s.duration)
+                .map(|(node, _)| node.clone())
+                .collect()
+        })
     }
 
     /// `None` while the node's agent is live; otherwise how long ago its Lease expired
     /// (zero for a node whose agent this operator has never seen).
     pub fn lost_for(&self, node: &str) -> Option<Duration> {
-        match self.observe().get(node) {
+        self.observe(|seen| match seen.get(node) {
             None => Some(Duration::ZERO),
             Some(s) => s.at.elapsed().checked_sub(s.duration),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::runtime::{reflector, watcher};
+
+    fn lease(node: &str, renewed: Timestamp, secs: i32) -> Lease {
+        Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{LEASE_PREFIX}{node}")),
+                namespace: Some("ferry-system".into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                renew_time: Some(MicroTime(renewed)),
+                lease_duration_seconds: Some(secs),
+                ..Default::default()
+            }),
         }
+    }
+
+    #[test]
+    fn an_agent_is_live_while_its_lease_keeps_changing_on_the_operators_clock() {
+        let (store, mut writer) = reflector::store::<Lease>();
+        let now = Timestamp::now();
+        let hour_ago = now - k8s_openapi::jiff::SignedDuration::from_secs(3600);
+        writer.apply_watcher_event(&watcher::Event::Apply(lease("fresh", now, 1)));
+        writer.apply_watcher_event(&watcher::Event::Apply(lease("old", hour_ago, 30)));
+        let hb = Heartbeats::new(store);
+        // First sight: the agent's own timestamp says whether it is current.
+        assert_eq!(hb.live(), BTreeSet::from(["fresh".to_string()]));
+        assert!(hb.lost_for("old").is_some());
+        assert_eq!(hb.lost_for("never-seen"), Some(Duration::ZERO));
+        // Not renewed for its 1 s duration: lost, whatever the timestamp claims.
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(hb.live().is_empty());
+        // A renewal (a new renewTime) brings it back, even from a clock far behind ours.
+        writer.apply_watcher_event(&watcher::Event::Apply(lease("fresh", hour_ago, 1)));
+        assert_eq!(hb.live(), BTreeSet::from(["fresh".to_string()]));
+        assert_eq!(hb.lost_for("fresh"), None);
     }
 }
