@@ -47,6 +47,9 @@ pub struct Settings {
     /// Test-only: flip a byte of every destination file with this name after it is
     /// written (`FERRY_FAULT_CORRUPT_FILE`), so end-to-end tests see a checksum mismatch.
     pub corrupt_file: Option<String>,
+    /// Test-only: append a byte to every source file with this name each time it has been
+    /// copied (`FERRY_FAULT_CHANGE_SOURCE`), so end-to-end tests see `SourceChanged`.
+    pub change_source: Option<String>,
     /// Address of the /metrics, /healthz and /readyz endpoints.
     pub listen: std::net::SocketAddr,
     /// Duration of the heartbeat Lease (renewed every third of it).
@@ -672,6 +675,10 @@ async fn run_shard(
     opts.cancel = Some(active.cancel.clone());
     opts.faults.delay_per_file = settings.file_delay;
     opts.faults.corrupt_after_write = settings.corrupt_file.clone().map(String::into_bytes);
+    opts.faults.change_source = settings
+        .change_source
+        .clone()
+        .map(|name| (name.into_bytes(), u32::MAX));
     let live = Arc::new(Live::default());
     tracing::info!(job = %base, shard = %shard.id, part = %shard.part, resume, "starting shard");
     let done = Arc::new(AtomicBool::new(false));

@@ -28,6 +28,9 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         corrupt_file: std::env::var("FERRY_FAULT_CORRUPT_FILE")
             .ok()
             .filter(|v| !v.is_empty()),
+        change_source: std::env::var("FERRY_FAULT_CHANGE_SOURCE")
+            .ok()
+            .filter(|v| !v.is_empty()),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
