@@ -60,7 +60,10 @@ fn build_tree(src: &Path, tops: usize, subs: usize, files: usize) -> Result<(usi
     Ok((count, bytes))
 }
 
-/// Every regular file under `dir` (staging directories included): inode → size.
+/// Every finished regular file under `dir` (staging directories included): inode → size.
+/// Inside a staging directory files are written under their final names, data first and
+/// times last, so one a killed run was writing still has the time it was written, not its
+/// source's (all before 2020 here), and is not counted.
 fn files_under(dir: &Path, out: &mut BTreeMap<(u64, u64), u64>) -> Result<()> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Ok(());
@@ -72,7 +75,7 @@ fn files_under(dir: &Path, out: &mut BTreeMap<(u64, u64), u64>) -> Result<()> {
         };
         if md.is_dir() {
             files_under(&e.path(), out)?;
-        } else if md.is_file() {
+        } else if md.is_file() && md.mtime() < 1_600_000_000 {
             out.insert((md.dev(), md.ino()), md.size());
         }
     }
@@ -209,7 +212,7 @@ fn killed_three_times_then_resumed(dst_exists: bool) -> Result<()> {
         ferry_names(tmp.path(), &mut names)?;
         left_staging |= !names.is_empty();
     }
-    // What the killed runs committed, wherever it is (staged or in place).
+    // What the killed runs finished, wherever it is (staged or in place).
     let present = copied_so_far(tmp.path(), &dst)?;
     let (kept_files, kept_bytes) = (present.len(), present.values().sum::<u64>());
     ensure!(
@@ -540,5 +543,57 @@ fn a_full_destination_stops_cleanly_and_a_resume_after_freeing_space_recopies_no
         listed.len() == 16 && listed.values().all(|&n| n == 1),
         "{listed:?}"
     );
+    Ok(())
+}
+
+/// Inside a staging directory of our tag, files are written under their final names, so a
+/// run killed mid-file leaves one unfinished there. A resumed run must tell it from the
+/// finished ones: it keeps a finished file (same inode), and replaces the unfinished one.
+#[test]
+fn a_resume_replaces_the_file_a_killed_run_was_writing_and_keeps_the_finished_ones() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    for name in ["done", "half", "todo"] {
+        write_pattern_file(&src.join(name), 20_000)?;
+        set_times(&src.join(name), (1_600_000_000, 0), (1_500_000_000, 7))?;
+    }
+    let dst = tmp.path().join("dst");
+    // What a killed run leaves: the top directory staged, one file finished (data, then
+    // its times), one cut off mid-write (part of its data, the time it was written).
+    let staged = tmp.path().join(format!(
+        ".ferry-{TAG}-d{:016x}.tmp",
+        xxhash_rust::xxh3::xxh3_64(b"dst")
+    ));
+    mkdir(&staged)?;
+    std::fs::copy(src.join("done"), staged.join("done"))?;
+    set_times(&staged.join("done"), (1_600_000_000, 0), (1_500_000_000, 7))?;
+    std::fs::write(
+        staged.join("half"),
+        &std::fs::read(src.join("half"))?[..8192],
+    )?;
+    let done_inode = std::fs::metadata(staged.join("done"))?.ino();
+
+    let manifest = tmp.path().join("m.xxh128");
+    let out = copy(copy_args(&src, &dst, &manifest, true))?;
+    out.expect_code(0)?;
+    let json = out.json()?;
+    ensure!(
+        (num(&json, "files"), num(&json, "files_resumed")) == (2, 1),
+        "expected 2 files copied (half, todo) and 1 resumed (done):\n{out}"
+    );
+    for name in ["done", "half", "todo"] {
+        ensure!(
+            std::fs::read(dst.join(name))? == std::fs::read(src.join(name))?,
+            "{name} differs from its source"
+        );
+    }
+    ensure!(
+        std::fs::metadata(dst.join("done"))?.ino() == done_inode,
+        "the finished file was copied again"
+    );
+    ensure!(!staged.exists(), "the staging directory was not adopted");
+    let lines = std::fs::read_to_string(&manifest)?.lines().count();
+    ensure!(lines == 3, "the manifest has {lines} lines for 3 files");
     Ok(())
 }

@@ -98,6 +98,11 @@ pub(crate) struct DirNode {
     /// The staging name this directory has in its parent until it is complete, and the
     /// final name it is renamed to then.
     staged_as: Option<(CString, CString)>,
+    /// This directory is, or is inside, a staging directory with this copy's tag that a
+    /// resumed copy adopted: everything in it was made by an earlier run of this copy, so
+    /// a file in it that is not a finished copy was being written when that run died, and
+    /// is replaced (never a tenant's file: tenants have nothing under our staging names).
+    ours: bool,
     src_dev: u64,
     dst_dev: u64,
 }
@@ -121,6 +126,7 @@ impl DirNode {
             fresh,
             hidden: false,
             staged_as: None,
+            ours: false,
             src_dev,
             dst_dev,
         })
@@ -144,6 +150,7 @@ impl DirNode {
         let mut root = DirNode::new(src, dst, Some(meta), fresh)?;
         root.parent = Some(Arc::new(parent));
         root.hidden = true;
+        root.ours = !fresh;
         root.staged_as = Some((tmp, name));
         Ok(root)
     }
@@ -611,6 +618,7 @@ impl<'a> Ctx<'a> {
             true => None,
             false => self.adopt_staged(parent.dst.as_fd(), name),
         };
+        let ours = adopted.is_some() || parent.ours;
         let (dst, fresh, staged_as) = match adopted {
             Some((dst, tmp)) => (dst, false, Some((tmp, name.to_owned()))),
             None => {
@@ -664,6 +672,7 @@ impl<'a> Ctx<'a> {
             fresh,
             hidden: staged_as.is_some() || (fresh && parent.hidden),
             staged_as,
+            ours,
             src_dev: st.st_dev,
             dst_dev,
         }))
@@ -803,10 +812,22 @@ impl<'a> Ctx<'a> {
 
     /// Whether entries of `dir` are created under their final names directly: inside a
     /// staged directory nothing is visible yet, so one rename of the directory stands for
-    /// all of them. Not with a staging tag: a resumed copy adopts the staged directory, and
-    /// must be able to trust that a final name inside it holds a complete file.
+    /// all of them. (A resumed copy that adopts such a directory tells finished files from
+    /// the one being written when it died: see `DirNode::ours`.)
     fn names_directly(&self, dir: &DirNode) -> bool {
-        dir.hidden && self.opts.staging_tag.is_none()
+        dir.hidden
+    }
+
+    /// Whether `dir/name`, found by a resumed copy in one of its own staging directories,
+    /// may be a finished copy of `st`: a regular file of its size, and (when times are
+    /// kept) its mtime, which is applied after the data. A file caught mid-write has
+    /// neither yet.
+    fn may_be_finished(&self, dir: &DirNode, name: &CStr, st: &Stat) -> Result<bool, Fail> {
+        let d = sys::lstatat(dir.dst.as_fd(), name).map_err(|e| ("stat destination", e))?;
+        Ok(is_type(&d, libc::S_IFREG)
+            && d.st_size == st.st_size
+            && (!self.opts.preserve.timestamps
+                || (d.st_mtime, d.st_mtime_nsec) == (st.st_mtime, st.st_mtime_nsec)))
     }
 
     /// Copy one non-directory entry. `dtype` is the listing's hint; the real type comes
@@ -967,13 +988,23 @@ impl<'a> Ctx<'a> {
             return self.non_regular(dir, src_name, dst_name, &st);
         }
         if self.keep_existing(dir, dst_name, &st)? {
-            if self.opts.resume && self.opts.preserve.links && st.st_nlink > 1 {
-                return self.adopt_linked(dir, &src, dst_name, &st, local);
+            let resumed_ours = self.opts.resume && dir.ours;
+            let partial = resumed_ours && !self.may_be_finished(dir, dst_name, &st)?;
+            if !partial {
+                if self.opts.resume && self.opts.preserve.links && st.st_nlink > 1 {
+                    return self.adopt_linked(dir, &src, dst_name, &st, local);
+                }
+                let committed = match self.opts.resume {
+                    true => self.committed_earlier(dir, dst_name, &src, &st, local)?,
+                    false => true,
+                };
+                if committed || !resumed_ours {
+                    return Ok(Some(Skip::Kept));
+                }
             }
-            if self.opts.resume {
-                self.committed_earlier(dir, dst_name, &src, &st, local)?;
-            }
-            return Ok(Some(Skip::Kept));
+            // Our own file, not finished: the run that died was writing it.
+            sys::unlinkat(dir.dst.as_fd(), dst_name, false)
+                .map_err(|e| ("remove an unfinished file", e))?;
         }
         self.in_link_group(dir, dst_name, &st, || {
             let first = Tries::default();

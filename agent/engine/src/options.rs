@@ -160,8 +160,9 @@ pub struct Options {
     /// same tag adopts the staging directories an interrupted run left (merging into them
     /// and renaming them into place when complete) and removes its leftover staging files
     /// in every existing directory it visits; entries without this tag are never touched.
-    /// Files are then staged unnamed (`O_TMPFILE`) even inside staged directories, so a
-    /// final name always holds a complete file. `None`: pid-based names, no adoption.
+    /// Inside an adopted directory, a file whose size or mtime is not the source's, or that
+    /// is neither in the manifest nor equal to the source, was being written when the
+    /// earlier run died and is copied again. `None`: pid-based names, no adoption.
     pub staging_tag: Option<String>,
     /// Flush the destination filesystem (`syncfs`) once after the walk, so what the summary
     /// reports as copied is on stable storage. A failed flush is reported (never retried:
