@@ -680,7 +680,7 @@ async fn run_shard(
         .clone()
         .map(|name| (name.into_bytes(), u32::MAX));
     let live = Arc::new(Live::default());
-    tracing::info!(job = %base, shard = %shard.id, part = %shard.part, resume, "starting shard");
+    tracing::info!(job = %base, shard = %shard.id, epoch = shard.epoch, part = %shard.part, resume, "starting shard");
     let done = Arc::new(AtomicBool::new(false));
     publish(agent, target, "Running", &live, None).await?;
     // Totals for the job's PROGRESS and ETA: counted next to a copy that outlasts a few

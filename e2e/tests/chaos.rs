@@ -345,6 +345,45 @@ fn random_sigkills_of_agents_and_operators_lose_nothing_and_recopy_nothing() -> 
         transitions.parse::<u32>().unwrap_or(0) >= 1,
         "the leader Lease never changed hands ({transitions:?})"
     );
+    // No double assignment: each shard ran at each epoch on one node only (a new epoch
+    // on another node is a takeover, which is the point).
+    let mut ran: std::collections::BTreeMap<(String, String), std::collections::BTreeSet<&str>> =
+        Default::default();
+    let logs: Vec<(&str, String)> = NODES
+        .iter()
+        .map(|n| {
+            Ok((
+                *n,
+                std::fs::read_to_string(cp.dir().join(format!("agent-{n}.log")))?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    for (node, log) in &logs {
+        for line in log.lines().filter(|l| l.contains("starting shard")) {
+            let field = |name: &str| {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            ran.entry((field("shard"), field("epoch")))
+                .or_default()
+                .insert(node);
+        }
+    }
+    let doubled: Vec<_> = ran.iter().filter(|(_, nodes)| nodes.len() > 1).collect();
+    ensure!(
+        !ran.is_empty() && doubled.is_empty(),
+        "shards run at the same epoch on two nodes: {doubled:?}"
+    );
+    println!(
+        "{} (shard, epoch) runs, the highest epoch {}",
+        ran.len(),
+        ran.keys()
+            .filter_map(|(_, e)| e.parse::<u32>().ok())
+            .max()
+            .unwrap_or(0)
+    );
     // Bytes written by every agent process, over the tree's bytes. The manifest, logs and
     // API traffic add a little; recopied files would add their whole size.
     let ratio = cluster.written as f64 / bytes as f64;
