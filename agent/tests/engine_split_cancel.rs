@@ -370,3 +370,62 @@ fn hard_extra(tree: &Tree) -> u64 {
     let inodes: std::collections::BTreeSet<(u64, u64)> = files.iter().map(|m| m.inode).collect();
     (files.len() - inodes.len()) as u64
 }
+
+/// `overwrite: Always` replaces what a destination has, but not what an earlier run of the
+/// same copy committed and listed: a resumed copy keeps those (same inodes).
+#[test]
+fn a_resumed_copy_under_overwrite_always_keeps_what_the_earlier_run_committed() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    build_tree(&src, 10, 30)?;
+    let before = snapshot(&src)?;
+    let dst = tmp.path().join("dst");
+    let manifest = tmp.path().join("copy.xxh128");
+    let cancel = Arc::new(AtomicBool::new(false));
+    let progress = Count::default();
+    let mut opts = Options {
+        workers: 2,
+        verify: Verify::Checksum,
+        overwrite: Overwrite::Always,
+        manifest: Some(manifest.clone()),
+        cancel: Some(cancel.clone()),
+        ..Options::default()
+    };
+    opts.faults.delay_per_file = Some(Duration::from_millis(3));
+    let first = std::thread::scope(|s| {
+        let copy = s.spawn(|| ferry_engine::copy(&src, &dst, &opts, &progress));
+        while progress.0.load(Ordering::Relaxed) < 60 && !copy.is_finished() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        cancel.store(true, Ordering::Relaxed);
+        copy.join().expect("copy thread panicked")
+    })?;
+    ensure!(first.cancelled && first.files > 0, "{first:?}");
+    let partial = snapshot(&dst)?;
+    cancel.store(false, Ordering::Relaxed);
+    opts.resume = true;
+    opts.faults.delay_per_file = None;
+    let second = ferry_engine::copy(&src, &dst, &opts, &ferry_engine::NoProgress)?;
+    ensure!(second.failures.is_empty(), "{:?}", second.failures);
+    let got = snapshot(&dst)?;
+    for (p, m) in &partial.entries {
+        if m.kind == Kind::File && m.nlink == 1 {
+            ensure!(
+                got.get(p).map(|g| g.inode) == Some(m.inode),
+                "{} was copied again under overwrite Always",
+                show(p)
+            );
+        }
+    }
+    ensure!(second.files_resumed >= first.files - first.hardlinks.min(first.files));
+    compare(&before, &dst, Check::default())?;
+    let listed = manifest_paths(&[manifest])?;
+    for p in regular_paths(&before) {
+        ensure!(
+            listed.get(&p) == Some(&1),
+            "{p} is listed {:?} times in the manifest",
+            listed.get(&p)
+        );
+    }
+    Ok(())
+}

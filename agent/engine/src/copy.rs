@@ -823,7 +823,11 @@ impl<'a> Ctx<'a> {
     /// kept) its mtime, which is applied after the data. A file caught mid-write has
     /// neither yet.
     fn may_be_finished(&self, dir: &DirNode, name: &CStr, st: &Stat) -> Result<bool, Fail> {
-        let d = sys::lstatat(dir.dst.as_fd(), name).map_err(|e| ("stat destination", e))?;
+        let d = match sys::lstatat(dir.dst.as_fd(), name) {
+            Ok(d) => d,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(e) => return Err(("stat destination", e)),
+        };
         Ok(is_type(&d, libc::S_IFREG)
             && d.st_size == st.st_size
             && (!self.opts.preserve.timestamps
@@ -987,7 +991,14 @@ impl<'a> Ctx<'a> {
             drop(src);
             return self.non_regular(dir, src_name, dst_name, &st);
         }
-        if self.keep_existing(dir, dst_name, &st)? {
+        // Under `overwrite: Always` an existing file is replaced, except by a resumed copy
+        // when an earlier run of this copy listed it and it is still what it wrote.
+        let done_before = self.opts.resume
+            && self.opts.overwrite == Overwrite::Always
+            && !dir.fresh
+            && self.is_listed(&dir.child_path(dst_name))
+            && self.may_be_finished(dir, dst_name, &st)?;
+        if done_before || self.keep_existing(dir, dst_name, &st)? {
             let resumed_ours = self.opts.resume && dir.ours;
             let partial = resumed_ours && !self.may_be_finished(dir, dst_name, &st)?;
             if !partial {
