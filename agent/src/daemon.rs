@@ -165,6 +165,8 @@ struct Agent {
     client: Client,
     settings: Settings,
     fence: Arc<Fence>,
+    /// The syncfs that shards finishing together share.
+    flushes: Arc<crate::flush::Flushes>,
     /// Running shards by `<ns>/<job>/<shard id>`.
     running: Mutex<HashMap<String, Arc<Active>>>,
     /// Runs this process finished, by `<ns>/<job>/<shard id>/<epoch>`: a stale event
@@ -243,6 +245,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         client: client.clone(),
         settings: settings.clone(),
         fence,
+        flushes: Arc::default(),
         running: Mutex::default(),
         finished: Mutex::default(),
     });
@@ -663,8 +666,6 @@ async fn run_shard(
         "{:012x}",
         xxhash_rust::xxh3::xxh3_64(format!("{base}/{}", shard.id).as_bytes()) >> 16
     ));
-    // Succeeded means on stable storage.
-    opts.sync = true;
     // Nothing becomes visible once the shard is not ours (it moved, per the watch or the
     // API server) or may not be (the heartbeat lapsed since this run began).
     let lapses = agent.fence.lapses.load(Ordering::SeqCst);
@@ -773,12 +774,10 @@ async fn run_shard(
         }
         Err(_) => false,
     };
-    {
-        if full {
-            let message =
-                destination_full(&live, src_for_plan, &dst_volume, &src_rel, select, links).await;
-            *lock(&live.start_error) = Some(("DestinationFull", message));
-        }
+    if full {
+        let message =
+            destination_full(&live, src_for_plan, &dst_volume, &src_rel, select, links).await;
+        *lock(&live.start_error) = Some(("DestinationFull", message));
     }
     if select == Select::DirsOnly && state == "Succeeded" {
         let parts = job
@@ -791,6 +790,29 @@ async fn run_shard(
             *lock(&live.start_error) = Some((
                 "CannotStart",
                 format!("joining the parts' manifests: {e:#}"),
+            ));
+            state = "Failed";
+        }
+    }
+    // Succeeded means on stable storage: a syncfs of the destination volume, shared with
+    // the shards that finish on it at the same time (see flush.rs), never retried.
+    if state == "Succeeded" {
+        let (flushes, volume) = (agent.flushes.clone(), dst_volume.clone());
+        let flushed = tokio::task::spawn_blocking(move || {
+            let dev = ferry_engine::sys::fstat(volume.as_fd())
+                .map_err(|e| e.to_string())?
+                .st_dev;
+            flushes.flush(dev, || ferry_engine::sys::syncfs(volume.as_fd()))
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+        if let Err(why) = flushed {
+            *lock(&live.start_error) = Some((
+                "IOError",
+                format!(
+                    "flushing the destination volume failed ({why}): the files may not be on \
+                     stable storage; check the device, then re-create the job"
+                ),
             ));
             state = "Failed";
         }
