@@ -404,7 +404,9 @@ impl Agent {
                 let state = match run_shard(&agent, target, &active).await {
                     Ok(state) => state,
                     Err(e) if fenced_error(&e) => {
-                        tracing::warn!(job = %job.name_any(), shard = %shard.id, "the API server refused our update for this epoch: the shard is no longer ours");
+                        if e.downcast_ref::<Fenced>().is_none() {
+                            tracing::warn!(job = %job.name_any(), shard = %shard.id, "the API server refused our update: the shard was given to another node or epoch");
+                        }
                         "Fenced"
                     }
                     Err(e) => {
@@ -828,8 +830,13 @@ async fn run_shard(
             .store(summary.bytes_reflinked, Ordering::Relaxed);
         live.failed.store(summary.failed, Ordering::Relaxed);
     }
-    if active.fenced.load(Ordering::Relaxed) || !agent.fence.holds_since(lapses) {
-        // Another agent (or epoch) owns the shard now, or may soon: say nothing more.
+    // Another agent (or epoch) owns the shard now, or may: say nothing more.
+    if active.fenced.load(Ordering::Relaxed) {
+        tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the shard was given to another node or epoch");
+        return Err(Fenced.into());
+    }
+    if !agent.fence.holds_since(lapses) {
+        tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the heartbeat not renewed in time while the shard ran (another agent may be given it)");
         return Err(Fenced.into());
     }
     publish(agent, target, state, &live, None).await?;

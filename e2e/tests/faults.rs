@@ -129,14 +129,35 @@ fn a_lost_agents_shared_work_moves_to_another_agent_and_the_stale_agent_commits_
     agent_a.signal("STOP")?;
     let copy = shared.join("copy");
     // The copy is still under its staging name: every file on the volume but the
-    // source's and the manifests, by name (unique in this tree): a stopped copy renames
-    // its staged directories into place.
+    // source's and the manifests, by name (unique in this tree), finished ones only: inside
+    // a staging directory files are written under their final names, data first and times
+    // last, so one being written has neither its source's size nor its mtime yet.
+    let source: std::collections::BTreeMap<PathBuf, (u64, i64)> = files(&shared.join("src"))?
+        .into_iter()
+        .map(|p| {
+            let m = std::fs::metadata(shared.join("src").join(&p))?;
+            use std::os::unix::fs::MetadataExt;
+            Ok((
+                p.file_name().map(PathBuf::from).unwrap_or_default(),
+                (m.size(), m.mtime_nsec() + m.mtime() * 1_000_000_000),
+            ))
+        })
+        .collect::<Result<_>>()?;
     let copied = |shared: &Path| -> Result<BTreeSet<PathBuf>> {
-        Ok(files(shared)?
-            .into_iter()
-            .filter(|p| !p.starts_with("src") && !p.starts_with(".ferry"))
-            .filter_map(|p| p.file_name().map(PathBuf::from))
-            .collect())
+        let mut out = BTreeSet::new();
+        for p in files(shared)? {
+            if p.starts_with("src") || p.starts_with(".ferry") {
+                continue;
+            }
+            let name = p.file_name().map(PathBuf::from).unwrap_or_default();
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(shared.join(&p))?;
+            let here = (m.size(), m.mtime_nsec() + m.mtime() * 1_000_000_000);
+            if source.get(&name) == Some(&here) {
+                out.insert(name);
+            }
+        }
+        Ok(out)
     };
     let before = copied(&shared)?;
     ensure!(

@@ -369,6 +369,14 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// `owns`, as a step of a file's commit.
+    fn may_finish(&self) -> Result<(), Fail> {
+        match self.owns() {
+            true => Ok(()),
+            false => Err(("finish", not_owner())),
+        }
+    }
+
     /// Flush the manifest (its lines were written as files committed).
     /// With `Options::sync` it is also flushed to stable storage: it may live on another
     /// filesystem than the destination's.
@@ -1432,6 +1440,11 @@ impl<'a> Ctx<'a> {
     /// Remove a staged file that will not be committed.
     fn discard(&self, dir: &DirNode, staged: &mut Staged) {
         match std::mem::replace(&mut staged.at, StagedAt::Committed) {
+            // A fenced copy leaves a file it was writing under its final name (inside a
+            // staging directory) to the new owner, who may already have adopted the
+            // directory and made that name again: unlinking it could remove the new
+            // owner's file. The new owner tells an unfinished file by its size and mtime.
+            StagedAt::Final(_) if self.fenced.load(Ordering::Relaxed) => {}
             StagedAt::Final(name) | StagedAt::Named(name) => {
                 let _ = sys::unlinkat(dir.dst.as_fd(), &name, false);
             }
@@ -1672,6 +1685,9 @@ impl<'a> Ctx<'a> {
             }
             None => None,
         };
+        // A file named directly (inside a staging directory) is finished by its times,
+        // which come last: a copy that no longer owns the destination leaves it without.
+        self.may_finish()?;
         meta::apply_fd(
             src.as_fd(),
             dst,
@@ -1853,6 +1869,7 @@ impl<'a> Ctx<'a> {
         let result = match lock(&file.error).take() {
             Some(err) => Err(err),
             None => check_unchanged(file.src.as_fd(), &file.st)
+                .and_then(|()| self.may_finish())
                 .and_then(|()| {
                     meta::apply_fd(
                         file.src.as_fd(),
