@@ -352,7 +352,7 @@ impl Agent {
                 s.id == id
                     && s.node == self.settings.node
                     && s.epoch == active.epoch
-                    && !schedule_failed(s)
+                    && !s.failed_by_operator()
             });
             if !mine && !active.fenced.swap(true, Ordering::Relaxed) {
                 active.cancel.store(true, Ordering::Relaxed);
@@ -435,11 +435,6 @@ impl Agent {
             });
         }
     }
-}
-
-/// A shard the operator failed itself (its node stayed away too long).
-fn schedule_failed(s: &ShardStatus) -> bool {
-    s.state == "Failed" && s.failures.iter().any(|f| f.reason == "NodeUnavailable")
 }
 
 /// The shard a run is for: where it sits in the job's status, for the fenced update.

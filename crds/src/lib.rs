@@ -338,6 +338,18 @@ pub struct ShardStatus {
     pub failures: Vec<FailedPath>,
 }
 
+/// Reason of a shard the operator failed because its node's agent stayed away past the
+/// deadline (node-local volumes only).
+pub const NODE_UNAVAILABLE: &str = "NodeUnavailable";
+
+impl ShardStatus {
+    /// The operator failed this shard itself (its node stayed away too long): its state
+    /// and failure are the operator's, and no agent may run it.
+    pub fn failed_by_operator(&self) -> bool {
+        self.state == "Failed" && self.failures.iter().any(|f| f.reason == NODE_UNAVAILABLE)
+    }
+}
+
 /// One failed path (the first few are kept).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -856,7 +856,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                     "id": s.id, "node": s.node, "epoch": s.epoch, "part": s.part,
                     "sourceRoot": s.source_root, "destinationRoot": s.destination_root,
                 });
-                if schedule::failed_by_operator(s) {
+                if s.failed_by_operator() {
                     a["state"] = s.state.clone().into();
                     a["failures"] = serde_json::to_value(&s.failures).unwrap_or_default();
                 }

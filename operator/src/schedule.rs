@@ -85,8 +85,7 @@ pub fn assign(shards: &mut [ShardStatus], eligible: &[String], max_agents: usize
     changed
 }
 
-/// Reason of a shard failed because its node stayed away past the deadline.
-pub const NODE_UNAVAILABLE: &str = "NodeUnavailable";
+pub use ferry_crds::NODE_UNAVAILABLE;
 
 /// What became of the shards of agents that stopped heartbeating.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -150,11 +149,6 @@ pub fn handle_lost(
     out.waiting.sort();
     out.waiting.dedup();
     out
-}
-
-/// Whether the operator failed this shard (its fields are then the operator's to keep).
-pub fn failed_by_operator(s: &ShardStatus) -> bool {
-    s.failures.iter().any(|f| f.reason == NODE_UNAVAILABLE)
 }
 
 #[cfg(test)]
@@ -277,7 +271,7 @@ mod tests {
         assert_eq!(out.failed, vec![("0".to_string(), "a".to_string())]);
         assert_eq!(shards[0].state, "Failed");
         assert_eq!(shards[0].epoch, 2, "the returning agent's epoch is stale");
-        assert!(failed_by_operator(&shards[0]));
+        assert!(shards[0].failed_by_operator());
         assert!(shards[0].failures[0].message.contains("node a"));
         // A live node's shards are left alone.
         let mut shards = initial(None, "/s", "/d");
