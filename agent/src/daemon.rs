@@ -791,9 +791,23 @@ async fn run_shard(
             state = "Failed";
         }
     }
+    if let Ok(summary) = &result {
+        // Final numbers from the summary, not the live counters.
+        live.files
+            .store(summary.files + summary.files_resumed, Ordering::Relaxed);
+        live.bytes
+            .store(summary.bytes + summary.bytes_resumed, Ordering::Relaxed);
+        live.reflinked
+            .store(summary.bytes_reflinked, Ordering::Relaxed);
+        live.failed.store(summary.failed, Ordering::Relaxed);
+    }
     // Succeeded means on stable storage: a syncfs of the destination volume, shared with
-    // the shards that finish on it at the same time (see flush.rs), never retried.
+    // the shards that finish on it at the same time (see flush.rs), never retried. The
+    // flush can take a while after a large copy, so the final counts are shown first.
     if state == "Succeeded" {
+        if let Err(e) = publish(agent, target, "Running", &live, None).await {
+            tracing::warn!(error = %e, "progress update failed");
+        }
         let (flushes, volume) = (agent.flushes.clone(), dst_volume.clone());
         let flushed = tokio::task::spawn_blocking(move || {
             let dev = ferry_engine::sys::fstat(volume.as_fd())
@@ -815,16 +829,6 @@ async fn run_shard(
         }
     }
     tracing::info!(job = %base, shard = %shard.id, state, "shard finished");
-    if let Ok(summary) = &result {
-        // Final numbers from the summary, not the live counters.
-        live.files
-            .store(summary.files + summary.files_resumed, Ordering::Relaxed);
-        live.bytes
-            .store(summary.bytes + summary.bytes_resumed, Ordering::Relaxed);
-        live.reflinked
-            .store(summary.bytes_reflinked, Ordering::Relaxed);
-        live.failed.store(summary.failed, Ordering::Relaxed);
-    }
     // Another agent (or epoch) owns the shard now, or may: say nothing more.
     if active.fenced.load(Ordering::Relaxed) {
         tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the shard was given to another node or epoch");
