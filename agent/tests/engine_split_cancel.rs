@@ -167,6 +167,27 @@ fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_sourc
     Ok(())
 }
 
+/// Run a copy on its own thread and call `stop` once it has done `after` entries (or has
+/// finished); returns its result and the entries done when `stop` was called.
+fn copy_stopped_after(
+    src: &Path,
+    dst: &Path,
+    opts: &Options,
+    progress: &Count,
+    after: u64,
+    stop: impl FnOnce(),
+) -> (Result<ferry_engine::Summary, ferry_engine::Error>, u64) {
+    std::thread::scope(|s| {
+        let copy = s.spawn(|| ferry_engine::copy(src, dst, opts, progress));
+        while progress.0.load(Ordering::Relaxed) < after && !copy.is_finished() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop();
+        let at = progress.0.load(Ordering::Relaxed);
+        (copy.join().expect("copy thread panicked"), at)
+    })
+}
+
 #[derive(Default)]
 struct Count(AtomicU64);
 
@@ -194,14 +215,10 @@ fn a_cancelled_copy_leaves_whole_files_only_and_a_resumed_copy_finishes_it() -> 
         ..Options::default()
     };
     opts.faults.delay_per_file = Some(Duration::from_millis(3));
-    let first = std::thread::scope(|s| {
-        let copy = s.spawn(|| ferry_engine::copy(&src, &dst, &opts, &progress));
-        while progress.0.load(Ordering::Relaxed) < 60 && !copy.is_finished() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        cancel.store(true, Ordering::Relaxed);
-        copy.join().expect("copy thread panicked")
-    })?;
+    let (first, _) = copy_stopped_after(&src, &dst, &opts, &progress, 60, || {
+        cancel.store(true, Ordering::Relaxed)
+    });
+    let first = first?;
     ensure!(
         first.cancelled,
         "the copy did not report the cancel: {first:?}"
@@ -278,7 +295,7 @@ fn a_fenced_copy_makes_nothing_more_visible_and_the_next_owner_adopts_its_stagin
     let before = snapshot(&src)?;
     let dst = tmp.path().join("dst");
     let manifest = tmp.path().join("copy.xxh128");
-    let progress = Arc::new(Count::default());
+    let progress = Count::default();
     let owned = Arc::new(AtomicBool::new(true));
     let mut opts = Options {
         workers: 2,
@@ -292,14 +309,8 @@ fn a_fenced_copy_makes_nothing_more_visible_and_the_next_owner_adopts_its_stagin
         move || owned.load(Ordering::SeqCst)
     })));
     opts.faults.delay_per_file = Some(Duration::from_millis(3));
-    let (first, at_fence) = std::thread::scope(|s| {
-        let copy = s.spawn(|| ferry_engine::copy(&src, &dst, &opts, &*progress));
-        while progress.0.load(Ordering::Relaxed) < 60 && !copy.is_finished() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        owned.store(false, Ordering::SeqCst);
-        let at_fence = progress.0.load(Ordering::Relaxed);
-        (copy.join().expect("copy thread panicked"), at_fence)
+    let (first, at_fence) = copy_stopped_after(&src, &dst, &opts, &progress, 60, || {
+        owned.store(false, Ordering::SeqCst)
     });
     let first = first?;
     ensure!(
@@ -392,14 +403,10 @@ fn a_resumed_copy_under_overwrite_always_keeps_what_the_earlier_run_committed() 
         ..Options::default()
     };
     opts.faults.delay_per_file = Some(Duration::from_millis(3));
-    let first = std::thread::scope(|s| {
-        let copy = s.spawn(|| ferry_engine::copy(&src, &dst, &opts, &progress));
-        while progress.0.load(Ordering::Relaxed) < 60 && !copy.is_finished() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        cancel.store(true, Ordering::Relaxed);
-        copy.join().expect("copy thread panicked")
-    })?;
+    let (first, _) = copy_stopped_after(&src, &dst, &opts, &progress, 60, || {
+        cancel.store(true, Ordering::Relaxed)
+    });
+    let first = first?;
     ensure!(first.cancelled && first.files > 0, "{first:?}");
     let partial = snapshot(&dst)?;
     cancel.store(false, Ordering::Relaxed);
