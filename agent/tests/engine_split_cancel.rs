@@ -67,6 +67,19 @@ fn manifest_paths(files: &[std::path::PathBuf]) -> Result<BTreeMap<String, usize
     Ok(seen)
 }
 
+/// Every regular file of `tree` has exactly one line in `manifests` together.
+fn each_listed_once(manifests: &[std::path::PathBuf], tree: &Tree) -> Result<()> {
+    let listed = manifest_paths(manifests)?;
+    for p in regular_paths(tree) {
+        ensure!(
+            listed.get(&p) == Some(&1),
+            "{p} is listed {:?} times in {manifests:?}",
+            listed.get(&p)
+        );
+    }
+    Ok(())
+}
+
 fn regular_paths(tree: &Tree) -> Vec<String> {
     tree.entries
         .iter()
@@ -156,14 +169,7 @@ fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_sourc
     let parts: Vec<_> = (0..count)
         .map(|i| tmp.path().join(format!("part-{i}.xxh128")))
         .collect();
-    let listed = manifest_paths(&parts)?;
-    for p in regular_paths(&before) {
-        ensure!(
-            listed.get(&p) == Some(&1),
-            "{p} is listed {:?} times in the parts' manifests",
-            listed.get(&p)
-        );
-    }
+    each_listed_once(&parts, &before)?;
     Ok(())
 }
 
@@ -272,14 +278,7 @@ fn a_cancelled_copy_leaves_whole_files_only_and_a_resumed_copy_finishes_it() -> 
         got.link_groups() == before.link_groups(),
         "hard links differ"
     );
-    let listed = manifest_paths(&[manifest])?;
-    for p in regular_paths(&before) {
-        ensure!(
-            listed.get(&p) == Some(&1),
-            "{p} is listed {:?} times in the manifest",
-            listed.get(&p)
-        );
-    }
+    each_listed_once(&[manifest], &before)?;
     Ok(())
 }
 
@@ -360,14 +359,7 @@ fn a_fenced_copy_makes_nothing_more_visible_and_the_next_owner_adopts_its_stagin
     );
     compare(&before, &dst, Check::default())?;
     ensure!(staging_leftovers(&dst)?.is_empty(), "staging names left");
-    let listed = manifest_paths(&[manifest])?;
-    for p in regular_paths(&before) {
-        ensure!(
-            listed.get(&p) == Some(&1),
-            "{p} is listed {:?} times in the manifest",
-            listed.get(&p)
-        );
-    }
+    each_listed_once(&[manifest], &before)?;
     Ok(())
 }
 
@@ -426,13 +418,6 @@ fn a_resumed_copy_under_overwrite_always_keeps_what_the_earlier_run_committed() 
     }
     ensure!(second.files_resumed >= first.files - first.hardlinks.min(first.files));
     compare(&before, &dst, Check::default())?;
-    let listed = manifest_paths(&[manifest])?;
-    for p in regular_paths(&before) {
-        ensure!(
-            listed.get(&p) == Some(&1),
-            "{p} is listed {:?} times in the manifest",
-            listed.get(&p)
-        );
-    }
+    each_listed_once(&[manifest], &before)?;
     Ok(())
 }
