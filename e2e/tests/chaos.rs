@@ -117,16 +117,11 @@ impl Cluster<'_> {
 
     /// Kill the replica holding the leader Lease (or any live one if none holds it).
     fn kill_leader(&mut self, down: Duration) -> Result<bool> {
-        let holder = self.cp.kubectl_ok(&[
-            "get",
-            "lease",
-            "ferry-operator",
-            "-n",
+        let holder = self.cp.get(
+            "lease/ferry-operator",
             "ferry-system",
-            "--ignore-not-found",
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ])?;
+            "{.spec.holderIdentity}",
+        )?;
         // A leader that is already down (its lease not yet taken) is not killed again,
         // nor is its standby in its place: that one is about to take over.
         let i = match holder
@@ -332,15 +327,11 @@ fn random_sigkills_of_agents_and_operators_lose_nothing_and_recopy_nothing() -> 
         files_done == FILES.to_string(),
         "filesDone is {files_done}, not {FILES}"
     );
-    let transitions = cp.kubectl_ok(&[
-        "get",
-        "lease",
-        "ferry-operator",
-        "-n",
+    let transitions = cp.get(
+        "lease/ferry-operator",
         "ferry-system",
-        "-o",
-        "jsonpath={.spec.leaseTransitions}",
-    ])?;
+        "{.spec.leaseTransitions}",
+    )?;
     ensure!(
         transitions.parse::<u32>().unwrap_or(0) >= 1,
         "the leader Lease never changed hands ({transitions:?})"

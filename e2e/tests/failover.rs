@@ -27,15 +27,11 @@ fn killing_the_leading_operator_lets_the_other_replica_finish_new_jobs() -> Resu
     cp.apply(&job("one", "copy1"))?;
     cp.wait_succeeded("default", "one", 90)?;
     let holder = |cp: &ControlPlane| {
-        cp.kubectl_ok(&[
-            "get",
-            "lease",
-            "ferry-operator",
-            "-n",
+        cp.get(
+            "lease/ferry-operator",
             "ferry-system",
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ])
+            "{.spec.holderIdentity}",
+        )
     };
     let first = holder(&cp)?;
     ensure!(!first.is_empty(), "no operator holds the lease");
