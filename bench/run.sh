@@ -101,7 +101,7 @@ fi
 tool_cmd() {
     local tool="$1" src="$2" dst="$3"
     case "$tool" in
-        ferry) echo "$FERRY copy --no-progress $src $dst" ;;
+        ferry) echo "$FERRY copy --no-progress --verify none $src $dst" ;;
         ferry-verify) echo "$FERRY copy --no-progress --verify checksum $src $dst" ;;
         cp-r) echo "cp -r $src $dst" ;;
         cp-a) echo "cp -a $src $dst" ;;

@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::builder::PossibleValue;
+use clap::{Parser, Subcommand};
+use ferry_crds::{Overwrite, Policy, Reflink, Verify};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -55,25 +57,15 @@ pub struct RunArgs {
     pub lease_seconds: i32,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ReflinkArg {
-    Auto,
-    Always,
-    Never,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum VerifyArg {
-    None,
-    Checksum,
-    Full,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum OverwriteArg {
-    Never,
-    IfChanged,
-    Always,
+/// A policy flag: the command line's spelling (`if-changed`), or the API's (`IfChanged`).
+fn policy<P: Policy + Default + Send + Sync>() -> impl clap::builder::TypedValueParser<Value = P> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(
+        P::ALL
+            .iter()
+            .map(|v| PossibleValue::new(v.cli_name()).alias(v.api_name())),
+    )
+    .map(|s: String| P::parse(&s).unwrap_or_default())
 }
 
 #[derive(Debug, clap::Args)]
@@ -93,18 +85,19 @@ pub struct CopyArgs {
     pub workers: usize,
     /// Share data blocks with the source where the filesystem can (XFS, btrfs).
     /// `never` also avoids copy_file_range where it would clone implicitly.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub reflink: ReflinkArg,
+    #[arg(long, value_parser = policy::<Reflink>(), default_value = Reflink::default().cli_name())]
+    pub reflink: Reflink,
     /// `checksum`: hash source and destination bytes (xxHash3-128) and compare;
-    /// `full`: also flush the destination and re-read it from the disk.
-    #[arg(long, value_enum, default_value = "none")]
-    pub verify: VerifyArg,
+    /// `full`: also flush the destination and re-read it from the disk; `none`: neither.
+    /// The default is a CopyJob's.
+    #[arg(long, value_parser = policy::<Verify>(), default_value = Verify::default().cli_name())]
+    pub verify: Verify,
     /// What to do with entries that already exist in DST: keep them (`never`), replace
     /// them unless size and mtime match (`if-changed`), or replace them (`always`).
-    #[arg(long, value_enum, default_value = "never")]
-    pub overwrite: OverwriteArg,
-    /// Metadata NOT to keep, comma-separated: mode, ownership, timestamps, xattrs, links,
-    /// sparse, or all.
+    #[arg(long, value_parser = policy::<Overwrite>(), default_value = Overwrite::default().cli_name())]
+    pub overwrite: Overwrite,
+    /// Metadata NOT to keep, comma-separated: permissions, ownership, timestamps, xattrs,
+    /// hard-links, sparseness, or all (the short names mode, links and sparse work too).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub no_preserve: Vec<String>,
     /// Write an `xxh128sum -c` compatible manifest of the copied files to FILE (paths

@@ -7,12 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_engine::{
-    Failure, Options, Overwrite, Preserve, Progress, Reflink, Strategy, Summary, Verify,
-};
+use ferry_engine::{Failure, Options, Preserve, Progress, Strategy, Summary};
 use serde::Serialize;
 
-use crate::cli::{CopyArgs, OverwriteArg, ReflinkArg, VerifyArg};
+use crate::cli::CopyArgs;
 
 /// Failures printed on stderr; the JSON summary and the count carry the rest.
 const FAILURES_SHOWN: usize = 20;
@@ -27,26 +25,14 @@ pub fn options(args: &CopyArgs) -> Result<Options, String> {
         .filter(|s| !s.is_empty())
     {
         preserve = preserve.without(name).ok_or_else(|| {
-            format!("--no-preserve: unknown metadata kind '{name}'; use a comma-separated list of {}, or all", Preserve::NAMES.join(", "))
+            format!("--no-preserve: unknown metadata kind '{name}'; use a comma-separated list of {}, or all (or the short names mode, links, sparse)", Preserve::NAMES.join(", "))
         })?;
     }
     Ok(Options {
         workers: args.workers,
-        reflink: match args.reflink {
-            ReflinkArg::Auto => Reflink::Auto,
-            ReflinkArg::Always => Reflink::Always,
-            ReflinkArg::Never => Reflink::Never,
-        },
-        verify: match args.verify {
-            VerifyArg::None => Verify::None,
-            VerifyArg::Checksum => Verify::Checksum,
-            VerifyArg::Full => Verify::Full,
-        },
-        overwrite: match args.overwrite {
-            OverwriteArg::Never => Overwrite::Never,
-            OverwriteArg::IfChanged => Overwrite::IfChanged,
-            OverwriteArg::Always => Overwrite::Always,
-        },
+        reflink: args.reflink,
+        verify: args.verify,
+        overwrite: args.overwrite,
         preserve,
         manifest: args.manifest.clone(),
         resume: args.resume,

@@ -12,8 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use ferry_crds::{CopyJob, CopyJobSpec, ShardStatus, AGENT_MANAGER_PREFIX, STATE_DIR};
-use ferry_engine::{Failure, Overwrite, Preserve, Progress, Reflink, Select, Strategy, Verify};
+use ferry_crds::{
+    CopyJob, CopyJobSpec, ManifestName, Reason, ShardState, ShardStatus, AGENT_MANAGER_PREFIX,
+    STATE_DIR,
+};
+use ferry_engine::{Failure, Part, Progress, Strategy};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -70,7 +73,7 @@ struct Live {
     failed: AtomicU64,
     failures: Mutex<Vec<Failure>>,
     /// Why the shard could not start at all (reported with reason `CannotStart`).
-    start_error: Mutex<Option<(&'static str, String)>>,
+    start_error: Mutex<Option<(Reason, String)>>,
     /// Bytes of files an earlier run committed (a resumed shard), left out of its rate.
     resumed_bytes: AtomicU64,
     /// What this shard carries in all (files, bytes), once a plan has counted it.
@@ -370,9 +373,7 @@ impl Agent {
             return;
         }
         for (index, shard) in status.shards.iter().enumerate() {
-            if shard.node != self.settings.node
-                || matches!(shard.state.as_str(), "Succeeded" | "Failed" | "Stopped")
-            {
+            if shard.node != self.settings.node || shard.state.over() {
                 continue;
             }
             let key = format!("{prefix}{}", shard.id);
@@ -401,21 +402,22 @@ impl Agent {
                     shard: &shard,
                     index,
                 };
+                // None: fenced (the shard moved, or the heartbeat lapsed while it ran).
                 let state = match run_shard(&agent, target, &active).await {
-                    Ok(state) => state,
+                    Ok(state) => Some(state),
                     Err(e) if fenced_error(&e) => {
                         if e.downcast_ref::<Fenced>().is_none() {
                             tracing::warn!(job = %job.name_any(), shard = %shard.id, "the API server refused our update: the shard was given to another node or epoch");
                         }
-                        "Fenced"
+                        None
                     }
                     Err(e) => {
                         tracing::warn!(job = %job.name_any(), error = %e, "shard failed to start");
                         let live = Live::default();
                         *lock(&live.start_error) = Some((refusal_reason(&e), format!("{e:#}")));
                         live.failed.store(1, Ordering::Relaxed);
-                        let _ = publish(&agent, target, "Failed", &live, None).await;
-                        "Failed"
+                        let _ = publish(&agent, target, ShardState::Failed, &live, None).await;
+                        Some(ShardState::Failed)
                     }
                 };
                 // A suspended shard runs again when the job is resumed, and one stopped
@@ -423,8 +425,8 @@ impl Agent {
                 // others are done.
                 // A run stopped by its heartbeat alone (not by the shard moving) runs
                 // again on a rescan if the shard is still this node's at this epoch.
-                let heartbeat_lost = state == "Fenced" && !active.fenced.load(Ordering::Relaxed);
-                if state != "Suspended" && !heartbeat_lost {
+                let heartbeat_lost = state.is_none() && !active.fenced.load(Ordering::Relaxed);
+                if state != Some(ShardState::Suspended) && !heartbeat_lost {
                     lock(&agent.finished).insert(format!("{key}/{}", shard.epoch));
                 }
                 let mut running = lock(&agent.running);
@@ -503,52 +505,33 @@ async fn heartbeat(
     }
 }
 
-/// A failed entry's reason in status: the engine's, except that a full destination is
-/// `DestinationFull` (the job-level reason, which says how much more is needed).
-fn failure_reason(kind: ferry_engine::FailureKind) -> &'static str {
-    match kind {
-        ferry_engine::FailureKind::NoSpace => "DestinationFull",
-        other => other.as_str(),
-    }
-}
-
 /// The condition reason for a shard that could not start: the engine's refusal reason
 /// (PathEscape, SymlinkRejected, Openat2Unavailable) when it refused, else CannotStart.
-fn refusal_reason(e: &anyhow::Error) -> &'static str {
+fn refusal_reason(e: &anyhow::Error) -> Reason {
     e.downcast_ref::<ferry_engine::Error>()
-        .map_or("CannotStart", engine_reason)
+        .map_or(Reason::CannotStart, engine_reason)
 }
 
-fn engine_reason(e: &ferry_engine::Error) -> &'static str {
+fn engine_reason(e: &ferry_engine::Error) -> Reason {
     match e {
-        ferry_engine::Error::Refused { reason, .. } => reason,
-        _ => "CannotStart",
+        ferry_engine::Error::Refused { reason, .. } => *reason,
+        _ => Reason::CannotStart,
     }
 }
 
-/// What a copy of `path` inside `root` would carry, resolved as the copy resolves it.
+/// [`ferry_engine::plan_beneath`], for the daemon's `anyhow` errors.
 fn plan_beneath(
     root: &OwnedFd,
     path: &Path,
-    select: Select,
+    select: Part,
     links: bool,
 ) -> Result<ferry_engine::Totals> {
-    let fd = ferry_engine::resolve_beneath(root.as_fd(), path, libc::O_PATH)?;
-    let st = ferry_engine::sys::fstat(fd.as_fd())?;
-    match st.st_mode & libc::S_IFMT {
-        // "/." makes the walk go through the magic link to the directory itself.
-        libc::S_IFDIR => Ok(ferry_engine::plan_part(
-            Path::new(&format!("/proc/self/fd/{}/.", fd.as_raw_fd())),
-            select,
-            links,
-        )?),
-        libc::S_IFREG if select == Select::All => Ok(ferry_engine::Totals {
-            files: 1,
-            bytes: st.st_size as u64,
-            ..Default::default()
-        }),
-        _ => Ok(ferry_engine::Totals::default()),
-    }
+    Ok(ferry_engine::plan_beneath(
+        root.as_fd(),
+        path,
+        select,
+        links,
+    )?)
 }
 
 fn engine_options(
@@ -556,45 +539,21 @@ fn engine_options(
     workers: usize,
     manifest: Option<PathBuf>,
 ) -> ferry_engine::Options {
-    let p = &spec.preserve;
-    let mut preserve = Preserve::ALL;
-    preserve.mode = p.permissions;
-    preserve.ownership = p.ownership;
-    preserve.timestamps = p.timestamps;
-    preserve.xattrs = p.xattrs;
-    preserve.links = p.hard_links;
-    preserve.sparse = p.sparseness;
     ferry_engine::Options {
         workers: match spec.parallelism.workers_per_agent {
             n if n > 0 => n as usize,
             _ => workers,
         },
-        reflink: match spec.reflink {
-            ferry_crds::ReflinkMode::Auto => Reflink::Auto,
-            ferry_crds::ReflinkMode::Always => Reflink::Always,
-            ferry_crds::ReflinkMode::Never => Reflink::Never,
-        },
-        verify: match spec.verify {
-            ferry_crds::VerifyMode::None => Verify::None,
-            ferry_crds::VerifyMode::Checksum => Verify::Checksum,
-            ferry_crds::VerifyMode::Full => Verify::Full,
-        },
-        overwrite: match spec.overwrite {
-            ferry_crds::OverwritePolicy::Never => Overwrite::Never,
-            ferry_crds::OverwritePolicy::IfChanged => Overwrite::IfChanged,
-            ferry_crds::OverwritePolicy::Always => Overwrite::Always,
-        },
-        preserve,
+        reflink: spec.reflink,
+        verify: spec.verify,
+        overwrite: spec.overwrite,
+        preserve: spec.preserve,
         manifest,
         ..ferry_engine::Options::default()
     }
 }
 
-async fn run_shard(
-    agent: &Agent,
-    target: Target<'_>,
-    active: &Arc<Active>,
-) -> Result<&'static str> {
+async fn run_shard(agent: &Agent, target: Target<'_>, active: &Arc<Active>) -> Result<ShardState> {
     let (settings, job, shard) = (&agent.settings, target.job, target.shard);
     // Every path from here on is resolved from a directory fd: the roots (admin paths)
     // inside the node's filesystem, the job's paths (tenant paths) beneath the roots with
@@ -619,8 +578,7 @@ async fn run_shard(
     let dst_root = Arc::new(open_root("destination", &shard.destination_root)?);
     // For the "destination full" message, after the copy thread has the roots.
     let (src_for_plan, dst_volume) = (src_root.clone(), dst_root.clone());
-    let select = Select::parse(&shard.part)
-        .with_context(|| format!("shard {} has an unknown part {:?}", shard.id, shard.part))?;
+    let select = shard.part;
     let src_path = PathBuf::from(&job.spec.source.path);
     let src_rel = src_path.clone();
     let dst_path = PathBuf::from(&job.spec.destination.path);
@@ -629,28 +587,32 @@ async fn run_shard(
         // Count what the copy would carry; touch nothing on the destination.
         let (root, path) = (src_root.clone(), src_path.clone());
         let totals =
-            tokio::task::spawn_blocking(move || plan_beneath(&root, &path, Select::All, links))
+            tokio::task::spawn_blocking(move || plan_beneath(&root, &path, Part::All, links))
                 .await??;
         let planned = Some((totals.files as i64, totals.bytes as i64));
-        publish(agent, target, "Succeeded", &Live::default(), planned).await?;
-        return Ok("Succeeded");
+        publish(
+            agent,
+            target,
+            ShardState::Succeeded,
+            &Live::default(),
+            planned,
+        )
+        .await?;
+        return Ok(ShardState::Succeeded);
     }
     // The manifest lives with the data it describes, under the destination root; each
     // part of a split job writes its own, and the directories pass joins them.
     // (Reached through /proc/self/fd: the directory itself, whatever its path does later.)
     let state_fd = ferry_engine::state_dir(dst_root.as_fd(), STATE_DIR)?;
     let state_path = PathBuf::from(format!("/proc/self/fd/{}", state_fd.as_raw_fd()));
-    let base = format!("{}-{}", job.namespace().unwrap_or_default(), job.name_any());
-    let manifest = match select {
-        Select::All => Some(state_path.join(format!("{base}.xxh128"))),
-        Select::Part { index, .. } => Some(state_path.join(format!("{base}.part-{index}.xxh128"))),
-        Select::DirsOnly => None,
-    };
+    let names = ManifestName::new(&job.namespace().unwrap_or_default(), &job.name_any());
+    let base = names.base();
+    let manifest = names.for_part(select).map(|name| state_path.join(name));
     // Anything but a fresh shard is a resumption: suspended, left Running by an agent
     // process that died, or taken over from a lost agent; so is a job re-created after a
     // failure (its manifest is there). Committed files are kept, not copied again, and
     // unfinished directories and the staging an interrupted run left are finished.
-    let resume = !(shard.state.is_empty() || shard.state == "Pending")
+    let resume = shard.state != ShardState::Pending
         || manifest
             .as_ref()
             .is_some_and(|m| std::fs::symlink_metadata(m).is_ok());
@@ -680,7 +642,7 @@ async fn run_shard(
     let live = Arc::new(Live::default());
     tracing::info!(job = %base, shard = %shard.id, epoch = shard.epoch, part = %shard.part, resume, "starting shard");
     let done = Arc::new(AtomicBool::new(false));
-    publish(agent, target, "Running", &live, None).await?;
+    publish(agent, target, ShardState::Running, &live, None).await?;
     // Totals for the job's PROGRESS and ETA: counted next to a copy that outlasts a few
     // seconds (a short one needs no estimate, and would pay for the extra walk).
     {
@@ -724,7 +686,7 @@ async fn run_shard(
             r = &mut rx => break r.context("copy thread vanished")?,
             _ = tokio::time::sleep(PUBLISH_EVERY) => {
                 if !done.load(Ordering::Relaxed) && !active.fenced.load(Ordering::Relaxed) {
-                    match publish(agent, target, "Running", &live, None).await {
+                    match publish(agent, target, ShardState::Running, &live, None).await {
                         // Not ours any more: stop copying at once.
                         Err(e) if fenced_error(&e) => {
                             active.fenced.store(true, Ordering::Relaxed);
@@ -741,23 +703,23 @@ async fn run_shard(
     let mut state = match &result {
         Ok(summary) if summary.cancelled => {
             if active.deleting.load(Ordering::Relaxed) {
-                "Stopped"
+                ShardState::Stopped
             } else {
-                "Suspended"
+                ShardState::Suspended
             }
         }
-        Ok(summary) if summary.failed == 0 && summary.aborted.is_none() => "Succeeded",
+        Ok(summary) if summary.failed == 0 && summary.aborted.is_none() => ShardState::Succeeded,
         Ok(summary) => {
             let mut f = lock(&live.failures);
             if f.is_empty() {
                 f.extend(summary.failures.iter().take(20).cloned());
             }
-            "Failed"
+            ShardState::Failed
         }
         Err(e) => {
             tracing::warn!(error = %e, "copy could not start");
             *lock(&live.start_error) = Some((engine_reason(e), e.to_string()));
-            "Failed"
+            ShardState::Failed
         }
     };
     // A full destination stops the copy (or, at its end, the manifest's last lines).
@@ -765,30 +727,30 @@ async fn run_shard(
         Ok(summary) => summary
             .failures
             .iter()
-            .any(|f| f.kind == ferry_engine::FailureKind::NoSpace),
+            .any(|f| f.kind == ferry_engine::Reason::DestinationFull),
         Err(ferry_engine::Error::Io { source, .. }) => {
-            ferry_engine::FailureKind::from_io(source) == ferry_engine::FailureKind::NoSpace
+            ferry_engine::reason_of_io(source) == ferry_engine::Reason::DestinationFull
         }
         Err(_) => false,
     };
     if full {
         let message =
             destination_full(&live, src_for_plan, &dst_volume, &src_rel, select, links).await;
-        *lock(&live.start_error) = Some(("DestinationFull", message));
+        *lock(&live.start_error) = Some((Reason::DestinationFull, message));
     }
-    if select == Select::DirsOnly && state == "Succeeded" {
+    if select == Part::Directories && state == ShardState::Succeeded {
         let parts = job
             .status
             .iter()
             .flat_map(|s| &s.shards)
-            .filter(|s| Select::parse(&s.part).is_some_and(|p| matches!(p, Select::Part { .. })))
+            .filter(|s| matches!(s.part, Part::Slice { .. }))
             .count();
-        if let Err(e) = join_manifests(&state_path, &base, parts) {
+        if let Err(e) = join_manifests(&state_path, &names, parts) {
             *lock(&live.start_error) = Some((
-                "CannotStart",
+                Reason::CannotStart,
                 format!("joining the parts' manifests: {e:#}"),
             ));
-            state = "Failed";
+            state = ShardState::Failed;
         }
     }
     if let Ok(summary) = &result {
@@ -804,31 +766,29 @@ async fn run_shard(
     // Succeeded means on stable storage: a syncfs of the destination volume, shared with
     // the shards that finish on it at the same time (see flush.rs), never retried. The
     // flush can take a while after a large copy, so the final counts are shown first.
-    if state == "Succeeded" {
-        if let Err(e) = publish(agent, target, "Running", &live, None).await {
+    if state == ShardState::Succeeded {
+        if let Err(e) = publish(agent, target, ShardState::Running, &live, None).await {
             tracing::warn!(error = %e, "progress update failed");
         }
         let (flushes, volume) = (agent.flushes.clone(), dst_volume.clone());
         let flushed = tokio::task::spawn_blocking(move || {
-            let dev = ferry_engine::sys::fstat(volume.as_fd())
-                .map_err(|e| e.to_string())?
-                .st_dev;
-            flushes.flush(dev, || ferry_engine::sys::syncfs(volume.as_fd()))
+            let dev = ferry_engine::volume::device(volume.as_fd()).map_err(|e| e.to_string())?;
+            flushes.flush(dev, || ferry_engine::volume::syncfs(volume.as_fd()))
         })
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
         if let Err(why) = flushed {
             *lock(&live.start_error) = Some((
-                "IOError",
+                Reason::IOError,
                 format!(
                     "flushing the destination volume failed ({why}): the files may not be on \
                      stable storage; check the device, then re-create the job"
                 ),
             ));
-            state = "Failed";
+            state = ShardState::Failed;
         }
     }
-    tracing::info!(job = %base, shard = %shard.id, state, "shard finished");
+    tracing::info!(job = %base, shard = %shard.id, %state, "shard finished");
     // Another agent (or epoch) owns the shard now, or may: say nothing more.
     if active.fenced.load(Ordering::Relaxed) {
         tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the shard was given to another node or epoch");
@@ -849,7 +809,7 @@ async fn destination_full(
     src_root: Arc<OwnedFd>,
     dst_volume: &OwnedFd,
     src_path: &Path,
-    select: Select,
+    select: Part,
     links: bool,
 ) -> String {
     let done = live.bytes.load(Ordering::Relaxed);
@@ -868,7 +828,7 @@ async fn destination_full(
                 .map(|t| t.bytes)
         }
     };
-    let free = ferry_engine::sys::free_bytes(dst_volume.as_fd()).unwrap_or(0);
+    let free = ferry_engine::volume::free_bytes(dst_volume.as_fd()).unwrap_or(0);
     let human = crate::copy_cmd::human;
     let copied = format!("{files} files ({}) were copied", human(done));
     let kept = "re-create the job: what was copied is kept and not copied again";
@@ -896,22 +856,13 @@ async fn destination_full(
 /// It may be run again after being killed at any point: the joined file appears whole
 /// (rename) before any part is removed, so fewer parts than `expected` next to a joined
 /// manifest means an earlier run joined them all and only the removal is left to do.
-fn join_manifests(state: &Path, base: &str, expected: usize) -> Result<()> {
-    let prefix = format!("{base}.part-");
+fn join_manifests(state: &Path, names: &ManifestName, expected: usize) -> Result<()> {
     let mut parts: Vec<(u32, PathBuf)> = std::fs::read_dir(state)?
         .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let index = name
-                .strip_prefix(&prefix)?
-                .strip_suffix(".xxh128")?
-                .parse()
-                .ok()?;
-            Some((index, e.path()))
-        })
+        .filter_map(|e| Some((names.slice_of(e.file_name().to_str()?)?, e.path())))
         .collect();
     parts.sort();
-    let joined = state.join(format!("{base}.xxh128"));
+    let joined = state.join(names.joined());
     if parts.len() < expected && std::fs::symlink_metadata(&joined).is_ok() {
         for (_, p) in &parts {
             std::fs::remove_file(p)?;
@@ -927,7 +878,7 @@ fn join_manifests(state: &Path, base: &str, expected: usize) -> Result<()> {
             .custom_flags(libc::O_NOFOLLOW)
             .open(p)
     };
-    let tmp = state.join(format!(".{base}.xxh128.tmp"));
+    let tmp = state.join(names.joined_tmp());
     let _ = std::fs::remove_file(&tmp);
     let mut out = std::io::BufWriter::new(no_follow(&tmp, true)?);
     for (_, p) in &parts {
@@ -948,7 +899,7 @@ fn join_manifests(state: &Path, base: &str, expected: usize) -> Result<()> {
 async fn publish(
     agent: &Agent,
     target: Target<'_>,
-    state: &str,
+    state: ShardState,
     live: &Live,
     planned: Option<(i64, i64)>,
 ) -> Result<()> {
@@ -962,7 +913,7 @@ async fn publish(
         .map(|(r, m)| serde_json::json!({"path": ".", "reason": r, "message": m}));
     let failures: Vec<serde_json::Value> = start
         .into_iter()
-        .chain(lock(&live.failures).iter().map(|f| serde_json::json!({"path": f.path.to_string_lossy(), "reason": failure_reason(f.kind), "message": f.message})))
+        .chain(lock(&live.failures).iter().map(|f| serde_json::json!({"path": f.path.to_string_lossy(), "reason": f.kind, "message": f.message})))
         .collect();
     let at = format!("/status/shards/{}", target.index);
     let mut ops = vec![
@@ -973,7 +924,7 @@ async fn publish(
     let mut set = |field: &str, value: serde_json::Value| {
         ops.push(serde_json::json!({"op": "add", "path": format!("{at}/{field}"), "value": value}));
     };
-    set("state", state.into());
+    set("state", state.as_str().into());
     set("filesDone", live.files.load(Ordering::Relaxed).into());
     set("bytesDone", bytes.into());
     set(
@@ -1000,7 +951,7 @@ async fn publish(
     if !job.spec.dry_run {
         let bytes_total = match state {
             // A finished shard carried what it did, whatever its count said beforehand.
-            "Succeeded" => Some(bytes),
+            ShardState::Succeeded => Some(bytes),
             _ => planned.map(|p| p.1.max(0) as u64),
         };
         crate::serve::metrics().shard_progress(

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ferry_engine::{FailureKind, Strategy};
+use ferry_engine::{Reason, Strategy};
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -158,7 +158,7 @@ impl Metrics {
         }
         // Every label value is exported from the start, so rate() and increase() have a
         // zero to start from and a panel shows 0 rather than no data.
-        for kind in FailureKind::ALL {
+        for kind in Reason::PER_ENTRY {
             failures.with_label_values(&[kind.as_str()]);
         }
         let bytes_by_strategy = Strategy::ALL.map(|s| bytes.with_label_values(&[s.as_str()]));
@@ -197,10 +197,10 @@ impl Metrics {
     }
 
     /// An entry failed.
-    pub fn file_failed(&self, kind: FailureKind) {
+    pub fn file_failed(&self, kind: Reason) {
         self.files_failed.inc();
         self.failures.with_label_values(&[kind.as_str()]).inc();
-        if kind == FailureKind::ChecksumMismatch {
+        if kind == Reason::ChecksumMismatch {
             self.checksum_mismatches.inc();
         }
     }
@@ -399,8 +399,8 @@ mod tests {
     #[test]
     fn a_checksum_mismatch_counts_as_a_failed_file_a_failure_and_a_mismatch() {
         let m = Metrics::new("n").expect("metrics");
-        m.file_failed(FailureKind::ChecksumMismatch);
-        m.file_failed(FailureKind::NotFound);
+        m.file_failed(Reason::ChecksumMismatch);
+        m.file_failed(Reason::NotFound);
         m.file_copied(0.003);
         m.bytes_copied(4096, Strategy::CopyFileRange);
         let t = ferry_serve::render(&m.registry);

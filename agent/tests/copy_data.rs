@@ -457,12 +457,12 @@ fn full_destination_reports_no_space_and_leaves_no_partial_or_staging_files() ->
     let json = out.json()?;
     let reasons: Vec<String> = failures(&json).into_iter().map(|(_, r)| r).collect();
     ensure!(
-        reasons.iter().any(|r| r == "NoSpace"),
-        "no NoSpace failure: {reasons:?}\n{out}"
+        reasons.iter().any(|r| r == "DestinationFull"),
+        "no DestinationFull failure: {reasons:?}\n{out}"
     );
     ensure!(
-        out.stderr.contains("failed [NoSpace]"),
-        "stderr does not list the NoSpace failure:\n{out}"
+        out.stderr.contains("failed [DestinationFull]"),
+        "stderr does not list the DestinationFull failure:\n{out}"
     );
     ensure!(
         out.stderr.to_lowercase().contains("full"),

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::{ensure, Result};
 use common::*;
-use ferry_engine::{FailureKind, NoProgress, Options, Verify};
+use ferry_engine::{NoProgress, Options, Reason, Verify};
 
 fn manifest_lines(manifest: &Path) -> Result<Vec<String>> {
     Ok(std::fs::read_to_string(manifest)?
@@ -92,7 +92,7 @@ fn a_source_changing_on_every_attempt_fails_source_changed_after_three_attempts(
             .map(|f| (f.path.to_string_lossy().into_owned(), f.kind))
             .collect();
         ensure!(
-            failed == [("sub/victim".to_string(), FailureKind::SourceChanged)],
+            failed == [("sub/victim".to_string(), Reason::SourceChanged)],
             "{verify:?}: {:?}",
             s.failures
         );
@@ -141,7 +141,7 @@ fn a_failed_syncfs_fails_the_copy_with_an_ioerror_for_the_destination() -> Resul
     ensure!(s.files == 3, "{s:?}");
     ensure!(
         s.failures.len() == 1
-            && s.failures[0].kind == FailureKind::Io
+            && s.failures[0].kind == Reason::IOError
             && s.failures[0].op == "syncfs"
             && s.failures[0].path == Path::new("."),
         "{:?}",
@@ -277,8 +277,8 @@ fn eio_reading_a_source_is_retried_once_then_reported_through_the_engine() -> Re
         .map(|f| (f.path.to_string_lossy().into_owned(), f.kind.as_str()))
         .collect();
     let expected: BTreeSet<_> = [
-        ("bad-0".to_string(), FailureKind::Io.as_str()),
-        ("sub/bad-1".to_string(), FailureKind::Io.as_str()),
+        ("bad-0".to_string(), Reason::IOError.as_str()),
+        ("sub/bad-1".to_string(), Reason::IOError.as_str()),
     ]
     .into_iter()
     .collect();
@@ -308,7 +308,7 @@ fn a_failed_flush_is_followed_by_one_fresh_rewrite_then_reported_as_ioerror() ->
         if should_fail {
             ensure!(
                 s.failures.len() == 1
-                    && s.failures[0].kind == FailureKind::Io
+                    && s.failures[0].kind == Reason::IOError
                     && s.failures[0].op == "fdatasync"
                     && s.failures[0].path == Path::new("sub/victim")
                     && s.failures[0].message.contains("again"),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use common::*;
-use ferry_engine::{FailureKind, NoProgress, Options, Verify};
+use ferry_engine::{NoProgress, Options, Reason, Verify};
 
 const TAG: &str = "5eed0fca11ed";
 
@@ -475,7 +475,7 @@ fn a_full_destination_stops_cleanly_and_a_resume_after_freeing_space_recopies_no
         first
             .failures
             .iter()
-            .any(|f| f.kind == FailureKind::NoSpace),
+            .any(|f| f.kind == Reason::DestinationFull),
         "no NoSpace failure: {:?}",
         first.failures
     );

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use common::*;
-use ferry_engine::{Options, Overwrite, Progress, Select, Verify};
+use ferry_engine::{Options, Overwrite, Part, Progress, Verify};
 
 /// Nested directories with distinct modes and times, files, a symlink, a FIFO and hard
 /// links across directories. Returns the number of regular file names.
@@ -105,7 +105,7 @@ fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_sourc
                     let opts = Options {
                         workers: 2,
                         verify: Verify::Checksum,
-                        select: Select::Part { index, count },
+                        select: Part::Slice { index, count },
                         manifest: Some(manifest),
                         ..Options::default()
                     };
@@ -126,7 +126,7 @@ fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_sourc
         // A part's plan (its progress total) counts what the part copies.
         let planned = ferry_engine::plan_part(
             &src,
-            Select::Part {
+            Part::Slice {
                 index: index as u32,
                 count,
             },
@@ -154,7 +154,7 @@ fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_sourc
         &src,
         &dst,
         &Options {
-            select: Select::DirsOnly,
+            select: Part::Directories,
             ..Options::default()
         },
         &ferry_engine::NoProgress,

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_crds::{
-    CopyJob, Endpoint, FailedPath, Phase, Plan, Progress, ShardStatus, StorageRoot, FINALIZER,
-    OPERATOR_MANAGER,
+    ConditionType, CopyJob, Endpoint, FailedPath, ManifestName, Part, Phase, Plan, Progress,
+    Reason, ShardState, ShardStatus, StorageRoot, FINALIZER, OPERATOR_MANAGER,
 };
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -59,8 +59,8 @@ pub struct Context {
 /// Why a job cannot proceed, as a condition reason and a message for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocked {
-    pub condition: &'static str,
-    pub reason: &'static str,
+    pub condition: ConditionType,
+    pub reason: Reason,
     pub message: String,
 }
 
@@ -180,9 +180,9 @@ fn error_policy(_job: Arc<CopyJob>, error: &Error, _ctx: Arc<Context>) -> Action
 }
 
 fn condition(
-    type_: &str,
+    type_: ConditionType,
     ok: bool,
-    reason: &str,
+    reason: Reason,
     message: &str,
     generation: Option<i64>,
     previous: &[Condition],
@@ -191,15 +191,15 @@ fn condition(
     // Keep the transition time when nothing changed, so a re-reconcile writes the same bytes.
     let last = previous
         .iter()
-        .find(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+        .find(|c| c.type_ == type_.as_str() && c.status == status && c.reason == reason.as_str())
         .map_or_else(
             || Time(Timestamp::now()),
             |c| c.last_transition_time.clone(),
         );
     Condition {
-        type_: type_.into(),
+        type_: type_.to_string(),
         status: status.into(),
-        reason: reason.into(),
+        reason: reason.to_string(),
         message: message.into(),
         observed_generation: generation,
         last_transition_time: last,
@@ -215,9 +215,9 @@ async fn resolve_pvc(
     field: &str,
     claim: &str,
 ) -> Result<Result<Volume, Blocked>, Error> {
-    let unresolved = |reason: &'static str, message: String| {
+    let unresolved = |reason: Reason, message: String| {
         Ok(Err(Blocked {
-            condition: "Resolved",
+            condition: ConditionType::Resolved,
             reason,
             message,
         }))
@@ -226,11 +226,11 @@ async fn resolve_pvc(
         .get_opt(claim)
         .await?
     else {
-        return unresolved("PVCNotFound", format!("{field}.pvc: no PersistentVolumeClaim {claim:?} in namespace {ns:?} (claims of other namespaces cannot be used)"));
+        return unresolved(Reason::PVCNotFound, format!("{field}.pvc: no PersistentVolumeClaim {claim:?} in namespace {ns:?} (claims of other namespaces cannot be used)"));
     };
     let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
         return unresolved(
-            "PVCNotBound",
+            Reason::PVCNotBound,
             format!("{field}.pvc: claim {claim:?} is not bound to a volume yet"),
         );
     };
@@ -239,7 +239,7 @@ async fn resolve_pvc(
         .await?
     else {
         return unresolved(
-            "PVCNotBound",
+            Reason::PVCNotBound,
             format!("{field}.pvc: claim {claim:?} names volume {pv_name:?}, which does not exist"),
         );
     };
@@ -247,8 +247,8 @@ async fn resolve_pvc(
     if let Some(cr) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
         if cr.namespace.as_deref() != Some(ns) || cr.name.as_deref() != Some(claim) {
             return Ok(Err(Blocked {
-                condition: "Accepted",
-                reason: "CrossNamespace",
+                condition: ConditionType::Accepted,
+                reason: Reason::CrossNamespace,
                 message: format!("{field}.pvc: volume {pv_name:?} belongs to another claim; use a claim bound to it in namespace {ns:?}"),
             }));
         }
@@ -263,13 +263,13 @@ async fn resolve_pvc(
             match volume::from_csi_mount(&volume::kubelet_dir(), &pv_name, claim, &pods.items) {
                 Some(v) => Ok(Ok(v)),
                 None => unresolved(
-                    "VolumeNotMounted",
+                    Reason::VolumeNotMounted,
                     format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node"),
                 ),
             }
         }
         Err(why) => unresolved(
-            "VolumeNotSupported",
+            Reason::VolumeNotSupported,
             format!("{field}.pvc: volume {pv_name:?}: {why}"),
         ),
     }
@@ -313,8 +313,8 @@ async fn resolve_root(
     let roots = Api::<StorageRoot>::all(ctx.client.clone());
     let Some(root) = roots.get_opt(name).await? else {
         return Ok(Err(Blocked {
-            condition: "Resolved",
-            reason: "RootNotFound",
+            condition: ConditionType::Resolved,
+            reason: Reason::RootNotFound,
             message: format!("{field}.root: StorageRoot {name:?} does not exist; ask an admin to create it or name another"),
         }));
     };
@@ -328,8 +328,8 @@ async fn resolve_root(
     }
     if !allowed {
         return Ok(Err(Blocked {
-            condition: "Accepted",
-            reason: "RootNotAllowed",
+            condition: ConditionType::Accepted,
+            reason: Reason::RootNotAllowed,
             message: format!(
                 "{field}.root: namespace {ns:?} may not use StorageRoot {name:?}; ask an admin to add it to spec.namespaces"
             ),
@@ -337,8 +337,8 @@ async fn resolve_root(
     }
     if destination && root.spec.read_only {
         return Ok(Err(Blocked {
-            condition: "Accepted",
-            reason: "ReadOnlyRoot",
+            condition: ConditionType::Accepted,
+            reason: Reason::ReadOnlyRoot,
             message: format!(
                 "{field}.root: StorageRoot {name:?} is read-only and cannot be a destination"
             ),
@@ -440,7 +440,7 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     // no files); then the PROGRESS and ETA columns.
     let counted: Vec<&ShardStatus> = shards
         .iter()
-        .filter(|s| s.part != schedule::DIRECTORIES)
+        .filter(|s| s.part != Part::Directories)
         .collect();
     if !counted.is_empty() && counted.iter().all(|s| s.planned_files.is_some()) {
         let files: i64 = counted.iter().filter_map(|s| s.planned_files).sum();
@@ -462,16 +462,19 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     }
     p.bytes_copied = p.bytes_done - p.bytes_reflinked;
     failures.truncate(20);
-    let done = |s: &&ShardStatus| s.state == "Succeeded" || s.state == "Failed";
+    let done = |s: &&ShardStatus| s.state.finished();
     let phase = if shards.is_empty() {
         Phase::Pending
-    } else if shards.iter().all(|s| s.state == "Succeeded") {
+    } else if shards.iter().all(|s| s.state == ShardState::Succeeded) {
         p.percent = Some("100%".into());
         p.eta = None;
         Phase::Succeeded
     } else if shards.iter().all(|s| done(&s)) {
         Phase::Failed
-    } else if shards.iter().any(|s| s.state == "Running" || done(&s)) {
+    } else if shards
+        .iter()
+        .any(|s| s.state == ShardState::Running || done(&s))
+    {
         Phase::Running
     } else {
         Phase::Pending
@@ -479,24 +482,14 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     (phase, p, failures)
 }
 
-/// Reasons that stopped a whole shard (rather than one entry), strongest first.
-const STOPPING_REASONS: [&str; 6] = [
-    "DestinationFull",
-    schedule::NODE_UNAVAILABLE,
-    "PathEscape",
-    "SymlinkRejected",
-    "Openat2Unavailable",
-    "CannotStart",
-];
-
 /// Why a failed job failed, and a message that says what to do: what stopped a shard (a
 /// full destination, a lost node, a refused path), else `IOError` when the volume returned
 /// read or write errors, else `PartiallyFailed`: some entries failed, the rest was copied.
-pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (&'static str, String) {
+pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (Reason, String) {
     let failed: i64 = shards.iter().map(|s| s.failed).sum::<i64>().max(1);
     let files: i64 = shards.iter().map(|s| s.files_done).sum();
-    let first = |reason: &str| failures.iter().find(|f| f.reason == reason);
-    for reason in STOPPING_REASONS {
+    let first = |reason: Reason| failures.iter().find(|f| f.reason == reason);
+    for reason in Reason::STOPS_SHARD {
         if let Some(f) = first(reason) {
             let at = if f.path == "." {
                 String::new()
@@ -521,12 +514,12 @@ pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (&'stat
         .map(|f| f.path.as_str())
         .collect::<Vec<_>>()
         .join(", ");
-    let reason = if first("IOError").is_some() {
-        "IOError"
+    let reason = if first(Reason::IOError).is_some() {
+        Reason::IOError
     } else {
-        "PartiallyFailed"
+        Reason::PartiallyFailed
     };
-    let what = if reason == "IOError" {
+    let what = if reason == Reason::IOError {
         "the volume returned I/O errors (each file was read and written twice); check the device"
     } else {
         "fix them and re-create the job to copy the rest (what was copied is kept)"
@@ -549,8 +542,8 @@ async fn check(
 ) -> Result<Option<Blocked>, Error> {
     if let Err(refusal) = validate::validate(&job.spec) {
         return Ok(Some(Blocked {
-            condition: "Accepted",
-            reason: refusal.reason.as_str(),
+            condition: ConditionType::Accepted,
+            reason: refusal.reason,
             message: refusal.message,
         }));
     }
@@ -595,30 +588,40 @@ async fn decide(
     let old = job.status.clone().unwrap_or_default();
     let previous = old.conditions.as_slice();
     conditions.push(match blocked {
-        Some(b) if b.condition == "Accepted" => condition(
-            "Accepted", false, b.reason, &b.message, generation, previous,
+        Some(b) if b.condition == ConditionType::Accepted => condition(
+            ConditionType::Accepted,
+            false,
+            b.reason,
+            &b.message,
+            generation,
+            previous,
         ),
         _ => condition(
-            "Accepted",
+            ConditionType::Accepted,
             true,
-            "Valid",
+            Reason::Valid,
             "the spec is valid",
             generation,
             previous,
         ),
     });
     match blocked {
-        Some(b) if b.condition == "Accepted" => return Ok(None),
+        Some(b) if b.condition == ConditionType::Accepted => return Ok(None),
         Some(b) => {
             conditions.push(condition(
-                "Resolved", false, b.reason, &b.message, generation, previous,
+                ConditionType::Resolved,
+                false,
+                b.reason,
+                &b.message,
+                generation,
+                previous,
             ));
             return Ok(None);
         }
         None => conditions.push(condition(
-            "Resolved",
+            ConditionType::Resolved,
             true,
-            "Resolved",
+            Reason::Resolved,
             "source and destination resolved",
             generation,
             previous,
@@ -649,7 +652,7 @@ async fn decide(
     for (id, node) in &lost.failed {
         notes.push(KubeEvent {
             type_: EventType::Warning,
-            reason: schedule::NODE_UNAVAILABLE.into(),
+            reason: Reason::NodeUnavailable.to_string(),
             note: Some(format!(
                 "shard {id}: the agent on node {node} did not come back within {}s",
                 ctx.node_deadline.as_secs()
@@ -676,7 +679,7 @@ async fn decide(
             };
             notes.push(KubeEvent {
                 type_: EventType::Warning,
-                reason: "Reassigned".into(),
+                reason: Reason::Reassigned.to_string(),
                 note: Some(note),
                 action: "Schedule".into(),
                 secondary: None,
@@ -700,7 +703,7 @@ async fn decide(
     nodes.dedup();
     let (reason, msg) = match (nodes.is_empty(), shards.len()) {
         _ if !lost.waiting.is_empty() => (
-            "WaitingForNode",
+            Reason::WaitingForNode,
             format!(
                 "the agent on {} stopped heartbeating; the volumes are only reachable there. \
                  Waiting for it (the job fails with NodeUnavailable after {}s)",
@@ -709,12 +712,15 @@ async fn decide(
             ),
         ),
         (true, _) => (
-            "NoAgent",
+            Reason::NoAgent,
             "no node with a live Ferry agent has both volumes; waiting for one".to_string(),
         ),
-        (false, 1) => ("Assigned", format!("assigned to node {}", nodes.join(", "))),
+        (false, 1) => (
+            Reason::Assigned,
+            format!("assigned to node {}", nodes.join(", ")),
+        ),
         (false, n) => (
-            "Assigned",
+            Reason::Assigned,
             format!(
                 "split into {} parts and a directories pass; nodes {}",
                 n - 1,
@@ -723,7 +729,7 @@ async fn decide(
         ),
     };
     conditions.push(condition(
-        "Scheduled",
+        ConditionType::Scheduled,
         !nodes.is_empty(),
         reason,
         &msg,
@@ -757,7 +763,15 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         decided.conditions.extend(
             previous
                 .iter()
-                .filter(|c| ["Accepted", "Resolved", "Scheduled"].contains(&c.type_.as_str()))
+                .filter(|c| {
+                    [
+                        ConditionType::Accepted,
+                        ConditionType::Resolved,
+                        ConditionType::Scheduled,
+                    ]
+                    .iter()
+                    .any(|t| c.type_ == t.as_str())
+                })
                 .cloned(),
         );
     } else {
@@ -799,13 +813,18 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 p.nodes.join(", ")
             );
             conditions.push(condition(
-                "Complete", true, "Planned", &msg, generation, previous,
+                ConditionType::Complete,
+                true,
+                Reason::Planned,
+                &msg,
+                generation,
+                previous,
             ))
         }
         Phase::Succeeded => conditions.push(condition(
-            "Complete",
+            ConditionType::Complete,
             true,
-            "Copied",
+            Reason::Copied,
             "every file was copied",
             generation,
             previous,
@@ -813,7 +832,12 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         Phase::Failed => {
             let (reason, msg) = failed_reason(&shards, &failures);
             conditions.push(condition(
-                "Failed", true, reason, &msg, generation, previous,
+                ConditionType::Failed,
+                true,
+                reason,
+                &msg,
+                generation,
+                previous,
             ));
         }
         _ => {}
@@ -826,7 +850,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         _ => None,
     };
     let manifest = (!shards.is_empty() && !job.spec.dry_run)
-        .then(|| format!("{}/{}-{}.xxh128", ferry_crds::STATE_DIR, ns, job.name_any()));
+        .then(|| ManifestName::new(&ns, &job.name_any()).status_path());
     let assignment_changed = !old
         .shards
         .iter()
@@ -857,7 +881,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                     "sourceRoot": s.source_root, "destinationRoot": s.destination_root,
                 });
                 if s.failed_by_operator() {
-                    a["state"] = s.state.clone().into();
+                    a["state"] = s.state.as_str().into();
                     a["failures"] = serde_json::to_value(&s.failures).unwrap_or_default();
                 }
                 a
@@ -906,12 +930,12 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         let new_refusal = blocked.as_ref().filter(|b| {
             !previous
                 .iter()
-                .any(|c| c.status == "False" && c.reason == b.reason)
+                .any(|c| c.status == "False" && c.reason == b.reason.as_str())
         });
         if let Some(b) = new_refusal {
             let ev = KubeEvent {
                 type_: EventType::Warning,
-                reason: b.reason.into(),
+                reason: b.reason.to_string(),
                 note: Some(b.message.clone()),
                 action: "Reconcile".into(),
                 secondary: None,
@@ -924,7 +948,7 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             let (reason, msg) = failed_reason(&shards, &failures);
             let ev = KubeEvent {
                 type_: EventType::Warning,
-                reason: reason.into(),
+                reason: reason.to_string(),
                 note: Some(msg),
                 action: "Copy".into(),
                 secondary: None,
@@ -946,7 +970,9 @@ async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     }
     // A refusal waits for the spec (or the StorageRoot, on the next resync) to change.
     Ok(match (blocked, requeue) {
-        (Some(b), _) if b.reason == "VolumeNotMounted" => Action::requeue(Duration::from_secs(5)),
+        (Some(b), _) if b.reason == Reason::VolumeNotMounted => {
+            Action::requeue(Duration::from_secs(5))
+        }
         (Some(_), _) => Action::requeue(Duration::from_secs(60)),
         (None, Some(after)) => Action::requeue(after),
         (None, None) => Action::await_change(),
@@ -963,7 +989,7 @@ async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         .status
         .iter()
         .flat_map(|s| &s.shards)
-        .filter(|s| s.state == "Running" && live.contains(&s.node))
+        .filter(|s| s.state == ShardState::Running && live.contains(&s.node))
         .map(|s| s.node.as_str())
         .collect();
     if running.is_empty() {
@@ -1010,10 +1036,10 @@ mod tests {
         assert!(!selector_matches(&sel, &labels(&[("tier", "gold")])));
     }
 
-    fn shard(state: &str, files: i64) -> ShardStatus {
+    fn shard(state: ShardState, files: i64) -> ShardStatus {
         ShardStatus {
             id: files.to_string(),
-            state: state.into(),
+            state,
             files_done: files,
             bytes_done: files * 10,
             ..Default::default()
@@ -1023,20 +1049,30 @@ mod tests {
     #[test]
     fn phase_is_the_sum_of_the_shards() {
         assert_eq!(aggregate(&[]).0, Phase::Pending);
-        assert_eq!(aggregate(&[shard("", 0)]).0, Phase::Pending);
         assert_eq!(
-            aggregate(&[shard("Running", 1), shard("", 0)]).0,
+            aggregate(&[shard(ShardState::Pending, 0)]).0,
+            Phase::Pending
+        );
+        assert_eq!(
+            aggregate(&[shard(ShardState::Running, 1), shard(ShardState::Pending, 0)]).0,
             Phase::Running
         );
         assert_eq!(
-            aggregate(&[shard("Failed", 1), shard("Running", 2)]).0,
+            aggregate(&[shard(ShardState::Failed, 1), shard(ShardState::Running, 2)]).0,
             Phase::Running
         );
         assert_eq!(
-            aggregate(&[shard("Failed", 1), shard("Succeeded", 2)]).0,
+            aggregate(&[
+                shard(ShardState::Failed, 1),
+                shard(ShardState::Succeeded, 2)
+            ])
+            .0,
             Phase::Failed
         );
-        let (phase, progress, _) = aggregate(&[shard("Succeeded", 3), shard("Succeeded", 4)]);
+        let (phase, progress, _) = aggregate(&[
+            shard(ShardState::Succeeded, 3),
+            shard(ShardState::Succeeded, 4),
+        ]);
         assert_eq!(phase, Phase::Succeeded);
         assert_eq!((progress.files_done, progress.bytes_done), (7, 70));
         assert_eq!(progress.percent.as_deref(), Some("100%"));
@@ -1044,15 +1080,15 @@ mod tests {
 
     #[test]
     fn totals_percent_and_eta_appear_once_every_part_is_counted() {
-        let mut a = shard("Running", 1);
+        let mut a = shard(ShardState::Running, 1);
         a.bytes_done = 50;
         a.bytes_per_second = 10;
         a.planned_files = Some(4);
         a.planned_bytes = Some(100);
-        let mut b = shard("Running", 0);
+        let mut b = shard(ShardState::Running, 0);
         b.bytes_done = 0;
         let dirs = ShardStatus {
-            part: schedule::DIRECTORIES.into(),
+            part: Part::Directories,
             ..Default::default()
         };
         // b has not counted its part yet: no totals, no guess.
@@ -1075,11 +1111,18 @@ mod tests {
 
     #[test]
     fn unchanged_condition_keeps_its_transition_time() {
-        let first = condition("Accepted", true, "Valid", "ok", Some(1), &[]);
-        let again = condition(
-            "Accepted",
+        let first = condition(
+            ConditionType::Accepted,
             true,
-            "Valid",
+            Reason::Valid,
+            "ok",
+            Some(1),
+            &[],
+        );
+        let again = condition(
+            ConditionType::Accepted,
+            true,
+            Reason::Valid,
             "ok",
             Some(2),
             std::slice::from_ref(&first),

@@ -11,10 +11,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ferry_crds::{FailedPath, ShardStatus};
-
-/// `part` of the last shard of a split job.
-pub const DIRECTORIES: &str = "directories";
+use ferry_crds::{FailedPath, Part, Reason, ShardState, ShardStatus};
 /// Parts per agent a split job is cut into: enough that a slow agent holds up little.
 const PARTS_PER_AGENT: i32 = 4;
 /// Every part walks the whole tree's directories, so their number is bounded.
@@ -28,7 +25,7 @@ pub fn parts_for(max_agents: i32) -> i32 {
 /// The shards of a new job, none assigned yet: one for the whole tree, or `parts` parts
 /// and the directories pass.
 pub fn initial(parts: Option<i32>, source_root: &str, destination_root: &str) -> Vec<ShardStatus> {
-    let shard = |id: String, part: String| ShardStatus {
+    let shard = |id: String, part: Part| ShardStatus {
         id,
         part,
         source_root: source_root.into(),
@@ -36,19 +33,22 @@ pub fn initial(parts: Option<i32>, source_root: &str, destination_root: &str) ->
         ..Default::default()
     };
     match parts {
-        None => vec![shard("0".into(), String::new())],
-        Some(n) => (0..n)
-            .map(|i| shard(i.to_string(), format!("{i}/{n}")))
+        None => vec![shard("0".into(), Part::All)],
+        Some(n) => (0..n as u32)
+            .map(|index| {
+                let count = n as u32;
+                shard(index.to_string(), Part::Slice { index, count })
+            })
             .chain(std::iter::once(shard(
-                DIRECTORIES.into(),
-                DIRECTORIES.into(),
+                Part::Directories.to_string(),
+                Part::Directories,
             )))
             .collect(),
     }
 }
 
 pub fn finished(s: &ShardStatus) -> bool {
-    s.state == "Succeeded" || s.state == "Failed"
+    s.state.finished()
 }
 
 /// Give unassigned shards to idle agents among `eligible` (at most one unfinished shard
@@ -62,11 +62,11 @@ pub fn assign(shards: &mut [ShardStatus], eligible: &[String], max_agents: usize
         .collect();
     let parts_done = shards
         .iter()
-        .filter(|s| s.part != DIRECTORIES)
+        .filter(|s| s.part != Part::Directories)
         .all(finished);
     let mut changed = false;
     for s in shards.iter_mut().filter(|s| s.node.is_empty()) {
-        if s.part == DIRECTORIES && !parts_done {
+        if s.part == Part::Directories && !parts_done {
             continue;
         }
         if busy.len() >= max_agents.max(1) {
@@ -84,8 +84,6 @@ pub fn assign(shards: &mut [ShardStatus], eligible: &[String], max_agents: usize
     }
     changed
 }
-
-pub use ferry_crds::NODE_UNAVAILABLE;
 
 /// What became of the shards of agents that stopped heartbeating.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -126,11 +124,11 @@ pub fn handle_lost(
         } else if suspended {
             out.waiting.push(s.node.clone());
         } else if lost >= deadline {
-            s.state = "Failed".into();
+            s.state = ShardState::Failed;
             s.epoch += 1;
             s.failures = vec![FailedPath {
                 path: ".".into(),
-                reason: NODE_UNAVAILABLE.into(),
+                reason: Reason::NodeUnavailable,
                 message: format!(
                     "the agent on node {} stopped heartbeating and did not come back within {}s; \
                      the volumes are only reachable from that node. Files already copied are \
@@ -182,7 +180,7 @@ mod tests {
     fn parts_go_one_at_a_time_to_idle_agents_and_the_directories_pass_comes_last() {
         let mut shards = initial(Some(parts_for(2)), "/s", "/d");
         assert_eq!(shards.len(), 9);
-        assert_eq!(shards[3].part, "3/8");
+        assert_eq!(shards[3].part.to_string(), "3/8");
         let agents = nodes(&["a", "b", "c"]);
         assign(&mut shards, &agents, 2);
         assert_eq!(
@@ -191,26 +189,26 @@ mod tests {
             "two agents at most, one part each"
         );
         // b finishes first and gets the next part; a is still busy.
-        shards[1].state = "Succeeded".into();
+        shards[1].state = ShardState::Succeeded;
         assign(&mut shards, &agents, 2);
         assert_eq!(shards[2].node, "b");
         assert!(shards[3].node.is_empty());
         // Every part done except one: the directories pass waits.
         for s in shards.iter_mut().take(8) {
-            s.state = "Succeeded".into();
+            s.state = ShardState::Succeeded;
             if s.node.is_empty() {
                 s.node = "a".into();
             }
         }
-        shards[7].state = "Running".into();
+        shards[7].state = ShardState::Running;
         assign(&mut shards, &agents, 2);
         assert!(
             shards[8].node.is_empty(),
             "directories before the last part"
         );
-        shards[7].state = "Failed".into();
+        shards[7].state = ShardState::Failed;
         assert!(assign(&mut shards, &agents, 2));
-        assert_eq!(shards[8].part, DIRECTORIES);
+        assert_eq!(shards[8].part, Part::Directories);
         assert!(!shards[8].node.is_empty());
     }
 
@@ -225,8 +223,8 @@ mod tests {
     fn a_lost_agents_shards_move_on_shared_roots_with_a_new_epoch() {
         let mut shards = initial(Some(2), "/s", "/d");
         assign(&mut shards, &nodes(&["a", "b"]), 2);
-        shards[0].state = "Running".into();
-        shards[1].state = "Succeeded".into();
+        shards[0].state = ShardState::Running;
+        shards[1].state = ShardState::Succeeded;
         let lost = |n: &str| (n == "a" || n == "b").then_some(Duration::from_secs(1));
         let out = handle_lost(&mut shards, lost, true, false, Duration::from_secs(60));
         // The finished shard stays where it ran; the running one is free again.
@@ -240,7 +238,7 @@ mod tests {
     fn node_local_work_waits_for_its_node_then_fails_node_unavailable() {
         let mut shards = initial(None, "/s", "/d");
         assign(&mut shards, &nodes(&["a"]), 1);
-        shards[0].state = "Running".into();
+        shards[0].state = ShardState::Running;
         let deadline = Duration::from_secs(300);
         let out = handle_lost(
             &mut shards,
@@ -251,7 +249,7 @@ mod tests {
         );
         assert_eq!(out.waiting, vec!["a".to_string()]);
         assert_eq!(out.next_deadline, Some(Duration::from_secs(200)));
-        assert_eq!((shards[0].state.as_str(), shards[0].epoch), ("Running", 1));
+        assert_eq!((shards[0].state, shards[0].epoch), (ShardState::Running, 1));
         // Suspended: no deadline.
         let out = handle_lost(
             &mut shards,
@@ -269,7 +267,7 @@ mod tests {
             deadline,
         );
         assert_eq!(out.failed, vec![("0".to_string(), "a".to_string())]);
-        assert_eq!(shards[0].state, "Failed");
+        assert_eq!(shards[0].state, ShardState::Failed);
         assert_eq!(shards[0].epoch, 2, "the returning agent's epoch is stale");
         assert!(shards[0].failed_by_operator());
         assert!(shards[0].failures[0].message.contains("node a"));

@@ -3,30 +3,11 @@
 //! must not open a hole) and adds what CEL cannot express. Each refusal has a stable
 //! reason for the `Accepted=False` condition and a message that says what to change.
 
-use ferry_crds::{CopyJobSpec, Endpoint};
+use ferry_crds::{CopyJobSpec, Endpoint, Reason};
 
-/// Why a spec is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// A path is absolute, climbs out with `..`, or holds a NUL byte.
-    PathEscape,
-    /// Neither or both of `root` and `pvc` are set.
-    InvalidEndpoint,
-    /// A field is out of its range.
-    InvalidSpec,
-}
-
-impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::PathEscape => "PathEscape",
-            Reason::InvalidEndpoint => "InvalidEndpoint",
-            Reason::InvalidSpec => "InvalidSpec",
-        }
-    }
-}
-
-/// A refused spec: the condition reason and a message for the user.
+/// A refused spec: the condition reason (PathEscape: a path is absolute, climbs out with
+/// `..` or holds a NUL byte; InvalidEndpoint: neither or both of root and pvc;
+/// InvalidSpec: a field is out of its range) and a message for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub reason: Reason,

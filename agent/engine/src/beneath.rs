@@ -8,18 +8,13 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use crate::{run, sys, DstAt, Error, Options, Progress, SrcAt, Summary};
+use crate::{run, sys, DstAt, Error, Options, Progress, Reason, SrcAt, Summary};
 
-/// Stable refusal reasons (they become CopyJob condition reasons).
-pub const PATH_ESCAPE: &str = "PathEscape";
-pub const SYMLINK_REJECTED: &str = "SymlinkRejected";
-pub const OPENAT2_UNAVAILABLE: &str = "Openat2Unavailable";
-
-fn refused(reason: &'static str, message: String) -> Error {
+fn refused(reason: Reason, message: String) -> Error {
     Error::Refused { reason, message }
 }
 
@@ -28,7 +23,7 @@ fn refused(reason: &'static str, message: String) -> Error {
 pub fn check_relative(path: &Path) -> Result<Vec<&[u8]>, Error> {
     if path.as_os_str().as_bytes().contains(&0) {
         return Err(refused(
-            PATH_ESCAPE,
+            Reason::PathEscape,
             format!("{:?} contains a NUL byte", path),
         ));
     }
@@ -39,7 +34,7 @@ pub fn check_relative(path: &Path) -> Result<Vec<&[u8]>, Error> {
             Component::CurDir => {}
             Component::RootDir | Component::Prefix(_) => {
                 return Err(refused(
-                    PATH_ESCAPE,
+                    Reason::PathEscape,
                     format!(
                         "{} is absolute; paths inside a root are relative",
                         path.display()
@@ -48,7 +43,7 @@ pub fn check_relative(path: &Path) -> Result<Vec<&[u8]>, Error> {
             }
             Component::ParentDir => {
                 return Err(refused(
-                    PATH_ESCAPE,
+                    Reason::PathEscape,
                     format!("{} has a '..' component", path.display()),
                 ))
             }
@@ -82,7 +77,7 @@ fn open_in(
         if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) {
             if let Some(at) = first_symlink(root, parts) {
                 return refused(
-                    SYMLINK_REJECTED,
+                    Reason::SymlinkRejected,
                     format!(
                         "{}: {at} is a symlink; Ferry never follows symlinks inside a root (name the real path)",
                         shown.display()
@@ -115,18 +110,18 @@ fn first_symlink(root: BorrowedFd<'_>, parts: &[&[u8]]) -> Option<String> {
 fn classify(e: io::Error, shown: &Path) -> Error {
     match e.raw_os_error() {
         Some(libc::ELOOP) => refused(
-            SYMLINK_REJECTED,
+            Reason::SymlinkRejected,
             format!(
                 "{}: a component is a symlink; Ferry never follows symlinks inside a root (name the real path)",
                 shown.display()
             ),
         ),
         Some(libc::EXDEV) => refused(
-            PATH_ESCAPE,
+            Reason::PathEscape,
             format!("{} resolves outside its root", shown.display()),
         ),
         Some(libc::ENOSYS) => refused(
-            OPENAT2_UNAVAILABLE,
+            Reason::Openat2Unavailable,
             format!(
                 "{}: this kernel has no openat2 (Linux 5.6+), which Ferry needs to resolve paths inside a root safely; the copy is refused rather than done without it",
                 shown.display()
@@ -170,7 +165,7 @@ pub fn open_host_path(host_root: BorrowedFd<'_>, path: &str) -> Result<OwnedFd, 
     let rel = path.trim_start_matches('/');
     let rel = if rel.is_empty() { "." } else { rel };
     let c = CString::new(rel)
-        .map_err(|_| refused(PATH_ESCAPE, format!("{path:?} contains a NUL byte")))?;
+        .map_err(|_| refused(Reason::PathEscape, format!("{path:?} contains a NUL byte")))?;
     sys::openat2(
         host_root,
         &c,
@@ -213,7 +208,7 @@ fn make_dirs_in(root: BorrowedFd<'_>, parts: &[&[u8]], shown: &Path) -> Result<O
                     .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK);
                 if is_link {
                     return Err(refused(
-                        SYMLINK_REJECTED,
+                        Reason::SymlinkRejected,
                         format!(
                             "{}: {} is a symlink; Ferry never creates or writes through symlinks inside a root",
                             shown.display(),
@@ -276,7 +271,7 @@ pub fn copy_beneath(
                 .map_err(|e| Error::io("stat source", src_path, e))?;
             if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
                 return Err(refused(
-                        SYMLINK_REJECTED,
+                        Reason::SymlinkRejected,
                         format!(
                             "{} is a symlink; Ferry never follows symlinks inside a root (name the real path)",
                             src_path.display()
@@ -319,7 +314,7 @@ fn dst_entry(parent: OwnedFd, name: CString, shown: &Path) -> Result<DstAt, Erro
             Ok(DstAt::Dir(fd))
         }
         libc::S_IFLNK => Err(refused(
-            SYMLINK_REJECTED,
+            Reason::SymlinkRejected,
             format!(
                 "{} is a symlink; Ferry never writes through links: remove it or choose another destination",
                 shown.display()
@@ -330,5 +325,31 @@ fn dst_entry(parent: OwnedFd, name: CString, shown: &Path) -> Result<DstAt, Erro
             name,
             exists: true,
         }),
+    }
+}
+
+/// What a copy of `path` inside `root` would carry (the files of `select`, hard links kept
+/// or not), resolved as the copy resolves it.
+pub fn plan_beneath(
+    root: BorrowedFd<'_>,
+    path: &Path,
+    select: crate::Part,
+    links: bool,
+) -> Result<crate::Totals, Error> {
+    let fd = resolve_beneath(root, path, libc::O_PATH)?;
+    let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io("stat", path, e))?;
+    match st.st_mode & libc::S_IFMT {
+        // "/." makes the walk go through the magic link to the directory itself.
+        libc::S_IFDIR => crate::plan_part(
+            Path::new(&format!("/proc/self/fd/{}/.", fd.as_raw_fd())),
+            select,
+            links,
+        ),
+        libc::S_IFREG if select == crate::Part::All => Ok(crate::Totals {
+            files: 1,
+            bytes: st.st_size as u64,
+            ..Default::default()
+        }),
+        _ => Ok(crate::Totals::default()),
     }
 }

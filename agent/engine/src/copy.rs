@@ -25,11 +25,12 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use crate::data::{self, Caps, CapsCache, Clone, Moved, Range};
 use crate::dirent::{self, DType};
-use crate::error::{Failure, FailureKind};
+use crate::error::Failure;
 use crate::meta::{self, Identity, XattrBufs};
-use crate::options::{Options, Overwrite, Reflink, Select, Verify};
+use crate::options::{Options, Overwrite, Part, Reflink, Verify};
 use crate::progress::{Progress, Strategy};
 use crate::sys::{self, Stat};
+use crate::Reason;
 
 /// Entries per batch when a directory is split across workers.
 const BATCH: usize = 512;
@@ -532,7 +533,7 @@ impl<'a> Ctx<'a> {
         self.fail_kind(path, op, kind_of(err), err.to_string());
     }
 
-    fn fail_kind(&self, path: &[u8], op: &'static str, kind: FailureKind, message: String) {
+    fn fail_kind(&self, path: &[u8], op: &'static str, kind: Reason, message: String) {
         let path = if path.is_empty() {
             PathBuf::from(".")
         } else {
@@ -546,7 +547,7 @@ impl<'a> Ctx<'a> {
         };
         self.progress.failed(&failure);
         self.counters.failed.fetch_add(1, Ordering::Relaxed);
-        if kind == FailureKind::NoSpace && !self.abort.swap(true, Ordering::Relaxed) {
+        if kind == Reason::DestinationFull && !self.abort.swap(true, Ordering::Relaxed) {
             *lock(&self.aborted) = Some(format!("destination is full: {}", failure.message));
         }
         let mut f = lock(&self.failures);
@@ -620,7 +621,7 @@ impl<'a> Ctx<'a> {
         // A new directory under a visible parent is built under a staging name and renamed
         // into place when complete; under a hidden parent it needs no name of its own.
         // Parts of a split copy share directories with other agents: made in place.
-        let split = self.opts.select != Select::All;
+        let split = self.opts.select != Part::All;
         // A resumed copy finishes the staging directory an interrupted run left for it.
         let adopted = match parent.fresh || split {
             true => None,
@@ -654,9 +655,9 @@ impl<'a> Ctx<'a> {
         // A resumed copy finishes the directories the interrupted one made. A part of a split
         // copy leaves directory metadata to the final `DirsOnly` run.
         let keep_meta = match self.opts.select {
-            Select::All => fresh || self.opts.overwrite != Overwrite::Never || self.opts.resume,
-            Select::Part { .. } => false,
-            Select::DirsOnly => true,
+            Part::All => fresh || self.opts.overwrite != Overwrite::Never || self.opts.resume,
+            Part::Slice { .. } => false,
+            Part::Directories => true,
         };
         let dst_dev = if fresh {
             parent.dst_dev
@@ -666,7 +667,7 @@ impl<'a> Ctx<'a> {
                 .st_dev
         };
         self.counters.dirs.fetch_add(1, Ordering::Relaxed);
-        if !matches!(self.opts.select, Select::Part { .. }) {
+        if !matches!(self.opts.select, Part::Slice { .. }) {
             // Every part walks every directory; only one run counts them.
             self.progress.entry_done();
         }
@@ -854,11 +855,11 @@ impl<'a> Ctx<'a> {
     ) {
         let mut dtype = dtype;
         match self.opts.select {
-            Select::All => {}
+            Part::All => {}
             // The listing sends directories elsewhere; only an unknown type may be one.
-            Select::DirsOnly if dtype != DType::Unknown => return,
-            Select::DirsOnly => {}
-            Select::Part { index, count } => {
+            Part::Directories if dtype != DType::Unknown => return,
+            Part::Directories => {}
+            Part::Slice { index, count } => {
                 let st = match sys::lstatat(dir.src.as_fd(), src_name) {
                     Ok(st) => st,
                     Err(e) => {
@@ -870,7 +871,7 @@ impl<'a> Ctx<'a> {
                     }
                 };
                 if !is_type(&st, libc::S_IFDIR) {
-                    let inode = (self.opts.preserve.links && st.st_nlink > 1)
+                    let inode = (self.opts.preserve.hard_links && st.st_nlink > 1)
                         .then_some((st.st_dev, st.st_ino));
                     if part_of(&dir.child_path(src_name), inode, count) != index {
                         return;
@@ -879,7 +880,7 @@ impl<'a> Ctx<'a> {
                 dtype = DType::Unknown;
             }
         }
-        if self.opts.select == Select::DirsOnly {
+        if self.opts.select == Part::Directories {
             match sys::lstatat(dir.src.as_fd(), src_name) {
                 Ok(st) if is_type(&st, libc::S_IFDIR) => {
                     dir.pending.fetch_add(1, Ordering::Relaxed);
@@ -1010,7 +1011,7 @@ impl<'a> Ctx<'a> {
             let resumed_ours = self.opts.resume && dir.ours;
             let partial = resumed_ours && !self.may_be_finished(dir, dst_name, &st)?;
             if !partial {
-                if self.opts.resume && self.opts.preserve.links && st.st_nlink > 1 {
+                if self.opts.resume && self.opts.preserve.hard_links && st.st_nlink > 1 {
                     return self.adopt_linked(dir, &src, dst_name, &st, local);
                 }
                 let committed = match self.opts.resume {
@@ -1119,7 +1120,7 @@ impl<'a> Ctx<'a> {
         st: &Stat,
         copy_leader: impl FnOnce() -> Result<Option<Option<u128>>, Fail>,
     ) -> Result<Option<Skip>, Fail> {
-        if !(self.opts.preserve.links && st.st_nlink > 1) {
+        if !(self.opts.preserve.hard_links && st.st_nlink > 1) {
             return copy_leader().map(|_| None);
         }
         let key = (st.st_dev, st.st_ino);
@@ -1530,7 +1531,7 @@ impl<'a> Ctx<'a> {
             return Err((op, err));
         }
         match kind_of(&err) {
-            FailureKind::SourceChanged => {
+            Reason::SourceChanged => {
                 tries.changed += 1;
                 if tries.changed >= ATTEMPTS_WHILE_CHANGING {
                     let msg = format!(
@@ -1541,7 +1542,7 @@ impl<'a> Ctx<'a> {
                 }
             }
             // Only errors the kernel reported: ours (a stopped copy...) are final.
-            FailureKind::Io if err.raw_os_error().is_some() => {
+            Reason::IOError if err.raw_os_error().is_some() => {
                 if tries.io >= REWRITES_AFTER_IO_ERROR {
                     let msg = format!("{err} (again on a fresh rewrite from the source)");
                     return Err((op, io::Error::other(msg)));
@@ -1617,9 +1618,9 @@ impl<'a> Ctx<'a> {
                 false => None,
             }
         } else {
-            let sparse = opts.preserve.sparse && (st.st_blocks as u64) * 512 < size;
+            let sparse = opts.preserve.sparseness && (st.st_blocks as u64) * 512 < size;
             // Hard-linked files are copied whole so their followers can link at once.
-            let linked = opts.preserve.links && st.st_nlink > 1;
+            let linked = opts.preserve.hard_links && st.st_nlink > 1;
             if !sparse
                 && !self.hash
                 && !linked
@@ -1999,19 +2000,19 @@ enum FillOutcome {
 }
 
 /// What kind of failure `err` is (marker payloads first, then the errno).
-fn kind_of(err: &io::Error) -> FailureKind {
+fn kind_of(err: &io::Error) -> Reason {
     match err.kind() {
-        io::ErrorKind::AlreadyExists => FailureKind::DestinationConflict,
+        io::ErrorKind::AlreadyExists => Reason::DestinationConflict,
         _ if err.raw_os_error() == Some(libc::ELOOP)
             || err.raw_os_error() == Some(libc::ENOTDIR) =>
         {
-            FailureKind::DestinationConflict
+            Reason::DestinationConflict
         }
         _ => match err.get_ref() {
-            Some(inner) if inner.is::<SourceChanged>() => FailureKind::SourceChanged,
-            Some(inner) if inner.is::<ChecksumMismatch>() => FailureKind::ChecksumMismatch,
-            Some(inner) if inner.is::<ReflinkRefused>() => FailureKind::ReflinkUnsupported,
-            _ => FailureKind::from_io(err),
+            Some(inner) if inner.is::<SourceChanged>() => Reason::SourceChanged,
+            Some(inner) if inner.is::<ChecksumMismatch>() => Reason::ChecksumMismatch,
+            Some(inner) if inner.is::<ReflinkRefused>() => Reason::ReflinkUnsupported,
+            _ => crate::error::reason_of_io(err),
         },
     }
 }

@@ -3,7 +3,7 @@
 //! optional xxHash3-128 verification and an `xxh128sum -c` manifest.
 //!
 //! Synchronous and free of Kubernetes, tokio and Prometheus: callers watch it through
-//! [`Progress`]. All `unsafe` lives in [`sys`].
+//! [`Progress`]. All `unsafe` lives in the private `sys` module.
 //!
 //! ```no_run
 //! use ferry_engine::{copy, NoProgress, Options};
@@ -20,7 +20,8 @@ mod error;
 mod meta;
 mod options;
 mod progress;
-pub mod sys;
+mod sys;
+pub mod volume;
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -33,11 +34,11 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 pub use beneath::{
-    check_relative, copy_beneath, open_host_path, resolve_beneath, state_dir, OPENAT2_UNAVAILABLE,
-    PATH_ESCAPE, SYMLINK_REJECTED,
+    check_relative, copy_beneath, open_host_path, plan_beneath, resolve_beneath, state_dir,
 };
-pub use error::{Error, Failure, FailureKind};
-pub use options::{Faults, Fence, Options, Overwrite, Preserve, Reflink, Select, Verify};
+pub use error::{reason_of_io, Error, Failure};
+pub use ferry_crds::Reason;
+pub use options::{Faults, Fence, Options, Overwrite, Part, Preserve, Reflink, Verify};
 pub use progress::{NoProgress, Progress, Strategy};
 
 use copy::{Ctx, DirNode, Task};
@@ -277,7 +278,7 @@ pub(crate) fn run(
         } => {
             // A part of a split copy (or its final directory pass) shares DST with other
             // agents: it is made in place, never staged, and merged into like an existing one.
-            let split = options.select != Select::All;
+            let split = options.select != Part::All;
             let dst_at = match dst_at {
                 DstAt::Entry {
                     parent,
@@ -323,9 +324,9 @@ pub(crate) fn run(
                 DstAt::Dir(fd) => {
                     check_not_inside(&src_st, &fd, src, dst)?;
                     let keep_meta = match options.select {
-                        Select::All => options.overwrite != Overwrite::Never || options.resume,
-                        Select::Part { .. } => false,
-                        Select::DirsOnly => true,
+                        Part::All => options.overwrite != Overwrite::Never || options.resume,
+                        Part::Slice { .. } => false,
+                        Part::Directories => true,
                     };
                     DirNode::new(src_fd, fd, keep_meta.then_some(src_st), false)
                         .map_err(|e| Error::io("stat", dst, e))?
@@ -423,17 +424,17 @@ pub struct Totals {
 /// Walks through directory fds like the copy does, never following a symlink; entries
 /// that cannot be read are skipped, so the totals are a lower bound.
 pub fn plan(src: &Path) -> Result<Totals, Error> {
-    plan_part(src, Select::All, true)
+    plan_part(src, Part::All, true)
 }
 
 /// [`plan`] for the entries a copy with this `select` (and hard links kept or not) would
 /// carry: one part of a split copy counts the files it owns.
-pub fn plan_part(src: &Path, select: Select, links: bool) -> Result<Totals, Error> {
+pub fn plan_part(src: &Path, select: Part, links: bool) -> Result<Totals, Error> {
     let src_c = cstring(src)?;
     let st = sys::stat_path(&src_c, false).map_err(|e| Error::io("stat source", src, e))?;
     let mut totals = Totals::default();
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-        if select != Select::All {
+        if select != Part::All {
             return Ok(totals);
         }
         if st.st_mode & libc::S_IFMT == libc::S_IFREG {
@@ -445,9 +446,9 @@ pub fn plan_part(src: &Path, select: Select, links: bool) -> Result<Totals, Erro
         return Ok(totals);
     }
     let owned = |rel: &[u8], est: &libc::stat| match select {
-        Select::All => true,
-        Select::DirsOnly => false,
-        Select::Part { index, count } => {
+        Part::All => true,
+        Part::Directories => false,
+        Part::Slice { index, count } => {
             let inode = (links && est.st_nlink > 1).then_some((est.st_dev, est.st_ino));
             copy::part_of(rel, inode, count) == index
         }

@@ -29,7 +29,7 @@ impl Identity {
     /// The mode a copied entry ends with: all of it when preserving, otherwise what a
     /// fresh create would get.
     pub fn final_mode(&self, st: &Stat, preserve: &Preserve) -> u32 {
-        if preserve.mode {
+        if preserve.permissions {
             st.st_mode & 0o7777
         } else {
             st.st_mode & 0o777 & !self.umask

@@ -1,118 +1,12 @@
-//! What a copy should do: strategy, verification, metadata and overwrite policy.
+//! What a copy should do: the policies (defined with the API, in `ferry_crds::policy`, so a
+//! CopyJob, the CLI and the engine share one set of defaults), the part of the tree, and
+//! the hooks a caller steers a running copy by.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-/// Whether data may be shared with the source by reflink (`FICLONE`) instead of copied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Reflink {
-    /// Clone where the filesystem pair supports it, copy otherwise.
-    #[default]
-    Auto,
-    /// Clone or fail the file: for callers that rely on O(metadata) copies.
-    Always,
-    /// Never share extents. Also avoids `copy_file_range` on filesystems where it clones
-    /// implicitly (XFS, btrfs, NFS, ...), so the destination owns its own blocks.
-    Never,
-}
-
-/// How a copied file is checked against its source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Verify {
-    /// No check beyond the byte counts of each call.
-    #[default]
-    None,
-    /// Hash (xxHash3-128) the source bytes as they are read and the destination bytes after
-    /// writing (from the page cache); a difference fails the file.
-    Checksum,
-    /// As `Checksum`, but the destination is flushed with `fdatasync` and evicted from the
-    /// page cache before it is re-read, so the bytes come from the medium.
-    Full,
-}
-
-/// What happens when a destination entry already exists (only possible when copying into
-/// an existing directory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Overwrite {
-    /// Keep the existing entry; the source entry is skipped and counted.
-    #[default]
-    Never,
-    /// Replace it unless it is a regular file with the source's size and mtime.
-    IfChanged,
-    /// Replace it. Replacement is a rename over the old name: a link at that name is
-    /// replaced, never written through.
-    Always,
-}
-
-/// Which metadata is carried over. All on by default, as `cp -a` does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Preserve {
-    /// Permission bits including setuid, setgid and sticky. Off: `mode & 0777 & !umask`.
-    pub mode: bool,
-    /// Owner and group (needs root or CAP_CHOWN; quietly kept as-is otherwise, like `cp -a`).
-    pub ownership: bool,
-    /// atime and mtime, in nanoseconds, on files, directories and symlinks.
-    pub timestamps: bool,
-    /// Extended attributes, POSIX ACLs included (they are `system.posix_acl_*` xattrs).
-    pub xattrs: bool,
-    /// Hard links: entries sharing an inode in the source share one in the destination.
-    pub links: bool,
-    /// Holes in sparse files stay holes.
-    pub sparse: bool,
-}
-
-impl Default for Preserve {
-    fn default() -> Self {
-        Self::ALL
-    }
-}
-
-impl Preserve {
-    pub const ALL: Self = Self {
-        mode: true,
-        ownership: true,
-        timestamps: true,
-        xattrs: true,
-        links: true,
-        sparse: true,
-    };
-
-    /// The names accepted by [`Preserve::without`], in documentation order.
-    pub const NAMES: [&'static str; 6] = [
-        "mode",
-        "ownership",
-        "timestamps",
-        "xattrs",
-        "links",
-        "sparse",
-    ];
-
-    /// Turn off one kind of metadata by name (`mode`, `ownership`, `timestamps`, `xattrs`,
-    /// `links`, `sparse`, or `all`). Returns `None` for an unknown name.
-    pub fn without(mut self, name: &str) -> Option<Self> {
-        match name {
-            "mode" => self.mode = false,
-            "ownership" | "owner" => self.ownership = false,
-            "timestamps" => self.timestamps = false,
-            "xattrs" | "xattr" => self.xattrs = false,
-            "links" => self.links = false,
-            "sparse" => self.sparse = false,
-            "all" => {
-                self = Self {
-                    mode: false,
-                    ownership: false,
-                    timestamps: false,
-                    xattrs: false,
-                    links: false,
-                    sparse: false,
-                }
-            }
-            _ => return None,
-        }
-        Some(self)
-    }
-}
+pub use ferry_crds::{Overwrite, Part, Preserve, Reflink, Verify};
 
 /// Asked before anything becomes visible under a final name (a file linked or renamed
 /// into place, a staged directory renamed, the manifest's buffered lines written).
@@ -143,7 +37,7 @@ pub struct Options {
     /// hashing on when a manifest is requested.
     pub manifest: Option<PathBuf>,
     /// Which entries of the tree this run copies (all of them, or one part of a split copy).
-    pub select: Select,
+    pub select: Part,
     /// Set from another thread to stop the copy at the next file boundary. Files already
     /// committed stay; unfinished directories get their final names but not their metadata
     /// (a later run with `resume` finishes them); no partial file is ever visible.
@@ -179,12 +73,12 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             workers: 0,
-            reflink: Reflink::Auto,
-            verify: Verify::None,
-            overwrite: Overwrite::Never,
-            preserve: Preserve::ALL,
+            reflink: Reflink::default(),
+            verify: Verify::default(),
+            overwrite: Overwrite::default(),
+            preserve: Preserve::default(),
             manifest: None,
-            select: Select::All,
+            select: Part::All,
             cancel: None,
             resume: false,
             staging_tag: None,
@@ -220,38 +114,6 @@ pub struct Faults {
     pub fdatasync_eio: Option<(Vec<u8>, u32)>,
     /// `syncfs` of the destination fails with this errno.
     pub syncfs_errno: Option<i32>,
-}
-
-/// Which entries a run copies. A tree on a filesystem several nodes mount can be split
-/// into parts that agents copy at the same time, then finished by one `DirsOnly` run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Select {
-    /// The whole tree.
-    #[default]
-    All,
-    /// The non-directory entries whose path from the top hashes to `index` modulo
-    /// `count` (a hard-linked file by its inode instead, so a link group stays in one
-    /// part). Directories are created in place by every part that needs them and left
-    /// without their metadata: the `DirsOnly` run after all parts applies it.
-    Part { index: u32, count: u32 },
-    /// Create missing directories and give every directory the source's metadata; copy
-    /// nothing else. The last step of a split copy.
-    DirsOnly,
-}
-
-impl Select {
-    /// `"3/16"`, `"directories"`, or `""` for the whole tree: how a CopyJob's shard names it.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "" => Some(Select::All),
-            "directories" => Some(Select::DirsOnly),
-            _ => {
-                let (i, n) = s.split_once('/')?;
-                let (index, count) = (i.parse().ok()?, n.parse().ok()?);
-                (index < count).then_some(Select::Part { index, count })
-            }
-        }
-    }
 }
 
 impl Options {

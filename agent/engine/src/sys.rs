@@ -4,6 +4,8 @@
 //! "not supported here" answers the caller falls back on return that as a value (the xcp
 //! `libfs/src/linux.rs` shape). Nothing here decides policy.
 
+#![allow(unsafe_code)]
+
 use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::MaybeUninit;

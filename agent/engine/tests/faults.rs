@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 
-use ferry_engine::{copy, FailureKind, Faults, NoProgress, Options, Reflink, Verify};
+use ferry_engine::{copy, Faults, NoProgress, Options, Reason, Reflink, Verify};
 
 fn tree(root: &Path) -> std::io::Result<()> {
     fs::create_dir_all(root.join("a/b"))?;
@@ -113,7 +113,7 @@ fn copy_file_range_eio_fails_the_file_and_leaves_no_partial_file() {
     );
     assert!(s.failed > 0);
     assert!(
-        s.failures.iter().all(|f| f.kind == FailureKind::Io),
+        s.failures.iter().all(|f| f.kind == Reason::IOError),
         "{:?}",
         s.failures
     );
@@ -163,7 +163,7 @@ fn reflink_always_without_clone_support_fails_each_file_clearly() {
     assert!(
         s.failures
             .iter()
-            .all(|f| f.kind == FailureKind::ReflinkUnsupported),
+            .all(|f| f.kind == Reason::ReflinkUnsupported),
         "{:?}",
         s.failures
     );
@@ -184,7 +184,7 @@ fn corrupted_destination_fails_checksum_verification_and_is_not_committed() {
         };
         let (tmp, s) = run(faults, verify);
         assert_eq!(s.failed, 1, "{:?}", s.failures);
-        assert_eq!(s.failures[0].kind, FailureKind::ChecksumMismatch);
+        assert_eq!(s.failures[0].kind, Reason::ChecksumMismatch);
         assert_eq!(s.failures[0].path, Path::new("a/f7"));
         assert!(
             !tmp.path().join("dst/a/f7").exists(),

@@ -2,6 +2,9 @@
 //! tree succeeds under a tiny RLIMIT_NOFILE (fuc reverted per-file parallelism for running
 //! out of descriptors). Its own test binary, because the limit is process-wide.
 
+// Raw libc calls here: setrlimit, to give the copy few fds.
+#![allow(unsafe_code)]
+
 use std::fs;
 
 use ferry_engine::{copy, NoProgress, Options};

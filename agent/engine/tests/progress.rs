@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ferry_engine::{copy, Failure, FailureKind, Faults, Options, Progress, Strategy, Verify};
+use ferry_engine::{copy, Failure, Faults, Options, Progress, Reason, Strategy, Verify};
 
 #[derive(Default)]
 struct Recorder {
@@ -18,7 +18,7 @@ struct Recorder {
     verified: AtomicU64,
     skipped: AtomicU64,
     times: Mutex<Vec<Duration>>,
-    failures: Mutex<Vec<FailureKind>>,
+    failures: Mutex<Vec<Reason>>,
 }
 
 impl Progress for Recorder {
@@ -161,6 +161,6 @@ fn a_checksum_mismatch_is_reported_as_such_and_the_file_is_not_reported_done() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    assert_eq!(failures, vec![FailureKind::ChecksumMismatch; 3]);
+    assert_eq!(failures, vec![Reason::ChecksumMismatch; 3]);
     assert_eq!(progress.files.load(Ordering::Relaxed), 117);
 }

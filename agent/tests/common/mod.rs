@@ -7,6 +7,8 @@
 //! the source and so may move its atimes); the destination is snapshotted after it and
 //! compared with that snapshot, then file contents are compared byte by byte.
 
+// Raw libc calls here: chmod, mknod, mkfifo and geteuid to build test trees, independent of the engine.
+#![allow(unsafe_code)]
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -8,7 +8,70 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use ferry_engine::{resolve_beneath, sys, Error};
+use ferry_engine::{resolve_beneath, Error, Reason};
+
+/// The kernel's own answers by raw system calls: an oracle that shares no code with the
+/// engine's private `sys` module.
+#[allow(unsafe_code)]
+mod sys {
+    use std::ffi::CStr;
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+    fn owned(fd: libc::c_int) -> io::Result<OwnedFd> {
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this fd, and nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    pub fn open(path: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+        // SAFETY: `path` is a valid NUL-terminated string.
+        owned(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) })
+    }
+
+    pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `st` is writable memory of the right size; the kernel fills it on success.
+        if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fstat succeeded, so `st` is initialised.
+        Ok(unsafe { st.assume_init() })
+    }
+
+    pub fn openat2(
+        dir: BorrowedFd<'_>,
+        path: &CStr,
+        flags: libc::c_int,
+        resolve: u64,
+    ) -> io::Result<OwnedFd> {
+        // `struct open_how` (linux/openat2.h).
+        #[repr(C)]
+        struct OpenHow {
+            flags: u64,
+            mode: u64,
+            resolve: u64,
+        }
+        let how = OpenHow {
+            flags: (flags | libc::O_CLOEXEC) as u64,
+            mode: 0,
+            resolve,
+        };
+        // SAFETY: valid fd, NUL-terminated path, and `how` outlives the call with its size.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir.as_raw_fd(),
+                path.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        owned(fd as libc::c_int)
+    }
+}
 
 /// A root with directories, files and every kind of symlink a tenant could plant, next to
 /// an `outside` directory.
@@ -84,7 +147,7 @@ pub fn check(fx: &Fixture, path: &[u8]) -> Result<(), String> {
         // A NUL byte: refused as an escape, before any system call.
         return match ours {
             Err(Error::Refused {
-                reason: "PathEscape",
+                reason: Reason::PathEscape,
                 ..
             }) => Ok(()),
             other => Err(format!("{shown:?} with NUL: {other:?}")),
@@ -139,7 +202,7 @@ pub fn check(fx: &Fixture, path: &[u8]) -> Result<(), String> {
             }
             if let Error::Refused { reason, .. } = e {
                 let expect_escape = !lexically_clean(path);
-                if (*reason == "PathEscape") != expect_escape
+                if (*reason == Reason::PathEscape) != expect_escape
                     && !matches!(&contained, Err(k) if k.raw_os_error() == Some(libc::EXDEV))
                 {
                     return Err(format!("{shown:?}: refused as {reason}"));

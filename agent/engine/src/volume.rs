@@ -1,0 +1,28 @@
+//! What callers outside the engine may ask of a volume they hold open: which filesystem it
+//! is, how much room it has, and a flush. Safe wrappers, so `sys` stays private.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+
+use crate::sys;
+
+/// The device number of the filesystem `fd` is on: volumes with the same one share a flush.
+pub fn device(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(sys::fstat(fd)?.st_dev)
+}
+
+/// Whether `fd` is a directory.
+pub fn is_dir(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(sys::fstat(fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR)
+}
+
+/// Bytes available to an unprivileged writer on the filesystem of `fd`.
+pub fn free_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    sys::free_bytes(fd)
+}
+
+/// Flush the whole filesystem of `fd` to stable storage (`syncfs`). A failure is final:
+/// the kernel may have dropped the dirty pages it could not write.
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    sys::syncfs(fd)
+}

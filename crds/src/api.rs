@@ -1,0 +1,440 @@
+//! The Kubernetes resources (`CopyJob`, `StorageRoot`) and their status. Every field's doc
+//! comment becomes its description in the CRD schema, and the `x_kube(validation)` rules
+//! are enforced by the kube-apiserver at admission.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::{Overwrite, Part, Preserve, Reason, Reflink, ShardState, Verify};
+
+/// A relative path inside a root or volume: never absolute, never `..`, never NUL.
+/// (The same rules are checked again by the operator and by the agent at open time.)
+const PATH_RULES: &str =
+    "!self.startsWith('/') && !self.split('/').exists(c, c == '..') && !self.contains('\\u0000')";
+
+/// Where data comes from or goes to: a `StorageRoot` or a `PersistentVolumeClaim` in the
+/// job's namespace, plus a path inside it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.root) != has(self.pvc)").message("set exactly one of root or pvc"))]
+pub struct Endpoint {
+    /// Name of a cluster-scoped `StorageRoot` that this namespace may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub root: Option<String>,
+    /// Name of a `PersistentVolumeClaim` in the job's own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub pvc: Option<String>,
+    /// Path inside the root or volume, relative ("" or "." for all of it). Absolute paths,
+    /// `..` components and NUL bytes are refused.
+    #[serde(default)]
+    #[schemars(length(max = 4096))]
+    #[x_kube(validation = Rule::new(PATH_RULES).message("path must be relative, without '..' components or NUL bytes"))]
+    pub path: String,
+}
+
+/// How much of the cluster a job may use at once.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Parallelism {
+    /// Copy workers per agent (0: the node's CPU count).
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 256").message("workersPerAgent must be between 0 and 256"))]
+    pub workers_per_agent: i32,
+    /// Agents that may share the work when both sides are shared (`shared: true`) roots.
+    #[serde(default = "one")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 64").message("maxAgents must be between 1 and 64"))]
+    pub max_agents: i32,
+}
+
+fn one() -> i32 {
+    1
+}
+
+impl Default for Parallelism {
+    fn default() -> Self {
+        Self {
+            workers_per_agent: 0,
+            max_agents: 1,
+        }
+    }
+}
+
+/// A copy of one tree (or file) from `source` to `destination`, carried out by Ferry's
+/// node agents.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "CopyJob",
+    plural = "copyjobs",
+    // Not "cj": that is CronJob's built-in short name, and kubectl resolves it there.
+    shortname = "cpj",
+    namespaced,
+    status = "CopyJobStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress.percent"}"#,
+    printcolumn = r#"{"name":"Rate","type":"string","jsonPath":".status.progress.rate"}"#,
+    printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.progress.eta"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new(
+        "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Pending' || \
+         (self.spec.source == oldSelf.spec.source && self.spec.destination == oldSelf.spec.destination && \
+          self.spec.reflink == oldSelf.spec.reflink && self.spec.verify == oldSelf.spec.verify && \
+          self.spec.overwrite == oldSelf.spec.overwrite && self.spec.preserve == oldSelf.spec.preserve && \
+          self.spec.include == oldSelf.spec.include && self.spec.exclude == oldSelf.spec.exclude && \
+          self.spec.dryRun == oldSelf.spec.dryRun)"
+    ).message("a started CopyJob's spec cannot change except suspend, parallelism and ttlSecondsAfterFinished; create a new CopyJob instead"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyJobSpec {
+    /// What to copy.
+    pub source: Endpoint,
+    /// Where to copy it. A missing path becomes a copy of the source; an existing directory
+    /// gets the source's contents merged into it under `overwrite`.
+    pub destination: Endpoint,
+    /// Reflink policy.
+    #[serde(default)]
+    pub reflink: Reflink,
+    /// Verification policy; the checksum manifest is written to `.ferry/` on the destination.
+    #[serde(default)]
+    pub verify: Verify,
+    /// What to do with entries the destination already has.
+    #[serde(default)]
+    pub overwrite: Overwrite,
+    /// Metadata to keep.
+    #[serde(default)]
+    pub preserve: Preserve,
+    /// Only paths matching one of these globs (relative to the source path) are copied.
+    #[serde(default)]
+    pub include: Vec<String>,
+    /// Paths matching one of these globs are skipped.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Workers and agents.
+    #[serde(default)]
+    pub parallelism: Parallelism,
+    /// While true, no new work starts; running shards stop at the next file boundary.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Delete the job this many seconds after it finished (unset: keep it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("ttlSecondsAfterFinished cannot be negative"))]
+    pub ttl_seconds_after_finished: Option<i64>,
+    /// Plan only: fill status.plan (files, bytes, nodes, shards) and copy nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// Where a job is in its life.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum Phase {
+    /// Accepted or waiting for validation, resolution or an agent.
+    #[default]
+    Pending,
+    /// Agents are copying.
+    Running,
+    /// Suspended by the user.
+    Suspended,
+    /// Every file copied (and verified, if asked).
+    Succeeded,
+    /// Finished with failures; see conditions and status.failures.
+    Failed,
+}
+
+/// Aggregated progress of all shards.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Files committed.
+    pub files_done: i64,
+    /// Files in the plan, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_total: Option<i64>,
+    /// Bytes committed.
+    pub bytes_done: i64,
+    /// Bytes in the plan, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<i64>,
+    /// Bytes shared by reflink rather than copied.
+    pub bytes_reflinked: i64,
+    /// Bytes copied (copy_file_range or read/write).
+    pub bytes_copied: i64,
+    /// Recent throughput in bytes per second.
+    pub bytes_per_second: i64,
+    /// Human-readable percentage for the PROGRESS column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<String>,
+    /// Human-readable rate for the RATE column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// Human-readable estimate of the time left, for the ETA column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<String>,
+}
+
+/// One shard of a job. The operator owns the assignment (`id`, `node`, `epoch`); the agent
+/// running it owns the progress fields. Both write with server-side apply under their own
+/// field managers, so neither overwrites the other.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ShardStatus {
+    /// Shard identity, stable for the job's life (list map key).
+    pub id: String,
+    /// Node whose agent runs it.
+    pub node: String,
+    /// Assignment epoch, raised each time the shard is given to an agent: an agent's
+    /// updates are refused by the API server unless `node` and `epoch` are still the ones
+    /// it was given (a JSON patch `test`), so an agent that lost its shard cannot publish.
+    pub epoch: i64,
+    /// Host path of the source's root or volume, as resolved by the operator (the agent
+    /// joins the endpoint's relative path below it, under its host-root mount).
+    pub source_root: String,
+    /// Host path of the destination's root or volume.
+    pub destination_root: String,
+    /// Which part of the tree: empty for all of it; `i/n` for the entries whose path
+    /// hashes to i of n (a tree on shared roots split across agents); `directories` for
+    /// the last step of a split copy, which gives every directory its metadata and joins
+    /// the parts' manifests.
+    #[schemars(with = "String")]
+    pub part: Part,
+    /// Pending (or unset: not started), Running, Suspended (stopped by `suspend`; resumes
+    /// where it stopped), Stopped (the job is being deleted), Succeeded or Failed.
+    pub state: ShardState,
+    /// Regular files committed by this shard (a hard-linked file once).
+    pub files_done: i64,
+    /// Bytes (apparent size) of the files committed by this shard.
+    pub bytes_done: i64,
+    /// Bytes shared by reflink.
+    pub bytes_reflinked: i64,
+    /// Entries that failed.
+    pub failed: i64,
+    /// Average throughput of this shard so far, in bytes per second.
+    pub bytes_per_second: i64,
+    /// Dry run: regular files this shard would copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_files: Option<i64>,
+    /// Dry run: bytes this shard would copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_bytes: Option<i64>,
+    /// The first failures of this shard.
+    pub failures: Vec<FailedPath>,
+}
+
+impl ShardStatus {
+    /// The operator failed this shard itself (its node stayed away too long): its state
+    /// and failure are the operator's, and no agent may run it.
+    pub fn failed_by_operator(&self) -> bool {
+        self.state == ShardState::Failed
+            && self
+                .failures
+                .iter()
+                .any(|f| f.reason == Reason::NodeUnavailable)
+    }
+}
+
+/// One failed path (the first few are kept).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedPath {
+    /// Path relative to the source.
+    pub path: String,
+    /// Stable reason. Per entry: PermissionDenied, NotFound, SourceChanged (changed on
+    /// every one of 3 attempts), ChecksumMismatch, IOError (failed again on a fresh
+    /// rewrite), DestinationConflict (the name is taken by another type of entry, or by a
+    /// symlink where a directory is needed), ReflinkUnsupported (reflink Always where the
+    /// filesystems cannot clone), DestinationFull. For a whole shard (path "."):
+    /// DestinationFull (says how much more is needed), NodeUnavailable (its node's agent
+    /// did not come back in time), PathEscape (a path would leave its root),
+    /// SymlinkRejected (a path passes a symlink), Openat2Unavailable (the kernel cannot
+    /// resolve paths safely), CannotStart (see the message).
+    pub reason: Reason,
+    /// What happened.
+    pub message: String,
+}
+
+/// What a dry run found.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// Regular files to copy.
+    pub files: i64,
+    /// Their total size.
+    pub bytes: i64,
+    /// Nodes that would run it.
+    pub nodes: Vec<String>,
+    /// Shards it would be cut into.
+    pub shards: i64,
+}
+
+/// Observed state of a CopyJob.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyJobStatus {
+    /// Summary phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Standard conditions, by type and the reasons each has. Accepted: Valid, or False
+    /// with InvalidEndpoint, InvalidSpec, PathEscape, CrossNamespace, RootNotAllowed,
+    /// ReadOnlyRoot. Resolved: Resolved, or False with PVCNotFound, PVCNotBound,
+    /// VolumeNotMounted, VolumeNotSupported, RootNotFound. Scheduled: Assigned, or False
+    /// with WaitingForNode, NoAgent. Complete: Copied, or Planned (a dry run). Failed: the
+    /// first reason that stopped a shard (DestinationFull, NodeUnavailable, PathEscape,
+    /// SymlinkRejected, Openat2Unavailable, CannotStart), else IOError, else
+    /// PartiallyFailed. Events carry the same reasons, and Reassigned when a lost agent's
+    /// shard moves to another.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// Aggregated progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    /// Per-shard state, one entry per shard, each owned by its agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "shards_schema")]
+    pub shards: Vec<ShardStatus>,
+    /// The first failures (at most 20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailedPath>,
+    /// Where the checksum manifest was written (relative to the destination).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
+    /// Result of a dry run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+    /// When the job reached Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+}
+
+fn conditions_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = gen.subschema_for::<Vec<Condition>>();
+    s.insert("x-kubernetes-list-type".into(), "map".into());
+    s.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["type"]),
+    );
+    s
+}
+
+fn shards_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = gen.subschema_for::<Vec<ShardStatus>>();
+    s.insert("x-kubernetes-list-type".into(), "map".into());
+    s.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["id"]),
+    );
+    s
+}
+
+/// Which namespaces may use a StorageRoot.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceAccess {
+    /// These namespaces, by name.
+    #[serde(default)]
+    pub names: Vec<String>,
+    /// Namespaces whose labels match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// A host directory tree that Ferry's agents may read or write, set up by a cluster admin.
+/// Tenants name roots; they never name host paths.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "StorageRoot",
+    plural = "storageroots",
+    shortname = "sr",
+    printcolumn = r#"{"name":"Path","type":"string","jsonPath":".spec.path"}"#,
+    printcolumn = r#"{"name":"Shared","type":"boolean","jsonPath":".spec.shared"}"#,
+    printcolumn = r#"{"name":"ReadOnly","type":"boolean","jsonPath":".spec.readOnly"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("self.spec.shared || has(self.spec.nodeSelector)").message("set nodeSelector (which nodes have this path) or shared: true")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageRootSpec {
+    /// Absolute path on the host.
+    #[schemars(length(max = 4096))]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && !self.split('/').exists(c, c == '..')").message("path must be absolute, without '..' components"))]
+    pub path: String,
+    /// Labels of the nodes that have this path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// The same filesystem is mounted at `path` on every matching node (e.g. NFS), so work
+    /// on it can be split across agents.
+    #[serde(default)]
+    pub shared: bool,
+    /// Namespaces allowed to use this root.
+    #[serde(default)]
+    pub namespaces: NamespaceAccess,
+    /// Never a destination.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+
+    use super::*;
+
+    fn descriptions(v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("description", serde_json::Value::String(d)) => {
+                            out.push_str(d);
+                            out.push('\n');
+                        }
+                        _ => descriptions(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| descriptions(v, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_reason_is_explained_in_the_crd_schema() {
+        let crd = serde_json::to_value(CopyJob::crd()).expect("serialize the CRD");
+        let mut text = String::new();
+        descriptions(&crd, &mut text);
+        let words: std::collections::BTreeSet<&str> =
+            text.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+        let missing: Vec<&str> = Reason::ALL
+            .iter()
+            .map(|r| r.as_str())
+            .filter(|r| !words.contains(r))
+            .collect();
+        assert!(missing.is_empty(), "not described in the CRD: {missing:?}");
+    }
+
+    #[test]
+    fn the_crd_lists_every_shard_state_and_condition_type() {
+        let crd = serde_json::to_string(&CopyJob::crd()).expect("serialize the CRD");
+        for s in [
+            ShardState::Pending,
+            ShardState::Running,
+            ShardState::Suspended,
+            ShardState::Stopped,
+            ShardState::Succeeded,
+            ShardState::Failed,
+        ] {
+            assert!(crd.contains(&format!("\"{s}\"")), "{s}");
+        }
+        for t in crate::ConditionType::ALL {
+            assert!(crd.contains(t.as_str()), "{t}");
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! What the operator and the agents say to each other about one shard of a job: its state,
+//! which part of the tree it is, and the names of what it leaves on the destination. Both
+//! sides use these types; no literal of them exists anywhere else.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Directory on the destination that holds the manifests and resume state. Reserved: no job
+/// may read or write it as data.
+pub const STATE_DIR: &str = ".ferry";
+
+/// Where a shard is in its life. The agent running it writes every state but `Failed` by
+/// `NodeUnavailable`, which the operator writes for an agent that never came back.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "k8s", derive(schemars::JsonSchema))]
+pub enum ShardState {
+    /// Not started (also how a shard with no state yet reads).
+    #[default]
+    Pending,
+    /// An agent is copying it.
+    Running,
+    /// Stopped by `suspend`; resumes where it stopped.
+    Suspended,
+    /// Stopped because the job is being deleted.
+    Stopped,
+    /// Every entry copied.
+    Succeeded,
+    /// Finished with failures (see the shard's failures).
+    Failed,
+}
+
+impl ShardState {
+    /// Succeeded or Failed: nothing more will happen to it.
+    pub fn finished(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+
+    /// Nothing more will run it on this assignment: finished, or stopped for a deletion.
+    pub fn over(self) -> bool {
+        self.finished() || self == Self::Stopped
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Suspended => "Suspended",
+            Self::Stopped => "Stopped",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+        }
+    }
+}
+
+impl fmt::Display for ShardState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which entries of the tree a shard copies. A tree on a filesystem several nodes mount can
+/// be split into parts that agents copy at the same time, then finished by one
+/// `Directories` run. On the wire (a CopyJob's `status.shards[].part`) it is `""`, `"i/n"`
+/// or `"directories"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Part {
+    /// The whole tree.
+    #[default]
+    All,
+    /// The non-directory entries whose path from the top hashes to `index` modulo `count`
+    /// (a hard-linked file by its inode instead, so a link group stays in one part).
+    /// Directories are created in place by every part that needs them and left without
+    /// their metadata: the `Directories` run after all parts applies it.
+    Slice { index: u32, count: u32 },
+    /// Create missing directories and give every directory the source's metadata; copy
+    /// nothing else; join the parts' manifests. The last step of a split copy.
+    Directories,
+}
+
+const DIRECTORIES: &str = "directories";
+
+impl fmt::Display for Part {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Part::All => Ok(()),
+            Part::Slice { index, count } => write!(f, "{index}/{count}"),
+            Part::Directories => f.write_str(DIRECTORIES),
+        }
+    }
+}
+
+impl FromStr for Part {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad =
+            || format!("unknown part {s:?}: expected \"\", \"i/n\" with i < n, or {DIRECTORIES:?}");
+        match s {
+            "" => Ok(Part::All),
+            DIRECTORIES => Ok(Part::Directories),
+            _ => {
+                let (i, n) = s.split_once('/').ok_or_else(bad)?;
+                let (index, count) = (i.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?);
+                if index < count {
+                    Ok(Part::Slice { index, count })
+                } else {
+                    Err(bad())
+                }
+            }
+        }
+    }
+}
+
+impl TryFrom<String> for Part {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Part> for String {
+    fn from(p: Part) -> String {
+        p.to_string()
+    }
+}
+
+/// The names a job's checksum manifests have under [`STATE_DIR`] on the destination.
+/// Keyed by namespace and name, which only the API server hands out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManifestName {
+    base: String,
+}
+
+impl ManifestName {
+    pub fn new(namespace: &str, job: &str) -> Self {
+        Self {
+            base: format!("{namespace}-{job}"),
+        }
+    }
+
+    /// `<namespace>-<job>`: also what a job's staging names and logs are keyed by.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The job's manifest, as `status.manifest` names it (relative to the destination
+    /// root's `.ferry/`): `<namespace>-<job>.xxh128`.
+    pub fn joined(&self) -> String {
+        format!("{}.xxh128", self.base)
+    }
+
+    /// The manifest a run of `part` writes: the joined one for a whole-tree shard, its own
+    /// `<base>.part-<i>.xxh128` for a slice, none for the directories pass (which joins
+    /// the slices' into the job's).
+    pub fn for_part(&self, part: Part) -> Option<String> {
+        match part {
+            Part::All => Some(self.joined()),
+            Part::Slice { index, .. } => Some(format!("{}.part-{index}.xxh128", self.base)),
+            Part::Directories => None,
+        }
+    }
+
+    /// The slice index of a manifest file name of this job's, if it is one.
+    pub fn slice_of(&self, file_name: &str) -> Option<u32> {
+        file_name
+            .strip_prefix(&self.base)?
+            .strip_prefix(".part-")?
+            .strip_suffix(".xxh128")?
+            .parse()
+            .ok()
+    }
+
+    /// The temporary name the joined manifest is written under before its rename.
+    pub fn joined_tmp(&self) -> String {
+        format!(".{}.xxh128.tmp", self.base)
+    }
+
+    /// `status.manifest`: `.ferry/<namespace>-<job>.xxh128`.
+    pub fn status_path(&self) -> String {
+        format!("{STATE_DIR}/{}", self.joined())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_round_trips_through_its_wire_form() {
+        for p in [
+            Part::All,
+            Part::Directories,
+            Part::Slice {
+                index: 3,
+                count: 16,
+            },
+        ] {
+            assert_eq!(p.to_string().parse::<Part>(), Ok(p));
+            let json = serde_json::to_string(&p).expect("serialize");
+            assert_eq!(serde_json::from_str::<Part>(&json).expect("parse"), p);
+        }
+        assert_eq!(
+            Part::Slice {
+                index: 3,
+                count: 16
+            }
+            .to_string(),
+            "3/16"
+        );
+        for bad in ["16/16", "a/2", "3", "dirs", "-1/2"] {
+            assert!(bad.parse::<Part>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn manifest_names_of_a_job_and_its_parts() {
+        let m = ManifestName::new("ns", "job");
+        assert_eq!(m.for_part(Part::All).as_deref(), Some("ns-job.xxh128"));
+        let part = m.for_part(Part::Slice { index: 7, count: 8 });
+        assert_eq!(part.as_deref(), Some("ns-job.part-7.xxh128"));
+        assert_eq!(m.slice_of("ns-job.part-7.xxh128"), Some(7));
+        assert_eq!(m.slice_of("ns-jobx.part-7.xxh128"), None);
+        assert_eq!(m.slice_of("ns-job.xxh128"), None);
+        assert_eq!(m.for_part(Part::Directories), None);
+        assert_eq!(m.status_path(), ".ferry/ns-job.xxh128");
+    }
+
+    #[test]
+    fn a_shard_without_a_state_reads_as_pending() {
+        #[derive(Deserialize)]
+        struct S {
+            #[serde(default)]
+            state: ShardState,
+        }
+        let s: S = serde_json::from_str("{}").expect("parse");
+        assert_eq!(s.state, ShardState::Pending);
+    }
+}
