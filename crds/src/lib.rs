@@ -10,6 +10,9 @@
 //! The engine depends on this crate without `k8s`, so it shares the contract's types
 //! without knowing anything of Kubernetes.
 
+#[macro_use]
+mod wire;
+
 pub mod policy;
 pub mod reason;
 pub mod shard;

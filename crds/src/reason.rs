@@ -4,104 +4,85 @@
 //! CRD schema documents them (a test checks that each one is), and the README's table
 //! says what to do about each.
 
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
-
-macro_rules! reasons {
-    ($($(#[$doc:meta])* $v:ident),+ $(,)?) => {
-        /// Why something failed, or why a condition is what it is. Stable: they are API.
-        #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        #[cfg_attr(feature = "k8s", derive(schemars::JsonSchema))]
-        pub enum Reason {
-            $($(#[$doc])* $v),+
-        }
-        impl Reason {
-            /// Every reason, in documentation order.
-            pub const ALL: &'static [Reason] = &[$(Reason::$v),+];
-            pub fn as_str(self) -> &'static str {
-                match self { $(Reason::$v => stringify!($v)),+ }
-            }
-        }
-    };
-}
-
-reasons! {
-    // One entry (or, with path ".", a whole shard).
-    /// The destination filesystem is full or over quota; the copy stops (the shard's
-    /// message says how much more is needed).
-    DestinationFull,
-    /// Permission denied reading the source or writing the destination.
-    PermissionDenied,
-    /// The source entry vanished during the copy.
-    NotFound,
-    /// The source changed while it was copied, on each of 3 attempts.
-    SourceChanged,
-    /// The destination's bytes did not hash to the source's.
-    ChecksumMismatch,
-    /// A read or write error, again on a fresh rewrite (a failed flush is never retried).
-    IOError,
-    /// A destination name is taken by an entry of another type, or by a symlink where a
-    /// directory is needed.
-    DestinationConflict,
-    /// `reflink: Always` on a filesystem pair that cannot clone.
-    ReflinkUnsupported,
-    // A whole shard (path ".").
-    /// The node's agent stopped heartbeating and did not come back in time; the volumes
-    /// are only on that node.
-    NodeUnavailable,
-    /// A path would leave its root (absolute, `..`, NUL).
-    PathEscape,
-    /// A path passes a symlink (which is never followed inside a root).
-    SymlinkRejected,
-    /// The kernel has no `openat2`, so paths cannot be resolved safely.
-    Openat2Unavailable,
-    /// The shard could not start (its root is not there on the node, ...): see the message.
-    CannotStart,
-    // The job's Failed condition.
-    /// Some entries failed; the rest were copied.
-    PartiallyFailed,
-    // Accepted.
-    /// The spec is valid and allowed.
-    Valid,
-    /// An endpoint names neither or both of root and pvc.
-    InvalidEndpoint,
-    /// A field is out of range or malformed.
-    InvalidSpec,
-    /// The job names something of another namespace.
-    CrossNamespace,
-    /// The StorageRoot does not allow the job's namespace.
-    RootNotAllowed,
-    /// The destination's StorageRoot is read-only.
-    ReadOnlyRoot,
-    // Resolved.
-    /// Both endpoints resolve to host paths on nodes.
-    Resolved,
-    /// No such PersistentVolumeClaim in the job's namespace.
-    PVCNotFound,
-    /// The claim is not bound to a volume yet (or its volume does not name it back).
-    PVCNotBound,
-    /// No Running pod mounts the CSI claim yet.
-    VolumeNotMounted,
-    /// The claim's volume is of a kind Ferry cannot reach.
-    VolumeNotSupported,
-    /// No such StorageRoot.
-    RootNotFound,
-    // Scheduled.
-    /// Shards are assigned to agents.
-    Assigned,
-    /// A node-local volume's agent stopped heartbeating; waiting for it until the deadline.
-    WaitingForNode,
-    /// No node with a live Ferry agent has the volumes.
-    NoAgent,
-    // Complete.
-    /// Every file was copied.
-    Copied,
-    /// A dry run counted what would be copied.
-    Planned,
-    // Events.
-    /// A lost agent's shard was given to another agent.
-    Reassigned,
+wire_enum! {
+    /// Why something failed, or why a condition is what it is. Stable: they are API.
+    pub enum Reason {
+        // One entry (or, with path ".", a whole shard).
+        /// The destination filesystem is full or over quota; the copy stops (the shard's
+        /// message says how much more is needed).
+        DestinationFull,
+        /// Permission denied reading the source or writing the destination.
+        PermissionDenied,
+        /// The source entry vanished during the copy.
+        NotFound,
+        /// The source changed while it was copied, on each of 3 attempts.
+        SourceChanged,
+        /// The destination's bytes did not hash to the source's.
+        ChecksumMismatch,
+        /// A read or write error, again on a fresh rewrite (a failed flush is never retried).
+        IOError,
+        /// A destination name is taken by an entry of another type, or by a symlink where a
+        /// directory is needed.
+        DestinationConflict,
+        /// `reflink: Always` on a filesystem pair that cannot clone.
+        ReflinkUnsupported,
+        // A whole shard (path ".").
+        /// The node's agent stopped heartbeating and did not come back in time; the volumes
+        /// are only on that node.
+        NodeUnavailable,
+        /// A path would leave its root (absolute, `..`, NUL).
+        PathEscape,
+        /// A path passes a symlink (which is never followed inside a root).
+        SymlinkRejected,
+        /// The kernel has no `openat2`, so paths cannot be resolved safely.
+        Openat2Unavailable,
+        /// The shard could not start (its root is not there on the node, ...): see the message.
+        CannotStart,
+        // The job's Failed condition.
+        /// Some entries failed; the rest were copied.
+        PartiallyFailed,
+        // Accepted.
+        /// The spec is valid and allowed.
+        Valid,
+        /// An endpoint names neither or both of root and pvc.
+        InvalidEndpoint,
+        /// A field is out of range or malformed.
+        InvalidSpec,
+        /// The job names something of another namespace.
+        CrossNamespace,
+        /// The StorageRoot does not allow the job's namespace.
+        RootNotAllowed,
+        /// The destination's StorageRoot is read-only.
+        ReadOnlyRoot,
+        // Resolved.
+        /// Both endpoints resolve to host paths on nodes.
+        Resolved,
+        /// No such PersistentVolumeClaim in the job's namespace.
+        PVCNotFound,
+        /// The claim is not bound to a volume yet (or its volume does not name it back).
+        PVCNotBound,
+        /// No Running pod mounts the CSI claim yet.
+        VolumeNotMounted,
+        /// The claim's volume is of a kind Ferry cannot reach.
+        VolumeNotSupported,
+        /// No such StorageRoot.
+        RootNotFound,
+        // Scheduled.
+        /// Shards are assigned to agents.
+        Assigned,
+        /// A node-local volume's agent stopped heartbeating; waiting for it until the deadline.
+        WaitingForNode,
+        /// No node with a live Ferry agent has the volumes.
+        NoAgent,
+        // Complete.
+        /// Every file was copied.
+        Copied,
+        /// A dry run counted what would be copied.
+        Planned,
+        // Events.
+        /// A lost agent's shard was given to another agent.
+        Reassigned,
+    }
 }
 
 impl Reason {
@@ -129,50 +110,19 @@ impl Reason {
     ];
 }
 
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The types of a CopyJob's conditions, in the order a job meets them.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ConditionType {
-    /// The spec is valid and allowed (False: refused, see the reason).
-    Accepted,
-    /// The volumes resolve to host paths on nodes.
-    Resolved,
-    /// The shards are assigned to agents (False: waiting, see the reason).
-    Scheduled,
-    /// Every file was copied (or a dry run planned).
-    Complete,
-    /// The job failed; the reason says why.
-    Failed,
-}
-
-impl ConditionType {
-    pub const ALL: [ConditionType; 5] = [
-        Self::Accepted,
-        Self::Resolved,
-        Self::Scheduled,
-        Self::Complete,
-        Self::Failed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Accepted => "Accepted",
-            Self::Resolved => "Resolved",
-            Self::Scheduled => "Scheduled",
-            Self::Complete => "Complete",
-            Self::Failed => "Failed",
-        }
-    }
-}
-
-impl fmt::Display for ConditionType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+wire_enum! {
+    /// The types of a CopyJob's conditions, in the order a job meets them.
+    pub enum ConditionType {
+        /// The spec is valid and allowed (False: refused, see the reason).
+        Accepted,
+        /// The volumes resolve to host paths on nodes.
+        Resolved,
+        /// The shards are assigned to agents (False: waiting, see the reason).
+        Scheduled,
+        /// Every file was copied (or a dry run planned).
+        Complete,
+        /// The job failed; the reason says why.
+        Failed,
     }
 }
 

@@ -11,24 +11,25 @@ use serde::{Deserialize, Serialize};
 /// may read or write it as data.
 pub const STATE_DIR: &str = ".ferry";
 
-/// Where a shard is in its life. The agent running it writes every state but `Failed` by
-/// `NodeUnavailable`, which the operator writes for an agent that never came back.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "k8s", derive(schemars::JsonSchema))]
-pub enum ShardState {
-    /// Not started (also how a shard with no state yet reads).
-    #[default]
-    Pending,
-    /// An agent is copying it.
-    Running,
-    /// Stopped by `suspend`; resumes where it stopped.
-    Suspended,
-    /// Stopped because the job is being deleted.
-    Stopped,
-    /// Every entry copied.
-    Succeeded,
-    /// Finished with failures (see the shard's failures).
-    Failed,
+wire_enum! {
+    /// Where a shard is in its life. The agent running it writes every state but `Failed` by
+    /// `NodeUnavailable`, which the operator writes for an agent that never came back.
+    #[derive(Default)]
+    pub enum ShardState {
+        /// Not started (also how a shard with no state yet reads).
+        #[default]
+        Pending,
+        /// An agent is copying it.
+        Running,
+        /// Stopped by `suspend`; resumes where it stopped.
+        Suspended,
+        /// Stopped because the job is being deleted.
+        Stopped,
+        /// Every entry copied.
+        Succeeded,
+        /// Finished with failures (see the shard's failures).
+        Failed,
+    }
 }
 
 impl ShardState {
@@ -40,23 +41,6 @@ impl ShardState {
     /// Nothing more will run it on this assignment: finished, or stopped for a deletion.
     pub fn over(self) -> bool {
         self.finished() || self == Self::Stopped
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "Pending",
-            Self::Running => "Running",
-            Self::Suspended => "Suspended",
-            Self::Stopped => "Stopped",
-            Self::Succeeded => "Succeeded",
-            Self::Failed => "Failed",
-        }
-    }
-}
-
-impl fmt::Display for ShardState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

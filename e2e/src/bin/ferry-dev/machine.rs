@@ -1,0 +1,229 @@
+//! What the benchmarks measure the machine with: a tmpfs of their own, tree counts,
+//! medians, CPU seconds per process from `/proc`, and whether something else (a compiler)
+//! was running, so a report can say how far to trust its numbers.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+
+/// A tmpfs mounted for the benchmark, unmounted when dropped (also on error).
+pub(crate) struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub(crate) fn mount(dir: &Path, options: &str) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "ferry-throughput"])
+            .arg(dir)
+            .status()
+            .context("run mount")?;
+        ensure!(
+            status.success(),
+            "mount -t tmpfs on {} failed (root needed)",
+            dir.display()
+        );
+        Ok(Self(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let umount = |lazy: bool| {
+            std::process::Command::new("umount")
+                .args(lazy.then_some("-l"))
+                .arg(&self.0)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !umount(false) && !umount(true) {
+            eprintln!("could not unmount the tmpfs at {}", self.0.display());
+        }
+    }
+}
+
+/// What a tree holds, below its top directory.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TreeCount {
+    pub(crate) files: u64,
+    pub(crate) dirs: u64,
+    pub(crate) other: u64,
+    pub(crate) bytes: u64,
+}
+
+/// Count the entries of a tree (without following symlinks) and the bytes of its files.
+pub(crate) fn count_tree(root: &Path) -> Result<TreeCount> {
+    let mut count = TreeCount::default();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            if meta.is_dir() {
+                count.dirs += 1;
+                stack.push(entry.path());
+            } else if meta.is_file() {
+                count.files += 1;
+                count.bytes += meta.len();
+            } else {
+                count.other += 1;
+            }
+        }
+    }
+    Ok(count)
+}
+
+/// The median of the finite values (NaN: a run without that number); NaN when none.
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Is a compiler (a concurrent build) running on this machine now?
+pub(crate) fn compiler_running() -> bool {
+    const COMPILERS: [&str; 6] = ["rustc", "clippy-driver", "cc1", "cc1plus", "ld", "ld.lld"];
+    std::fs::read_dir("/proc").is_ok_and(|dir| {
+        dir.flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("comm"))
+                .is_ok_and(|c| COMPILERS.contains(&c.trim()))
+        })
+    })
+}
+
+/// Samples, every 250 ms until stopped, whether a compiler runs: (samples, with a compiler).
+pub(crate) struct LoadSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(u32, u32)>,
+}
+
+impl LoadSampler {
+    pub(crate) fn start() -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut samples, mut busy) = (0, 0);
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                samples += 1;
+                busy += u32::from(compiler_running());
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            (samples, busy)
+        });
+        Self { stop, thread }
+    }
+
+    pub(crate) fn finish(self) -> (u32, u32) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or((0, 0))
+    }
+}
+
+pub(crate) fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// CPU seconds all CPUs of this machine have spent busy (not idle, iowait or stolen) since
+/// boot, from the `cpu` line of `/proc/stat`.
+pub(crate) fn machine_busy_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let get = |i: usize| f.get(i).copied().unwrap_or(0.0);
+    // user nice system idle iowait irq softirq steal (guest time is inside user); USER_HZ.
+    (get(0) + get(1) + get(2) + get(5) + get(6)) / 100.0
+}
+
+/// CPU seconds used during one timed run by the copying process, by the rest of the local
+/// cluster (etcd, kube-apiserver, the operator, the agents not copying) and by kubectl.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunCpu {
+    pub(crate) copy: f64,
+    pub(crate) cluster: f64,
+    pub(crate) kubectl: f64,
+}
+
+pub(crate) fn shell_line(cmd: &str) -> String {
+    std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// CPU seconds (user + system) process `pid` has used; with `children`, plus those of its
+/// children it has waited for. 0 when it is gone.
+pub(crate) fn cpu_secs(pid: u32, children: bool) -> f64 {
+    // USER_HZ, the unit of /proc/PID/stat times, is 100 on every Linux architecture Ferry
+    // runs on.
+    const TICKS: f64 = 100.0;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    // After "(comm)": state is field 3, so utime (14), stime (15), cutime (16) and cstime
+    // (17) are at 11..=14.
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let get = |i: usize| f.get(i).copied().unwrap_or(0.0);
+    let own = get(11) + get(12);
+    let waited = if children { get(13) + get(14) } else { 0.0 };
+    (own + waited) / TICKS
+}
+
+/// Processes whose command line mentions `needle` (the control plane's directory: etcd,
+/// kube-apiserver and the agents).
+pub(crate) fn pids_mentioning(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// CPU seconds used so far by: node-a's agent (the one that copies a CopyJob), the rest of
+/// the local cluster (etcd, kube-apiserver, the operator, node-b's agent), and this
+/// process's waited-for children (`ferry-agent copy`, kubectl).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CpuSnapshot {
+    pub(crate) agent: f64,
+    pub(crate) cluster: f64,
+    pub(crate) children: f64,
+}
+
+impl std::ops::Sub for CpuSnapshot {
+    type Output = Self;
+    fn sub(self, o: Self) -> Self {
+        Self {
+            agent: self.agent - o.agent,
+            cluster: self.cluster - o.cluster,
+            children: self.children - o.children,
+        }
+    }
+}

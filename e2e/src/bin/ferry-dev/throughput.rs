@@ -1,0 +1,511 @@
+//! `ferry-dev bench-throughput`: a CopyJob against `ferry-agent copy` on `bench/run.sh`'s
+//! 100k-file tree (`make bench-throughput`): set up, warm up, timed runs alternating the
+//! two, a byte-for-byte check of the last copies, and a Markdown report.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{ensure, Context, Result};
+use ferry_e2e::{repo_root, ControlPlane, Proc};
+
+use crate::bring_up;
+use crate::machine::{
+    count_tree, cpu_secs, loadavg, machine_busy_secs, median, pids_mentioning, shell_line,
+    CpuSnapshot, LoadSampler, RunCpu, Tmpfs, TreeCount,
+};
+
+/// `bench/run.sh`'s 100k-file tree (`many`): `ftzz -e` with these arguments.
+const TREE_100K: [&str; 8] = ["-n", "100000", "-b", "500000000", "-d", "5", "--seed", "1"];
+
+/// The heading of the throughput section of `bench/CONTROL-PLANE.md`; everything from it to
+/// the end of the file is that section (`make bench-control-plane` keeps it).
+const THROUGHPUT_HEADING: &str = "## Throughput";
+
+/// Mount options of the benchmark's tmpfs.
+const TMPFS_OPTIONS: &str = "size=4G,nr_inodes=1M,mode=0755";
+
+/// Throughput of a CopyJob against `ferry-agent copy` on `bench/run.sh`'s 100k-file tree,
+/// both on one tmpfs mounted for the purpose at node-a's `/srv/throughput` (a StorageRoot),
+/// release builds of the agent and the operator, the same engine options (verify Checksum,
+/// the CRD default; a manifest; workers = CPUs). One untimed warmup each, then `runs`
+/// alternating pairs. Prints a Markdown section; with `out`, also puts it into that file.
+pub fn bench_throughput(runs: usize, out: Option<&Path>) -> Result<()> {
+    let bench = Bench::set_up()?;
+    eprintln!("warmup: one ferry-agent copy and one CopyJob, untimed ...");
+    let (_, _, dst, manifest) = bench.cli("warmup")?;
+    Bench::remove(&dst, &manifest)?;
+    let (_, _, _, dst, manifest) = bench.job("warmup")?;
+    Bench::remove(&dst, &manifest)?;
+    let timed = bench.timed_runs(runs)?;
+    let checked = bench.check_byte_for_byte(&timed.last)?;
+    let md = report(&bench.tree, runs, &timed, &checked)?;
+    print!("{md}");
+    if let Some(file) = out {
+        splice_section(file, &md)?;
+        eprintln!("wrote the section into {}", file.display());
+    }
+    Ok(())
+}
+
+/// The running benchmark: a control plane with the operator and agents, and the tree on a
+/// tmpfs at node-a's `/srv/throughput`.
+struct Bench {
+    // Fields drop in order: the tmpfs is unmounted before the processes stop.
+    _tmpfs: Tmpfs,
+    cp: ControlPlane,
+    _procs: Vec<Proc>,
+    agent: PathBuf,
+    agent_pid: u32,
+    cluster_pids: Vec<u32>,
+    root: PathBuf,
+    src: PathBuf,
+    tree: TreeCount,
+}
+
+/// What the timed runs measured.
+struct Timed {
+    cli_secs: Vec<f64>,
+    job_secs: Vec<f64>,
+    agent_secs: Vec<f64>,
+    /// CPU seconds during each run, CLI and CopyJob.
+    cli_cpu: Vec<RunCpu>,
+    job_cpu: Vec<RunCpu>,
+    /// The last destination of each kind, kept for the byte-for-byte check.
+    last: Vec<PathBuf>,
+    /// Load during the timed runs: (samples, samples with a compiler running), CPU seconds
+    /// of processes other than the harness's, wall time, load averages before and after.
+    samples: u32,
+    busy: u32,
+    others: f64,
+    timed_secs: f64,
+    load_before: String,
+    load_after: String,
+}
+
+impl Bench {
+    fn set_up() -> Result<Self> {
+        // Release builds of ferry-agent and ferry-operator (ferry_e2e::workspace_bin).
+        if std::env::var_os("FERRY_E2E_RELEASE").is_none_or(|v| v != "1") {
+            std::env::set_var("FERRY_E2E_RELEASE", "1");
+        }
+        let tools = std::env::var_os("FERRY_TOOLS")
+            .map_or_else(|| PathBuf::from("/var/cache/ferry-tools"), PathBuf::from);
+        let ftzz = tools.join("cargo/bin/ftzz");
+        ensure!(
+            ftzz.exists(),
+            "{} is missing: run bench/install-tools.sh",
+            ftzz.display()
+        );
+        let (cp, procs, hosts) = bring_up()?;
+        let agent = ferry_e2e::workspace_bin("ferry-agent", "ferry-agent")?;
+        // bring_up starts the operator, then one agent per node in NODES order.
+        let (operator_pid, agent_pid) = (procs[0].id(), procs[1].id());
+        let mut cluster_pids = pids_mentioning(&cp.dir().to_string_lossy());
+        cluster_pids.retain(|p| *p != agent_pid && *p != std::process::id());
+        cluster_pids.push(operator_pid);
+        let root = hosts.join("node-a/srv/throughput");
+        let tmpfs = Tmpfs::mount(&root, TMPFS_OPTIONS)?;
+        let src = root.join("src");
+        eprintln!("generating the 100k-file tree on the tmpfs (ftzz) ...");
+        let generated = std::process::Command::new(&ftzz)
+            .stdout(std::io::stderr())
+            .args(["-q", "-e"])
+            .args(TREE_100K)
+            .arg(&src)
+            .status()
+            .context("run ftzz")?;
+        ensure!(generated.success(), "ftzz failed");
+        let tree = count_tree(&src)?;
+        std::fs::create_dir_all(root.join("out"))?;
+        std::fs::create_dir_all(root.join(".ferry"))?;
+        cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: throughput\nspec:\n  path: /srv/throughput\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n")?;
+        Ok(Self {
+            _tmpfs: tmpfs,
+            cp,
+            _procs: procs,
+            agent,
+            agent_pid,
+            cluster_pids,
+            root,
+            src,
+            tree,
+        })
+    }
+
+    fn cpu(&self) -> CpuSnapshot {
+        CpuSnapshot {
+            agent: cpu_secs(self.agent_pid, false),
+            cluster: self.cluster_pids.iter().map(|p| cpu_secs(*p, false)).sum(),
+            children: cpu_secs(std::process::id(), true) - cpu_secs(std::process::id(), false),
+        }
+    }
+
+    /// Everything this harness runs, to tell the rest of the machine's load apart.
+    fn harness(&self) -> f64 {
+        let c = self.cpu();
+        cpu_secs(std::process::id(), true) + c.agent + c.cluster
+    }
+
+    fn check(&self, dst: &Path) -> Result<()> {
+        let got = count_tree(dst)?;
+        ensure!(
+            got == self.tree,
+            "{} holds {got:?}, the source {:?}",
+            dst.display(),
+            self.tree
+        );
+        Ok(())
+    }
+
+    fn remove(dst: &Path, manifest: &Path) -> Result<()> {
+        std::fs::remove_dir_all(dst)?;
+        std::fs::remove_file(manifest)?;
+        Ok(())
+    }
+
+    /// `ferry-agent copy` with the CopyJob's engine options: verify Checksum (the CRD
+    /// default) and a manifest; workers, reflink, overwrite, preserve at their defaults, as
+    /// the agent's (`run --workers 0` = CPUs). Also the CPU seconds, during the run, of the
+    /// copying process and of everything else.
+    fn cli(&self, tag: &str) -> Result<(f64, RunCpu, PathBuf, PathBuf)> {
+        let dst = self.root.join(format!("out/cli-{tag}"));
+        let manifest = self.root.join(format!(".ferry/cli-{tag}.xxh128"));
+        let before = self.cpu();
+        let start = Instant::now();
+        let run = std::process::Command::new(&self.agent)
+            .args([
+                "copy",
+                "--no-progress",
+                "--verify",
+                "checksum",
+                "--manifest",
+            ])
+            .arg(&manifest)
+            .arg(&self.src)
+            .arg(&dst)
+            .output()
+            .context("run ferry-agent copy")?;
+        let secs = start.elapsed().as_secs_f64();
+        let used = self.cpu() - before;
+        ensure!(
+            run.status.success(),
+            "ferry-agent copy failed: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        self.check(&dst)?;
+        let used = RunCpu {
+            copy: used.children,
+            cluster: used.agent + used.cluster,
+            kubectl: 0.0,
+        };
+        Ok((secs, used, dst, manifest))
+    }
+
+    /// A CopyJob at the CRD's defaults: apply -> Succeeded (kubectl wait) wall time, and the
+    /// agent's own copy time from the shard status (bytesDone / bytesPerSecond).
+    fn job(&self, tag: &str) -> Result<(f64, f64, RunCpu, PathBuf, PathBuf)> {
+        let cp = &self.cp;
+        let name = format!("tput-{tag}");
+        let yaml = format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {{root: throughput, path: src}}\n  destination: {{root: throughput, path: out/{name}}}\n");
+        let before = self.cpu();
+        let start = Instant::now();
+        cp.apply(&yaml)?;
+        cp.wait_succeeded("default", &name, 120)?;
+        let secs = start.elapsed().as_secs_f64();
+        let used = self.cpu() - before;
+        let status = cp.kubectl_ok(&[
+            "get",
+            "copyjob",
+            &name,
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.spec.verify} {.status.shards[0].bytesDone} {.status.shards[0].bytesPerSecond}",
+        ])?;
+        let fields: Vec<&str> = status.split_whitespace().collect();
+        ensure!(
+            fields.first() == Some(&"Checksum"),
+            "{name}: verify is not Checksum: {status}"
+        );
+        let num = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+        let agent_secs = match (num(1), num(2)) {
+            (Some(bytes), Some(rate)) if rate > 0.0 => bytes / rate,
+            _ => f64::NAN,
+        };
+        cp.kubectl_ok(&[
+            "delete",
+            "copyjob",
+            &name,
+            "-n",
+            "default",
+            "--wait=true",
+            "--timeout=120s",
+        ])?;
+        let dst = self.root.join(format!("out/{name}"));
+        self.check(&dst)?;
+        let manifest = self.root.join(format!(".ferry/default-{name}.xxh128"));
+        Ok((
+            secs,
+            agent_secs,
+            RunCpu {
+                copy: used.agent,
+                cluster: used.cluster,
+                kubectl: used.children,
+            },
+            dst,
+            manifest,
+        ))
+    }
+
+    /// `runs` runs alternating CLI and CopyJob, with the machine's load watched meanwhile.
+    fn timed_runs(&self, runs: usize) -> Result<Timed> {
+        let load_before = loadavg();
+        let (machine_before, harness_before) = (machine_busy_secs(), self.harness());
+        let timed = Instant::now();
+        let sampler = LoadSampler::start();
+        let (mut cli_secs, mut job_secs, mut agent_secs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut cli_cpu, mut job_cpu) = (Vec::new(), Vec::new());
+        let mut last = Vec::new();
+        for i in 0..runs {
+            let (secs, used, dst, manifest) = self.cli(&i.to_string())?;
+            eprintln!(
+                "run {}/{runs}: ferry-agent copy {secs:.3} s (CPU s: copy {:.2}, cluster {:.2})",
+                i + 1,
+                used.copy,
+                used.cluster
+            );
+            cli_secs.push(secs);
+            cli_cpu.push(used);
+            if i + 1 < runs {
+                Self::remove(&dst, &manifest)?;
+            } else {
+                last.push(dst);
+            }
+            let (secs, agent, used, dst, manifest) = self.job(&i.to_string())?;
+            eprintln!(
+                "run {}/{runs}: CopyJob {secs:.3} s (agent copy {agent:.3} s; CPU s: copy {:.2}, cluster {:.2}, kubectl {:.2})",
+                i + 1,
+                used.copy,
+                used.cluster,
+                used.kubectl
+            );
+            job_secs.push(secs);
+            job_cpu.push(used);
+            agent_secs.push(agent);
+            if i + 1 < runs {
+                Self::remove(&dst, &manifest)?;
+            } else {
+                last.push(dst);
+            }
+        }
+        let (samples, busy) = sampler.finish();
+        let timed_secs = timed.elapsed().as_secs_f64();
+        let others = (machine_busy_secs() - machine_before) - (self.harness() - harness_before);
+        Ok(Timed {
+            cli_secs,
+            job_secs,
+            agent_secs,
+            cli_cpu,
+            job_cpu,
+            last,
+            samples,
+            busy,
+            others,
+            timed_secs,
+            load_before,
+            load_after: loadavg(),
+        })
+    }
+
+    /// The last copy of each kind, byte for byte, by the file benchmark's correctness gate:
+    /// whether each kept mode, owner and mtimes.
+    fn check_byte_for_byte(&self, last: &[PathBuf]) -> Result<Vec<bool>> {
+        let mut checked = Vec::new();
+        for dst in last {
+            eprintln!("bench/check.py {} ...", dst.display());
+            let report = self.cp.dir().join("check.json");
+            let ok = std::process::Command::new("python3")
+                .stdout(std::io::stderr())
+                .arg(repo_root().join("bench/check.py"))
+                .arg(&self.src)
+                .arg(dst)
+                .arg(&report)
+                .status()
+                .context("run bench/check.py")?;
+            ensure!(ok.success(), "bench/check.py failed on {}", dst.display());
+            let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+            ensure!(
+                json["ok"] == true,
+                "{} differs from the source: {}",
+                dst.display(),
+                json["errors"]
+            );
+            checked.push(json["meta_preserved"] == true);
+        }
+        Ok(checked)
+    }
+}
+
+/// The Markdown section for `bench/CONTROL-PLANE.md`.
+fn report(tree: &TreeCount, runs: usize, t: &Timed, checked: &[bool]) -> Result<String> {
+    let Timed {
+        cli_secs,
+        job_secs,
+        agent_secs,
+        cli_cpu,
+        job_cpu,
+        samples,
+        busy,
+        others,
+        timed_secs,
+        load_before,
+        load_after,
+        ..
+    } = t;
+    let (samples, busy, others, timed_secs) = (*samples, *busy, *others, *timed_secs);
+    let tmpfs_options = TMPFS_OPTIONS;
+    let (cli_med, job_med, agent_med) = (median(cli_secs), median(job_secs), median(agent_secs));
+    let ratio = job_med / cli_med;
+    let agent_ratio = agent_med / cli_med;
+    let met = ratio <= 1.10;
+    let nproc = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
+    let cpu = shell_line("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'");
+    let date = shell_line("date -u '+%Y-%m-%d %H:%M UTC'");
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|s| format!("{s:.3}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let range = |v: &[f64]| {
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{min:.3} | {max:.3}")
+    };
+    // The machine's CPU time outside this harness, as a share of what the CPUs could give
+    // during the timed runs: more than 5% is a concurrent load worth saying.
+    let others_share = others / (timed_secs * nproc as f64);
+    let measured = format!("processes other than the benchmark's used {others:.1} CPU-seconds during the {timed_secs:.0} s of timed runs ({:.0}% of the {nproc} CPUs; `/proc/stat` busy time minus the harness's processes), a compiler (rustc, cc1 or ld) was running in {busy} of {samples} samples taken every 250 ms, 1-minute load average {load_before} before the timed runs and {load_after} after", others_share * 100.0);
+    let loaded = others_share > 0.05 || busy > 0;
+    let load_note = if loaded {
+        let what = if busy > 0 {
+            "a concurrent build"
+        } else {
+            "concurrent load"
+        };
+        format!("**taken with {what}**: {measured}. These numbers are noisier than on an idle machine; re-run `make bench-throughput` on an idle machine for reference figures")
+    } else {
+        format!("idle apart from the benchmark: {measured}")
+    };
+    let mut md = String::new();
+    use std::fmt::Write as _;
+    writeln!(
+        md,
+        "{THROUGHPUT_HEADING}: a CopyJob against `ferry-agent copy` on the 100k-file tree\n"
+    )?;
+    writeln!(md, "Generated by `make bench-throughput` on {date}; nproc {nproc} ({cpu}); **release** builds of ferry-agent and ferry-operator (`FERRY_E2E_RELEASE=1`); local etcd + kube-apiserver 1.35.4, the operator and two agents as for the rest of this file. Load: {load_note}.\n")?;
+    writeln!(md, "Target: a CopyJob's throughput within 10% of `ferry-agent copy` on the same tree, i.e. CopyJob wall time / CLI wall time <= 1.10.\n")?;
+    writeln!(md, "- Tree: `ftzz -e {}`, `bench/run.sh`'s `many` tree: {} files, {} directories, {} bytes, generated for the run on a tmpfs (`{tmpfs_options}`) mounted at node-a's host path `/srv/throughput` (the StorageRoot `throughput`) and unmounted after. Source and every destination are on that tmpfs.", TREE_100K.join(" "), tree.files, tree.dirs, tree.bytes)?;
+    writeln!(md, "- CLI: `ferry-agent copy --no-progress --verify checksum --manifest /srv/throughput/.ferry/cli-N.xxh128 SRC DST`, wall time of the process as started by the harness.")?;
+    writeln!(md, "- CopyJob: `source: {{root: throughput, path: src}}`, `destination: {{root: throughput, path: out/tput-N}}`, everything else at the CRD defaults, so the agent copies with verify Checksum and writes its manifest to `/srv/throughput/.ferry/`. Wall time from `kubectl apply` to `Succeeded` observed by `kubectl wait` (what a user sees; it includes the two kubectl processes, the operator's reconcile and the agent's watch and status writes). Agent copy time: the shard's `bytesDone / bytesPerSecond`, i.e. from the agent picking up the shard to its final status write.")?;
+    writeln!(md, "- Same engine options both ways: verify Checksum, manifest, reflink auto, overwrite never, all metadata kept, workers = CPUs ({nproc}: `copy --workers` and `run --workers` both default to 0 = nproc).")?;
+    writeln!(md, "- Protocol: one untimed warmup of each, then {runs} runs alternating CLI and CopyJob (a new job and a new destination each time); the destination, its manifest and the job are removed, untimed, between runs. The page cache needs no dropping on tmpfs.\n")?;
+    writeln!(
+        md,
+        "| measurement | median (s) | min (s) | max (s) | runs |\n|---|---:|---:|---:|---:|"
+    )?;
+    writeln!(
+        md,
+        "| `ferry-agent copy`, wall | {cli_med:.3} | {} | {runs} |",
+        range(cli_secs)
+    )?;
+    writeln!(
+        md,
+        "| CopyJob, `kubectl apply` -> `Succeeded`, wall | {job_med:.3} | {} | {runs} |",
+        range(job_secs)
+    )?;
+    writeln!(
+        md,
+        "| CopyJob, agent copy time (shard status) | {agent_med:.3} | {} | {runs} |\n",
+        range(agent_secs)
+    )?;
+    let cpu_med =
+        |v: &[RunCpu], part: fn(&RunCpu) -> f64| median(&v.iter().map(part).collect::<Vec<_>>());
+    writeln!(md, "CPU seconds (user + system, from `/proc/PID/stat`) used during the timed window of a run, medians:\n")?;
+    writeln!(
+        md,
+        "| process | during a `ferry-agent copy` run | during a CopyJob run |\n|---|---:|---:|"
+    )?;
+    let rows = [
+        (
+            "the copy (the `ferry-agent copy` process / node-a's agent)",
+            cpu_med(cli_cpu, |c| c.copy),
+            cpu_med(job_cpu, |c| c.copy),
+        ),
+        (
+            "etcd, kube-apiserver, the operator, the agents not copying",
+            cpu_med(cli_cpu, |c| c.cluster),
+            cpu_med(job_cpu, |c| c.cluster),
+        ),
+        (
+            "kubectl (`apply`, `wait`)",
+            cpu_med(cli_cpu, |c| c.kubectl),
+            cpu_med(job_cpu, |c| c.kubectl),
+        ),
+    ];
+    for (what, cli_part, job_part) in rows {
+        writeln!(md, "| {what} | {cli_part:.2} | {job_part:.2} |")?;
+    }
+    writeln!(
+        md,
+        "| CPU available (median wall x {nproc} CPUs) | {:.2} | {:.2} |\n",
+        cli_med * nproc as f64,
+        job_med * nproc as f64
+    )?;
+    writeln!(
+        md,
+        "- **Ratio CopyJob / CLI (wall, medians): {ratio:.2}**; target <= 1.10: **{}**{}.",
+        if met { "met" } else { "not met" },
+        if loaded {
+            " (under concurrent load, see above: not conclusive)"
+        } else {
+            ""
+        }
+    )?;
+    writeln!(md, "- Agent copy time / CLI wall (medians): {agent_ratio:.2}. CopyJob wall - agent copy time (median; the control plane's fixed cost per job): {:.3} s.", job_med - agent_med)?;
+    writeln!(
+        md,
+        "- Per run (s), CLI: {}; CopyJob: {}; agent copy: {}.",
+        list(cli_secs),
+        list(job_secs),
+        list(agent_secs)
+    )?;
+    writeln!(md, "- Correctness: every destination, CLI and CopyJob, has the source's {} files, {} directories and {} bytes (counted after each run); the last CLI copy and the last CopyJob copy were compared with the source byte for byte by `bench/check.py` (paths, types, sizes, contents): ok; mode, owner and mtimes kept: {}.", tree.files, tree.dirs, tree.bytes, if checked.iter().all(|k| *k) { "yes" } else { "no" })?;
+    writeln!(
+        md,
+        "- Re-run (root; about 3 minutes plus the release builds): `make bench-throughput`."
+    )?;
+    Ok(md)
+}
+
+/// Replace the throughput section of `file` (from its heading to the end) with `section`,
+/// or append it; the rest of the file is kept.
+fn splice_section(file: &Path, section: &str) -> Result<()> {
+    let old = std::fs::read_to_string(file).unwrap_or_default();
+    let keep = if old.starts_with(THROUGHPUT_HEADING) {
+        ""
+    } else {
+        old.find(&format!("\n{THROUGHPUT_HEADING}"))
+            .map_or(old.as_str(), |i| &old[..i])
+            .trim_end()
+    };
+    let text = if keep.is_empty() {
+        section.to_string()
+    } else {
+        format!("{keep}\n\n{section}")
+    };
+    let tmp = file.with_extension("md.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, file)?;
+    Ok(())
+}
