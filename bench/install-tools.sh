@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the tools the benchmark needs, idempotently, caching outside the repo.
-#   Debian: hyperfine, time (/usr/bin/time)
+#   Debian: hyperfine, time (/usr/bin/time), rsync (what the rsync-based movers run)
 #   crates.io (cargo install --locked --root $FERRY_TOOLS/cargo): ftzz, xcp, cpz (from the fuc project), fcp
 # Env:
 #   FERRY_TOOLS        cache dir (default /var/cache/ferry-tools)
@@ -18,6 +18,7 @@ log() { printf '[install-tools] %s\n' "$*" >&2; }
 apt_missing=()
 command -v hyperfine >/dev/null 2>&1 || apt_missing+=(hyperfine)
 [[ -x /usr/bin/time ]] || apt_missing+=(time)
+command -v rsync >/dev/null 2>&1 || apt_missing+=(rsync)
 if ((${#apt_missing[@]})); then
     log "apt-get install ${apt_missing[*]}"
     export DEBIAN_FRONTEND=noninteractive

@@ -17,7 +17,7 @@ import sys
 
 FS_ORDER = ["tmpfs", "disk", "xfs"]
 TREE_ORDER = ["many", "flat", "large", "sparse"]
-TOOL_ORDER = ["ferry", "ferry-verify", "cp-reflink", "cp-r", "cp-a", "xcp", "cpz", "fcp"]
+TOOL_ORDER = ["ferry", "ferry-verify", "cp-reflink", "cp-r", "cp-a", "rsync-a", "xcp", "cpz", "fcp"]
 # One line per filesystem, above its tables and in the Machine section.
 FS_ABOUT = {
     "tmpfs": "tmpfs (RAM): pure CPU and syscall cost.",
@@ -195,7 +195,7 @@ def render(d):
     versions = {k.split(":", 1)[1]: v for k, v in meta.items() if k.startswith("version:")}
     cmds = {k.split(":", 1)[1]: v for k, v in meta.items() if k.startswith("cmd:")}
     ver_of = {"ferry": "ferry", "ferry-verify": "ferry", "cp-r": "cp", "cp-a": "cp", "cp-reflink": "cp",
-              "xcp": "xcp", "cpz": "cpz", "fcp": "fcp"}
+              "rsync-a": "rsync", "xcp": "xcp", "cpz": "cpz", "fcp": "fcp"}
     for tool in order(cmds, TOOL_ORDER):
         w(f"| {tool} | {versions.get(ver_of.get(tool, tool), '?')} | `{cmds[tool]}` |")
     for extra in ("ftzz", "hyperfine", "python3"):

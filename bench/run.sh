@@ -15,7 +15,7 @@
 #   BENCH_FS="tmpfs disk xfs"         filesystems to run on (drop xfs to skip the XFS image)
 #   BENCH_TREES="many flat large sparse"              trees on tmpfs (and disk, by default)
 #   BENCH_DISK_TREES="$BENCH_TREES"   trees on disk (the 100k-file tree takes ~1 min a copy on a slow VM disk)
-#   BENCH_TOOLS="ferry ferry-verify cp-r cp-a xcp cpz fcp"   tools on tmpfs and disk
+#   BENCH_TOOLS="ferry ferry-verify cp-r cp-a rsync-a xcp cpz fcp"   tools on tmpfs and disk
 #   BENCH_XFS_TREES="large many"      trees on xfs
 #   BENCH_XFS_TOOLS="ferry cp-reflink cp-r xcp cpz fcp"      tools on xfs
 #   BENCH_XFS_SIZE=12G                size of the sparse XFS image (quick: 1G); grown, never shrunk
@@ -36,7 +36,7 @@ TOOLS_BIN="$FERRY_TOOLS/cargo/bin"
 FERRY="${FERRY_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/ferry-agent}"
 FILESYSTEMS="${BENCH_FS:-tmpfs disk xfs}"
 TREES="${BENCH_TREES:-many flat large sparse}"
-TOOLS="${BENCH_TOOLS:-ferry ferry-verify cp-r cp-a xcp cpz fcp}"
+TOOLS="${BENCH_TOOLS:-ferry ferry-verify cp-r cp-a rsync-a xcp cpz fcp}"
 XFS_TREES="${BENCH_XFS_TREES:-large many}"
 DISK_TREES="${BENCH_DISK_TREES:-$TREES}"
 XFS_TOOLS="${BENCH_XFS_TOOLS:-ferry cp-reflink cp-r xcp cpz fcp}"
@@ -106,6 +106,9 @@ tool_cmd() {
         cp-r) echo "cp -r $src $dst" ;;
         cp-a) echo "cp -a $src $dst" ;;
         cp-reflink) echo "cp -a --reflink=always $src $dst" ;;
+        # What VolSync's and pv-migrate's rsync movers run at heart (the trailing slash
+        # copies the contents, so DST becomes a copy of SRC as with the others).
+        rsync-a) echo "rsync -a $src/ $dst" ;;
         xcp) echo "$TOOLS_BIN/xcp -r --no-progress $src $dst" ;;
         cpz) echo "$TOOLS_BIN/cpz $src $dst" ;;
         fcp) echo "$TOOLS_BIN/fcp $src $dst" ;;
@@ -311,6 +314,7 @@ tool_version() {
     case "$1" in
         ferry) "$FERRY" --version 2>/dev/null | head -n1 || echo "ferry-agent (no --version)" ;;
         cp) cp --version | head -n1 ;;
+        rsync) rsync --version | head -n1 ;;
         fcp) echo "fcp $("$TOOLS_BIN/fcp" --version 2>&1 | head -n1)" ;;
         xcp | cpz | ftzz) "$TOOLS_BIN/$1" --version 2>&1 | head -n1 ;;
         hyperfine) hyperfine --version | head -n1 ;;
@@ -357,7 +361,7 @@ write_meta() {
         fi
         printf 'ferry_rev\t%s\n' "$rev"
         printf 'ferry_bin\t%s\n' "$FERRY"
-        for t in ferry cp xcp cpz fcp ftzz hyperfine python3; do
+        for t in ferry cp rsync xcp cpz fcp ftzz hyperfine python3; do
             printf 'version:%s\t%s\n' "$t" "$(tool_version "$t")"
         done
         for tool in $(all_of fs_tools); do
