@@ -21,6 +21,18 @@ pub struct Blocked {
     pub message: String,
 }
 
+/// Where a job's endpoints stand when a reconcile decides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Endpoints {
+    /// Not looked at: the job finished before, and is history (a StorageRoot deleted or a
+    /// pod unmounting a CSI volume afterwards does not turn it back to Pending).
+    Finished,
+    /// The job cannot go on.
+    Blocked(Blocked),
+    /// Both endpoints resolved.
+    Resolved { source: Volume, destination: Volume },
+}
+
 /// Resolve a PVC endpoint: a claim in the job's own namespace, bound to a `local` or
 /// `hostPath` PersistentVolume whose node affinity says where it lives, or to a CSI volume
 /// reached through the kubelet's mount for a pod that uses the claim, on that pod's node.
@@ -190,7 +202,7 @@ pub fn selector_matches(
 pub async fn eligible_nodes(
     client: &Client,
     live: &BTreeSet<String>,
-    volumes: &[Volume],
+    volumes: [&Volume; 2],
 ) -> Result<Vec<String>, kube::Error> {
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
@@ -210,29 +222,29 @@ pub async fn eligible_nodes(
     Ok(out)
 }
 
-/// Validate the spec and resolve both endpoints into `roots`; `Some` when it cannot go on.
-pub async fn check(
-    client: &Client,
-    ns: &str,
-    job: &CopyJob,
-    roots: &mut Vec<Volume>,
-) -> Result<Option<Blocked>, kube::Error> {
+/// Validate the spec and resolve both endpoints: [`Endpoints::Resolved`], or
+/// [`Endpoints::Blocked`] with why it cannot go on.
+pub async fn check(client: &Client, ns: &str, job: &CopyJob) -> Result<Endpoints, kube::Error> {
     if let Err(refusal) = validate::validate(&job.spec) {
-        return Ok(Some(Blocked {
+        return Ok(Endpoints::Blocked(Blocked {
             condition: ConditionType::Accepted,
             reason: refusal.reason,
             message: refusal.message,
         }));
     }
-    match resolve(client, ns, "spec.source", &job.spec.source, false).await? {
-        Err(b) => return Ok(Some(b)),
-        Ok(src) => roots.push(src),
-    }
-    match resolve(client, ns, "spec.destination", &job.spec.destination, true).await? {
-        Err(b) => return Ok(Some(b)),
-        Ok(dst) => roots.push(dst),
-    }
-    Ok(None)
+    let source = match resolve(client, ns, "spec.source", &job.spec.source, false).await? {
+        Err(b) => return Ok(Endpoints::Blocked(b)),
+        Ok(src) => src,
+    };
+    let destination =
+        match resolve(client, ns, "spec.destination", &job.spec.destination, true).await? {
+            Err(b) => return Ok(Endpoints::Blocked(b)),
+            Ok(dst) => dst,
+        };
+    Ok(Endpoints::Resolved {
+        source,
+        destination,
+    })
 }
 
 #[cfg(test)]

@@ -1,13 +1,16 @@
 //! What the status says, as pure functions of the shards and the previous conditions: the
 //! phase, progress and failures the shards add up to (`aggregate`), why a failed job failed
 //! (`failed_reason`), one condition that keeps its transition time while unchanged
-//! (`condition`), and the human columns (rate, ETA).
+//! (`condition`), the whole status they make (`summarize`), and the human columns (rate,
+//! ETA).
 
 use ferry_crds::{
-    ConditionType, FailedPath, Part, Phase, Progress, Reason, ShardState, ShardStatus,
+    ConditionType, CopyJob, CopyJobStatus, FailedPath, ManifestName, Part, Phase, Plan, Progress,
+    Reason, ShardState, ShardStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 
 /// One condition; its `lastTransitionTime` is kept from `previous` while its type, status
 /// and reason stay the same.
@@ -172,6 +175,102 @@ pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (Reason
              {what}; the failing paths are in status.failures"
         ),
     )
+}
+
+/// The status `shards` and the decided `conditions` add up to for `job`: its phase
+/// (Pending while `refused`, Suspended while suspended), progress and failures, the
+/// Complete or Failed condition, a finished dry run's plan (`shape`: the split it would
+/// make, when it would be split), when it finished, and where its manifest is.
+pub fn summarize(
+    job: &CopyJob,
+    refused: bool,
+    shards: Vec<ShardStatus>,
+    mut conditions: Vec<Condition>,
+    shape: Option<(i64, Vec<String>)>,
+) -> CopyJobStatus {
+    let generation = job.metadata.generation;
+    let old = job.status.clone().unwrap_or_default();
+    let previous = old.conditions.as_slice();
+    let (phase, progress, failures) = aggregate(&shards);
+    let phase = match (refused, job.spec.suspend) {
+        (true, _) => Phase::Pending,
+        (false, true) if !matches!(phase, Phase::Succeeded | Phase::Failed) => Phase::Suspended,
+        _ => phase,
+    };
+    // A dry run's result is its plan: what each shard counted, where it would run.
+    let plan = (job.spec.dry_run && phase == Phase::Succeeded).then(|| {
+        let (count, nodes) = shape
+            .or_else(|| old.plan.as_ref().map(|p| (p.shards, p.nodes.clone())))
+            .unwrap_or_else(|| {
+                let nodes = shards.iter().map(|s| s.node.clone()).collect();
+                (shards.len() as i64, nodes)
+            });
+        Plan {
+            files: shards.iter().filter_map(|s| s.planned_files).sum(),
+            bytes: shards.iter().filter_map(|s| s.planned_bytes).sum(),
+            nodes,
+            shards: count,
+        }
+    });
+    match phase {
+        Phase::Succeeded if job.spec.dry_run => {
+            let p = plan.clone().unwrap_or_default();
+            let msg = format!(
+                "dry run: {} files, {} bytes would be copied on {}",
+                p.files,
+                p.bytes,
+                p.nodes.join(", ")
+            );
+            conditions.push(condition(
+                ConditionType::Complete,
+                true,
+                Reason::Planned,
+                &msg,
+                generation,
+                previous,
+            ))
+        }
+        Phase::Succeeded => conditions.push(condition(
+            ConditionType::Complete,
+            true,
+            Reason::Copied,
+            "every file was copied",
+            generation,
+            previous,
+        )),
+        Phase::Failed => {
+            let (reason, msg) = failed_reason(&shards, &failures);
+            conditions.push(condition(
+                ConditionType::Failed,
+                true,
+                reason,
+                &msg,
+                generation,
+                previous,
+            ));
+        }
+        _ => {}
+    }
+    let finished_at = match phase {
+        Phase::Succeeded | Phase::Failed => old
+            .finished_at
+            .clone()
+            .or_else(|| Some(Time(Timestamp::now()))),
+        _ => None,
+    };
+    let manifest = (!shards.is_empty() && !job.spec.dry_run).then(|| {
+        ManifestName::new(&job.namespace().unwrap_or_default(), &job.name_any()).status_path()
+    });
+    CopyJobStatus {
+        phase: Some(phase),
+        conditions,
+        progress: Some(progress),
+        shards,
+        failures,
+        manifest,
+        plan,
+        finished_at,
+    }
 }
 
 #[cfg(test)]
