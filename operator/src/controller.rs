@@ -89,7 +89,7 @@ pub async fn run(
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
             if let Err(e) = res {
-                tracing::warn!(error = %e, "reconcile failed");
+                tracing::warn!(error = %crate::error_chain(&e), "reconcile failed");
             }
         })
         .await;
@@ -129,10 +129,10 @@ fn error_policy(_job: Arc<CopyJob>, error: &Error, _ctx: Arc<Context>) -> Action
         _ => false,
     };
     if stopping {
-        tracing::info!(%error, "deletion waits");
+        tracing::info!(error = %crate::error_chain(error), "deletion waits");
         return Action::requeue(Duration::from_millis(500));
     }
-    tracing::warn!(%error, "requeueing");
+    tracing::warn!(error = %crate::error_chain(error), "requeueing");
     Action::requeue(Duration::from_secs(5))
 }
 

@@ -103,7 +103,7 @@ pub async fn acquire(
                 break;
             }
             Ok(false) => lease_checked(false),
-            Err(e) => tracing::warn!(error = %e, "leader election"),
+            Err(e) => tracing::warn!(error = %crate::error_chain(&e), "leader election"),
         }
         tokio::time::sleep(RETRY_EVERY).await;
     }
@@ -122,7 +122,7 @@ pub async fn acquire(
                     tracing::error!("lost the leader lease to another replica; exiting");
                     std::process::exit(1);
                 }
-                Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
+                Err(e) => tracing::warn!(error = %crate::error_chain(&e), "lease renewal failed"),
             }
             if last_renewal.elapsed() >= Duration::from_secs(LEASE_SECONDS as u64) - RENEW_EVERY {
                 tracing::error!("could not renew the leader lease in time; exiting");

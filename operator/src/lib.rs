@@ -18,18 +18,37 @@ pub mod status;
 pub mod validate;
 pub mod volume;
 
-/// Errors of a reconcile that are worth a retry (the API server, the network).
+/// Errors of a reconcile that are worth a retry (the API server, the network). A variant
+/// that wraps another error says only what failed and leaves the cause to `source()`, so
+/// printing the chain ([`error_chain`]) shows each cause once.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("kubernetes API: {0}")]
+    #[error("kubernetes API")]
     Kube(#[from] kube::Error),
-    #[error("finalizer: {0}")]
+    #[error("finalizer")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     #[error("{0} has no namespace")]
     NoNamespace(String),
     /// Not a failure: deletion waits for these nodes' agents to stop their shards.
     #[error("waiting for the agents on {0} to stop")]
     Stopping(String),
+}
+
+/// An error and its causes, each once: `what failed: why: why that`. For log lines. kube-rs
+/// errors print their cause inside their own message as well as return it as their
+/// source, so a cause whose message is already in the line is not repeated.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let message = e.to_string();
+        if !line.contains(&message) {
+            line.push_str(": ");
+            line.push_str(&message);
+        }
+        cause = e.source();
+    }
+    line
 }
 
 impl metrics::MetricKind for Error {
@@ -83,5 +102,24 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn a_reconcile_error_prints_each_cause_once() {
+        let parse = serde_json::from_str::<i64>("x").expect_err("not a number");
+        let cause = parse.to_string();
+        let error = Error::Finalizer(Box::new(kube::runtime::finalizer::Error::ApplyFailed(
+            Error::Kube(kube::Error::SerdeError(parse)),
+        )));
+        assert_eq!(error.to_string(), "finalizer");
+        let line = error_chain(&error);
+        assert_eq!(
+            line,
+            format!(
+                "finalizer: failed to apply object: kubernetes API: Error deserializing response: {cause}"
+            )
+        );
+        assert_eq!(line.matches(&cause).count(), 1, "{line}");
+        assert_eq!(line.matches("kubernetes API").count(), 1, "{line}");
     }
 }
