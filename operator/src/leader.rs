@@ -3,7 +3,6 @@
 //! races; a leader that cannot renew before its lease expires exits, and the other replica
 //! takes over once the lease has expired.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -87,23 +86,24 @@ async fn try_acquire(leases: &Api<Lease>, name: &str, me: &str) -> Result<bool, 
 
 /// Wait until this replica leads, then keep the lease renewed in the background; if it
 /// cannot be renewed in time, the process exits so the other replica can take over.
-/// Each successful look at the lease is reported to `health` (standby or leader).
+/// Each successful look at the lease is reported to `lease_checked`: `true` when this
+/// replica leads, `false` when it stands by.
 pub async fn acquire(
     client: Client,
     namespace: &str,
     name: &str,
     me: &str,
-    health: Arc<crate::metrics::Health>,
+    lease_checked: impl Fn(bool) + Send + 'static,
 ) {
     let leases = Api::<Lease>::namespaced(client, namespace);
     loop {
         match try_acquire(&leases, name, me).await {
             Ok(true) => {
-                health.lease_checked(true);
+                lease_checked(true);
                 break;
             }
-            Ok(false) => health.lease_checked(false),
-            Err(e) => tracing::warn!(error = %e, "leader election"),
+            Ok(false) => lease_checked(false),
+            Err(e) => tracing::warn!(error = %crate::error_chain(&e), "leader election"),
         }
         tokio::time::sleep(RETRY_EVERY).await;
     }
@@ -116,13 +116,13 @@ pub async fn acquire(
             match try_acquire(&leases, &name, &me).await {
                 Ok(true) => {
                     last_renewal = std::time::Instant::now();
-                    health.lease_checked(true);
+                    lease_checked(true);
                 }
                 Ok(false) => {
                     tracing::error!("lost the leader lease to another replica; exiting");
                     std::process::exit(1);
                 }
-                Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
+                Err(e) => tracing::warn!(error = %crate::error_chain(&e), "lease renewal failed"),
             }
             if last_renewal.elapsed() >= Duration::from_secs(LEASE_SECONDS as u64) - RENEW_EVERY {
                 tracing::error!("could not renew the leader lease in time; exiting");

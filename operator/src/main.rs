@@ -55,13 +55,10 @@ async fn main() -> anyhow::Result<()> {
             std::process::id()
         )
     });
-    ferry_operator::leader::acquire(
-        client.clone(),
-        &namespace,
-        "ferry-operator",
-        &identity,
-        health.clone(),
-    )
+    ferry_operator::leader::acquire(client.clone(), &namespace, "ferry-operator", &identity, {
+        let health = health.clone();
+        move |leading| health.lease_checked(leading)
+    })
     .await;
     ferry_operator::controller::run(
         client,

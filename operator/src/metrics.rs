@@ -19,8 +19,6 @@ use kube::runtime::reflector::Store;
 use kube::ResourceExt;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-use crate::controller::Error;
-
 /// Every phase, as exported (a job without a phase yet is Pending).
 const PHASES: [Phase; 5] = [
     Phase::Pending,
@@ -43,24 +41,10 @@ fn phase_label(p: Phase) -> &'static str {
 /// Every `kind` label of `ferry_operator_reconcile_errors_total`.
 pub const ERROR_KINDS: [&str; 3] = ["kube_api", "finalizer", "no_namespace"];
 
-impl Error {
-    /// The bounded `kind` label of a reconcile error, or `None` for an outcome that is not
-    /// a failure (a deletion that waits for agents to stop their shards).
-    pub fn metric_kind(&self) -> Option<&'static str> {
-        use kube::runtime::finalizer::Error as F;
-        match self {
-            Error::Kube(_) => Some("kube_api"),
-            Error::NoNamespace(_) => Some("no_namespace"),
-            Error::Stopping(_) => None,
-            Error::Finalizer(e) => match &**e {
-                F::ApplyFailed(inner) | F::CleanupFailed(inner) => inner.metric_kind(),
-                F::AddFinalizer(_)
-                | F::RemoveFinalizer(_)
-                | F::UnnamedObject
-                | F::InvalidFinalizer => Some("finalizer"),
-            },
-        }
-    }
+/// What a reconcile error tells the metrics: its bounded `kind` label (one of
+/// [`ERROR_KINDS`]), or `None` for an outcome that is not a failure.
+pub trait MetricKind {
+    fn metric_kind(&self) -> Option<&'static str>;
 }
 
 /// Reconcile times: most reconciles are a few API calls.
@@ -154,9 +138,9 @@ impl Metrics {
     }
 
     /// One reconcile ended after `took`, with `error` when it failed.
-    pub fn reconciled(&self, took: Duration, error: Option<&Error>) {
+    pub fn reconciled(&self, took: Duration, error: Option<&dyn MetricKind>) {
         self.reconcile_seconds.observe(took.as_secs_f64());
-        if let Some(kind) = error.and_then(Error::metric_kind) {
+        if let Some(kind) = error.and_then(MetricKind::metric_kind) {
             self.reconcile_errors.with_label_values(&[kind]).inc();
         }
     }
@@ -334,33 +318,6 @@ mod tests {
         assert!(!text.contains("three"), "{text}");
         assert_eq!(get("Running"), 0);
         assert_eq!(get("Succeeded"), 1);
-    }
-
-    #[test]
-    fn errors_are_counted_by_a_bounded_kind_and_a_waiting_deletion_is_not_an_error() {
-        let m = Metrics::new().expect("metrics");
-        let apply_failed = Error::Finalizer(Box::new(
-            kube::runtime::finalizer::Error::ApplyFailed(Error::NoNamespace("x".into())),
-        ));
-        let waiting = Error::Finalizer(Box::new(kube::runtime::finalizer::Error::CleanupFailed(
-            Error::Stopping("node-a".into()),
-        )));
-        m.reconciled(Duration::from_millis(3), Some(&apply_failed));
-        m.reconciled(Duration::from_millis(3), Some(&waiting));
-        m.reconciled(Duration::from_millis(3), None);
-        let count = |k| m.reconcile_errors.with_label_values(&[k]).get();
-        assert_eq!(count("no_namespace"), 1);
-        assert_eq!(count("kube_api") + count("finalizer"), 0);
-        assert_eq!(m.reconcile_seconds.get_sample_count(), 3);
-        let text = ferry_serve::render(&m.registry);
-        for kind in ERROR_KINDS {
-            assert!(
-                text.contains(&format!(
-                    "ferry_operator_reconcile_errors_total{{kind=\"{kind}\"}}"
-                )),
-                "{text}"
-            );
-        }
     }
 
     #[test]

@@ -1,0 +1,184 @@
+//! The finalizer's two sides, and the reconciler's I/O: `apply` reads what a decision needs
+//! (the endpoints, the heartbeats, the eligible nodes), lets the pure [`decide`] decide,
+//! then writes the status by server-side apply, publishes the events that explain it, and
+//! deletes a job after `ttlSecondsAfterFinished`; `cleanup` makes a deletion wait for the
+//! agents to stop.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_crds::{CopyJob, Phase, ShardState, OPERATOR_MANAGER};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::decide::{self, Decision, Inputs};
+use crate::heartbeat::Heartbeats;
+use crate::resolve::{self, Endpoints};
+use crate::Error;
+
+/// Shared state of the reconciler.
+#[allow(missing_debug_implementations)] // Recorder is not Debug
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub heartbeats: Arc<Heartbeats>,
+    /// How long node-local work waits for a lost node before failing `NodeUnavailable`.
+    pub node_deadline: Duration,
+}
+
+/// Read what the decision needs (the endpoints, who is lost, the eligible nodes when
+/// there is something to hand out), [`decide`], then write the status the operator owns
+/// and publish the events that explain it; delete a finished job whose TTL is up.
+pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
+    let ns = job
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
+    let old = job.status.clone().unwrap_or_default();
+    // A finished job is history: it is not resolved again.
+    let endpoints = if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
+        Endpoints::Finished
+    } else {
+        resolve::check(&ctx.client, &ns, job).await?
+    };
+    // One look at the heartbeats of the nodes that hold shards of a job being scheduled,
+    // so that what decides whether Nodes are listed and what decides with them agree.
+    let lost: BTreeMap<&str, Option<Duration>> = match endpoints {
+        Endpoints::Resolved { .. } => old
+            .shards
+            .iter()
+            .filter(|s| !s.node.is_empty())
+            .map(|s| (s.node.as_str(), ctx.heartbeats.lost_for(&s.node)))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    let lost_for = |node: &str| {
+        lost.get(node)
+            .copied()
+            .unwrap_or_else(|| ctx.heartbeats.lost_for(node))
+    };
+    let eligible = match &endpoints {
+        Endpoints::Resolved {
+            source,
+            destination,
+        } if decide::needs_nodes(job, &endpoints, &lost_for) => {
+            resolve::eligible_nodes(&ctx.client, &ctx.heartbeats.live(), [source, destination])
+                .await?
+        }
+        _ => Vec::new(),
+    };
+    let Decision {
+        status,
+        write,
+        assignment_changed,
+        events,
+        shape: _,
+        mut requeue,
+    } = decide::decide(&Inputs {
+        job,
+        endpoints: &endpoints,
+        eligible: &eligible,
+        lost_for: &lost_for,
+        node_deadline: ctx.node_deadline,
+    });
+    if write {
+        // The shard entries carry only the assignment: their progress fields belong to the
+        // agents' field managers.
+        // A shard the operator failed (its node never came back) carries its state and
+        // failure too; the operator keeps sending them, or server-side apply would drop them.
+        let assignment: Vec<serde_json::Value> = status
+            .shards
+            .iter()
+            .map(|s| {
+                let mut a = serde_json::json!({
+                    "id": s.id, "node": s.node, "epoch": s.epoch, "part": s.part,
+                    "sourceRoot": s.source_root, "destinationRoot": s.destination_root,
+                });
+                if s.failed_by_operator() {
+                    a["state"] = s.state.as_str().into();
+                    a["failures"] = serde_json::to_value(&s.failures).unwrap_or_default();
+                }
+                a
+            })
+            .collect();
+        // Every field spelled out (not the status type, which skips empty ones): a field
+        // this manager stops sending would be left to no owner instead of cleared.
+        let mut patch = serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1",
+            "kind": "CopyJob",
+            "status": {
+                "phase": status.phase,
+                "conditions": status.conditions,
+                "progress": status.progress,
+                "shards": assignment,
+                "failures": status.failures,
+                "manifest": status.manifest,
+                "finishedAt": status.finished_at,
+                "plan": status.plan,
+            },
+        });
+        // Handing out shards is decided on what this reconcile read, and the watch cache can
+        // lag our own last write: a shard that looks unassigned may already be running
+        // somewhere. So an assignment only lands on the version it was decided on; on a
+        // conflict the next reconcile decides again from fresher state.
+        if assignment_changed {
+            patch["metadata"] = serde_json::json!({ "resourceVersion": job.resource_version() });
+        }
+        let written = Api::<CopyJob>::namespaced(ctx.client.clone(), &ns)
+            .patch_status(
+                &job.name_any(),
+                &PatchParams::apply(OPERATOR_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await;
+        match written {
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(job = %job.name_any(), "assignment raced a newer version; deciding again");
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            other => {
+                other?;
+            }
+        }
+        for ev in &events {
+            // An event is a courtesy; the condition is the record.
+            let _ = ctx.recorder.publish(ev, &job.object_ref(&())).await;
+        }
+    }
+    // ttlSecondsAfterFinished: delete the finished job once its time is up (the finalizer
+    // runs as for any deletion), or come back when it will be.
+    if let (Some(ttl), Some(done)) = (job.spec.ttl_seconds_after_finished, &status.finished_at) {
+        let left = done.0.as_second() + ttl - Timestamp::now().as_second();
+        if left <= 0 {
+            Api::<CopyJob>::namespaced(ctx.client.clone(), &ns)
+                .delete(&job.name_any(), &Default::default())
+                .await?;
+            return Ok(Action::await_change());
+        }
+        requeue = Some(Duration::from_secs(left as u64));
+    }
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Deletion: the agents see the deletion timestamp and stop their running shards at the
+/// next file boundary (committed files stay; unfinished directories get their names, and
+/// no staging name or partial file is left). The finalizer stays until every shard whose
+/// agent is alive has stopped, so the job is gone only when nothing writes for it.
+pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
+    let live = ctx.heartbeats.live();
+    let running: Vec<&str> = job
+        .status
+        .iter()
+        .flat_map(|s| &s.shards)
+        .filter(|s| s.state == ShardState::Running && live.contains(&s.node))
+        .map(|s| s.node.as_str())
+        .collect();
+    if running.is_empty() {
+        return Ok(Action::await_change());
+    }
+    Err(Error::Stopping(running.join(", ")))
+}

@@ -1,0 +1,372 @@
+//! The reconcile's decisions, as one pure function of what `apply` gathered: the Accepted,
+//! Resolved and Scheduled conditions, the shards (cut on first resolution, handed to live
+//! agents, taken back from lost ones), the status they add up to, the events that explain
+//! it, and when to look again. No API calls here: `apply` reads the cluster before and
+//! writes the [`Decision`] after.
+
+use std::time::Duration;
+
+use ferry_crds::{ConditionType, CopyJob, CopyJobStatus, Phase, Reason, ShardStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::runtime::events::{Event as KubeEvent, EventType};
+
+use crate::resolve::{Blocked, Endpoints};
+use crate::schedule;
+use crate::status::{condition, failed_reason, summarize};
+use crate::volume::Volume;
+
+/// What a decision is made from, read from the cluster beforehand.
+#[allow(missing_debug_implementations)] // lost_for is a closure
+pub struct Inputs<'a> {
+    /// The job as the watch saw it; its status is the previous decision.
+    pub job: &'a CopyJob,
+    /// The endpoints: resolved, refused, or not looked at (a finished job).
+    pub endpoints: &'a Endpoints,
+    /// Nodes with a live agent that have both volumes, sorted by name. Only read when
+    /// [`needs_nodes`] says so (listing Nodes is not free).
+    pub eligible: &'a [String],
+    /// `None` while the agent on this node is live, else how long ago its heartbeat
+    /// expired.
+    pub lost_for: &'a dyn Fn(&str) -> Option<Duration>,
+    /// How long node-local work waits for a lost node before failing `NodeUnavailable`.
+    pub node_deadline: Duration,
+}
+
+/// What the reconcile decided.
+#[allow(missing_debug_implementations)] // KubeEvent is not Debug
+pub struct Decision {
+    /// The status the operator's field manager owns (its shard entries carry only the
+    /// assignment, and the state of shards the operator failed).
+    pub status: CopyJobStatus,
+    /// The status differs from the job's: write it.
+    pub write: bool,
+    /// A shard's node, epoch or part changed: write only on the version it was decided on.
+    pub assignment_changed: bool,
+    /// Events to publish, in order, once the status that explains them is written.
+    pub events: Vec<KubeEvent>,
+    /// A dry run of a job that would be split: (shards, nodes) it would use.
+    pub shape: Option<(i64, Vec<String>)>,
+    /// When to look again, if no status change is bound to trigger it.
+    pub requeue: Option<Duration>,
+}
+
+/// Whether [`decide`] will read the eligible nodes: there are shards to hand out (a new
+/// job, an unassigned shard, a lost agent's shard on shared roots), or a dry run of a
+/// splittable job reports where it would run.
+pub fn needs_nodes(
+    job: &CopyJob,
+    endpoints: &Endpoints,
+    lost_for: &dyn Fn(&str) -> Option<Duration>,
+) -> bool {
+    let Endpoints::Resolved {
+        source,
+        destination,
+    } = endpoints
+    else {
+        return false;
+    };
+    let shared = source.shared && destination.shared;
+    let splittable = job.spec.parallelism.max_agents.max(1) > 1 && shared;
+    let shards = job.status.as_ref().map_or(&[][..], |s| s.shards.as_slice());
+    shards.is_empty()
+        || (job.spec.dry_run && splittable)
+        || shards.iter().any(|s| {
+            s.node.is_empty() || (shared && !schedule::finished(s) && lost_for(&s.node).is_some())
+        })
+}
+
+/// Decide a reconcile of `input.job`.
+pub fn decide(input: &Inputs) -> Decision {
+    let job = input.job;
+    let old = job.status.clone().unwrap_or_default();
+    let previous = old.conditions.as_slice();
+    let mut shards = old.shards.clone();
+    let (conditions, scheduled) = match input.endpoints {
+        // A finished job keeps what was decided when it ran.
+        Endpoints::Finished => (
+            previous
+                .iter()
+                .filter(|c| {
+                    [
+                        ConditionType::Accepted,
+                        ConditionType::Resolved,
+                        ConditionType::Scheduled,
+                    ]
+                    .iter()
+                    .any(|t| c.type_ == t.as_str())
+                })
+                .cloned()
+                .collect(),
+            Scheduled::default(),
+        ),
+        Endpoints::Blocked(b) => {
+            let mut conditions = vec![accepted(job, Some(b), previous)];
+            if b.condition != ConditionType::Accepted {
+                conditions.push(condition(
+                    ConditionType::Resolved,
+                    false,
+                    b.reason,
+                    &b.message,
+                    job.metadata.generation,
+                    previous,
+                ));
+            }
+            (conditions, Scheduled::default())
+        }
+        Endpoints::Resolved {
+            source,
+            destination,
+        } => {
+            let (scheduled, s) = schedule_shards(input, [source, destination], &mut shards);
+            let conditions = vec![
+                accepted(job, None, previous),
+                condition(
+                    ConditionType::Resolved,
+                    true,
+                    Reason::Resolved,
+                    "source and destination resolved",
+                    job.metadata.generation,
+                    previous,
+                ),
+                scheduled,
+            ];
+            (conditions, s)
+        }
+    };
+    let blocked = match input.endpoints {
+        Endpoints::Blocked(b) => Some(b),
+        _ => None,
+    };
+    let status = summarize(
+        job,
+        blocked.is_some(),
+        shards,
+        conditions,
+        scheduled.shape.clone(),
+    );
+    let mut events = scheduled.notes;
+    let new_refusal = blocked.filter(|b| {
+        !previous
+            .iter()
+            .any(|c| c.status == "False" && c.reason == b.reason.as_str())
+    });
+    if let Some(b) = new_refusal {
+        // An event is a courtesy; the condition is the record.
+        events.push(KubeEvent {
+            type_: EventType::Warning,
+            reason: b.reason.to_string(),
+            note: Some(b.message.clone()),
+            action: "Reconcile".into(),
+            secondary: None,
+        });
+    }
+    // A job that just failed says why, once, with the first failing paths.
+    if status.phase == Some(Phase::Failed) && old.phase != Some(Phase::Failed) {
+        let (reason, msg) = failed_reason(&status.shards, &status.failures);
+        events.push(KubeEvent {
+            type_: EventType::Warning,
+            reason: reason.to_string(),
+            note: Some(msg),
+            action: "Copy".into(),
+            secondary: None,
+        });
+    }
+    let assignment = |s: &[ShardStatus]| {
+        s.iter()
+            .map(|s| (s.id.clone(), s.node.clone(), s.epoch, s.part))
+            .collect::<Vec<_>>()
+    };
+    let assignment_changed = assignment(&old.shards) != assignment(&status.shards);
+    let unchanged = old.phase == status.phase
+        && old.conditions == status.conditions
+        && old.progress == status.progress
+        && old.failures == status.failures
+        && old.finished_at == status.finished_at
+        && old.manifest == status.manifest
+        && old.plan == status.plan
+        && !assignment_changed;
+    // A refusal waits for the spec (or the StorageRoot, on the next resync) to change; a
+    // CSI volume waits for a pod to mount it, which changes no CopyJob.
+    let requeue = match blocked {
+        Some(b) if b.reason == Reason::VolumeNotMounted => Some(Duration::from_secs(5)),
+        Some(_) => Some(Duration::from_secs(60)),
+        None => scheduled.requeue,
+    };
+    Decision {
+        status,
+        write: !unchanged,
+        assignment_changed,
+        events,
+        shape: scheduled.shape,
+        requeue,
+    }
+}
+
+/// The Accepted condition: refused by `refusal` when it is about acceptance.
+fn accepted(job: &CopyJob, refusal: Option<&Blocked>, previous: &[Condition]) -> Condition {
+    let generation = job.metadata.generation;
+    match refusal {
+        Some(b) if b.condition == ConditionType::Accepted => condition(
+            ConditionType::Accepted,
+            false,
+            b.reason,
+            &b.message,
+            generation,
+            previous,
+        ),
+        _ => condition(
+            ConditionType::Accepted,
+            true,
+            Reason::Valid,
+            "the spec is valid",
+            generation,
+            previous,
+        ),
+    }
+}
+
+/// What scheduling a resolved job adds besides the shards and the Scheduled condition.
+#[derive(Default)]
+struct Scheduled {
+    notes: Vec<KubeEvent>,
+    shape: Option<(i64, Vec<String>)>,
+    requeue: Option<Duration>,
+}
+
+/// The shards, created on first resolution, then handed to idle agents (and taken back
+/// from lost ones); the Scheduled condition that says where they are.
+fn schedule_shards(
+    input: &Inputs,
+    roots: [&Volume; 2],
+    shards: &mut Vec<ShardStatus>,
+) -> (Condition, Scheduled) {
+    let job = input.job;
+    let previous = job
+        .status
+        .as_ref()
+        .map_or(&[][..], |s| s.conditions.as_slice());
+    let mut notes = Vec::new();
+    let mut shape = None;
+    // Decided on the shards as they were, before any is created or taken back.
+    let wants_nodes = needs_nodes(job, input.endpoints, input.lost_for);
+    let max_agents = job.spec.parallelism.max_agents.max(1);
+    // Split only where every agent sees the same files on both sides. A dry run counts
+    // the whole tree on one agent and reports the split it would make.
+    let splittable = max_agents > 1 && roots.iter().all(|r| r.shared);
+    let split = splittable && !job.spec.dry_run;
+    if shards.is_empty() {
+        *shards = schedule::initial(
+            split.then(|| schedule::parts_for(max_agents)),
+            &roots[0].host_path,
+            &roots[1].host_path,
+        );
+    }
+    let mut requeue = None;
+    // Work held by agents that stopped heartbeating: moved on shared roots, waited for
+    // (then failed) on node-local ones.
+    let lost = schedule::handle_lost(
+        shards,
+        input.lost_for,
+        roots.iter().all(|r| r.shared),
+        job.spec.suspend,
+        input.node_deadline,
+    );
+    for (id, node) in &lost.failed {
+        notes.push(KubeEvent {
+            type_: EventType::Warning,
+            reason: Reason::NodeUnavailable.to_string(),
+            note: Some(format!(
+                "shard {id}: the agent on node {node} did not come back within {}s",
+                input.node_deadline.as_secs()
+            )),
+            action: "Schedule".into(),
+            secondary: None,
+        });
+    }
+    if let Some(left) = lost.next_deadline {
+        requeue = Some(left + Duration::from_millis(100));
+    }
+    if wants_nodes {
+        let eligible = input.eligible;
+        schedule::assign(shards, eligible, max_agents as usize);
+        for (id, from) in &lost.moved {
+            let to = shards.iter().find(|s| &s.id == id).map(|s| s.node.as_str());
+            let note = match to {
+                Some(to) if !to.is_empty() => format!(
+                    "shard {id}: the agent on node {from} stopped heartbeating; node {to} resumes it"
+                ),
+                _ => format!(
+                    "shard {id}: the agent on node {from} stopped heartbeating; waiting for another agent"
+                ),
+            };
+            notes.push(KubeEvent {
+                type_: EventType::Warning,
+                reason: Reason::Reassigned.to_string(),
+                note: Some(note),
+                action: "Schedule".into(),
+                secondary: None,
+            });
+        }
+        if job.spec.dry_run && splittable {
+            let nodes: Vec<String> = eligible.iter().take(max_agents as usize).cloned().collect();
+            shape = Some((i64::from(schedule::parts_for(max_agents)) + 1, nodes));
+        }
+        // Finishing shards trigger the next assignment; an agent coming up does not.
+        if shards.iter().any(|s| s.node.is_empty()) {
+            requeue = Some(Duration::from_secs(2));
+        }
+    }
+    let mut nodes: Vec<&str> = shards
+        .iter()
+        .filter(|s| !s.node.is_empty())
+        .map(|s| s.node.as_str())
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let (reason, msg) = match (nodes.is_empty(), shards.len()) {
+        _ if !lost.waiting.is_empty() => (
+            Reason::WaitingForNode,
+            format!(
+                "the agent on {} stopped heartbeating; the volumes are only reachable there. \
+                 Waiting for it (the job fails with NodeUnavailable after {}s)",
+                lost.waiting.join(", "),
+                input.node_deadline.as_secs()
+            ),
+        ),
+        (true, _) => (
+            Reason::NoAgent,
+            "no node with a live Ferry agent has both volumes; waiting for one".to_string(),
+        ),
+        (false, 1) => (
+            Reason::Assigned,
+            format!("assigned to node {}", nodes.join(", ")),
+        ),
+        (false, n) => (
+            Reason::Assigned,
+            format!(
+                "split into {} parts and a directories pass; nodes {}",
+                n - 1,
+                nodes.join(", ")
+            ),
+        ),
+    };
+    let scheduled = condition(
+        ConditionType::Scheduled,
+        !nodes.is_empty(),
+        reason,
+        &msg,
+        job.metadata.generation,
+        previous,
+    );
+    (
+        scheduled,
+        Scheduled {
+            notes,
+            shape,
+            requeue,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests;

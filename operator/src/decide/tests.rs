@@ -1,0 +1,449 @@
+//! The reconcile's decisions without a cluster: jobs, volumes, live and lost agents built
+//! here, checked for what a user would see in the status and the events.
+
+use super::*;
+use crate::volume::Nodes;
+use ferry_crds::{FailedPath, Part, Plan, ShardState};
+
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// A CopyJob `team-a/copy` with these extra spec fields.
+fn job(spec: serde_json::Value) -> CopyJob {
+    let mut s = serde_json::json!({
+        "source": {"root": "src", "path": "a"},
+        "destination": {"root": "dst", "path": "b"},
+    });
+    for (k, v) in spec.as_object().into_iter().flatten() {
+        s[k] = v.clone();
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1",
+        "kind": "CopyJob",
+        "metadata": {"name": "copy", "namespace": "team-a", "generation": 1, "resourceVersion": "7"},
+        "spec": s,
+    }))
+    .expect("a CopyJob")
+}
+
+/// `job` as it is after `decision` was written (and agents reported `shards`).
+fn after(mut job: CopyJob, status: CopyJobStatus) -> CopyJob {
+    job.status = Some(status);
+    job
+}
+
+fn volumes(shared: bool) -> Endpoints {
+    let volume = |path: &str| Volume {
+        host_path: path.into(),
+        nodes: if shared {
+            Nodes::All
+        } else {
+            Nodes::Named("node-a".into())
+        },
+        shared,
+    };
+    Endpoints::Resolved {
+        source: volume("/data/src"),
+        destination: volume("/data/dst"),
+    }
+}
+
+fn names(nodes: &[&str]) -> Vec<String> {
+    nodes.iter().map(|n| n.to_string()).collect()
+}
+
+/// Decide with these eligible nodes and these agents lost (for how long); every other
+/// agent is live.
+fn decide_with(
+    job: &CopyJob,
+    endpoints: &Endpoints,
+    eligible: &[&str],
+    lost: &[(&str, u64)],
+) -> Decision {
+    let lost_for = |node: &str| {
+        lost.iter()
+            .find(|(n, _)| *n == node)
+            .map(|(_, secs)| Duration::from_secs(*secs))
+    };
+    decide(&Inputs {
+        job,
+        endpoints,
+        eligible: &names(eligible),
+        lost_for: &lost_for,
+        node_deadline: DEADLINE,
+    })
+}
+
+fn condition_of(d: &Decision, type_: ConditionType) -> Option<&Condition> {
+    d.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_.as_str())
+}
+
+/// (status, reason, message) of a condition that must be there.
+fn cond(d: &Decision, type_: ConditionType) -> (&str, &str, &str) {
+    let c = condition_of(d, type_).unwrap_or_else(|| panic!("no {type_} condition"));
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+fn event_reasons(d: &Decision) -> Vec<&str> {
+    d.events.iter().map(|e| e.reason.as_str()).collect()
+}
+
+fn running_on(node: &str, epoch: i64) -> ShardStatus {
+    ShardStatus {
+        id: "0".into(),
+        node: node.into(),
+        epoch,
+        state: ShardState::Running,
+        source_root: "/data/src".into(),
+        destination_root: "/data/dst".into(),
+        ..Default::default()
+    }
+}
+
+fn with_shards(shards: Vec<ShardStatus>) -> CopyJobStatus {
+    CopyJobStatus {
+        phase: Some(Phase::Running),
+        shards,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_node_local_job_with_a_live_agent_gets_one_shard_on_that_node() {
+    let d = decide_with(
+        &job(serde_json::json!({})),
+        &volumes(false),
+        &["node-a"],
+        &[],
+    );
+    assert_eq!(d.status.shards.len(), 1);
+    assert_eq!(d.status.shards[0].node, "node-a");
+    assert_eq!(d.status.shards[0].epoch, 1);
+    assert_eq!(d.status.shards[0].part, Part::All);
+    assert_eq!(cond(&d, ConditionType::Accepted).0, "True");
+    assert_eq!(cond(&d, ConditionType::Resolved).0, "True");
+    assert_eq!(
+        cond(&d, ConditionType::Scheduled),
+        ("True", "Assigned", "assigned to node node-a")
+    );
+    assert!(d.write && d.assignment_changed);
+    assert_eq!(d.requeue, None);
+    assert!(d.events.is_empty());
+}
+
+#[test]
+fn without_a_live_agent_the_job_is_not_scheduled_and_says_why() {
+    let d = decide_with(&job(serde_json::json!({})), &volumes(false), &[], &[]);
+    let (status, reason, message) = cond(&d, ConditionType::Scheduled);
+    assert_eq!((status, reason), ("False", "NoAgent"));
+    assert!(
+        message.contains("no node with a live Ferry agent"),
+        "{message}"
+    );
+    assert!(d.status.shards.iter().all(|s| s.node.is_empty()));
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+    // Nothing else would bring it back when an agent comes up.
+    assert_eq!(d.requeue, Some(Duration::from_secs(2)));
+}
+
+#[test]
+fn a_refused_spec_is_not_accepted_and_gets_no_shards() {
+    let refusal = Blocked {
+        condition: ConditionType::Accepted,
+        reason: Reason::RootNotAllowed,
+        message: "spec.source.root: namespace \"team-a\" may not use StorageRoot \"src\"".into(),
+    };
+    let j = job(serde_json::json!({}));
+    let d = decide_with(&j, &Endpoints::Blocked(refusal.clone()), &["node-a"], &[]);
+    assert_eq!(
+        cond(&d, ConditionType::Accepted),
+        ("False", "RootNotAllowed", refusal.message.as_str())
+    );
+    assert!(condition_of(&d, ConditionType::Resolved).is_none());
+    assert!(condition_of(&d, ConditionType::Scheduled).is_none());
+    assert!(d.status.shards.is_empty());
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+    assert_eq!(event_reasons(&d), ["RootNotAllowed"]);
+    assert_eq!(d.requeue, Some(Duration::from_secs(60)));
+    // Said once: the same refusal again publishes nothing new.
+    let again = decide_with(&after(j, d.status), &Endpoints::Blocked(refusal), &[], &[]);
+    assert!(again.events.is_empty());
+    assert!(!again.write);
+}
+
+#[test]
+fn an_endpoint_that_does_not_resolve_is_accepted_but_not_resolved() {
+    let refusal = Blocked {
+        condition: ConditionType::Resolved,
+        reason: Reason::PVCNotFound,
+        message: "spec.source.pvc: no PersistentVolumeClaim \"data\"".into(),
+    };
+    let d = decide_with(
+        &job(serde_json::json!({})),
+        &Endpoints::Blocked(refusal.clone()),
+        &["node-a"],
+        &[],
+    );
+    assert_eq!(
+        cond(&d, ConditionType::Accepted),
+        ("True", "Valid", "the spec is valid")
+    );
+    assert_eq!(
+        cond(&d, ConditionType::Resolved),
+        ("False", "PVCNotFound", refusal.message.as_str())
+    );
+    assert!(d.status.shards.is_empty());
+    assert_eq!(d.requeue, Some(Duration::from_secs(60)));
+}
+
+#[test]
+fn a_csi_volume_waiting_for_a_pod_is_looked_at_again_soon() {
+    let refusal = Blocked {
+        condition: ConditionType::Resolved,
+        reason: Reason::VolumeNotMounted,
+        message: "start a pod".into(),
+    };
+    let d = decide_with(
+        &job(serde_json::json!({})),
+        &Endpoints::Blocked(refusal),
+        &[],
+        &[],
+    );
+    assert_eq!(d.requeue, Some(Duration::from_secs(5)));
+}
+
+#[test]
+fn a_shared_root_job_is_split_into_parts_and_handed_to_at_most_max_agents_nodes() {
+    let j = job(serde_json::json!({"parallelism": {"maxAgents": 3}}));
+    let d = decide_with(
+        &j,
+        &volumes(true),
+        &["node-a", "node-b", "node-c", "node-d"],
+        &[],
+    );
+    let parts = schedule::parts_for(3) as usize;
+    assert_eq!(d.status.shards.len(), parts + 1);
+    assert_eq!(
+        d.status.shards.last().map(|s| s.part),
+        Some(Part::Directories)
+    );
+    let mut busy: Vec<&str> = d
+        .status
+        .shards
+        .iter()
+        .filter(|s| !s.node.is_empty())
+        .map(|s| s.node.as_str())
+        .collect();
+    busy.sort_unstable();
+    assert_eq!(busy, ["node-a", "node-b", "node-c"]);
+    assert_eq!(
+        cond(&d, ConditionType::Scheduled),
+        (
+            "True",
+            "Assigned",
+            format!(
+                "split into {parts} parts and a directories pass; nodes node-a, node-b, node-c"
+            )
+            .as_str()
+        )
+    );
+    // The other parts go out as agents finish theirs.
+    assert_eq!(d.requeue, Some(Duration::from_secs(2)));
+}
+
+#[test]
+fn a_dry_run_of_a_splittable_job_reports_the_split_it_would_make() {
+    let j = job(serde_json::json!({"parallelism": {"maxAgents": 3}, "dryRun": true}));
+    let d = decide_with(
+        &j,
+        &volumes(true),
+        &["node-a", "node-b", "node-c", "node-d"],
+        &[],
+    );
+    // Counted whole on one agent, not split.
+    assert_eq!(d.status.shards.len(), 1);
+    let shape = (
+        i64::from(schedule::parts_for(3)) + 1,
+        names(&["node-a", "node-b", "node-c"]),
+    );
+    assert_eq!(d.shape, Some(shape.clone()));
+    assert_eq!(d.status.manifest, None);
+    // Once the agent has counted, the plan says what the real run would do.
+    let mut counted = d.status.shards[0].clone();
+    counted.state = ShardState::Succeeded;
+    counted.planned_files = Some(5);
+    counted.planned_bytes = Some(50);
+    let done = decide_with(
+        &after(j, with_shards(vec![counted])),
+        &volumes(true),
+        &["node-a", "node-b", "node-c", "node-d"],
+        &[],
+    );
+    assert_eq!(done.status.phase, Some(Phase::Succeeded));
+    assert_eq!(
+        done.status.plan,
+        Some(Plan {
+            files: 5,
+            bytes: 50,
+            nodes: shape.1,
+            shards: shape.0,
+        })
+    );
+    assert_eq!(cond(&done, ConditionType::Complete).1, "Planned");
+}
+
+#[test]
+fn a_lost_agents_shard_on_shared_roots_moves_to_another_node_with_a_new_epoch() {
+    let j = after(
+        job(serde_json::json!({})),
+        with_shards(vec![running_on("node-a", 1)]),
+    );
+    let d = decide_with(&j, &volumes(true), &["node-b"], &[("node-a", 20)]);
+    assert_eq!(d.status.shards[0].node, "node-b");
+    assert_eq!(d.status.shards[0].epoch, 2);
+    assert_eq!(event_reasons(&d), ["Reassigned"]);
+    let note = d.events[0].note.as_deref().unwrap_or_default();
+    assert!(note.contains("node node-b resumes it"), "{note}");
+    assert!(d.write && d.assignment_changed);
+}
+
+#[test]
+fn a_lost_agents_shard_on_node_local_volumes_waits_for_the_node_then_fails() {
+    let j = after(
+        job(serde_json::json!({})),
+        with_shards(vec![running_on("node-a", 1)]),
+    );
+    let waiting = decide_with(&j, &volumes(false), &[], &[("node-a", 100)]);
+    assert_eq!(waiting.status.shards[0].node, "node-a");
+    assert_eq!(waiting.status.shards[0].state, ShardState::Running);
+    let (_, reason, message) = cond(&waiting, ConditionType::Scheduled);
+    assert_eq!(reason, "WaitingForNode");
+    assert!(message.contains("node-a stopped heartbeating"), "{message}");
+    // Looked at again when the deadline is up.
+    assert_eq!(
+        waiting.requeue,
+        Some(Duration::from_secs(200) + Duration::from_millis(100))
+    );
+    assert!(waiting.events.is_empty());
+
+    let failed = decide_with(&j, &volumes(false), &[], &[("node-a", 300)]);
+    let shard = &failed.status.shards[0];
+    assert_eq!(shard.state, ShardState::Failed);
+    assert_eq!(shard.epoch, 2);
+    assert!(shard.failed_by_operator());
+    assert_eq!(failed.status.phase, Some(Phase::Failed));
+    assert_eq!(cond(&failed, ConditionType::Failed).1, "NodeUnavailable");
+    // The shard's event, then the job's.
+    assert_eq!(
+        event_reasons(&failed),
+        ["NodeUnavailable", "NodeUnavailable"]
+    );
+}
+
+#[test]
+fn a_suspended_job_waits_for_a_lost_node_without_a_deadline() {
+    let j = after(
+        job(serde_json::json!({"suspend": true})),
+        with_shards(vec![running_on("node-a", 1)]),
+    );
+    let d = decide_with(&j, &volumes(false), &[], &[("node-a", 100_000)]);
+    assert_eq!(d.status.shards[0].state, ShardState::Running);
+    assert_eq!(cond(&d, ConditionType::Scheduled).1, "WaitingForNode");
+    assert_eq!(d.status.phase, Some(Phase::Suspended));
+    assert_eq!(d.requeue, None);
+    assert!(d.events.is_empty());
+}
+
+#[test]
+fn an_unchanged_decision_keeps_its_transition_times_and_writes_nothing() {
+    let j = job(serde_json::json!({}));
+    let first = decide_with(&j, &volumes(false), &["node-a"], &[]);
+    std::thread::sleep(Duration::from_millis(10));
+    let again = decide_with(&after(j, first.status.clone()), &volumes(false), &[], &[]);
+    assert_eq!(again.status.conditions, first.status.conditions);
+    assert!(!again.write);
+    assert!(!again.assignment_changed);
+}
+
+#[test]
+fn nodes_are_listed_only_when_there_is_something_to_hand_out() {
+    let no_one_lost = |_: &str| None;
+    let node_a_lost = |n: &str| (n == "node-a").then_some(Duration::from_secs(1));
+    let new = job(serde_json::json!({}));
+    let placed = after(new.clone(), with_shards(vec![running_on("node-a", 1)]));
+    assert!(needs_nodes(&new, &volumes(false), &no_one_lost));
+    assert!(!needs_nodes(&placed, &volumes(false), &no_one_lost));
+    assert!(needs_nodes(&placed, &volumes(true), &node_a_lost));
+    // On node-local volumes a lost agent's shard waits for it: nothing to hand out.
+    assert!(!needs_nodes(&placed, &volumes(false), &node_a_lost));
+    assert!(!needs_nodes(&new, &Endpoints::Finished, &no_one_lost));
+}
+
+fn failed_shard(failures: Vec<FailedPath>) -> ShardStatus {
+    ShardStatus {
+        state: ShardState::Failed,
+        failed: failures.len() as i64,
+        files_done: 10,
+        failures,
+        ..running_on("node-a", 1)
+    }
+}
+
+fn failure(path: &str, reason: Reason) -> FailedPath {
+    FailedPath {
+        path: path.into(),
+        reason,
+        message: format!("{reason} at {path}"),
+    }
+}
+
+#[test]
+fn a_shard_stopped_by_a_full_destination_fails_the_job_with_destination_full() {
+    let j = after(
+        job(serde_json::json!({})),
+        with_shards(vec![failed_shard(vec![
+            failure("small.txt", Reason::PermissionDenied),
+            failure("big.bin", Reason::DestinationFull),
+        ])]),
+    );
+    let d = decide_with(&j, &volumes(false), &[], &[]);
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    let (status, reason, message) = cond(&d, ConditionType::Failed);
+    assert_eq!((status, reason), ("True", "DestinationFull"));
+    assert!(message.starts_with("big.bin: "), "{message}");
+    assert!(d.status.finished_at.is_some());
+    assert_eq!(event_reasons(&d), ["DestinationFull"]);
+}
+
+#[test]
+fn entries_that_failed_without_stopping_the_shard_fail_the_job_as_partially_failed() {
+    let j = after(
+        job(serde_json::json!({})),
+        with_shards(vec![failed_shard(vec![failure(
+            "secret",
+            Reason::PermissionDenied,
+        )])]),
+    );
+    let d = decide_with(&j, &volumes(false), &[], &[]);
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    let (_, reason, message) = cond(&d, ConditionType::Failed);
+    assert_eq!(reason, "PartiallyFailed");
+    assert!(message.contains("PermissionDenied 1"), "{message}");
+    assert_eq!(d.status.failures.len(), 1);
+}
+
+#[test]
+fn the_manifest_is_named_after_the_namespace_and_the_job() {
+    let d = decide_with(
+        &job(serde_json::json!({})),
+        &volumes(false),
+        &["node-a"],
+        &[],
+    );
+    assert_eq!(
+        d.status.manifest.as_deref(),
+        Some(".ferry/team-a-copy.xxh128")
+    );
+}

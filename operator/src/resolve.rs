@@ -1,0 +1,287 @@
+//! Endpoints to volumes: validation, then each endpoint (a PVC, or a StorageRoot this
+//! namespace may use) resolved to a host path and the nodes that have it; label selector
+//! matching; and the nodes with a live agent that have both volumes. Refusals come back as
+//! [`Blocked`] values, API failures as errors.
+
+use std::collections::BTreeSet;
+
+use ferry_crds::{ConditionType, CopyJob, Endpoint, Reason, StorageRoot};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+
+use crate::validate;
+use crate::volume::{self, Nodes, PvAccess, Volume};
+
+/// Why a job cannot proceed, as a condition reason and a message for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    pub condition: ConditionType,
+    pub reason: Reason,
+    pub message: String,
+}
+
+/// Where a job's endpoints stand when a reconcile decides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Endpoints {
+    /// Not looked at: the job finished before, and is history (a StorageRoot deleted or a
+    /// pod unmounting a CSI volume afterwards does not turn it back to Pending).
+    Finished,
+    /// The job cannot go on.
+    Blocked(Blocked),
+    /// Both endpoints resolved.
+    Resolved { source: Volume, destination: Volume },
+}
+
+/// Resolve a PVC endpoint: a claim in the job's own namespace, bound to a `local` or
+/// `hostPath` PersistentVolume whose node affinity says where it lives, or to a CSI volume
+/// reached through the kubelet's mount for a pod that uses the claim, on that pod's node.
+async fn resolve_pvc(
+    client: &Client,
+    ns: &str,
+    field: &str,
+    claim: &str,
+) -> Result<Result<Volume, Blocked>, kube::Error> {
+    let unresolved = |reason: Reason, message: String| {
+        Ok(Err(Blocked {
+            condition: ConditionType::Resolved,
+            reason,
+            message,
+        }))
+    };
+    let Some(pvc) = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .get_opt(claim)
+        .await?
+    else {
+        return unresolved(Reason::PVCNotFound, format!("{field}.pvc: no PersistentVolumeClaim {claim:?} in namespace {ns:?} (claims of other namespaces cannot be used)"));
+    };
+    let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
+        return unresolved(
+            Reason::PVCNotBound,
+            format!("{field}.pvc: claim {claim:?} is not bound to a volume yet"),
+        );
+    };
+    let Some(pv) = Api::<PersistentVolume>::all(client.clone())
+        .get_opt(&pv_name)
+        .await?
+    else {
+        return unresolved(
+            Reason::PVCNotBound,
+            format!("{field}.pvc: claim {claim:?} names volume {pv_name:?}, which does not exist"),
+        );
+    };
+    // A volume pre-bound to another claim is not this claim's, whatever the claim says.
+    if let Some(cr) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
+        if cr.namespace.as_deref() != Some(ns) || cr.name.as_deref() != Some(claim) {
+            return Ok(Err(Blocked {
+                condition: ConditionType::Accepted,
+                reason: Reason::CrossNamespace,
+                message: format!("{field}.pvc: volume {pv_name:?} belongs to another claim; use a claim bound to it in namespace {ns:?}"),
+            }));
+        }
+    }
+    match volume::from_pv(&pv) {
+        Ok(PvAccess::Direct(v)) => Ok(Ok(v)),
+        Ok(PvAccess::Csi) => {
+            // The claim's pods live in its namespace; the kubelet mounts the volume for them.
+            let pods = Api::<Pod>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await?;
+            match volume::from_csi_mount(&volume::kubelet_dir(), &pv_name, claim, &pods.items) {
+                Some(v) => Ok(Ok(v)),
+                None => unresolved(
+                    Reason::VolumeNotMounted,
+                    format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node"),
+                ),
+            }
+        }
+        Err(why) => unresolved(
+            Reason::VolumeNotSupported,
+            format!("{field}.pvc: volume {pv_name:?}: {why}"),
+        ),
+    }
+}
+
+/// Resolve one endpoint to a host path and the nodes that have it.
+async fn resolve(
+    client: &Client,
+    ns: &str,
+    field: &str,
+    e: &Endpoint,
+    destination: bool,
+) -> Result<Result<Volume, Blocked>, kube::Error> {
+    if let Some(claim) = &e.pvc {
+        return resolve_pvc(client, ns, field, claim).await;
+    }
+    Ok(resolve_root(client, ns, field, e, destination)
+        .await?
+        .map(|root| Volume {
+            host_path: root.spec.path.clone(),
+            shared: root.spec.shared,
+            nodes: match (&root.spec.node_selector, root.spec.shared) {
+                (Some(sel), _) => Nodes::Labels(sel.clone()),
+                (None, true) => Nodes::All,
+                // Admission refuses this; no node has it.
+                (None, false) => Nodes::Terms(Vec::new()),
+            },
+        }))
+}
+
+/// Resolve one `root` endpoint: the StorageRoot exists, this namespace may use it, and a
+/// destination is not read-only.
+async fn resolve_root(
+    client: &Client,
+    ns: &str,
+    field: &str,
+    e: &Endpoint,
+    destination: bool,
+) -> Result<Result<StorageRoot, Blocked>, kube::Error> {
+    let name = e.root.as_deref().unwrap_or_default();
+    let roots = Api::<StorageRoot>::all(client.clone());
+    let Some(root) = roots.get_opt(name).await? else {
+        return Ok(Err(Blocked {
+            condition: ConditionType::Resolved,
+            reason: Reason::RootNotFound,
+            message: format!("{field}.root: StorageRoot {name:?} does not exist; ask an admin to create it or name another"),
+        }));
+    };
+    let access = &root.spec.namespaces;
+    let mut allowed = access.names.iter().any(|n| n == ns);
+    if !allowed {
+        if let Some(selector) = &access.selector {
+            let namespace = Api::<Namespace>::all(client.clone()).get(ns).await?;
+            allowed = selector_matches(selector, namespace.labels());
+        }
+    }
+    if !allowed {
+        return Ok(Err(Blocked {
+            condition: ConditionType::Accepted,
+            reason: Reason::RootNotAllowed,
+            message: format!(
+                "{field}.root: namespace {ns:?} may not use StorageRoot {name:?}; ask an admin to add it to spec.namespaces"
+            ),
+        }));
+    }
+    if destination && root.spec.read_only {
+        return Ok(Err(Blocked {
+            condition: ConditionType::Accepted,
+            reason: Reason::ReadOnlyRoot,
+            message: format!(
+                "{field}.root: StorageRoot {name:?} is read-only and cannot be a destination"
+            ),
+        }));
+    }
+    Ok(Ok(root))
+}
+
+/// `matchLabels` and `matchExpressions` (In, NotIn, Exists, DoesNotExist) against labels.
+pub fn selector_matches(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let labels_ok = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_ok = selector.match_expressions.iter().flatten().all(|req| {
+        let values = req.values.as_deref().unwrap_or_default();
+        match req.operator.as_str() {
+            "In" => labels.get(&req.key).is_some_and(|v| values.contains(v)),
+            "NotIn" => labels.get(&req.key).is_none_or(|v| !values.contains(v)),
+            "Exists" => labels.contains_key(&req.key),
+            "DoesNotExist" => !labels.contains_key(&req.key),
+            _ => false,
+        }
+    });
+    labels_ok && exprs_ok
+}
+
+/// Nodes that can run a job between these roots: they match both roots' node selectors
+/// and their agent's heartbeat Lease is current. Sorted by name, so placement is stable.
+pub async fn eligible_nodes(
+    client: &Client,
+    live: &BTreeSet<String>,
+    volumes: [&Volume; 2],
+) -> Result<Vec<String>, kube::Error> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let mut out: Vec<String> = nodes
+        .items
+        .iter()
+        .filter(|n| {
+            volumes
+                .iter()
+                .all(|v| v.nodes.matches(&n.name_any(), n.labels()))
+        })
+        .map(|n| n.name_any())
+        .filter(|n| live.contains(n))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// Validate the spec and resolve both endpoints: [`Endpoints::Resolved`], or
+/// [`Endpoints::Blocked`] with why it cannot go on.
+pub async fn check(client: &Client, ns: &str, job: &CopyJob) -> Result<Endpoints, kube::Error> {
+    if let Err(refusal) = validate::validate(&job.spec) {
+        return Ok(Endpoints::Blocked(Blocked {
+            condition: ConditionType::Accepted,
+            reason: refusal.reason,
+            message: refusal.message,
+        }));
+    }
+    let source = match resolve(client, ns, "spec.source", &job.spec.source, false).await? {
+        Err(b) => return Ok(Endpoints::Blocked(b)),
+        Ok(src) => src,
+    };
+    let destination =
+        match resolve(client, ns, "spec.destination", &job.spec.destination, true).await? {
+            Err(b) => return Ok(Endpoints::Blocked(b)),
+            Ok(dst) => dst,
+        };
+    Ok(Endpoints::Resolved {
+        source,
+        destination,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use std::collections::BTreeMap;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn selector_matches_labels_and_expressions() {
+        let sel = LabelSelector {
+            match_labels: Some(labels(&[("team", "a")])),
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "tier".into(),
+                operator: "In".into(),
+                values: Some(vec!["gold".into(), "silver".into()]),
+            }]),
+        };
+        assert!(selector_matches(
+            &sel,
+            &labels(&[("team", "a"), ("tier", "gold")])
+        ));
+        assert!(!selector_matches(
+            &sel,
+            &labels(&[("team", "a"), ("tier", "bronze")])
+        ));
+        assert!(!selector_matches(
+            &sel,
+            &labels(&[("team", "b"), ("tier", "gold")])
+        ));
+        assert!(!selector_matches(&sel, &labels(&[("tier", "gold")])));
+    }
+}

@@ -1,0 +1,373 @@
+//! What the status says, as pure functions of the shards and the previous conditions: the
+//! phase, progress and failures the shards add up to (`aggregate`), why a failed job failed
+//! (`failed_reason`), one condition that keeps its transition time while unchanged
+//! (`condition`), the whole status they make (`summarize`), and the human columns (rate,
+//! ETA).
+
+use ferry_crds::{
+    ConditionType, CopyJob, CopyJobStatus, FailedPath, ManifestName, Part, Phase, Plan, Progress,
+    Reason, ShardState, ShardStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+/// One condition; its `lastTransitionTime` is kept from `previous` while its type, status
+/// and reason stay the same.
+pub fn condition(
+    type_: ConditionType,
+    ok: bool,
+    reason: Reason,
+    message: &str,
+    generation: Option<i64>,
+    previous: &[Condition],
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    // Keep the transition time when nothing changed, so a re-reconcile writes the same bytes.
+    let last = previous
+        .iter()
+        .find(|c| c.type_ == type_.as_str() && c.status == status && c.reason == reason.as_str())
+        .map_or_else(
+            || Time(Timestamp::now()),
+            |c| c.last_transition_time.clone(),
+        );
+    Condition {
+        type_: type_.to_string(),
+        status: status.into(),
+        reason: reason.to_string(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: last,
+    }
+}
+
+/// 1536 -> "1.5 KiB": for the RATE column.
+pub fn human_bytes(n: i64) -> String {
+    let mut v = n as f64;
+    for unit in ["B", "KiB", "MiB", "GiB"] {
+        if v < 1024.0 {
+            return if unit == "B" {
+                format!("{n} B")
+            } else {
+                format!("{v:.1} {unit}")
+            };
+        }
+        v /= 1024.0;
+    }
+    format!("{v:.1} TiB")
+}
+
+/// 200 -> "3m20s": for the ETA column.
+pub fn human_duration(secs: i64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
+        s => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The phase, progress and failures the shards add up to.
+pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
+    let mut p = Progress::default();
+    let mut failures = Vec::new();
+    for s in shards {
+        p.files_done += s.files_done;
+        p.bytes_done += s.bytes_done;
+        p.bytes_reflinked += s.bytes_reflinked;
+        p.bytes_per_second += s.bytes_per_second;
+        failures.extend(s.failures.iter().cloned());
+    }
+    if p.bytes_per_second > 0 {
+        p.rate = Some(format!("{}/s", human_bytes(p.bytes_per_second)));
+    }
+    // Totals once every copying shard has counted its part (the directories pass copies
+    // no files); then the PROGRESS and ETA columns.
+    let counted: Vec<&ShardStatus> = shards
+        .iter()
+        .filter(|s| s.part != Part::Directories)
+        .collect();
+    if !counted.is_empty() && counted.iter().all(|s| s.planned_files.is_some()) {
+        let files: i64 = counted.iter().filter_map(|s| s.planned_files).sum();
+        let bytes: i64 = counted.iter().filter_map(|s| s.planned_bytes).sum();
+        p.files_total = Some(files);
+        p.bytes_total = Some(bytes);
+        if bytes > 0 {
+            let pct = (p.bytes_done as f64 * 100.0 / bytes as f64).min(100.0);
+            p.percent = Some(format!("{pct:.0}%"));
+        } else if files > 0 {
+            let pct = (p.files_done as f64 * 100.0 / files as f64).min(100.0);
+            p.percent = Some(format!("{pct:.0}%"));
+        }
+        if p.bytes_per_second > 0 && bytes > p.bytes_done {
+            p.eta = Some(human_duration(
+                (bytes - p.bytes_done) / p.bytes_per_second + 1,
+            ));
+        }
+    }
+    p.bytes_copied = p.bytes_done - p.bytes_reflinked;
+    failures.truncate(20);
+    let done = |s: &&ShardStatus| s.state.finished();
+    let phase = if shards.is_empty() {
+        Phase::Pending
+    } else if shards.iter().all(|s| s.state == ShardState::Succeeded) {
+        p.percent = Some("100%".into());
+        p.eta = None;
+        Phase::Succeeded
+    } else if shards.iter().all(|s| done(&s)) {
+        Phase::Failed
+    } else if shards
+        .iter()
+        .any(|s| s.state == ShardState::Running || done(&s))
+    {
+        Phase::Running
+    } else {
+        Phase::Pending
+    };
+    (phase, p, failures)
+}
+
+/// Why a failed job failed, and a message that says what to do: what stopped a shard (a
+/// full destination, a lost node, a refused path), else `IOError` when the volume returned
+/// read or write errors, else `PartiallyFailed`: some entries failed, the rest was copied.
+pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (Reason, String) {
+    let failed: i64 = shards.iter().map(|s| s.failed).sum::<i64>().max(1);
+    let files: i64 = shards.iter().map(|s| s.files_done).sum();
+    let first = |reason: Reason| failures.iter().find(|f| f.reason == reason);
+    for reason in Reason::STOPS_SHARD {
+        if let Some(f) = first(reason) {
+            let at = if f.path == "." {
+                String::new()
+            } else {
+                format!("{}: ", f.path)
+            };
+            return (reason, format!("{at}{}", f.message));
+        }
+    }
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for f in failures {
+        *counts.entry(f.reason.as_str()).or_default() += 1;
+    }
+    let kinds = counts
+        .iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let paths = failures
+        .iter()
+        .take(3)
+        .map(|f| f.path.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let reason = if first(Reason::IOError).is_some() {
+        Reason::IOError
+    } else {
+        Reason::PartiallyFailed
+    };
+    let what = if reason == Reason::IOError {
+        "the volume returned I/O errors (each file was read and written twice); check the device"
+    } else {
+        "fix them and re-create the job to copy the rest (what was copied is kept)"
+    };
+    (
+        reason,
+        format!(
+            "{failed} entries failed ({kinds}), e.g. {paths}; {files} files were copied. \
+             {what}; the failing paths are in status.failures"
+        ),
+    )
+}
+
+/// The status `shards` and the decided `conditions` add up to for `job`: its phase
+/// (Pending while `refused`, Suspended while suspended), progress and failures, the
+/// Complete or Failed condition, a finished dry run's plan (`shape`: the split it would
+/// make, when it would be split), when it finished, and where its manifest is.
+pub fn summarize(
+    job: &CopyJob,
+    refused: bool,
+    shards: Vec<ShardStatus>,
+    mut conditions: Vec<Condition>,
+    shape: Option<(i64, Vec<String>)>,
+) -> CopyJobStatus {
+    let generation = job.metadata.generation;
+    let old = job.status.clone().unwrap_or_default();
+    let previous = old.conditions.as_slice();
+    let (phase, progress, failures) = aggregate(&shards);
+    let phase = match (refused, job.spec.suspend) {
+        (true, _) => Phase::Pending,
+        (false, true) if !matches!(phase, Phase::Succeeded | Phase::Failed) => Phase::Suspended,
+        _ => phase,
+    };
+    // A dry run's result is its plan: what each shard counted, where it would run.
+    let plan = (job.spec.dry_run && phase == Phase::Succeeded).then(|| {
+        let (count, nodes) = shape
+            .or_else(|| old.plan.as_ref().map(|p| (p.shards, p.nodes.clone())))
+            .unwrap_or_else(|| {
+                let nodes = shards.iter().map(|s| s.node.clone()).collect();
+                (shards.len() as i64, nodes)
+            });
+        Plan {
+            files: shards.iter().filter_map(|s| s.planned_files).sum(),
+            bytes: shards.iter().filter_map(|s| s.planned_bytes).sum(),
+            nodes,
+            shards: count,
+        }
+    });
+    match phase {
+        Phase::Succeeded if job.spec.dry_run => {
+            let p = plan.clone().unwrap_or_default();
+            let msg = format!(
+                "dry run: {} files, {} bytes would be copied on {}",
+                p.files,
+                p.bytes,
+                p.nodes.join(", ")
+            );
+            conditions.push(condition(
+                ConditionType::Complete,
+                true,
+                Reason::Planned,
+                &msg,
+                generation,
+                previous,
+            ))
+        }
+        Phase::Succeeded => conditions.push(condition(
+            ConditionType::Complete,
+            true,
+            Reason::Copied,
+            "every file was copied",
+            generation,
+            previous,
+        )),
+        Phase::Failed => {
+            let (reason, msg) = failed_reason(&shards, &failures);
+            conditions.push(condition(
+                ConditionType::Failed,
+                true,
+                reason,
+                &msg,
+                generation,
+                previous,
+            ));
+        }
+        _ => {}
+    }
+    let finished_at = match phase {
+        Phase::Succeeded | Phase::Failed => old
+            .finished_at
+            .clone()
+            .or_else(|| Some(Time(Timestamp::now()))),
+        _ => None,
+    };
+    let manifest = (!shards.is_empty() && !job.spec.dry_run).then(|| {
+        ManifestName::new(&job.namespace().unwrap_or_default(), &job.name_any()).status_path()
+    });
+    CopyJobStatus {
+        phase: Some(phase),
+        conditions,
+        progress: Some(progress),
+        shards,
+        failures,
+        manifest,
+        plan,
+        finished_at,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(state: ShardState, files: i64) -> ShardStatus {
+        ShardStatus {
+            id: files.to_string(),
+            state,
+            files_done: files,
+            bytes_done: files * 10,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn phase_is_the_sum_of_the_shards() {
+        assert_eq!(aggregate(&[]).0, Phase::Pending);
+        assert_eq!(
+            aggregate(&[shard(ShardState::Pending, 0)]).0,
+            Phase::Pending
+        );
+        assert_eq!(
+            aggregate(&[shard(ShardState::Running, 1), shard(ShardState::Pending, 0)]).0,
+            Phase::Running
+        );
+        assert_eq!(
+            aggregate(&[shard(ShardState::Failed, 1), shard(ShardState::Running, 2)]).0,
+            Phase::Running
+        );
+        assert_eq!(
+            aggregate(&[
+                shard(ShardState::Failed, 1),
+                shard(ShardState::Succeeded, 2)
+            ])
+            .0,
+            Phase::Failed
+        );
+        let (phase, progress, _) = aggregate(&[
+            shard(ShardState::Succeeded, 3),
+            shard(ShardState::Succeeded, 4),
+        ]);
+        assert_eq!(phase, Phase::Succeeded);
+        assert_eq!((progress.files_done, progress.bytes_done), (7, 70));
+        assert_eq!(progress.percent.as_deref(), Some("100%"));
+    }
+
+    #[test]
+    fn totals_percent_and_eta_appear_once_every_part_is_counted() {
+        let mut a = shard(ShardState::Running, 1);
+        a.bytes_done = 50;
+        a.bytes_per_second = 10;
+        a.planned_files = Some(4);
+        a.planned_bytes = Some(100);
+        let mut b = shard(ShardState::Running, 0);
+        b.bytes_done = 0;
+        let dirs = ShardStatus {
+            part: Part::Directories,
+            ..Default::default()
+        };
+        // b has not counted its part yet: no totals, no guess.
+        let (_, p, _) = aggregate(&[a.clone(), b.clone(), dirs.clone()]);
+        assert_eq!(
+            (p.bytes_total, p.percent.as_deref(), p.eta.as_deref()),
+            (None, None, None)
+        );
+        b.planned_files = Some(6);
+        b.planned_bytes = Some(100);
+        let (phase, p, _) = aggregate(&[a, b, dirs]);
+        assert_eq!(phase, Phase::Running);
+        assert_eq!((p.files_total, p.bytes_total), (Some(10), Some(200)));
+        assert_eq!(p.percent.as_deref(), Some("25%"));
+        // 150 bytes left at 10 B/s.
+        assert_eq!(p.eta.as_deref(), Some("16s"));
+        assert_eq!(human_duration(200), "3m20s");
+        assert_eq!(human_duration(7300), "2h01m");
+    }
+
+    #[test]
+    fn unchanged_condition_keeps_its_transition_time() {
+        let first = condition(
+            ConditionType::Accepted,
+            true,
+            Reason::Valid,
+            "ok",
+            Some(1),
+            &[],
+        );
+        let again = condition(
+            ConditionType::Accepted,
+            true,
+            Reason::Valid,
+            "ok",
+            Some(2),
+            std::slice::from_ref(&first),
+        );
+        assert_eq!(first.last_transition_time, again.last_transition_time);
+    }
+}
