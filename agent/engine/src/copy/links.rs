@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::data;
-use crate::options::Overwrite;
 use crate::sys::{self, Stat};
 
 use super::failure::not_owner;
@@ -220,7 +219,7 @@ impl<'a> Ctx<'a> {
             return Err(("link", not_owner()));
         }
         // linkat cannot replace; a kept or replaced name was settled by keep_existing.
-        if replace || (!dst_dir.fresh && self.opts.overwrite != Overwrite::Never) {
+        if replace || self.may_replace(dst_dir) {
             match sys::unlinkat(dst_dir.dst.as_fd(), dst_name, false) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -234,11 +233,7 @@ impl<'a> Ctx<'a> {
             dst_name,
         ) {
             Ok(()) => {}
-            Err(e)
-                if e.raw_os_error() == Some(libc::EEXIST)
-                    && self.opts.overwrite == Overwrite::Never
-                    && !dst_dir.fresh =>
-            {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && self.keeps_newcomer(dst_dir) => {
                 self.count_skipped();
                 return Ok(());
             }

@@ -13,7 +13,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::data::{self, Caps, Clone, Moved, Range};
 use crate::meta;
-use crate::options::{Overwrite, Reflink, Verify};
+use crate::options::{Reflink, Verify};
 use crate::progress::Strategy;
 use crate::sys::{self, Stat};
 use crate::Reason;
@@ -74,14 +74,7 @@ impl<'a> Ctx<'a> {
             drop(src);
             return self.non_regular(dir, src_name, dst_name, &st);
         }
-        // Under `overwrite: Always` an existing file is replaced, except by a resumed copy
-        // when an earlier run of this copy listed it and it is still what it wrote.
-        let done_before = self.opts.resume
-            && self.opts.overwrite == Overwrite::Always
-            && !dir.fresh
-            && self.is_listed(&dir.child_path(dst_name))
-            && self.may_be_finished(dir, dst_name, &st)?;
-        if done_before || self.keep_existing(dir, dst_name, &st)? {
+        if self.keep_existing_file(dir, dst_name, &st)? {
             let resumed_ours = self.opts.resume && dir.ours;
             let partial = resumed_ours && !self.may_be_finished(dir, dst_name, &st)?;
             if !partial {

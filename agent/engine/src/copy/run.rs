@@ -13,9 +13,10 @@ use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
 use super::manifest::read_manifest;
+use super::overwrite::takes_source_meta;
 use super::walk::Task;
 use super::{Ctx, DirNode, CANCELLED};
-use crate::options::{Options, Overwrite, Part};
+use crate::options::{Options, Part};
 use crate::progress::{Progress, Strategy};
 use crate::sys;
 use crate::{Error, Summary};
@@ -260,11 +261,7 @@ pub(crate) fn run(
                 }
                 DstAt::Dir(fd) => {
                     check_not_inside(&src_st, &fd, src, dst)?;
-                    let keep_meta = match options.select {
-                        Part::All => options.overwrite != Overwrite::Never || options.resume,
-                        Part::Slice { .. } => false,
-                        Part::Directories => true,
-                    };
+                    let keep_meta = takes_source_meta(options, false);
                     DirNode::new(src_fd, fd, keep_meta.then_some(src_st), false)
                         .map_err(|e| Error::io("stat", dst, e))?
                 }

@@ -7,7 +7,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
 use crate::data::Caps;
-use crate::options::Overwrite;
 use crate::sys::{self, Stat};
 
 use super::failure::not_owner;
@@ -104,14 +103,10 @@ impl<'a> Ctx<'a> {
             let _ = sys::unlinkat(dir.dst.as_fd(), tmp, false);
             return Err(("rename into place", not_owner()));
         }
-        let no_replace = dir.fresh || self.opts.overwrite == Overwrite::Never;
+        let no_replace = !self.may_replace(dir);
         match sys::renameat(dir.dst.as_fd(), tmp, dir.dst.as_fd(), name, no_replace) {
             Ok(()) => Ok(true),
-            Err(e)
-                if e.raw_os_error() == Some(libc::EEXIST)
-                    && self.opts.overwrite == Overwrite::Never
-                    && !dir.fresh =>
-            {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && self.keeps_newcomer(dir) => {
                 let _ = sys::unlinkat(dir.dst.as_fd(), tmp, false);
                 Ok(false)
             }
@@ -133,13 +128,17 @@ impl<'a> Ctx<'a> {
         if !self.owns() {
             return Err(("link into place", not_owner()));
         }
-        let replace = !dir.fresh && self.opts.overwrite != Overwrite::Never;
+        let replace = self.may_replace(dir);
         match std::mem::replace(&mut staged.at, StagedAt::Committed) {
             StagedAt::Final(_) | StagedAt::Committed => Ok(true),
             StagedAt::Unnamed if !replace => {
                 match sys::link_fd(staged.fd.as_fd(), dir.dst.as_fd(), name) {
                     Ok(()) => Ok(true),
-                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !dir.fresh => Ok(false),
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EEXIST) && self.keeps_newcomer(dir) =>
+                    {
+                        Ok(false)
+                    }
                     Err(e) => Err(("link into place", e)),
                 }
             }

@@ -18,10 +18,11 @@ use std::sync::{Arc, PoisonError};
 
 use crate::dirent::{self, DType};
 use crate::meta::{self, XattrBufs};
-use crate::options::{Overwrite, Part};
+use crate::options::Part;
 use crate::sys;
 
 use super::chunks::LargeFile;
+use super::overwrite::takes_source_meta;
 use super::{is_type, lock, part_of, Ctx, DirNode, Fail, Local, Skip, CANCELLED};
 
 /// Entries per batch when a directory is split across workers.
@@ -247,15 +248,7 @@ impl<'a> Ctx<'a> {
                 (dst, fresh, staged_as)
             }
         };
-        // Merging under if-changed or always makes existing directories match the source too
-        // (that is what finishes an interrupted copy); under never they are left alone.
-        // A resumed copy finishes the directories the interrupted one made. A part of a split
-        // copy leaves directory metadata to the final `DirsOnly` run.
-        let keep_meta = match self.opts.select {
-            Part::All => fresh || self.opts.overwrite != Overwrite::Never || self.opts.resume,
-            Part::Slice { .. } => false,
-            Part::Directories => true,
-        };
+        let keep_meta = takes_source_meta(self.opts, fresh);
         let dst_dev = if fresh {
             parent.dst_dev
         } else {
