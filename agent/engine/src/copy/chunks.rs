@@ -18,10 +18,6 @@ use super::stage::Staged;
 use super::walk::Task;
 use super::{lock, Ctx, DirNode, Local};
 
-/// Files at least this large (and not cloned, sparse or hashed) are copied in chunks by
-/// several workers.
-pub(super) const CHUNK_THRESHOLD: u64 = 128 << 20;
-
 /// Chunk size: a multiple of every filesystem block size, so `copy_file_range` can still
 /// clone or offload each chunk (rsync#153: unaligned ranges are not cloned).
 const CHUNK: u64 = 64 << 20;

@@ -18,10 +18,13 @@ use crate::progress::Strategy;
 use crate::sys::{self, Stat};
 use crate::Reason;
 
-use super::chunks::CHUNK_THRESHOLD;
 use super::failure::{checksum_mismatch, kind_of, source_changed, ReflinkRefused};
 use super::stage::Staged;
 use super::{is_type, Ctx, DirNode, Fail, Local, Skip};
+
+/// Files at least this large (and not cloned, sparse or hashed) are copied in chunks by
+/// several workers.
+const CHUNK_THRESHOLD: u64 = 128 << 20;
 
 /// Attempts at a file whose source keeps changing while it is copied, in all.
 const ATTEMPTS_WHILE_CHANGING: u32 = 3;
