@@ -82,7 +82,7 @@ pub fn run(args: &CopyArgs) -> ExitCode {
     }
     let summary = match result {
         Ok(s) => s,
-        Err(e) => return usage(&e.to_string()),
+        Err(e) => return usage(&e.with_causes()),
     };
     report(&summary, args.json);
     if summary.failed == 0 && summary.aborted.is_none() {

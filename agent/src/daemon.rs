@@ -412,7 +412,7 @@ impl Agent {
                         None
                     }
                     Err(e) => {
-                        tracing::warn!(job = %job.name_any(), error = %e, "shard failed to start");
+                        tracing::warn!(job = %job.name_any(), error = %format!("{e:#}"), "shard failed to start");
                         let live = Live::default();
                         *lock(&live.start_error) = Some((refusal_reason(&e), format!("{e:#}")));
                         live.failed.store(1, Ordering::Relaxed);
@@ -717,8 +717,8 @@ async fn run_shard(agent: &Agent, target: Target<'_>, active: &Arc<Active>) -> R
             ShardState::Failed
         }
         Err(e) => {
-            tracing::warn!(error = %e, "copy could not start");
-            *lock(&live.start_error) = Some((engine_reason(e), e.to_string()));
+            tracing::warn!(error = %e.with_causes(), "copy could not start");
+            *lock(&live.start_error) = Some((engine_reason(e), e.with_causes()));
             ShardState::Failed
         }
     };

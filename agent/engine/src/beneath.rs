@@ -12,7 +12,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use crate::{run, sys, DstAt, Error, Options, Progress, Reason, SrcAt, Summary};
+use crate::copy::{run, DstAt, SrcAt};
+use crate::{sys, Error, Options, Progress, Reason, Summary};
 
 fn refused(reason: Reason, message: String) -> Error {
     Error::Refused { reason, message }

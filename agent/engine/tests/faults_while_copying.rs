@@ -14,13 +14,6 @@ use anyhow::{ensure, Result};
 use common::*;
 use ferry_engine::{NoProgress, Options, Reason, Verify};
 
-fn manifest_lines(manifest: &Path) -> Result<Vec<String>> {
-    Ok(std::fs::read_to_string(manifest)?
-        .lines()
-        .map(str::to_string)
-        .collect())
-}
-
 fn source_tree(src: &Path) -> Result<()> {
     mkdir(&src.join("sub"))?;
     write(&src.join("a"), b"first file")?;
@@ -153,104 +146,6 @@ fn a_failed_syncfs_fails_the_copy_with_an_ioerror_for_the_destination() -> Resul
             .is_some_and(|a| a.contains("stable storage")),
         "{s:?}"
     );
-    Ok(())
-}
-
-/// Normal, flaky (EIO through the first open) and bad (EIO always) files, in two levels.
-fn eio_tree(base: &Path) -> Result<()> {
-    mkdir(&base.join("sub"))?;
-    for (i, dir) in [base.to_path_buf(), base.join("sub")].iter().enumerate() {
-        for f in 0..4u64 {
-            write_pattern_file(&dir.join(format!("normal-{f}")), 1000 + f * 70_000)?;
-        }
-        write_pattern_file(&dir.join("flaky-1"), 150_000 + i as u64)?;
-        write_pattern_file(&dir.join(format!("bad-{i}")), 4096)?;
-        set_times(&dir.join("flaky-1"), (1_500_000_000, 1), (1_400_000_000, 2))?;
-    }
-    write(&base.join("flaky-empty"), b"")?;
-    Ok(())
-}
-
-/// Compare what was copied from an eiofs mount with the directory under it: every file but
-/// the bad ones, byte for byte, with its mode and mtime; no bad file under its final name.
-fn check_eio_copy(base: &Path, dst: &Path) -> Result<()> {
-    let want = snapshot(base)?;
-    let got = snapshot(dst)?;
-    // The top itself is left out: merged into, it keeps its own metadata.
-    for (p, m) in want.entries.iter().filter(|(p, _)| !p.is_empty()) {
-        let name = p.rsplit(|&b| b == b'/').next().unwrap_or(p);
-        if name.starts_with(b"bad-") {
-            ensure!(got.get(p).is_none(), "{} exists in the copy", show(p));
-            continue;
-        }
-        let g = got
-            .get(p)
-            .ok_or_else(|| anyhow::anyhow!("{} was not copied", show(p)))?;
-        ensure!(
-            (g.kind, g.mode, g.mtime) == (m.kind, m.mode, m.mtime),
-            "{}: {g:?} vs {m:?}",
-            show(p)
-        );
-        if m.kind == Kind::File {
-            ensure!(
-                read_rel(dst, p)? == read_rel(base, p)?,
-                "{} differs",
-                show(p)
-            );
-        }
-    }
-    ensure!(staging_leftovers(dst)?.is_empty());
-    Ok(())
-}
-
-#[test]
-fn eio_reading_a_source_is_retried_once_then_reported_as_ioerror_by_the_cli() -> Result<()> {
-    let tmp = tempdir()?;
-    let base = tmp.path().join("base");
-    eio_tree(&base)?;
-    let Some(mnt) = FuseMount::eiofs(&base, &tmp.path().join("mnt"))? else {
-        return Ok(());
-    };
-    let dst = tmp.path().join("dst");
-    let manifest = tmp.path().join("m.xxh128");
-    let out = copy([
-        "--json".as_ref(),
-        "--verify".as_ref(),
-        "checksum".as_ref(),
-        "--manifest".as_ref(),
-        manifest.as_os_str(),
-        mnt.dir.as_os_str(),
-        dst.as_os_str(),
-    ])?;
-    out.expect_code(1)?;
-    let json = out.json()?;
-    let failed: BTreeSet<_> = failures(&json).into_iter().collect();
-    let expected: BTreeSet<_> = [("bad-0", "IOError"), ("sub/bad-1", "IOError")]
-        .into_iter()
-        .map(|(p, r)| (p.to_string(), r.to_string()))
-        .collect();
-    ensure!(failed == expected, "failures {failed:?}:\n{out}");
-    for f in json["failures"].as_array().into_iter().flatten() {
-        let (op, msg) = (
-            f["op"].as_str().unwrap_or(""),
-            f["message"].as_str().unwrap_or(""),
-        );
-        ensure!(
-            !op.is_empty() && msg.contains("again"),
-            "the failure does not say it was tried twice: {f}"
-        );
-    }
-    ensure!(
-        num(&json, "files") == 11 && num(&json, "verified") == 11,
-        "{out}"
-    );
-    check_eio_copy(&base, &dst)?;
-    let lines = manifest_lines(&manifest)?;
-    ensure!(
-        lines.len() == 11 && !lines.iter().any(|l| l.contains("bad-")),
-        "{lines:?}"
-    );
-    drop(mnt);
     Ok(())
 }
 

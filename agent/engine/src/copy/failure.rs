@@ -1,0 +1,107 @@
+//! Recording what went wrong: one entry's failure (kept up to a cap, counted always, a
+//! full destination stopping the copy) and the reason label it gets, including the
+//! engine's own marker errors that no errno describes.
+
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use crate::error::Failure;
+use crate::Reason;
+
+use super::{lock, Ctx};
+
+/// Failures kept in the summary; the count goes on past it.
+const MAX_FAILURES_KEPT: usize = 1000;
+
+impl<'a> Ctx<'a> {
+    /// Record one failed entry. A full destination stops the whole copy: every later file
+    /// would fail the same way.
+    pub(super) fn fail(&self, path: &[u8], op: &'static str, err: &io::Error) {
+        self.fail_kind(path, op, kind_of(err), err.to_string());
+    }
+
+    fn fail_kind(&self, path: &[u8], op: &'static str, kind: Reason, message: String) {
+        let path = if path.is_empty() {
+            PathBuf::from(".")
+        } else {
+            PathBuf::from(std::ffi::OsStr::from_bytes(path))
+        };
+        let failure = Failure {
+            path,
+            op,
+            kind,
+            message,
+        };
+        self.progress.failed(&failure);
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        if kind == Reason::DestinationFull && !self.abort.swap(true, Ordering::Relaxed) {
+            *lock(&self.aborted) = Some(format!("destination is full: {}", failure.message));
+        }
+        let mut f = lock(&self.failures);
+        if f.len() < MAX_FAILURES_KEPT {
+            f.push(failure);
+        }
+    }
+}
+
+/// What kind of failure `err` is (marker payloads first, then the errno).
+pub(super) fn kind_of(err: &io::Error) -> Reason {
+    match err.kind() {
+        io::ErrorKind::AlreadyExists => Reason::DestinationConflict,
+        _ if err.raw_os_error() == Some(libc::ELOOP)
+            || err.raw_os_error() == Some(libc::ENOTDIR) =>
+        {
+            Reason::DestinationConflict
+        }
+        _ => match err.get_ref() {
+            Some(inner) if inner.is::<SourceChanged>() => Reason::SourceChanged,
+            Some(inner) if inner.is::<ChecksumMismatch>() => Reason::ChecksumMismatch,
+            Some(inner) if inner.is::<ReflinkRefused>() => Reason::ReflinkUnsupported,
+            _ => crate::error::reason_of_io(err),
+        },
+    }
+}
+
+/// The copy no longer owns the destination (`Options::fence`).
+pub(super) fn not_owner() -> io::Error {
+    io::Error::other("this copy no longer owns the destination (fenced); nothing more is committed")
+}
+
+pub(super) fn source_changed(msg: String) -> io::Error {
+    io::Error::other(SourceChanged(msg))
+}
+
+pub(super) fn checksum_mismatch(expected: u128, got: u128) -> io::Error {
+    io::Error::other(ChecksumMismatch(format!(
+        "destination hashes to {got:032x}, source to {expected:032x}"
+    )))
+}
+
+/// Marker payloads so [`Ctx::fail`] can tell these kinds from plain I/O errors.
+#[derive(Debug)]
+pub(super) struct SourceChanged(pub String);
+#[derive(Debug)]
+pub(super) struct ChecksumMismatch(pub String);
+
+impl std::fmt::Display for SourceChanged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for SourceChanged {}
+impl std::fmt::Display for ChecksumMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ChecksumMismatch {}
+#[derive(Debug)]
+pub(super) struct ReflinkRefused;
+impl std::fmt::Display for ReflinkRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reflink is `always` but this file cannot be cloned here (both sides must be on one XFS or btrfs filesystem); use `auto` to copy instead")
+    }
+}
+impl std::error::Error for ReflinkRefused {}

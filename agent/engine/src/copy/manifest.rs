@@ -1,0 +1,154 @@
+//! The `xxh128sum -c` manifest: a line written per committed file, and read back by a
+//! resumed copy to know which files an interrupted run finished.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Seek, Write};
+use std::sync::atomic::Ordering;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::{lock, Ctx};
+
+impl<'a> Ctx<'a> {
+    /// Flush the manifest (its lines were written as files committed).
+    /// With `Options::sync` it is also flushed to stable storage: it may live on another
+    /// filesystem than the destination's.
+    pub(super) fn finish_manifest(&self) -> io::Result<()> {
+        let Some(m) = &self.manifest else {
+            return Ok(());
+        };
+        let mut m = lock(m);
+        if self.fenced.load(Ordering::Relaxed) {
+            // Not ours to write any more (the new owner may be appending): drop the
+            // buffered lines; the new owner verifies those files and lists them itself.
+            let file = m.get_ref().try_clone()?;
+            let (_, _unwritten) = std::mem::replace(&mut *m, BufWriter::new(file)).into_parts();
+            return Ok(());
+        }
+        m.flush()?;
+        match self.opts.sync {
+            true => m.get_ref().sync_data(),
+            false => Ok(()),
+        }
+    }
+
+    pub(super) fn manifest_line(&self, hash: u128, path: &[u8]) {
+        let Some(m) = &self.manifest else { return };
+        // A newline would end the line: such names are escaped GNU-style (a leading
+        // backslash marks the line; `\\` and `\n` inside), which xxhsum 0.8.2+ and the
+        // coreutils *sum tools read. Other names are written raw, which is what xxhsum
+        // 0.8.1 (Debian 12) expects even for backslashes.
+        let needs_escape = path.contains(&b'\n');
+        let mut line = Vec::with_capacity(path.len() + 36);
+        if needs_escape {
+            line.push(b'\\');
+        }
+        line.extend_from_slice(format!("{hash:032x}  ").as_bytes());
+        for &b in path {
+            match b {
+                b'\n' if needs_escape => line.extend_from_slice(b"\\n"),
+                b'\\' if needs_escape => line.extend_from_slice(b"\\\\"),
+                _ => line.push(b),
+            }
+        }
+        line.push(b'\n');
+        let _ = lock(m).write_all(&line);
+    }
+}
+
+/// Read the manifest an interrupted run wrote: the xxh3-64 of each path it lists (8 bytes
+/// a file, however long the paths). A last line cut short (the process died while its
+/// buffer was written out) is removed, so the lines appended next start on a line.
+pub(super) fn read_manifest(file: &mut File) -> io::Result<HashSet<u64>> {
+    file.rewind()?;
+    let mut listed = HashSet::new();
+    let mut whole = 0u64;
+    let mut reader = BufReader::with_capacity(1 << 16, &*file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 || line.last() != Some(&b'\n') {
+            break;
+        }
+        whole += n as u64;
+        if let Some(path) = manifest_path(&line[..n - 1]) {
+            listed.insert(xxh3_64(&path));
+        }
+    }
+    drop(reader);
+    if file.metadata()?.len() > whole {
+        file.set_len(whole)?;
+    }
+    Ok(listed)
+}
+
+/// The path of one manifest line (without its newline), as `manifest_line` wrote it: raw,
+/// or GNU-escaped (`\` first, `\\` and `\n` inside) for a name with a newline.
+fn manifest_path(line: &[u8]) -> Option<Vec<u8>> {
+    let (escaped, rest) = match line.strip_prefix(b"\\") {
+        Some(rest) => (true, rest),
+        None => (false, line),
+    };
+    let hex = rest.get(..32)?;
+    let sep = rest.get(32..34)?;
+    if !hex.iter().all(u8::is_ascii_hexdigit) || (sep != b"  " && sep != b" *") {
+        return None;
+    }
+    let raw = &rest[34..];
+    if !escaped {
+        return Some(raw.to_vec());
+    }
+    let mut path = Vec::with_capacity(raw.len());
+    let mut bytes = raw.iter();
+    while let Some(&b) = bytes.next() {
+        match (b, bytes.clone().next()) {
+            (b'\\', Some(b'n')) => {
+                path.push(b'\n');
+                bytes.next();
+            }
+            (b'\\', Some(b'\\')) => {
+                path.push(b'\\');
+                bytes.next();
+            }
+            _ => path.push(b),
+        }
+    }
+    Some(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn manifest_paths_are_read_back_raw_or_unescaped() {
+        let hash = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            manifest_path(format!("{hash}  a/b c\\d").as_bytes()),
+            Some(b"a/b c\\d".to_vec())
+        );
+        assert_eq!(
+            manifest_path(format!("\\{hash}  new\\nline\\\\x").as_bytes()),
+            Some(b"new\nline\\x".to_vec())
+        );
+        assert_eq!(manifest_path(b"not a manifest line"), None);
+    }
+
+    #[test]
+    fn a_manifest_line_cut_short_is_dropped_and_removed() -> io::Result<()> {
+        let mut f = tempfile::tempfile()?;
+        let hash = "0123456789abcdef0123456789abcdef";
+        f.write_all(format!("{hash}  one\n{hash}  two\n{hash}  thr").as_bytes())?;
+        let listed = read_manifest(&mut f)?;
+        assert_eq!(listed.len(), 2);
+        assert!(listed.contains(&xxh3_64(b"one")) && listed.contains(&xxh3_64(b"two")));
+        let mut text = String::new();
+        f.rewind()?;
+        f.read_to_string(&mut text)?;
+        assert_eq!(text, format!("{hash}  one\n{hash}  two\n"));
+        Ok(())
+    }
+}

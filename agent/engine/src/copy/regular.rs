@@ -1,0 +1,436 @@
+//! Regular files: open the source, copy data and metadata into a staged file, check the
+//! source did not change meanwhile, verify, commit; and the retries after a changed source
+//! or an I/O error.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::data::{self, Caps, Clone, Moved, Range};
+use crate::meta;
+use crate::options::{Reflink, Verify};
+use crate::progress::Strategy;
+use crate::sys::{self, Stat};
+use crate::Reason;
+
+use super::failure::{checksum_mismatch, kind_of, source_changed, ReflinkRefused};
+use super::stage::Staged;
+use super::{is_type, Ctx, DirNode, Fail, Local, Skip};
+
+/// Files at least this large (and not cloned, sparse or hashed) are copied in chunks by
+/// several workers.
+const CHUNK_THRESHOLD: u64 = 128 << 20;
+
+/// Attempts at a file whose source keeps changing while it is copied, in all.
+const ATTEMPTS_WHILE_CHANGING: u32 = 3;
+
+/// Fresh rewrites of a file after an I/O error reading its source or writing its copy.
+const REWRITES_AFTER_IO_ERROR: u32 = 1;
+
+/// How a regular file's source is opened. O_NONBLOCK: if a FIFO was swapped in since the
+/// listing, opening it must not hang; it is then recreated, never read.
+const SOURCE_FLAGS: libc::c_int =
+    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+
+/// Earlier attempts at one regular file, by why they failed.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Tries {
+    /// The source changed while it was copied.
+    changed: u32,
+    /// An I/O error reading the source or writing (or flushing) the copy.
+    io: u32,
+}
+
+enum FillOutcome {
+    Committed(Option<u128>),
+    /// Large enough to be copied in chunks by several workers, with these capabilities.
+    Chunk(Caps),
+    Kept,
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn regular(
+        &self,
+        dir: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        local: &mut Local,
+    ) -> Result<Option<Skip>, Fail> {
+        // One clock read per file, for the copy-time histogram; the commit reads it again.
+        let started = Instant::now();
+        let src = match self.open_source(dir, src_name, SOURCE_FLAGS) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                // It became a symlink since the listing: copy the link.
+                let st = sys::lstatat(dir.src.as_fd(), src_name).map_err(|e| ("stat", e))?;
+                return self.non_regular(dir, src_name, dst_name, &st);
+            }
+            Err(e) => return Err(("open source", e)),
+        };
+        let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source", e))?;
+        if !is_type(&st, libc::S_IFREG) {
+            drop(src);
+            return self.non_regular(dir, src_name, dst_name, &st);
+        }
+        if self.keep_existing_file(dir, dst_name, &st)? {
+            let resumed_ours = self.opts.resume && dir.ours;
+            let partial = resumed_ours && !self.may_be_finished(dir, dst_name, &st)?;
+            if !partial {
+                if self.opts.resume && self.opts.preserve.hard_links && st.st_nlink > 1 {
+                    return self.adopt_linked(dir, &src, dst_name, &st, local);
+                }
+                let committed = match self.opts.resume {
+                    true => self.committed_earlier(dir, dst_name, &src, &st, local)?,
+                    false => true,
+                };
+                if committed || !resumed_ours {
+                    return Ok(Some(Skip::Kept));
+                }
+            }
+            // Our own file, not finished: the run that died was writing it.
+            sys::unlinkat(dir.dst.as_fd(), dst_name, false)
+                .map_err(|e| ("remove an unfinished file", e))?;
+        }
+        self.in_link_group(dir, dst_name, &st, || {
+            let first = Tries::default();
+            self.copy_regular(dir, src, src_name, &st, dst_name, started, local, first)
+        })
+    }
+
+    /// Copy a regular file's data and metadata to a staged file, verify, and commit it.
+    /// `Ok(Some(hash))` when committed (hash when hashing), `Ok(None)` when handed to
+    /// chunk workers that will finish it. An attempt that fails because the source changed
+    /// under it, or with an I/O error, is discarded and the file copied again from a fresh
+    /// open of its source (see [`Ctx::retry`]); `tries` counts the attempts before this call.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn copy_regular(
+        &self,
+        dir: &Arc<DirNode>,
+        mut src: OwnedFd,
+        src_name: &CStr,
+        st: &Stat,
+        name: &CStr,
+        started: Instant,
+        local: &mut Local,
+        mut tries: Tries,
+    ) -> Result<Option<Option<u128>>, Fail> {
+        if let Some(d) = self.opts.faults.delay_per_file {
+            std::thread::sleep(d);
+        }
+        let mut st = *st;
+        loop {
+            let mut caps =
+                local
+                    .caps
+                    .get(dir.src_dev, dir.dst_dev, dir.dst.as_fd(), self.opts.reflink);
+            let mut staged = self.stage(dir, &st, name, &mut caps)?;
+            let result = self.fill_regular(
+                dir,
+                &src,
+                src_name,
+                &mut staged,
+                &st,
+                name,
+                started,
+                &mut caps,
+                local,
+                tries,
+            );
+            local.caps.set(dir.src_dev, dir.dst_dev, caps);
+            let err = match result {
+                Ok(FillOutcome::Committed(hash)) => return Ok(Some(hash)),
+                Ok(FillOutcome::Chunk(caps)) => {
+                    let file = (src_name, name, caps, started, tries);
+                    self.start_chunks(dir, &src, staged, &st, file);
+                    return Ok(None);
+                }
+                Ok(FillOutcome::Kept) => {
+                    // An entry appeared at its name meanwhile, and the policy keeps it.
+                    self.count_skipped();
+                    return Ok(Some(None));
+                }
+                Err(err) => err,
+            };
+            self.discard(dir, &mut staged);
+            drop(staged);
+            (src, st) = self.retry(dir, src_name, &mut tries, err)?;
+        }
+    }
+
+    /// After a failed attempt at a regular file (its staged copy already discarded): the
+    /// source to copy it again from, or the error to report. A source that changed while
+    /// it was copied is tried again, up to [`ATTEMPTS_WHILE_CHANGING`] attempts in all; an
+    /// I/O error (reading the source, writing or flushing the copy) gets one fresh rewrite.
+    /// Always from a new open of the source and into a new staged file: a handle that
+    /// failed may keep failing (FUSE, NFS), and after a failed flush the kernel may have
+    /// dropped the pages it could not write, so the old fd is never flushed again.
+    pub(super) fn retry(
+        &self,
+        dir: &DirNode,
+        src_name: &CStr,
+        tries: &mut Tries,
+        (op, err): Fail,
+    ) -> Result<(OwnedFd, Stat), Fail> {
+        if self.stopping() {
+            return Err((op, err));
+        }
+        match kind_of(&err) {
+            Reason::SourceChanged => {
+                tries.changed += 1;
+                if tries.changed >= ATTEMPTS_WHILE_CHANGING {
+                    let msg = format!(
+                        "{err}; gave up after {} attempts, the source changed during each",
+                        tries.changed
+                    );
+                    return Err((op, source_changed(msg)));
+                }
+            }
+            // Only errors the kernel reported: ours (a stopped copy...) are final.
+            Reason::IOError if err.raw_os_error().is_some() => {
+                if tries.io >= REWRITES_AFTER_IO_ERROR {
+                    let msg = format!("{err} (again on a fresh rewrite from the source)");
+                    return Err((op, io::Error::other(msg)));
+                }
+                tries.io += 1;
+            }
+            _ => return Err((op, err)),
+        }
+        let src = self
+            .open_source(dir, src_name, SOURCE_FLAGS)
+            .map_err(|e| ("open source", e))?;
+        let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source", e))?;
+        if !is_type(&st, libc::S_IFREG) {
+            let msg = "the source stopped being a regular file while it was copied";
+            return Err(("open source", source_changed(msg.into())));
+        }
+        Ok((src, st))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fill_regular(
+        &self,
+        dir: &Arc<DirNode>,
+        src: &OwnedFd,
+        src_name: &CStr,
+        staged: &mut Staged,
+        st: &Stat,
+        name: &CStr,
+        started: Instant,
+        caps: &mut Caps,
+        local: &mut Local,
+        tries: Tries,
+    ) -> Result<FillOutcome, Fail> {
+        let opts = self.opts;
+        let size = st.st_size as u64;
+        let dst = staged.fd.as_fd();
+        let mut moved = Moved::default();
+        let mut cloned = false;
+        // Bytes the destination holds once written (holes included).
+        let mut logical_len = size;
+        if caps.ficlone && size > 0 {
+            match data::try_ficlone(dst, src.as_fd(), &opts.faults).map_err(|e| ("clone", e))? {
+                Clone::Done => {
+                    cloned = true;
+                    moved = Moved {
+                        bytes: size,
+                        strategy: Some(Strategy::Reflink),
+                        short: false,
+                    };
+                }
+                Clone::Unsupported => caps.ficlone = false,
+                Clone::NotThisFile => {}
+            }
+        }
+        if !cloned && opts.reflink == Reflink::Always && size > 0 {
+            return Err(("clone", io::Error::other(ReflinkRefused)));
+        }
+        let src_hash = if cloned {
+            match self.hash {
+                true => {
+                    let (hash, n) = data::hash_fd(src.as_fd(), size, &mut local.buf)
+                        .map_err(|e| ("read source", e))?;
+                    if n != size {
+                        return Err((
+                            "read source",
+                            source_changed(format!(
+                                "source shrank from {size} to {n} bytes while copying"
+                            )),
+                        ));
+                    }
+                    Some(hash)
+                }
+                false => None,
+            }
+        } else {
+            let sparse = opts.preserve.sparseness && (st.st_blocks as u64) * 512 < size;
+            // Hard-linked files are copied whole so their followers can link at once.
+            let linked = opts.preserve.hard_links && st.st_nlink > 1;
+            if !sparse
+                && !self.hash
+                && !linked
+                && size >= CHUNK_THRESHOLD
+                && opts.workers_resolved() > 1
+            {
+                return Ok(FillOutcome::Chunk(*caps));
+            }
+            let mut hasher = self.hash.then(Xxh3::new);
+            moved = if sparse {
+                data::copy_sparse(
+                    src.as_fd(),
+                    dst,
+                    size,
+                    caps,
+                    &mut local.buf,
+                    hasher.as_mut(),
+                    &opts.faults,
+                )
+            } else {
+                // Size 0 may be a procfs file that lies: read to EOF.
+                let len = (size > 0).then_some(size);
+                let range = Range {
+                    src: src.as_fd(),
+                    dst,
+                    off: 0,
+                    len,
+                };
+                data::copy_range(range, caps, &mut local.buf, hasher.as_mut(), &opts.faults)
+            }
+            .map_err(|e| ("copy data", e))?;
+            if moved.short {
+                let msg = format!("source shrank below its {size} bytes while copying");
+                return Err(("copy data", source_changed(msg)));
+            }
+            if !sparse {
+                // What was read, not what stat said: procfs files report size 0.
+                logical_len = moved.bytes;
+            }
+            hasher.map(|h| h.digest128())
+        };
+        if let Some(victim) = &opts.faults.corrupt_after_write {
+            if victim.as_slice() == name.to_bytes() {
+                let _ = sys::pwrite(dst, b"\xff", 0);
+            }
+        }
+        if let Some((victim, times)) = &opts.faults.change_source {
+            if victim.as_slice() == src_name.to_bytes() && tries.changed < *times {
+                change_source(dir, src_name);
+            }
+        }
+        check_unchanged(src.as_fd(), st)?;
+        let hash = match src_hash {
+            Some(expected) => {
+                let fail_flush =
+                    opts.faults
+                        .fdatasync_eio
+                        .as_ref()
+                        .is_some_and(|(victim, times)| {
+                            victim.as_slice() == name.to_bytes() && tries.io < *times
+                        });
+                Some(self.verify_dst(dst, expected, logical_len, local, fail_flush)?)
+            }
+            None => None,
+        };
+        // A file named directly (inside a staging directory) is finished by its times,
+        // which come last: a copy that no longer owns the destination leaves it without.
+        self.may_finish()?;
+        meta::apply_fd(
+            src.as_fd(),
+            dst,
+            st,
+            &opts.preserve,
+            &self.who,
+            staged.mode_done,
+            &mut local.xattrs,
+        )?;
+        if !self.commit_staged(dir, staged, name)? {
+            return Ok(FillOutcome::Kept);
+        }
+        self.count_file(size, &moved, &dir.child_path(name), hash, started);
+        Ok(FillOutcome::Committed(hash))
+    }
+
+    /// Re-read the destination and compare with the source's hash; with `Verify::Full`
+    /// the destination is flushed and evicted first so the bytes come from the medium.
+    /// (The source was checked unchanged before: a mix of two versions is never verified.)
+    /// `fail_flush`: the `fdatasync_eio` fault.
+    fn verify_dst(
+        &self,
+        dst: BorrowedFd<'_>,
+        expected: u128,
+        len: u64,
+        local: &mut Local,
+        fail_flush: bool,
+    ) -> Result<u128, Fail> {
+        if self.opts.verify == Verify::Full {
+            match fail_flush {
+                true => Err(io::Error::from_raw_os_error(libc::EIO)),
+                false => sys::fdatasync(dst),
+            }
+            .map_err(|e| ("fdatasync", e))?;
+            sys::fadvise_dontneed(dst).map_err(|e| ("fadvise", e))?;
+        }
+        if self.opts.verify != Verify::None {
+            let (got, n) = data::hash_fd(dst, len, &mut local.buf)
+                .map_err(|e| ("read back destination", e))?;
+            if got != expected || n != len {
+                return Err(("verify", checksum_mismatch(expected, got)));
+            }
+            self.counters.verified.fetch_add(1, Ordering::Relaxed);
+            self.progress.bytes_verified(n);
+        }
+        Ok(expected)
+    }
+
+    fn count_file(
+        &self,
+        size: u64,
+        moved: &Moved,
+        path: &[u8],
+        hash: Option<u128>,
+        started: Instant,
+    ) {
+        self.counters.files.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes.fetch_add(size, Ordering::Relaxed);
+        if let Some(s) = moved.strategy {
+            self.counters.by_strategy[s as usize].fetch_add(moved.bytes, Ordering::Relaxed);
+            self.progress.bytes_copied(moved.bytes, s);
+        }
+        if let Some(h) = hash {
+            self.manifest_line(h, path);
+        }
+        self.progress.file_done(size, started.elapsed());
+        self.progress.entry_done();
+    }
+}
+
+/// Refuse a copy whose source moved while it was read: size, mtime or ctime (which also
+/// catches a write that kept the size and reset the mtime) differ from when it was opened.
+/// Its bytes may be a mix of two versions, and must never be committed or verified.
+pub(super) fn check_unchanged(src: BorrowedFd<'_>, st: &Stat) -> Result<(), Fail> {
+    let after = sys::fstat(src).map_err(|e| ("stat source", e))?;
+    let fingerprint = |s: &Stat| {
+        (
+            s.st_size,
+            (s.st_mtime, s.st_mtime_nsec),
+            (s.st_ctime, s.st_ctime_nsec),
+        )
+    };
+    if fingerprint(&after) != fingerprint(st) {
+        let msg = "source was modified while it was copied".to_string();
+        return Err(("copy data", source_changed(msg)));
+    }
+    Ok(())
+}
+
+/// The `change_source` fault: append a byte to source file `dir/name`, as a writer would.
+fn change_source(dir: &DirNode, name: &CStr) {
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW;
+    if let Ok(fd) = sys::openat(dir.src.as_fd(), name, flags, 0) {
+        let _ = sys::pwrite(fd.as_fd(), b"+", 0);
+    }
+}

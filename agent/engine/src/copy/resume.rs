@@ -1,0 +1,170 @@
+//! Resuming an interrupted copy: adopting the staging directories it left, sweeping its
+//! staging leftovers, and telling the files it committed (listed in its manifest, or equal
+//! to the source) from one it was still writing when it died.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::data;
+use crate::dirent::{self, DType};
+use crate::sys::{self, Stat};
+
+use super::{is_type, Ctx, DirNode, Fail, Local};
+
+impl<'a> Ctx<'a> {
+    /// The staging directory an interrupted run with this copy's tag left in `parent` for
+    /// `name`, opened, and its staging name; only for a resumed copy, and only while `name`
+    /// itself is free (a directory made there since is merged into instead).
+    pub(super) fn adopt_staged(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &CStr,
+    ) -> Option<(OwnedFd, CString)> {
+        if !self.opts.resume || self.opts.staging_tag.is_none() {
+            return None;
+        }
+        let tmp = self.dir_tmp_name(name);
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        let fd = sys::open_beneath(parent, &tmp, flags).ok()?;
+        match sys::lstatat(parent, name) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Some((fd, tmp)),
+            _ => None,
+        }
+    }
+
+    /// Remove the staging files, symlinks and special files an interrupted attempt with
+    /// this copy's tag left in `node`, a directory that existed before this run (its
+    /// staging directories are adopted by `open_subdir` instead). Names without our tag are
+    /// never touched, whatever they look like: they may be a tenant's, or another copy's.
+    pub(super) fn sweep_leftovers(&self, node: &DirNode, local: &mut Local) {
+        let Some(tag) = &self.opts.staging_tag else {
+            return;
+        };
+        let prefix = format!(".ferry-{tag}-");
+        let entries = match dirent::read_all(node.dst.as_fd(), &mut local.dents) {
+            Ok(e) => e,
+            Err(e) => return self.fail(&node.rel, "read destination directory", &e),
+        };
+        for e in entries {
+            let n = e.name.to_bytes();
+            if !(n.starts_with(prefix.as_bytes()) && n.ends_with(b".tmp")) {
+                continue;
+            }
+            let is_dir = match e.dtype {
+                DType::Dir => true,
+                DType::Unknown => sys::lstatat(node.dst.as_fd(), &e.name)
+                    .map_or(true, |st| is_type(&st, libc::S_IFDIR)),
+                _ => false,
+            };
+            if is_dir {
+                continue;
+            }
+            match sys::unlinkat(node.dst.as_fd(), &e.name, false) {
+                Ok(()) => {}
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(err) => self.fail(&node.child_path(&e.name), "remove staging leftover", &err),
+            }
+        }
+    }
+
+    /// Whether `dir/name`, found by a resumed copy in one of its own staging directories,
+    /// may be a finished copy of `st`: a regular file of its size, and (when times are
+    /// kept) its mtime, which is applied after the data. A file caught mid-write has
+    /// neither yet.
+    pub(super) fn may_be_finished(
+        &self,
+        dir: &DirNode,
+        name: &CStr,
+        st: &Stat,
+    ) -> Result<bool, Fail> {
+        let d = match sys::lstatat(dir.dst.as_fd(), name) {
+            Ok(d) => d,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(e) => return Err(("stat destination", e)),
+        };
+        Ok(is_type(&d, libc::S_IFREG)
+            && d.st_size == st.st_size
+            && (!self.opts.preserve.timestamps
+                || (d.st_mtime, d.st_mtime_nsec) == (st.st_mtime, st.st_mtime_nsec)))
+    }
+
+    /// Whether `path` is in the manifest an interrupted run wrote.
+    pub(super) fn is_listed(&self, path: &[u8]) -> bool {
+        self.listed.contains(&xxh3_64(path))
+    }
+
+    /// A resumed copy keeps regular file `dir/name`: count it as committed by an earlier
+    /// attempt if it is. Listed in the manifest, it is. Not listed (its line was lost with
+    /// the process that committed it, or it is a tenant's file), it is if it equals the
+    /// source byte for byte, and then gets its line now, so the manifest lists every file
+    /// once. Without a manifest there is nothing to tell them apart: every kept file counts.
+    pub(super) fn committed_earlier(
+        &self,
+        dir: &DirNode,
+        name: &CStr,
+        src: &OwnedFd,
+        st: &Stat,
+        local: &mut Local,
+    ) -> Result<bool, Fail> {
+        let path = dir.child_path(name);
+        let ours = if self.manifest.is_none() || self.is_listed(&path) {
+            true
+        } else {
+            match self.same_as_source(dir, name, src, st, local)? {
+                Some(hash) => {
+                    self.manifest_line(hash, &path);
+                    true
+                }
+                None => false,
+            }
+        };
+        if ours {
+            self.count_resumed(st.st_size as u64);
+        }
+        Ok(ours)
+    }
+
+    pub(super) fn count_resumed(&self, size: u64) {
+        self.counters.files_resumed.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_resumed
+            .fetch_add(size, Ordering::Relaxed);
+        self.progress.resumed(size);
+    }
+
+    /// The xxHash3-128 of destination file `dir/name` if it is a regular file with the same
+    /// bytes as the source `src`, `None` if it is anything else.
+    pub(super) fn same_as_source(
+        &self,
+        dir: &DirNode,
+        name: &CStr,
+        src: &OwnedFd,
+        st: &Stat,
+        local: &mut Local,
+    ) -> Result<Option<u128>, Fail> {
+        // O_NOATIME: reading it must not undo the atime it was given; O_NONBLOCK: a FIFO
+        // there must not hang the open.
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let dst = match sys::open_beneath(dir.dst.as_fd(), name, flags | libc::O_NOATIME)
+            .or_else(|_| sys::open_beneath(dir.dst.as_fd(), name, flags))
+        {
+            Ok(fd) => fd,
+            // A symlink there is not our file.
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+            Err(e) => return Err(("open destination", e)),
+        };
+        let dst_st = sys::fstat(dst.as_fd()).map_err(|e| ("stat destination", e))?;
+        if !is_type(&dst_st, libc::S_IFREG) || dst_st.st_size != st.st_size {
+            return Ok(None);
+        }
+        let size = st.st_size as u64;
+        let (want, n) =
+            data::hash_fd(src.as_fd(), size, &mut local.buf).map_err(|e| ("read source", e))?;
+        let (got, m) = data::hash_fd(dst.as_fd(), size, &mut local.buf)
+            .map_err(|e| ("read destination", e))?;
+        Ok((n == size && m == size && got == want).then_some(want))
+    }
+}

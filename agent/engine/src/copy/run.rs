@@ -1,0 +1,345 @@
+//! A copy from start to end: open both ends by path, refuse a copy into itself, set up the
+//! manifest and the top directory node (staged under a temporary name when new), run the
+//! workers, and turn the counters into a [`Summary`].
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::Instant;
+
+use super::manifest::read_manifest;
+use super::overwrite::takes_source_meta;
+use super::walk::Task;
+use super::{Ctx, DirNode, CANCELLED};
+use crate::options::{Options, Part};
+use crate::progress::{Progress, Strategy};
+use crate::sys;
+use crate::{Error, Summary};
+
+pub(crate) fn cstring(p: &Path) -> Result<CString, Error> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| Error::Usage(format!("{}: path contains a NUL byte", p.display())))
+}
+
+fn parent_of(p: &Path) -> &Path {
+    match p.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+fn final_name(p: &Path) -> Result<CString, Error> {
+    let name = p
+        .file_name()
+        .ok_or_else(|| Error::Usage(format!("{}: needs a final name component", p.display())))?;
+    CString::new(name.as_bytes())
+        .map_err(|_| Error::Usage(format!("{}: path contains a NUL byte", p.display())))
+}
+
+fn open_dir(p: &Path, op: &'static str) -> Result<OwnedFd, Error> {
+    sys::open(&cstring(p)?, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| Error::io(op, p, e))
+}
+
+/// The source's top directory, without moving its atime where we may (see `open_source`).
+pub(crate) fn open_source_dir(p: &Path) -> Result<OwnedFd, Error> {
+    let c = cstring(p)?;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+    match sys::open(&c, flags | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::open(&c, flags),
+        other => other,
+    }
+    .map_err(|e| Error::io("open source directory", p, e))
+}
+
+/// Refuse to copy a directory into itself: walk up from the destination through `..`
+/// (which crosses mounts correctly) looking for the source's inode.
+fn check_not_inside(
+    src: &libc::stat,
+    dst_dir: &OwnedFd,
+    src_path: &Path,
+    dst_path: &Path,
+) -> Result<(), Error> {
+    let dotdot = c"..";
+    let mut cur = dst_dir
+        .try_clone()
+        .map_err(|e| Error::io("dup", dst_path, e))?;
+    loop {
+        let st = sys::fstat(cur.as_fd()).map_err(|e| Error::io("stat", dst_path, e))?;
+        if st.st_dev == src.st_dev && st.st_ino == src.st_ino {
+            return Err(Error::Usage(format!(
+                "cannot copy {} into itself ({} is inside it); choose a destination outside the source",
+                src_path.display(),
+                dst_path.display()
+            )));
+        }
+        let up = sys::openat(cur.as_fd(), dotdot, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .map_err(|e| Error::io("open ..", dst_path, e))?;
+        let up_st = sys::fstat(up.as_fd()).map_err(|e| Error::io("stat", dst_path, e))?;
+        if up_st.st_dev == st.st_dev && up_st.st_ino == st.st_ino {
+            return Ok(());
+        }
+        cur = up;
+    }
+}
+
+/// Copy `src` to `dst`.
+///
+/// - `dst` does not exist: it becomes a copy of `src` (as `cp -a src dst` makes it).
+/// - `dst` is an existing directory: `src`'s contents (or, for a file `src`, the file) are
+///   merged into it under `options.overwrite`; existing directories keep their own
+///   metadata unless `overwrite` is `Always`.
+/// - `dst` is an existing file and `src` a file: replaced according to `overwrite`.
+///
+/// Per-entry failures do not stop the copy; they are listed in the returned [`Summary`].
+/// An `Err` means the copy could not start (bad paths, unreadable source root).
+pub fn copy(
+    src: &Path,
+    dst: &Path,
+    options: &Options,
+    progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    let src_c = cstring(src)?;
+    let dst_c = cstring(dst)?;
+    let src_st = sys::stat_path(&src_c, false).map_err(|e| Error::io("stat source", src, e))?;
+    let src_at = if src_st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        SrcAt::Dir {
+            fd: open_source_dir(src)?,
+            st: src_st,
+        }
+    } else {
+        SrcAt::Entry {
+            parent: open_source_dir(parent_of(src))?,
+            name: final_name(src)?,
+        }
+    };
+    // The user named DST: a symlink to a directory is followed, as `cp` follows it.
+    let dst_at = match sys::stat_path(&dst_c, true) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+            DstAt::Dir(open_dir(dst, "open destination")?)
+        }
+        Ok(_) => DstAt::Entry {
+            parent: open_dir(parent_of(dst), "open destination parent")?,
+            name: final_name(dst)?,
+            exists: true,
+        },
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            if sys::stat_path(&dst_c, false).is_ok() {
+                return Err(Error::Usage(format!(
+                    "{} is a dangling symlink; Ferry never writes through links: remove it or choose another destination",
+                    dst.display()
+                )));
+            }
+            DstAt::Entry {
+                parent: open_dir(parent_of(dst), "open destination parent")?,
+                name: final_name(dst)?,
+                exists: false,
+            }
+        }
+        Err(e) => return Err(Error::io("stat destination", dst, e)),
+    };
+    run(src_at, dst_at, src, dst, options, progress)
+}
+
+/// A copy's source, opened.
+pub(crate) enum SrcAt {
+    /// A directory, and its metadata.
+    Dir { fd: OwnedFd, st: sys::Stat },
+    /// Anything else: entry `name` of directory `parent`.
+    Entry { parent: OwnedFd, name: CString },
+}
+
+/// A copy's destination, opened as far as it exists.
+pub(crate) enum DstAt {
+    /// An existing directory: the source is merged into it.
+    Dir(OwnedFd),
+    /// Entry `name` of directory `parent`: absent, or an existing non-directory.
+    Entry {
+        parent: OwnedFd,
+        name: CString,
+        exists: bool,
+    },
+}
+
+/// The copy itself, once both ends are open (`src`/`dst` only label messages).
+pub(crate) fn run(
+    src_at: SrcAt,
+    dst_at: DstAt,
+    src: &Path,
+    dst: &Path,
+    options: &Options,
+    progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    let started = Instant::now();
+    options.check_staging_tag().map_err(Error::Usage)?;
+    sys::raise_nofile_limit();
+    let mut listed = HashSet::new();
+    let manifest = match &options.manifest {
+        // A resumed copy adds the files it commits to those the interrupted run listed.
+        Some(p) => {
+            let mut file = std::fs::OpenOptions::new()
+                .read(options.resume)
+                .write(true)
+                // Never written through a link planted at its name.
+                .custom_flags(libc::O_NOFOLLOW)
+                .create(true)
+                .append(options.resume)
+                .truncate(!options.resume)
+                .open(p)
+                .map_err(|e| Error::io("create manifest", p, e))?;
+            if options.resume {
+                listed = read_manifest(&mut file).map_err(|e| Error::io("read manifest", p, e))?;
+            }
+            Some(file)
+        }
+        None => None,
+    };
+    // The filesystem to flush at the end: the destination's (or, for a new one, its parent's).
+    let sync_fd = match (&dst_at, options.sync) {
+        (DstAt::Dir(fd), true) | (DstAt::Entry { parent: fd, .. }, true) => Some(
+            fd.try_clone()
+                .map_err(|e| Error::io("duplicate descriptor", dst, e))?,
+        ),
+        (_, false) => None,
+    };
+    let ctx = Ctx::new(options, progress, manifest, listed);
+    let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+
+    match src_at {
+        SrcAt::Dir {
+            fd: src_fd,
+            st: src_st,
+        } => {
+            // A part of a split copy (or its final directory pass) shares DST with other
+            // agents: it is made in place, never staged, and merged into like an existing one.
+            let split = options.select != Part::All;
+            let dst_at = match dst_at {
+                DstAt::Entry {
+                    parent,
+                    name,
+                    exists: false,
+                } if split => {
+                    match sys::mkdirat(parent.as_fd(), &name, 0o700) {
+                        Err(e) if e.raw_os_error() != Some(libc::EEXIST) => {
+                            return Err(Error::io("create directory", dst, e))
+                        }
+                        _ => {}
+                    }
+                    DstAt::Dir(
+                        sys::open_beneath(parent.as_fd(), &name, dir_flags)
+                            .map_err(|e| Error::io("open destination", dst, e))?,
+                    )
+                }
+                other => other,
+            };
+            let root = match dst_at {
+                DstAt::Entry {
+                    parent: parent_fd,
+                    name,
+                    exists: false,
+                } => {
+                    check_not_inside(&src_st, &parent_fd, src, dst)?;
+                    // Built under a staging name, renamed to DST when complete. A resumed
+                    // copy takes over the staging directory its interrupted run left.
+                    let (fd, tmp, fresh) = match ctx.adopt_staged(parent_fd.as_fd(), &name) {
+                        Some((fd, tmp)) => (fd, tmp, false),
+                        None => {
+                            let tmp = ctx.dir_tmp_name(&name);
+                            sys::mkdirat(parent_fd.as_fd(), &tmp, 0o700)
+                                .map_err(|e| Error::io("create directory", dst, e))?;
+                            let fd = sys::openat(parent_fd.as_fd(), &tmp, dir_flags, 0)
+                                .map_err(|e| Error::io("open destination", dst, e))?;
+                            (fd, tmp, true)
+                        }
+                    };
+                    DirNode::staged_root(src_fd, fd, src_st, parent_fd, tmp, name, fresh)
+                        .map_err(|e| Error::io("stat", dst, e))?
+                }
+                DstAt::Dir(fd) => {
+                    check_not_inside(&src_st, &fd, src, dst)?;
+                    let keep_meta = takes_source_meta(options, false);
+                    DirNode::new(src_fd, fd, keep_meta.then_some(src_st), false)
+                        .map_err(|e| Error::io("stat", dst, e))?
+                }
+                DstAt::Entry { exists: true, .. } => {
+                    return Err(Error::Usage(format!(
+                        "{} exists and is not a directory, but {} is one; choose a new name or an existing directory",
+                        dst.display(),
+                        src.display()
+                    )))
+                }
+            };
+            ctx.counters.dirs.fetch_add(1, Ordering::Relaxed);
+            ctx.push(Task::List(Arc::new(root)));
+        }
+        SrcAt::Entry {
+            parent: src_parent,
+            name: src_name,
+        } => {
+            // (A split copy of one file: the part that owns its name copies it.)
+            let (dst_parent, dst_name, fresh) = match dst_at {
+                DstAt::Dir(fd) => (fd, src_name.clone(), false),
+                DstAt::Entry {
+                    parent,
+                    name,
+                    exists,
+                } => (parent, name, !exists),
+            };
+            let parent = DirNode::new(src_parent, dst_parent, None, fresh)
+                .map_err(|e| Error::io("stat", dst, e))?;
+            ctx.push(Task::Entry {
+                dir: Arc::new(parent),
+                src_name,
+                dst_name,
+            });
+        }
+    }
+
+    ctx.run(options.workers_resolved());
+    let manifest_written = ctx.finish_manifest().map_err(|e| {
+        Error::io(
+            "write manifest",
+            options.manifest.clone().unwrap_or_default(),
+            e,
+        )
+    });
+    if let Some(fd) = sync_fd {
+        ctx.sync_destination(fd.as_fd());
+    }
+    manifest_written?;
+
+    let c = &ctx.counters;
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let failures =
+        std::mem::take(&mut *ctx.failures.lock().unwrap_or_else(PoisonError::into_inner));
+    let aborted = ctx
+        .aborted
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    let summary = Summary {
+        files: get(&c.files),
+        dirs: get(&c.dirs),
+        symlinks: get(&c.symlinks),
+        specials: get(&c.specials),
+        hardlinks: get(&c.hardlinks),
+        skipped: get(&c.skipped),
+        files_resumed: get(&c.files_resumed),
+        bytes_resumed: get(&c.bytes_resumed),
+        verified: get(&c.verified),
+        bytes: get(&c.bytes),
+        bytes_reflinked: get(&c.by_strategy[Strategy::Reflink as usize]),
+        bytes_copy_file_range: get(&c.by_strategy[Strategy::CopyFileRange as usize]),
+        bytes_read_write: get(&c.by_strategy[Strategy::ReadWrite as usize]),
+        failures,
+        failed: get(&c.failed),
+        cancelled: aborted.as_deref() == Some(CANCELLED),
+        aborted,
+        elapsed: started.elapsed(),
+    };
+    Ok(summary)
+}

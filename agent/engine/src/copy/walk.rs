@@ -1,0 +1,410 @@
+//! The worker pool and the walk: one LIFO queue of tasks (a directory to list, a batch of a
+//! large directory's entries, chunks of a large file), directory listing, opening or
+//! creating each subdirectory, and dispatching every other entry by its type.
+//!
+//! Directories are the unit of parallelism because creating entries in one directory
+//! serialises on that directory's lock (fuc); a large directory is cut into batches so a
+//! flat tree still uses every worker (fcp, xcp win there). LIFO order keeps the number of
+//! open directories near depth × workers instead of the tree's width.
+//!
+//! A directory's metadata is applied when its last child is done (a pending counter per
+//! directory, released up the parent chain), so a 0555 directory gets its mode after its
+//! children exist and directory mtimes are not disturbed by later creates.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
+
+use crate::dirent::{self, DType};
+use crate::meta::{self, XattrBufs};
+use crate::options::Part;
+use crate::sys;
+
+use super::chunks::LargeFile;
+use super::overwrite::takes_source_meta;
+use super::{is_type, lock, part_of, Ctx, DirNode, Fail, Local, Skip, CANCELLED};
+
+/// Entries per batch when a directory is split across workers.
+const BATCH: usize = 512;
+
+pub(super) enum Task {
+    /// List a directory that is already open on both sides.
+    List(Arc<DirNode>),
+    /// Open, create and list a subdirectory.
+    Dir { parent: Arc<DirNode>, name: CString },
+    /// Copy these entries of a (large) directory.
+    Batch {
+        dir: Arc<DirNode>,
+        entries: Vec<dirent::DirEntry>,
+    },
+    /// Copy chunks of a large file.
+    Chunks(Arc<LargeFile>),
+    /// Copy one entry under a different destination name (the top-level file case).
+    Entry {
+        dir: Arc<DirNode>,
+        src_name: CString,
+        dst_name: CString,
+    },
+}
+
+#[derive(Default)]
+pub(super) struct Queue {
+    tasks: Vec<Task>,
+    active: usize,
+    done: bool,
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn push(&self, task: Task) {
+        lock(&self.queue).tasks.push(task);
+        self.wake.notify_one();
+    }
+
+    /// Run the queue to completion on `workers` threads.
+    pub(super) fn run(&self, workers: usize) {
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| self.worker());
+            }
+        });
+    }
+
+    fn worker(&self) {
+        let mut local = Local::default();
+        loop {
+            let task = {
+                let mut q = lock(&self.queue);
+                loop {
+                    if let Some(t) = q.tasks.pop() {
+                        q.active += 1;
+                        break t;
+                    }
+                    if q.active == 0 || q.done {
+                        q.done = true;
+                        self.wake.notify_all();
+                        return;
+                    }
+                    q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            if self.stopping() {
+                self.cancel(task, &mut local);
+            } else {
+                self.run_task(task, &mut local);
+            }
+            let mut q = lock(&self.queue);
+            q.active -= 1;
+            if q.active == 0 && q.tasks.is_empty() {
+                q.done = true;
+                self.wake.notify_all();
+            }
+        }
+    }
+
+    /// Whether the copy is stopping: the destination filled up, or the caller cancelled.
+    pub(super) fn stopping(&self) -> bool {
+        if self.abort.load(Ordering::Relaxed) {
+            return true;
+        }
+        if !self.owns() {
+            return true;
+        }
+        let cancelled = self
+            .opts
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed));
+        if cancelled && !self.abort.swap(true, Ordering::Relaxed) {
+            *lock(&self.aborted) = Some(CANCELLED.into());
+        }
+        cancelled
+    }
+
+    /// Settle a task without doing its work (after an abort), so every directory's
+    /// pending count still reaches zero and staged directories get their final names.
+    fn cancel(&self, task: Task, local: &mut Local) {
+        match task {
+            Task::List(node) => self.release(node),
+            Task::Dir { parent, .. } => self.release(parent),
+            Task::Batch { dir, .. } | Task::Entry { dir, .. } => self.release(dir),
+            Task::Chunks(file) => self.chunks(&file, local),
+        }
+    }
+
+    fn run_task(&self, task: Task, local: &mut Local) {
+        match task {
+            Task::List(node) => self.list(node, local),
+            Task::Dir { parent, name } => {
+                // The parent's count for this child is released when the child directory
+                // completes (`release` walks up), or here if it could not be opened.
+                match self.open_subdir(&parent, &name) {
+                    Ok(node) => self.list(node, local),
+                    Err((op, e)) => {
+                        self.fail(&parent.child_path(&name), op, &e);
+                        self.release(parent);
+                    }
+                }
+            }
+            Task::Batch { dir, entries } => {
+                for e in &entries {
+                    if self.stopping() {
+                        break;
+                    }
+                    self.entry(&dir, &e.name, &e.name, e.dtype, local);
+                }
+                self.release(dir);
+            }
+            Task::Chunks(file) => self.chunks(&file, local),
+            Task::Entry {
+                dir,
+                src_name,
+                dst_name,
+            } => {
+                self.entry(&dir, &src_name, &dst_name, DType::Unknown, local);
+                self.release(dir);
+            }
+        }
+    }
+
+    /// One unit of a directory's work is done; finish directories whose work is all done,
+    /// walking up the parents.
+    pub(super) fn release(&self, mut node: Arc<DirNode>) {
+        loop {
+            if node.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
+                return;
+            }
+            // After an abort the directory still gets its final name (its finished entries
+            // are good), but its metadata is left: it is known to be incomplete.
+            if let Some(st) = node.meta.filter(|_| !self.abort.load(Ordering::Relaxed)) {
+                match meta::apply_fd(
+                    node.src.as_fd(),
+                    node.dst.as_fd(),
+                    &st,
+                    &self.opts.preserve,
+                    &self.who,
+                    false,
+                    &mut XattrBufs::default(),
+                ) {
+                    Ok(()) => {}
+                    Err((op, e)) => self.fail(&node.rel, op, &e),
+                }
+            }
+            // A fenced copy leaves its staging directories for the new owner to adopt.
+            let staged = node
+                .staged_as
+                .as_ref()
+                .filter(|_| !self.fenced.load(Ordering::Relaxed));
+            if let (Some((tmp, name)), Some(parent)) = (staged, &node.parent) {
+                if let Err(e) =
+                    sys::renameat(parent.dst.as_fd(), tmp, parent.dst.as_fd(), name, true)
+                {
+                    self.fail(&node.rel, "rename directory into place", &e);
+                }
+            }
+            match node.parent.clone() {
+                Some(p) => node = p,
+                None => return,
+            }
+        }
+    }
+
+    /// Open source subdirectory `name` and create (or, when merging, open) its twin.
+    fn open_subdir(&self, parent: &Arc<DirNode>, name: &CStr) -> Result<Arc<DirNode>, Fail> {
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        let src = self
+            .open_source(parent, name, flags)
+            .map_err(|e| ("open source directory", e))?;
+        let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source directory", e))?;
+        // A new directory under a visible parent is built under a staging name and renamed
+        // into place when complete; under a hidden parent it needs no name of its own.
+        // Parts of a split copy share directories with other agents: made in place.
+        let split = self.opts.select != Part::All;
+        // A resumed copy finishes the staging directory an interrupted run left for it.
+        let adopted = match parent.fresh || split {
+            true => None,
+            false => self.adopt_staged(parent.dst.as_fd(), name),
+        };
+        let ours = adopted.is_some() || parent.ours;
+        let (dst, fresh, staged_as) = match adopted {
+            Some((dst, tmp)) => (dst, false, Some((tmp, name.to_owned()))),
+            None => {
+                let staged_as = (parent.fresh && !parent.hidden && !split)
+                    .then(|| (self.dir_tmp_name(name), name.to_owned()));
+                let create_as: &CStr = staged_as.as_ref().map_or(name, |(tmp, _)| tmp.as_c_str());
+                // 0700 while we fill it; the final mode comes after the children.
+                let fresh = match sys::mkdirat(parent.dst.as_fd(), create_as, 0o700) {
+                    Ok(()) => true,
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EEXIST) && (!parent.fresh || split) =>
+                    {
+                        false
+                    }
+                    Err(e) => return Err(("create directory", e)),
+                };
+                // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
+                let dst = sys::open_beneath(parent.dst.as_fd(), create_as, flags)
+                    .map_err(|e| ("open destination directory", e))?;
+                (dst, fresh, staged_as)
+            }
+        };
+        let keep_meta = takes_source_meta(self.opts, fresh);
+        let dst_dev = if fresh {
+            parent.dst_dev
+        } else {
+            sys::fstat(dst.as_fd())
+                .map_err(|e| ("stat destination directory", e))?
+                .st_dev
+        };
+        self.counters.dirs.fetch_add(1, Ordering::Relaxed);
+        if !matches!(self.opts.select, Part::Slice { .. }) {
+            // Every part walks every directory; only one run counts them.
+            self.progress.entry_done();
+        }
+        Ok(Arc::new(DirNode {
+            src,
+            dst,
+            parent: Some(parent.clone()),
+            rel: parent.child_path(name),
+            meta: keep_meta.then_some(st),
+            pending: AtomicUsize::new(1),
+            fresh,
+            hidden: staged_as.is_some() || (fresh && parent.hidden),
+            staged_as,
+            ours,
+            src_dev: st.st_dev,
+            dst_dev,
+        }))
+    }
+
+    fn list(&self, node: Arc<DirNode>, local: &mut Local) {
+        if local.dents.is_empty() {
+            local.dents.resize(64 * 1024, 0);
+        }
+        // Before this directory's own work starts, so none of this run's names are swept.
+        if self.opts.resume && !node.fresh {
+            self.sweep_leftovers(&node, local);
+        }
+        let entries = match dirent::read_all(node.src.as_fd(), &mut local.dents) {
+            Ok(e) => e,
+            Err(e) => {
+                self.fail(&node.rel, "read directory", &e);
+                self.release(node);
+                return;
+            }
+        };
+        let mut files = Vec::with_capacity(entries.len());
+        for e in entries {
+            let is_dir = match e.dtype {
+                DType::Dir => true,
+                DType::Unknown => sys::lstatat(node.src.as_fd(), &e.name)
+                    .map(|st| is_type(&st, libc::S_IFDIR))
+                    .unwrap_or(false),
+                _ => false,
+            };
+            if is_dir {
+                node.pending.fetch_add(1, Ordering::Relaxed);
+                self.push(Task::Dir {
+                    parent: node.clone(),
+                    name: e.name,
+                });
+            } else {
+                files.push(e);
+            }
+        }
+        // Cut a large directory into batches for other workers; keep the first one.
+        while files.len() > BATCH {
+            let rest = files.split_off(files.len() - BATCH);
+            node.pending.fetch_add(1, Ordering::Relaxed);
+            self.push(Task::Batch {
+                dir: node.clone(),
+                entries: rest,
+            });
+        }
+        for e in &files {
+            if self.stopping() {
+                break;
+            }
+            self.entry(&node, &e.name, &e.name, e.dtype, local);
+        }
+        self.release(node);
+    }
+
+    /// Copy one non-directory entry. `dtype` is the listing's hint; the real type comes
+    /// from `fstat` of what was opened (or `lstat` for things never opened).
+    fn entry(
+        &self,
+        dir: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        dtype: DType,
+        local: &mut Local,
+    ) {
+        let mut dtype = dtype;
+        match self.opts.select {
+            Part::All => {}
+            // The listing sends directories elsewhere; only an unknown type may be one.
+            Part::Directories if dtype != DType::Unknown => return,
+            Part::Directories => {}
+            Part::Slice { index, count } => {
+                let st = match sys::lstatat(dir.src.as_fd(), src_name) {
+                    Ok(st) => st,
+                    Err(e) => {
+                        // Reported by the part that owns the path, once.
+                        if part_of(&dir.child_path(src_name), None, count) == index {
+                            self.fail(&dir.child_path(dst_name), "stat", &e);
+                        }
+                        return;
+                    }
+                };
+                if !is_type(&st, libc::S_IFDIR) {
+                    let inode = (self.opts.preserve.hard_links && st.st_nlink > 1)
+                        .then_some((st.st_dev, st.st_ino));
+                    if part_of(&dir.child_path(src_name), inode, count) != index {
+                        return;
+                    }
+                }
+                dtype = DType::Unknown;
+            }
+        }
+        if self.opts.select == Part::Directories {
+            match sys::lstatat(dir.src.as_fd(), src_name) {
+                Ok(st) if is_type(&st, libc::S_IFDIR) => {
+                    dir.pending.fetch_add(1, Ordering::Relaxed);
+                    self.push(Task::Dir {
+                        parent: dir.clone(),
+                        name: src_name.to_owned(),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => self.fail(&dir.child_path(dst_name), "stat", &e),
+            }
+            return;
+        }
+        let result = match dtype {
+            DType::Regular => self.regular(dir, src_name, dst_name, local),
+            _ => match sys::lstatat(dir.src.as_fd(), src_name) {
+                Err(e) => Err(("stat", e)),
+                Ok(st) if is_type(&st, libc::S_IFREG) => {
+                    self.regular(dir, src_name, dst_name, local)
+                }
+                Ok(st) if is_type(&st, libc::S_IFDIR) => {
+                    // A directory appeared where the listing saw something else.
+                    dir.pending.fetch_add(1, Ordering::Relaxed);
+                    self.push(Task::Dir {
+                        parent: dir.clone(),
+                        name: src_name.to_owned(),
+                    });
+                    return;
+                }
+                Ok(st) => self.non_regular(dir, src_name, dst_name, &st),
+            },
+        };
+        match result {
+            Ok(None) => {}
+            Ok(Some(Skip::Kept)) => self.count_skipped(),
+            Ok(Some(Skip::Deferred)) => {}
+            Err((op, e)) => self.fail(&dir.child_path(dst_name), op, &e),
+        }
+    }
+}
