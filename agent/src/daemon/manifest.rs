@@ -3,7 +3,6 @@
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
 use ferry_crds::ManifestName;
 
 /// The last step of a split job: the parts' manifests (`<base>.part-<i>.xxh128`) become
@@ -12,7 +11,11 @@ use ferry_crds::ManifestName;
 /// It may be run again after being killed at any point: the joined file appears whole
 /// (rename) before any part is removed, so fewer parts than `expected` next to a joined
 /// manifest means an earlier run joined them all and only the removal is left to do.
-pub(super) fn join_manifests(state: &Path, names: &ManifestName, expected: usize) -> Result<()> {
+pub(super) fn join_manifests(
+    state: &Path,
+    names: &ManifestName,
+    expected: usize,
+) -> std::io::Result<()> {
     let mut parts: Vec<(u32, PathBuf)> = std::fs::read_dir(state)?
         .filter_map(|e| e.ok())
         .filter_map(|e| Some((names.slice_of(e.file_name().to_str()?)?, e.path())))
@@ -40,7 +43,9 @@ pub(super) fn join_manifests(state: &Path, names: &ManifestName, expected: usize
     for (_, p) in &parts {
         std::io::copy(&mut no_follow(p, false)?, &mut out)?;
     }
-    out.into_inner()?.sync_all()?;
+    out.into_inner()
+        .map_err(std::io::IntoInnerError::into_error)?
+        .sync_all()?;
     std::fs::rename(&tmp, &joined)?;
     for (_, p) in &parts {
         std::fs::remove_file(p)?;

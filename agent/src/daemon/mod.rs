@@ -18,7 +18,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
 use ferry_crds::{CopyJob, ShardState};
 use futures::StreamExt;
 use kube::runtime::reflector::{self, reflector};
@@ -35,6 +34,19 @@ use shard::{Active, Node};
 /// shard whose older run (a stale epoch) has just stopped, a heartbeat that came back.
 const RESCAN_EVERY: Duration = Duration::from_secs(3);
 
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("connect to the Kubernetes API")]
+    Connect(#[source] kube::Error),
+    #[error("listen on {addr} for /metrics and /healthz")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// What every shard task shares.
 struct Agent {
     node: Node,
@@ -45,19 +57,21 @@ struct Agent {
     finished: Mutex<HashSet<String>>,
 }
 
-pub async fn run(settings: Settings) -> Result<()> {
-    let client = Client::try_default()
-        .await
-        .context("connect to the Kubernetes API")?;
+pub async fn run(settings: Settings) -> Result<(), RunError> {
+    let client = Client::try_default().await.map_err(RunError::Connect)?;
     let health = Arc::new(crate::serve::Health {
         lease_seconds: i64::from(settings.lease_seconds),
         ..Default::default()
     });
     let metrics = crate::serve::init_metrics(&settings.node);
-    let listener = tokio::net::TcpListener::bind(settings.listen)
+    let (listener, addr) = tokio::net::TcpListener::bind(settings.listen)
         .await
-        .with_context(|| format!("listen on {} for /metrics and /healthz", settings.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+        .and_then(|l| l.local_addr().map(|addr| (l, addr)))
+        .map_err(|source| RunError::Listen {
+            addr: settings.listen,
+            source,
+        })?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     tokio::spawn(ferry_serve::serve(
         listener,
         Arc::new(crate::serve::AgentEndpoints {

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use anyhow::Result;
 use ferry_crds::{CopyJob, Reason, ShardState, ShardStatus};
 use ferry_engine::{Failure, Progress, Strategy};
 use kube::api::{Patch, PatchParams};
@@ -114,6 +113,29 @@ pub(super) struct Target<'a> {
     pub(super) index: usize,
 }
 
+/// Why a status update was not made.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PublishError {
+    /// The API server refused the patch as unprocessable (422): one of its `test`s of the
+    /// shard's id, node and epoch did not hold, so the shard is no longer this agent's.
+    #[error(transparent)]
+    Fenced(kube::Error),
+    /// Any other failure of the API call; the next update may succeed.
+    #[error(transparent)]
+    Api(kube::Error),
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+}
+
+impl From<kube::Error> for PublishError {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) if s.code == 422 => Self::Fenced(kube::Error::Api(s)),
+            e => Self::Api(e),
+        }
+    }
+}
+
 /// Publish this shard's progress fields (and only those: the operator owns the
 /// assignment), as a JSON patch that first tests the shard is still this node's, at this
 /// epoch: an agent that lost its shard (its heartbeat expired and the work moved on) is
@@ -125,7 +147,7 @@ pub(super) async fn publish(
     state: ShardState,
     live: &Live,
     planned: Option<(i64, i64)>,
-) -> Result<()> {
+) -> Result<(), PublishError> {
     let (job, shard) = (target.job, target.shard);
     let planned = planned.or(*lock(&live.planned));
     let bytes = live.bytes.load(Ordering::Relaxed);

@@ -8,14 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
 use ferry_crds::{CopyJobSpec, ManifestName, Reason, ShardState, STATE_DIR};
 use ferry_engine::{Part, Summary};
 use kube::{Client, ResourceExt};
 
 use super::fence::Fence;
 use super::manifest::join_manifests;
-use super::publish::{publish, Live, Target};
+use super::publish::{publish, Live, PublishError, Target};
 use super::settings::Settings;
 
 /// A copy still running after this long gets its totals counted, for the ETA.
@@ -39,7 +38,7 @@ impl Node {
         state: ShardState,
         live: &Live,
         planned: Option<(i64, i64)>,
-    ) -> Result<()> {
+    ) -> Result<(), PublishError> {
         publish(
             &self.client,
             &self.settings.node,
@@ -76,16 +75,16 @@ pub(super) async fn run(
     let (job, shard) = (target.job, target.shard);
     match run_shard(node, target, active).await {
         Ok(state) => Some(state),
-        Err(e) if fenced_error(&e) => {
-            if e.downcast_ref::<Fenced>().is_none() {
-                tracing::warn!(job = %job.name_any(), shard = %shard.id, "the API server refused our update: the shard was given to another node or epoch");
-            }
+        // Said where it was noticed.
+        Err(ShardError::Fenced) => None,
+        Err(ShardError::Publish(PublishError::Fenced(_))) => {
+            tracing::warn!(job = %job.name_any(), shard = %shard.id, "the API server refused our update: the shard was given to another node or epoch");
             None
         }
         Err(e) => {
             tracing::warn!(job = %job.name_any(), error = %e, "shard failed to start");
             let live = Live::default();
-            live.set_start_error(refusal_reason(&e), format!("{e:#}"));
+            live.set_start_error(e.reason(), with_causes(&e));
             live.failed.store(1, Ordering::Relaxed);
             let _ = node.publish(target, ShardState::Failed, &live, None).await;
             Some(ShardState::Failed)
@@ -93,35 +92,90 @@ pub(super) async fn run(
     }
 }
 
-/// Whether publishing failed because the shard is no longer this agent's (a JSON patch
-/// `test` of its node and epoch did not hold).
-fn fenced_error(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        matches!(c.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 422)
-            || c.downcast_ref::<Fenced>().is_some()
-    })
+/// Why a run of a shard ended without a state of its own to publish.
+#[derive(Debug, thiserror::Error)]
+enum ShardError {
+    /// The run stopped itself because the shard is no longer this agent's: it was given
+    /// to another node or epoch, or the heartbeat lapsed while it ran.
+    #[error("the shard is no longer assigned to this agent's node and epoch")]
+    Fenced,
+    /// A status update failed; [`PublishError::Fenced`] if the API server said the shard
+    /// is no longer ours.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    #[error("open the host root {}", path.display())]
+    HostRoot {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the operator assigned no host path for this shard")]
+    NoHostPath,
+    #[error("the {what} root {path} is not a directory on node {node} (is the volume mounted?)")]
+    Root {
+        what: &'static str,
+        path: String,
+        node: String,
+        #[source]
+        source: ferry_engine::Error,
+    },
+    /// The engine refused a path or failed before copying (the state directory, a dry
+    /// run's count).
+    #[error(transparent)]
+    Engine(#[from] ferry_engine::Error),
+    /// A dry run's count panicked or was cancelled.
+    #[error(transparent)]
+    Count(#[from] tokio::task::JoinError),
+    /// The copy thread could not be started.
+    #[error(transparent)]
+    Spawn(std::io::Error),
+    #[error("copy thread vanished")]
+    CopyThreadVanished(#[source] tokio::sync::oneshot::error::RecvError),
 }
 
-/// A run stopped because the shard is no longer this agent's.
-#[derive(Debug, thiserror::Error)]
-#[error("the shard is no longer assigned to this agent's node and epoch")]
-struct Fenced;
-
-/// The condition reason for a shard that could not start: the engine's refusal reason
-/// (PathEscape, SymlinkRejected, Openat2Unavailable) when it refused, else CannotStart.
-fn refusal_reason(e: &anyhow::Error) -> Reason {
-    e.downcast_ref::<ferry_engine::Error>()
-        .map_or(Reason::CannotStart, engine_reason)
+impl ShardError {
+    /// The reason a shard that could not start is reported with: the engine's refusal
+    /// reason (PathEscape, SymlinkRejected, Openat2Unavailable) when it refused, else
+    /// CannotStart.
+    fn reason(&self) -> Reason {
+        match self {
+            Self::Root { source, .. } | Self::Engine(source) => engine_reason(source),
+            Self::Fenced
+            | Self::Publish(_)
+            | Self::HostRoot { .. }
+            | Self::NoHostPath
+            | Self::Count(_)
+            | Self::Spawn(_)
+            | Self::CopyThreadVanished(_) => Reason::CannotStart,
+        }
+    }
 }
 
 fn engine_reason(e: &ferry_engine::Error) -> Reason {
     match e {
         ferry_engine::Error::Refused { reason, .. } => *reason,
-        _ => Reason::CannotStart,
+        ferry_engine::Error::Io { .. } | ferry_engine::Error::Usage(_) => Reason::CannotStart,
     }
 }
 
-async fn run_shard(node: &Node, target: Target<'_>, active: &Arc<Active>) -> Result<ShardState> {
+/// An error and each of its causes, joined by ": " (what `anyhow` prints with `{:#}`):
+/// the message a shard's status carries.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message.push_str(": ");
+        message.push_str(&c.to_string());
+        cause = c.source();
+    }
+    message
+}
+
+async fn run_shard(
+    node: &Node,
+    target: Target<'_>,
+    active: &Arc<Active>,
+) -> Result<ShardState, ShardError> {
     let (job, shard) = (target.job, target.shard);
     let roots = open_roots(&node.settings, target)?;
     if job.spec.dry_run {
@@ -146,11 +200,11 @@ async fn run_shard(node: &Node, target: Target<'_>, active: &Arc<Active>) -> Res
     // Another agent (or epoch) owns the shard now, or may: say nothing more.
     if active.fenced.load(Ordering::Relaxed) {
         tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the shard was given to another node or epoch");
-        return Err(Fenced.into());
+        return Err(ShardError::Fenced);
     }
     if !node.fence.holds_since(lapses) {
         tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the heartbeat not renewed in time while the shard ran (another agent may be given it)");
-        return Err(Fenced.into());
+        return Err(ShardError::Fenced);
     }
     node.publish(target, state, &live, None).await?;
     Ok(state)
@@ -167,20 +221,21 @@ struct Roots {
 /// openat2 and no symlinks (ferry_engine::copy_beneath). A root is the admin's (or the
 /// kubelet's) to create: a missing one is a mount that is not there, and writing into the
 /// node's own disk below it would hide the data.
-fn open_roots(settings: &Settings, target: Target<'_>) -> Result<Roots> {
+fn open_roots(settings: &Settings, target: Target<'_>) -> Result<Roots, ShardError> {
     let shard = target.shard;
-    let host = std::fs::File::open(&settings.host_root)
-        .with_context(|| format!("open the host root {}", settings.host_root.display()))?;
-    let open_root = |what: &str, path: &str| {
-        anyhow::ensure!(
-            path.starts_with('/'),
-            "the operator assigned no host path for this shard"
-        );
-        ferry_engine::open_host_path(host.as_fd(), path).with_context(|| {
-            format!(
-                "the {what} root {path} is not a directory on node {} (is the volume mounted?)",
-                settings.node
-            )
+    let host = std::fs::File::open(&settings.host_root).map_err(|source| ShardError::HostRoot {
+        path: settings.host_root.clone(),
+        source,
+    })?;
+    let open_root = |what: &'static str, path: &str| {
+        if !path.starts_with('/') {
+            return Err(ShardError::NoHostPath);
+        }
+        ferry_engine::open_host_path(host.as_fd(), path).map_err(|source| ShardError::Root {
+            what,
+            path: path.to_string(),
+            node: settings.node.clone(),
+            source,
         })
     };
     let src = Arc::new(open_root("source", &shard.source_root)?);
@@ -189,12 +244,14 @@ fn open_roots(settings: &Settings, target: Target<'_>) -> Result<Roots> {
 }
 
 /// Count what the copy would carry; touch nothing on the destination.
-async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<ShardState> {
+async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<ShardState, ShardError> {
     let spec = &target.job.spec;
     let links = spec.preserve.hard_links;
     let (root, path) = (roots.src.clone(), PathBuf::from(&spec.source.path));
-    let totals =
-        tokio::task::spawn_blocking(move || plan_beneath(&root, &path, Part::All, links)).await??;
+    let totals = tokio::task::spawn_blocking(move || {
+        ferry_engine::plan_beneath(root.as_fd(), &path, Part::All, links)
+    })
+    .await??;
     let planned = Some((totals.files as i64, totals.bytes as i64));
     node.publish(target, ShardState::Succeeded, &Live::default(), planned)
         .await?;
@@ -213,7 +270,7 @@ impl StateDir {
     /// The manifest lives with the data it describes, under the destination root; each
     /// part of a split job writes its own, and the directories pass joins them.
     /// (Reached through /proc/self/fd: the directory itself, whatever its path does later.)
-    fn open(roots: &Roots, target: Target<'_>) -> Result<Self> {
+    fn open(roots: &Roots, target: Target<'_>) -> Result<Self, ShardError> {
         let job = target.job;
         let fd = ferry_engine::state_dir(roots.dst.as_fd(), STATE_DIR)?;
         let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
@@ -304,8 +361,10 @@ fn count_later(live: &Arc<Live>, done: &Arc<AtomicBool>, roots: &Roots, target: 
         if done.load(Ordering::Relaxed) {
             return;
         }
-        let totals =
-            tokio::task::spawn_blocking(move || plan_beneath(&root, &path, select, links)).await;
+        let totals = tokio::task::spawn_blocking(move || {
+            ferry_engine::plan_beneath(root.as_fd(), &path, select, links)
+        })
+        .await;
         if let Ok(Ok(t)) = totals {
             live.set_planned(t.files as i64, t.bytes as i64);
         }
@@ -322,7 +381,7 @@ async fn copy(
     done: &Arc<AtomicBool>,
     roots: &Roots,
     opts: ferry_engine::Options,
-) -> Result<Result<Summary, ferry_engine::Error>> {
+) -> Result<Result<Summary, ferry_engine::Error>, ShardError> {
     let shard = target.shard;
     let (tx, rx) = tokio::sync::oneshot::channel();
     {
@@ -343,17 +402,18 @@ async fn copy(
                 );
                 done.store(true, Ordering::Relaxed);
                 let _ = tx.send(result);
-            })?;
+            })
+            .map_err(ShardError::Spawn)?;
     }
     let mut rx = rx;
     let result = loop {
         tokio::select! {
-            r = &mut rx => break r.context("copy thread vanished")?,
+            r = &mut rx => break r.map_err(ShardError::CopyThreadVanished)?,
             _ = tokio::time::sleep(PUBLISH_EVERY) => {
                 if !done.load(Ordering::Relaxed) && !active.fenced.load(Ordering::Relaxed) {
                     match node.publish(target, ShardState::Running, live, None).await {
                         // Not ours any more: stop copying at once.
-                        Err(e) if fenced_error(&e) => {
+                        Err(PublishError::Fenced(_)) => {
                             active.fenced.store(true, Ordering::Relaxed);
                             active.cancel.store(true, Ordering::Relaxed);
                             tracing::warn!(shard = %shard.id, epoch = shard.epoch, "the API server refused our progress for this epoch: stopping");
@@ -426,7 +486,7 @@ async fn settle(
         if let Err(e) = join_manifests(&state_dir.path, &state_dir.names, parts) {
             live.set_start_error(
                 Reason::CannotStart,
-                format!("joining the parts' manifests: {e:#}"),
+                format!("joining the parts' manifests: {}", with_causes(&e)),
             );
             state = ShardState::Failed;
         }
@@ -494,11 +554,13 @@ async fn destination_full(
         // to the copy that filled a volume.
         None => {
             let (src_root, path) = (roots.src.clone(), src_path.to_path_buf());
-            tokio::task::spawn_blocking(move || plan_beneath(&src_root, &path, select, links))
-                .await
-                .ok()
-                .and_then(|t| t.ok())
-                .map(|t| t.bytes)
+            tokio::task::spawn_blocking(move || {
+                ferry_engine::plan_beneath(src_root.as_fd(), &path, select, links)
+            })
+            .await
+            .ok()
+            .and_then(|t| t.ok())
+            .map(|t| t.bytes)
         }
     };
     let free = ferry_engine::volume::free_bytes(roots.dst.as_fd()).unwrap_or(0);
@@ -523,17 +585,39 @@ async fn destination_full(
     }
 }
 
-/// [`ferry_engine::plan_beneath`], for the daemon's `anyhow` errors.
-fn plan_beneath(
-    root: &OwnedFd,
-    path: &Path,
-    select: Part,
-    links: bool,
-) -> Result<ferry_engine::Totals> {
-    Ok(ferry_engine::plan_beneath(
-        root.as_fd(),
-        path,
-        select,
-        links,
-    )?)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_the_engine_refused_is_reported_with_the_engines_reason_and_each_cause_once() {
+        let e = ShardError::Root {
+            what: "source",
+            path: "/data".into(),
+            node: "node-a".into(),
+            source: ferry_engine::Error::Refused {
+                reason: Reason::SymlinkRejected,
+                message: "/data passes a symlink".into(),
+            },
+        };
+        assert_eq!(e.reason(), Reason::SymlinkRejected);
+        assert_eq!(
+            with_causes(&e),
+            "the source root /data is not a directory on node node-a (is the volume mounted?): \
+             /data passes a symlink"
+        );
+    }
+
+    #[test]
+    fn a_host_root_that_cannot_be_opened_cannot_start_and_says_why_once() {
+        let e = ShardError::HostRoot {
+            path: "/host".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert_eq!(e.reason(), Reason::CannotStart);
+        assert_eq!(
+            with_causes(&e),
+            "open the host root /host: No such file or directory (os error 2)"
+        );
+    }
 }
