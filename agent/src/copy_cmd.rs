@@ -1,19 +1,22 @@
-//! `ferry-agent copy`: the engine with a terminal progress bar and a summary.
+//! `ferry-agent copy`: the engine with a terminal progress bar (indicatif) and a summary.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferry_engine::{Failure, Options, Preserve, Progress, Strategy, Summary};
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::CopyArgs;
 
 /// Failures printed on stderr; the JSON summary and the count carry the rest.
 const FAILURES_SHOWN: usize = 20;
+/// How often the bar is moved from the copy's counters (indicatif throttles the drawing).
+const BAR_EVERY: Duration = Duration::from_millis(100);
 
 /// Build engine options from the flags, or a message saying what to change.
 pub fn options(args: &CopyArgs) -> Result<Options, String> {
@@ -73,12 +76,10 @@ pub fn run(args: &CopyArgs) -> ExitCode {
     };
     let live = Arc::new(Live::default());
     let show_bar = !args.no_progress && !args.json && std::io::stderr().is_terminal();
-    let done = Arc::new(AtomicBool::new(false));
-    let bar = show_bar.then(|| spawn_bar(&args.src, live.clone(), done.clone()));
+    let bar = show_bar.then(|| Bar::start(&args.src, live.clone()));
     let result = ferry_engine::copy(&args.src, &args.dst, &opts, &*live);
-    done.store(true, Ordering::Relaxed);
-    if let Some(handle) = bar {
-        let _ = handle.join();
+    if let Some(bar) = bar {
+        bar.finish();
     }
     let summary = match result {
         Ok(s) => s,
@@ -98,73 +99,96 @@ fn usage(msg: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Count the source in the background so the bar has a total; the copy does not wait.
-fn spawn_bar(src: &Path, live: Arc<Live>, done: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    let total_entries = Arc::new(AtomicU64::new(0));
-    let total_bytes = Arc::new(AtomicU64::new(0));
-    let counted = Arc::new(AtomicBool::new(false));
-    {
-        let (te, tb, counted, src) = (
-            total_entries.clone(),
-            total_bytes.clone(),
-            counted.clone(),
-            src.to_path_buf(),
-        );
-        std::thread::spawn(move || {
-            count_tree(&src, &te, &tb);
-            counted.store(true, Ordering::Relaxed);
-        });
-    }
-    std::thread::spawn(move || {
-        let start = Instant::now();
-        let mut err = std::io::stderr();
-        while !done.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(200));
-            let (n, b) = (
-                live.entries.load(Ordering::Relaxed),
-                live.bytes.load(Ordering::Relaxed),
+/// The progress bar on a terminal. The engine's workers only bump [`Live`]'s atomics; a
+/// ticker thread moves the bar from them every [`BAR_EVERY`], and indicatif throttles the
+/// drawing.
+struct Bar {
+    bar: ProgressBar,
+    done: Arc<AtomicBool>,
+    ticker: std::thread::JoinHandle<()>,
+}
+
+/// Until the source is counted: what is done so far, without a total.
+const COUNTING: &str = "{spinner} {bytes} {binary_bytes_per_sec} {msg}";
+/// Counted: bytes done of the total, rate and ETA; entries in the message.
+const BYTES: &str =
+    "[{wide_bar}] {percent:>3}% {msg} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}";
+/// Counted, but nothing but empty files: entries done of the total.
+const ENTRIES: &str = "[{wide_bar}] {percent:>3}% {msg}";
+
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("#.")
+}
+
+impl Bar {
+    /// Show the bar, and count the source in the background so it gets a total; the copy
+    /// does not wait for the count.
+    fn start(src: &Path, live: Arc<Live>) -> Self {
+        let total_entries = Arc::new(AtomicU64::new(0));
+        let total_bytes = Arc::new(AtomicU64::new(0));
+        let counted = Arc::new(AtomicBool::new(false));
+        {
+            let (te, tb, counted, src) = (
+                total_entries.clone(),
+                total_bytes.clone(),
+                counted.clone(),
+                src.to_path_buf(),
             );
-            let rate = b as f64 / start.elapsed().as_secs_f64().max(1e-3);
-            let line = if counted.load(Ordering::Relaxed) {
-                let (tn, tb) = (
-                    total_entries.load(Ordering::Relaxed),
-                    total_bytes.load(Ordering::Relaxed),
-                );
-                let frac = if tb > 0 {
-                    b as f64 / tb as f64
-                } else if tn > 0 {
-                    n as f64 / tn as f64
-                } else {
-                    1.0
-                };
-                let frac = frac.clamp(0.0, 1.0);
-                let filled = (frac * 30.0) as usize;
-                let eta = if rate > 0.0 && tb > b {
-                    format!(" ETA {:.0}s", (tb - b) as f64 / rate)
-                } else {
-                    String::new()
-                };
-                format!(
-                    "[{}{}] {:>3.0}% {n}/{tn} entries {}/{} {}/s{eta}",
-                    "#".repeat(filled),
-                    ".".repeat(30 - filled),
-                    frac * 100.0,
-                    human(b),
-                    human(tb),
-                    human(rate as u64)
-                )
-            } else {
-                format!(
-                    "{n} entries {} {}/s (counting...)",
-                    human(b),
-                    human(rate as u64)
-                )
-            };
-            let _ = write!(err, "\r\x1b[K{line}");
-            let _ = err.flush();
+            std::thread::spawn(move || {
+                count_tree(&src, &te, &tb);
+                counted.store(true, Ordering::Relaxed);
+            });
         }
-        let _ = write!(err, "\r\x1b[K");
-    })
+        let bar = ProgressBar::no_length().with_style(style(COUNTING));
+        let done = Arc::new(AtomicBool::new(false));
+        let ticker = {
+            let (bar, done) = (bar.clone(), done.clone());
+            std::thread::spawn(move || {
+                // Once counted: whether the bar counts bytes (else entries).
+                let mut by_bytes = None;
+                while !done.load(Ordering::Relaxed) {
+                    std::thread::sleep(BAR_EVERY);
+                    let (n, b) = (
+                        live.entries.load(Ordering::Relaxed),
+                        live.bytes.load(Ordering::Relaxed),
+                    );
+                    let (tn, tb) = (
+                        total_entries.load(Ordering::Relaxed),
+                        total_bytes.load(Ordering::Relaxed),
+                    );
+                    if by_bytes.is_none() && counted.load(Ordering::Relaxed) {
+                        by_bytes = Some(tb > 0);
+                        bar.set_style(style(if tb > 0 { BYTES } else { ENTRIES }));
+                        bar.set_length(if tb > 0 { tb } else { tn });
+                    }
+                    match by_bytes {
+                        None => {
+                            bar.set_position(b);
+                            bar.set_message(format!("{n} entries (counting...)"));
+                        }
+                        Some(true) => {
+                            bar.set_position(b.min(tb));
+                            bar.set_message(format!("{n}/{tn} entries"));
+                        }
+                        Some(false) => {
+                            bar.set_position(n.min(tn));
+                            bar.set_message(format!("{n}/{tn} entries"));
+                        }
+                    }
+                }
+            })
+        };
+        Self { bar, done, ticker }
+    }
+
+    /// Stop the ticker and clear the bar, so the summary is printed on a clean line.
+    fn finish(self) {
+        self.done.store(true, Ordering::Relaxed);
+        let _ = self.ticker.join();
+        self.bar.finish_and_clear();
+    }
 }
 
 fn count_tree(path: &Path, entries: &AtomicU64, bytes: &AtomicU64) {

@@ -46,7 +46,8 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
     match runtime.block_on(ferry_agent::daemon::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ferry-agent run: {e:#}");
+            // The error and each of its causes: "outer: cause: root cause".
+            eprintln!("ferry-agent run: {:#}", anyhow::Error::from(e));
             ExitCode::FAILURE
         }
     }

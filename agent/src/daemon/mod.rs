@@ -1,0 +1,272 @@
+//! `ferry-agent run`: one per node. Heartbeats a Lease, watches CopyJobs for shards
+//! assigned to its node, runs each on the engine (on its own OS thread, never on a tokio
+//! worker) and publishes the shard's progress by server-side apply under its own field
+//! manager, so it owns only its shard's progress fields.
+//!
+//! This module is the watch loop: it starts the runs of the shards given to this node
+//! and stops those no longer its own. `fence` keeps the heartbeat, `shard` runs one
+//! shard, `publish` writes its status, `manifest` joins a split job's manifests.
+
+mod fence;
+mod manifest;
+mod publish;
+mod settings;
+mod shard;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_crds::{CopyJob, ShardState};
+use futures::StreamExt;
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+
+pub use fence::{lease_name, Fence};
+pub use settings::Settings;
+
+use publish::Target;
+use shard::{Active, Node};
+
+/// How often every known job is looked at again, for what no watch event announces: a
+/// shard whose older run (a stale epoch) has just stopped, a heartbeat that came back.
+const RESCAN_EVERY: Duration = Duration::from_secs(3);
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("connect to the Kubernetes API")]
+    Connect(#[source] kube::Error),
+    #[error("listen on {addr} for /metrics and /healthz")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What every shard task shares.
+struct Agent {
+    node: Node,
+    /// Running shards by `<ns>/<job>/<shard id>`.
+    running: Mutex<HashMap<String, Arc<Active>>>,
+    /// Runs this process finished, by `<ns>/<job>/<shard id>/<epoch>`: a stale event
+    /// (published before the final state) must not start one again.
+    finished: Mutex<HashSet<String>>,
+}
+
+pub async fn run(settings: Settings) -> Result<(), RunError> {
+    let client = Client::try_default().await.map_err(RunError::Connect)?;
+    let health = Arc::new(crate::serve::Health {
+        lease_seconds: i64::from(settings.lease_seconds),
+        ..Default::default()
+    });
+    let metrics = crate::serve::init_metrics(&settings.node);
+    let (listener, addr) = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .and_then(|l| l.local_addr().map(|addr| (l, addr)))
+        .map_err(|source| RunError::Listen {
+            addr: settings.listen,
+            source,
+        })?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(ferry_serve::serve(
+        listener,
+        Arc::new(crate::serve::AgentEndpoints {
+            metrics,
+            health: health.clone(),
+        }),
+    ));
+    let fence = Arc::new(Fence::new(settings.lease_seconds));
+    tokio::spawn(fence::heartbeat(
+        client.clone(),
+        settings.clone(),
+        health.clone(),
+        fence.clone(),
+    ));
+    let agent = Arc::new(Agent {
+        node: Node {
+            client: client.clone(),
+            settings: settings.clone(),
+            fence,
+            flushes: Arc::default(),
+        },
+        running: Mutex::default(),
+        finished: Mutex::default(),
+    });
+    let (store, writer) = reflector::store();
+    let jobs = Api::<CopyJob>::all(client.clone());
+    let mut stream = reflector(writer, watcher(jobs, watcher::Config::default()))
+        .default_backoff()
+        .boxed();
+    // Look again at every job now and then (see RESCAN_EVERY), and stop runs the moment
+    // the heartbeat is stale.
+    {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                agent.fence_if_stale();
+            }
+        });
+    }
+    {
+        let (agent, store) = (agent.clone(), store.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RESCAN_EVERY).await;
+                for job in store.state() {
+                    agent.consider(&job);
+                }
+            }
+        });
+    }
+    tracing::info!(node = %settings.node, host_root = %settings.host_root.display(), "ferry-agent running");
+    // The jobs a (re)list has shown so far: at its end, the per-job gauges of jobs it did
+    // not show (deleted while the watch was down) are dropped.
+    let mut listed: Option<HashSet<(String, String)>> = None;
+    let job_key = |job: &CopyJob| (job.namespace().unwrap_or_default(), job.name_any());
+    while let Some(event) = stream.next().await {
+        let job = match event {
+            Ok(watcher::Event::Apply(job)) => job,
+            Ok(watcher::Event::InitApply(job)) => {
+                listed
+                    .get_or_insert_with(HashSet::new)
+                    .insert(job_key(&job));
+                job
+            }
+            Ok(watcher::Event::Init) => {
+                listed = Some(HashSet::new());
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => {
+                metrics.retain_jobs(&listed.take().unwrap_or_default());
+                health.watching.store(true, Ordering::Relaxed);
+                continue;
+            }
+            Ok(watcher::Event::Delete(job)) => {
+                // A finished job's gauges stay (with their final values) as long as the
+                // job exists, and go with it.
+                let (ns, name) = job_key(&job);
+                metrics.forget_job(&ns, &name);
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "watch error");
+                continue;
+            }
+        };
+        agent.consider(&Arc::new(job));
+    }
+    Ok(())
+}
+
+impl Agent {
+    /// Stop every running shard when this agent may no longer hold work (its heartbeat has
+    /// not been renewed for two thirds of a lease); they publish nothing (see run_shard).
+    fn fence_if_stale(&self) {
+        if self.node.fence.holds() {
+            return;
+        }
+        // Only stopped, not marked as given away: if the heartbeat comes back before the
+        // operator gives the shard to someone else, a rescan runs it again (resumed).
+        for (key, active) in lock(&self.running).iter() {
+            if !active.cancel.swap(true, Ordering::Relaxed) {
+                tracing::warn!(shard = %key, "heartbeat not renewed: stopping the shard (another agent may be given it)");
+            }
+        }
+    }
+
+    /// Start the shards of `job` given to this node, and stop those no longer its own.
+    fn consider(self: &Arc<Self>, job: &Arc<CopyJob>) {
+        let Some(status) = &job.status else { return };
+        let prefix = format!(
+            "{}/{}/",
+            job.namespace().unwrap_or_default(),
+            job.name_any()
+        );
+        let deleting = job.metadata.deletion_timestamp.is_some();
+        // Stop runs this job no longer wants here: suspended or deleted (they publish
+        // where they stopped), or given to another node or epoch (they stop silently; the
+        // API server would refuse what they publish).
+        for (key, active) in lock(&self.running).iter() {
+            let Some(id) = key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let mine = status.shards.iter().any(|s| {
+                s.id == id
+                    && s.node == self.node.settings.node
+                    && s.epoch == active.epoch
+                    && !s.failed_by_operator()
+            });
+            if !mine && !active.fenced.swap(true, Ordering::Relaxed) {
+                active.cancel.store(true, Ordering::Relaxed);
+                tracing::warn!(shard = %key, epoch = active.epoch, "the shard was given to another node or epoch: stopping");
+            } else if job.spec.suspend || deleting {
+                if deleting {
+                    active.deleting.store(true, Ordering::Relaxed);
+                }
+                if !active.cancel.swap(true, Ordering::Relaxed) {
+                    tracing::info!(shard = %key, deleting, "stopping shard");
+                }
+            }
+        }
+        if job.spec.suspend || deleting || !self.node.fence.holds() {
+            return;
+        }
+        for (index, shard) in status.shards.iter().enumerate() {
+            if shard.node != self.node.settings.node || shard.state.over() {
+                continue;
+            }
+            let key = format!("{prefix}{}", shard.id);
+            if lock(&self.finished).contains(&format!("{key}/{}", shard.epoch)) {
+                continue;
+            }
+            let active = Arc::new(Active {
+                epoch: shard.epoch,
+                ..Active::default()
+            });
+            {
+                // One run of a shard at a time: a new epoch's run waits until the old
+                // one has stopped (a rescan starts it then).
+                let mut r = lock(&self.running);
+                if r.contains_key(&key) {
+                    continue;
+                }
+                r.insert(key.clone(), active.clone());
+            }
+            let (agent, job, shard) = (self.clone(), job.clone(), shard.clone());
+            tokio::spawn(async move {
+                let active_shards = &crate::serve::metrics().active_shards;
+                active_shards.inc();
+                let target = Target {
+                    job: &job,
+                    shard: &shard,
+                    index,
+                };
+                // None: fenced (the shard moved, or the heartbeat lapsed while it ran).
+                let state = shard::run(&agent.node, target, &active).await;
+                // A suspended shard runs again when the job is resumed, and one stopped
+                // by a stale heartbeat when it is fresh again (if it is still ours); the
+                // others are done.
+                // A run stopped by its heartbeat alone (not by the shard moving) runs
+                // again on a rescan if the shard is still this node's at this epoch.
+                let heartbeat_lost = state.is_none() && !active.fenced.load(Ordering::Relaxed);
+                if state != Some(ShardState::Suspended) && !heartbeat_lost {
+                    lock(&agent.finished).insert(format!("{key}/{}", shard.epoch));
+                }
+                let mut running = lock(&agent.running);
+                if running.get(&key).is_some_and(|a| Arc::ptr_eq(a, &active)) {
+                    running.remove(&key);
+                }
+                active_shards.dec();
+            });
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

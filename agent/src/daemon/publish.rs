@@ -1,0 +1,218 @@
+//! A running shard's counters ([`Live`], fed by the engine) and the fenced status update
+//! that publishes them ([`publish`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ferry_crds::{CopyJob, Reason, ShardState, ShardStatus};
+use ferry_engine::{Failure, Progress, Strategy};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+
+/// Failures a shard's status lists; its `failed` count carries the rest.
+const FAILURES_KEPT: usize = 20;
+
+/// Counters one running shard publishes.
+pub(super) struct Live {
+    started: std::time::Instant,
+    pub(super) files: AtomicU64,
+    pub(super) bytes: AtomicU64,
+    pub(super) reflinked: AtomicU64,
+    pub(super) failed: AtomicU64,
+    failures: Mutex<Vec<Failure>>,
+    /// Why the shard could not start at all (reported with reason `CannotStart`).
+    start_error: Mutex<Option<(Reason, String)>>,
+    /// Bytes of files an earlier run committed (a resumed shard), left out of its rate.
+    resumed_bytes: AtomicU64,
+    /// What this shard carries in all (files, bytes), once a plan has counted it.
+    planned: Mutex<Option<(i64, i64)>>,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Self {
+            started: std::time::Instant::now(),
+            files: AtomicU64::default(),
+            bytes: AtomicU64::default(),
+            reflinked: AtomicU64::default(),
+            failed: AtomicU64::default(),
+            failures: Mutex::default(),
+            start_error: Mutex::default(),
+            resumed_bytes: AtomicU64::default(),
+            planned: Mutex::default(),
+        }
+    }
+}
+
+impl Live {
+    /// Report the shard as a whole failing for `reason` (a failure at path ".").
+    pub(super) fn set_start_error(&self, reason: Reason, message: String) {
+        *lock(&self.start_error) = Some((reason, message));
+    }
+
+    pub(super) fn planned(&self) -> Option<(i64, i64)> {
+        *lock(&self.planned)
+    }
+
+    pub(super) fn set_planned(&self, files: i64, bytes: i64) {
+        *lock(&self.planned) = Some((files, bytes));
+    }
+
+    /// The summary's failures, if none were reported while the copy ran.
+    pub(super) fn keep_failures(&self, failures: &[Failure]) {
+        let mut f = lock(&self.failures);
+        if f.is_empty() {
+            f.extend(failures.iter().take(FAILURES_KEPT).cloned());
+        }
+    }
+}
+
+impl Progress for Live {
+    fn bytes_copied(&self, bytes: u64, strategy: Strategy) {
+        if strategy == Strategy::Reflink {
+            self.reflinked.fetch_add(bytes, Ordering::Relaxed);
+        }
+        crate::serve::metrics().bytes_copied(bytes, strategy);
+    }
+    // Counted as the summary counts them, so the last update does not jump.
+    fn file_done(&self, size: u64, took: Duration) {
+        self.files.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(size, Ordering::Relaxed);
+        crate::serve::metrics().file_copied(took.as_secs_f64());
+    }
+    fn bytes_verified(&self, bytes: u64) {
+        crate::serve::metrics().bytes_verified.inc_by(bytes);
+    }
+    fn skipped(&self) {
+        crate::serve::metrics().file_skipped();
+    }
+    // Committed by an earlier run of this shard: done, but not copied by this one (the
+    // counters start from zero and count the tree as it is, so they are exact whatever
+    // the earlier run managed to publish before it died).
+    fn resumed(&self, size: u64) {
+        self.files.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(size, Ordering::Relaxed);
+        self.resumed_bytes.fetch_add(size, Ordering::Relaxed);
+    }
+    fn failed(&self, failure: &Failure) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        crate::serve::metrics().file_failed(failure.kind);
+        let mut f = lock(&self.failures);
+        if f.len() < FAILURES_KEPT {
+            f.push(failure.clone());
+        }
+    }
+}
+
+/// The shard a run is for: where it sits in the job's status, for the fenced update.
+#[derive(Clone, Copy)]
+pub(super) struct Target<'a> {
+    pub(super) job: &'a CopyJob,
+    pub(super) shard: &'a ShardStatus,
+    pub(super) index: usize,
+}
+
+/// Why a status update was not made.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PublishError {
+    /// The API server refused the patch as unprocessable (422): one of its `test`s of the
+    /// shard's id, node and epoch did not hold, so the shard is no longer this agent's.
+    #[error(transparent)]
+    Fenced(kube::Error),
+    /// Any other failure of the API call; the next update may succeed.
+    #[error(transparent)]
+    Api(kube::Error),
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+}
+
+impl From<kube::Error> for PublishError {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) if s.code == 422 => Self::Fenced(kube::Error::Api(s)),
+            e => Self::Api(e),
+        }
+    }
+}
+
+/// Publish this shard's progress fields (and only those: the operator owns the
+/// assignment), as a JSON patch that first tests the shard is still this node's, at this
+/// epoch: an agent that lost its shard (its heartbeat expired and the work moved on) is
+/// refused by the API server, whatever it believes. `planned`: a dry run's (files, bytes).
+pub(super) async fn publish(
+    client: &Client,
+    node: &str,
+    target: Target<'_>,
+    state: ShardState,
+    live: &Live,
+    planned: Option<(i64, i64)>,
+) -> Result<(), PublishError> {
+    let (job, shard) = (target.job, target.shard);
+    let planned = planned.or(*lock(&live.planned));
+    let bytes = live.bytes.load(Ordering::Relaxed);
+    let rate = bytes.saturating_sub(live.resumed_bytes.load(Ordering::Relaxed)) as f64
+        / live.started.elapsed().as_secs_f64().max(1e-3);
+    let start = lock(&live.start_error)
+        .as_ref()
+        .map(|(r, m)| serde_json::json!({"path": ".", "reason": r, "message": m}));
+    let failures: Vec<serde_json::Value> = start
+        .into_iter()
+        .chain(lock(&live.failures).iter().map(|f| serde_json::json!({"path": f.path.to_string_lossy(), "reason": f.kind, "message": f.message})))
+        .collect();
+    let at = format!("/status/shards/{}", target.index);
+    let mut ops = vec![
+        serde_json::json!({"op": "test", "path": format!("{at}/id"), "value": shard.id}),
+        serde_json::json!({"op": "test", "path": format!("{at}/node"), "value": node}),
+        serde_json::json!({"op": "test", "path": format!("{at}/epoch"), "value": shard.epoch}),
+    ];
+    let mut set = |field: &str, value: serde_json::Value| {
+        ops.push(serde_json::json!({"op": "add", "path": format!("{at}/{field}"), "value": value}));
+    };
+    set("state", state.as_str().into());
+    set("filesDone", live.files.load(Ordering::Relaxed).into());
+    set("bytesDone", bytes.into());
+    set(
+        "bytesReflinked",
+        live.reflinked.load(Ordering::Relaxed).into(),
+    );
+    set("failed", live.failed.load(Ordering::Relaxed).into());
+    set("bytesPerSecond", (rate as i64).into());
+    set("failures", failures.into());
+    if let Some((files, bytes)) = planned {
+        set("plannedFiles", files.into());
+        set("plannedBytes", bytes.into());
+    }
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))?;
+    let ns = job.namespace().unwrap_or_default();
+    let pp = PatchParams {
+        field_manager: Some(ferry_crds::agent_manager(node, &shard.id)),
+        ..Default::default()
+    };
+    Api::<CopyJob>::namespaced(client.clone(), &ns)
+        .patch_status(&job.name_any(), &pp, &Patch::<()>::Json(patch))
+        .await?;
+    // The gauges follow what the status says, after it says it (a dry run copies nothing).
+    if !job.spec.dry_run {
+        let bytes_total = match state {
+            // A finished shard carried what it did, whatever its count said beforehand.
+            ShardState::Succeeded => Some(bytes),
+            _ => planned.map(|p| p.1.max(0) as u64),
+        };
+        crate::serve::metrics().shard_progress(
+            &ns,
+            &job.name_any(),
+            &shard.id,
+            crate::serve::ShardProgress {
+                files_done: live.files.load(Ordering::Relaxed),
+                bytes_done: bytes,
+                bytes_total,
+            },
+        );
+    }
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,623 @@
+//! One run of one shard: open its roots inside the node's filesystem, build the engine's
+//! options, copy on an OS thread while publishing progress, then settle the outcome
+//! (a full destination, the split job's manifests, the flush) and publish it.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_crds::{CopyJobSpec, ManifestName, Reason, ShardState, STATE_DIR};
+use ferry_engine::{Part, Summary};
+use kube::{Client, ResourceExt};
+
+use super::fence::Fence;
+use super::manifest::join_manifests;
+use super::publish::{publish, Live, PublishError, Target};
+use super::settings::Settings;
+
+/// A copy still running after this long gets its totals counted, for the ETA.
+const PLAN_AFTER: Duration = Duration::from_secs(2);
+/// How often running shards publish progress: bounded, whatever the copy rate.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+
+/// What every run on this node shares.
+pub(super) struct Node {
+    pub(super) client: Client,
+    pub(super) settings: Settings,
+    pub(super) fence: Arc<Fence>,
+    /// The syncfs that shards finishing together share.
+    pub(super) flushes: Arc<crate::flush::Flushes>,
+}
+
+impl Node {
+    async fn publish(
+        &self,
+        target: Target<'_>,
+        state: ShardState,
+        live: &Live,
+        planned: Option<(i64, i64)>,
+    ) -> Result<(), PublishError> {
+        publish(
+            &self.client,
+            &self.settings.node,
+            target,
+            state,
+            live,
+            planned,
+        )
+        .await
+    }
+}
+
+/// A shard this agent is running, and how to stop it.
+#[derive(Default)]
+pub(super) struct Active {
+    /// The assignment it runs for.
+    pub(super) epoch: i64,
+    /// Read by the engine at every file boundary.
+    pub(super) cancel: Arc<AtomicBool>,
+    /// The job is being deleted (rather than suspended).
+    pub(super) deleting: AtomicBool,
+    /// The shard is no longer this agent's to run (given to another node or epoch, as the
+    /// watch or the API server says): it stops without publishing anything more.
+    pub(super) fenced: AtomicBool,
+}
+
+/// Run the shard to its end and publish how it ended, unless it is fenced. `None`: fenced
+/// (the shard moved, or the heartbeat lapsed while it ran).
+pub(super) async fn run(
+    node: &Node,
+    target: Target<'_>,
+    active: &Arc<Active>,
+) -> Option<ShardState> {
+    let (job, shard) = (target.job, target.shard);
+    match run_shard(node, target, active).await {
+        Ok(state) => Some(state),
+        // Said where it was noticed.
+        Err(ShardError::Fenced) => None,
+        Err(ShardError::Publish(PublishError::Fenced(_))) => {
+            tracing::warn!(job = %job.name_any(), shard = %shard.id, "the API server refused our update: the shard was given to another node or epoch");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(job = %job.name_any(), error = %with_causes(&e), "shard failed to start");
+            let live = Live::default();
+            live.set_start_error(e.reason(), with_causes(&e));
+            live.failed.store(1, Ordering::Relaxed);
+            let _ = node.publish(target, ShardState::Failed, &live, None).await;
+            Some(ShardState::Failed)
+        }
+    }
+}
+
+/// Why a run of a shard ended without a state of its own to publish.
+#[derive(Debug, thiserror::Error)]
+enum ShardError {
+    /// The run stopped itself because the shard is no longer this agent's: it was given
+    /// to another node or epoch, or the heartbeat lapsed while it ran.
+    #[error("the shard is no longer assigned to this agent's node and epoch")]
+    Fenced,
+    /// A status update failed; [`PublishError::Fenced`] if the API server said the shard
+    /// is no longer ours.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    #[error("open the host root {}", path.display())]
+    HostRoot {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the operator assigned no host path for this shard")]
+    NoHostPath,
+    #[error("the {what} root {path} is not a directory on node {node} (is the volume mounted?)")]
+    Root {
+        what: &'static str,
+        path: String,
+        node: String,
+        #[source]
+        source: ferry_engine::Error,
+    },
+    /// The engine refused a path or failed before copying (the state directory, a dry
+    /// run's count).
+    #[error(transparent)]
+    Engine(#[from] ferry_engine::Error),
+    /// A dry run's count panicked or was cancelled.
+    #[error(transparent)]
+    Count(#[from] tokio::task::JoinError),
+    /// The copy thread could not be started.
+    #[error(transparent)]
+    Spawn(std::io::Error),
+    #[error("copy thread vanished")]
+    CopyThreadVanished(#[source] tokio::sync::oneshot::error::RecvError),
+}
+
+impl ShardError {
+    /// The reason a shard that could not start is reported with: the engine's refusal
+    /// reason (PathEscape, SymlinkRejected, Openat2Unavailable) when it refused, else
+    /// CannotStart.
+    fn reason(&self) -> Reason {
+        match self {
+            Self::Root { source, .. } | Self::Engine(source) => engine_reason(source),
+            Self::Fenced
+            | Self::Publish(_)
+            | Self::HostRoot { .. }
+            | Self::NoHostPath
+            | Self::Count(_)
+            | Self::Spawn(_)
+            | Self::CopyThreadVanished(_) => Reason::CannotStart,
+        }
+    }
+}
+
+fn engine_reason(e: &ferry_engine::Error) -> Reason {
+    match e {
+        ferry_engine::Error::Refused { reason, .. } => *reason,
+        ferry_engine::Error::Io { .. } | ferry_engine::Error::Usage(_) => Reason::CannotStart,
+    }
+}
+
+/// An error and each of its causes, joined by ": " (what `anyhow` prints with `{:#}`):
+/// the message a shard's status carries.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message.push_str(": ");
+        message.push_str(&c.to_string());
+        cause = c.source();
+    }
+    message
+}
+
+async fn run_shard(
+    node: &Node,
+    target: Target<'_>,
+    active: &Arc<Active>,
+) -> Result<ShardState, ShardError> {
+    let (job, shard) = (target.job, target.shard);
+    let roots = open_roots(&node.settings, target)?;
+    if job.spec.dry_run {
+        return dry_run(node, target, &roots).await;
+    }
+    // Nothing becomes visible once the shard is not ours (it moved, per the watch or the
+    // API server) or may not be (the heartbeat lapsed since this run began).
+    let lapses = node.fence.lapses();
+    let state_dir = StateDir::open(&roots, target)?;
+    let opts = options(node, target, active, &state_dir, lapses);
+    let live = Arc::new(Live::default());
+    let resume = opts.resume;
+    let base = state_dir.names.base();
+    tracing::info!(job = %base, shard = %shard.id, epoch = shard.epoch, part = %shard.part, resume, "starting shard");
+    let done = Arc::new(AtomicBool::new(false));
+    node.publish(target, ShardState::Running, &live, None)
+        .await?;
+    count_later(&live, &done, &roots, target);
+    let result = copy(node, target, active, &live, &done, &roots, opts).await?;
+    let state = settle(node, target, active, &live, &roots, &state_dir, &result).await;
+    tracing::info!(job = %base, shard = %shard.id, %state, "shard finished");
+    // Another agent (or epoch) owns the shard now, or may: say nothing more.
+    if active.fenced.load(Ordering::Relaxed) {
+        tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the shard was given to another node or epoch");
+        return Err(ShardError::Fenced);
+    }
+    if !node.fence.holds_since(lapses) {
+        tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the heartbeat not renewed in time while the shard ran (another agent may be given it)");
+        return Err(ShardError::Fenced);
+    }
+    node.publish(target, state, &live, None).await?;
+    Ok(state)
+}
+
+/// The shard's source and destination roots, opened inside the node's filesystem.
+struct Roots {
+    src: Arc<OwnedFd>,
+    dst: Arc<OwnedFd>,
+}
+
+/// Every path from here on is resolved from a directory fd: the roots (admin paths)
+/// inside the node's filesystem, the job's paths (tenant paths) beneath the roots with
+/// openat2 and no symlinks (ferry_engine::copy_beneath). A root is the admin's (or the
+/// kubelet's) to create: a missing one is a mount that is not there, and writing into the
+/// node's own disk below it would hide the data.
+fn open_roots(settings: &Settings, target: Target<'_>) -> Result<Roots, ShardError> {
+    let shard = target.shard;
+    let host = std::fs::File::open(&settings.host_root).map_err(|source| ShardError::HostRoot {
+        path: settings.host_root.clone(),
+        source,
+    })?;
+    let open_root = |what: &'static str, path: &str| {
+        if !path.starts_with('/') {
+            return Err(ShardError::NoHostPath);
+        }
+        ferry_engine::open_host_path(host.as_fd(), path).map_err(|source| ShardError::Root {
+            what,
+            path: path.to_string(),
+            node: settings.node.clone(),
+            source,
+        })
+    };
+    let src = Arc::new(open_root("source", &shard.source_root)?);
+    let dst = Arc::new(open_root("destination", &shard.destination_root)?);
+    Ok(Roots { src, dst })
+}
+
+/// Count what the copy would carry; touch nothing on the destination.
+async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<ShardState, ShardError> {
+    let spec = &target.job.spec;
+    let links = spec.preserve.hard_links;
+    let (root, path) = (roots.src.clone(), PathBuf::from(&spec.source.path));
+    let totals = tokio::task::spawn_blocking(move || {
+        ferry_engine::plan_beneath(root.as_fd(), &path, Part::All, links)
+    })
+    .await??;
+    let planned = Some((totals.files as i64, totals.bytes as i64));
+    node.publish(target, ShardState::Succeeded, &Live::default(), planned)
+        .await?;
+    Ok(ShardState::Succeeded)
+}
+
+/// The state directory under the destination root, where the shard's manifest lives.
+struct StateDir {
+    /// Held open: `path` reaches the directory through this fd.
+    _fd: OwnedFd,
+    path: PathBuf,
+    names: ManifestName,
+}
+
+impl StateDir {
+    /// The manifest lives with the data it describes, under the destination root; each
+    /// part of a split job writes its own, and the directories pass joins them.
+    /// (Reached through /proc/self/fd: the directory itself, whatever its path does later.)
+    fn open(roots: &Roots, target: Target<'_>) -> Result<Self, ShardError> {
+        let job = target.job;
+        let fd = ferry_engine::state_dir(roots.dst.as_fd(), STATE_DIR)?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let names = ManifestName::new(&job.namespace().unwrap_or_default(), &job.name_any());
+        Ok(Self {
+            _fd: fd,
+            path,
+            names,
+        })
+    }
+}
+
+/// The engine's options for this run: the job's policies, resumption, the staging tag
+/// every run of the shard shares, the fence and the cancel flag.
+fn options(
+    node: &Node,
+    target: Target<'_>,
+    active: &Arc<Active>,
+    state_dir: &StateDir,
+    lapses: u64,
+) -> ferry_engine::Options {
+    let (settings, job, shard) = (&node.settings, target.job, target.shard);
+    let select = shard.part;
+    let base = state_dir.names.base();
+    let manifest = state_dir
+        .names
+        .for_part(select)
+        .map(|name| state_dir.path.join(name));
+    // Anything but a fresh shard is a resumption: suspended, left Running by an agent
+    // process that died, or taken over from a lost agent; so is a job re-created after a
+    // failure (its manifest is there). Committed files are kept, not copied again, and
+    // unfinished directories and the staging an interrupted run left are finished.
+    let resume = shard.state != ShardState::Pending
+        || manifest
+            .as_ref()
+            .is_some_and(|m| std::fs::symlink_metadata(m).is_ok());
+    let mut opts = engine_options(&job.spec, settings.workers, manifest);
+    opts.select = select;
+    opts.resume = resume;
+    // Staging names every run of this shard shares (on any node, at any epoch), so a
+    // resumed run adopts what a killed one staged and sweeps its leftovers.
+    opts.staging_tag = Some(format!(
+        "{:012x}",
+        xxhash_rust::xxh3::xxh3_64(format!("{base}/{}", shard.id).as_bytes()) >> 16
+    ));
+    opts.fence = Some(ferry_engine::Fence(Arc::new({
+        let (fence, mine) = (node.fence.clone(), active.clone());
+        move || !mine.fenced.load(Ordering::Relaxed) && fence.holds_since(lapses)
+    })));
+    opts.cancel = Some(active.cancel.clone());
+    opts.faults.delay_per_file = settings.file_delay;
+    opts.faults.corrupt_after_write = settings.corrupt_file.clone().map(String::into_bytes);
+    opts.faults.change_source = settings
+        .change_source
+        .clone()
+        .map(|name| (name.into_bytes(), u32::MAX));
+    opts
+}
+
+fn engine_options(
+    spec: &CopyJobSpec,
+    workers: usize,
+    manifest: Option<PathBuf>,
+) -> ferry_engine::Options {
+    ferry_engine::Options {
+        workers: match spec.parallelism.workers_per_agent {
+            n if n > 0 => n as usize,
+            _ => workers,
+        },
+        reflink: spec.reflink,
+        verify: spec.verify,
+        overwrite: spec.overwrite,
+        preserve: spec.preserve,
+        manifest,
+        ..ferry_engine::Options::default()
+    }
+}
+
+/// Totals for the job's PROGRESS and ETA: counted next to a copy that outlasts a few
+/// seconds (a short one needs no estimate, and would pay for the extra walk).
+fn count_later(live: &Arc<Live>, done: &Arc<AtomicBool>, roots: &Roots, target: Target<'_>) {
+    let (live, done) = (live.clone(), done.clone());
+    let spec = &target.job.spec;
+    let (select, links) = (target.shard.part, spec.preserve.hard_links);
+    let (root, path) = (roots.src.clone(), PathBuf::from(&spec.source.path));
+    tokio::spawn(async move {
+        tokio::time::sleep(PLAN_AFTER).await;
+        if done.load(Ordering::Relaxed) {
+            return;
+        }
+        let totals = tokio::task::spawn_blocking(move || {
+            ferry_engine::plan_beneath(root.as_fd(), &path, select, links)
+        })
+        .await;
+        if let Ok(Ok(t)) = totals {
+            live.set_planned(t.files as i64, t.bytes as i64);
+        }
+    });
+}
+
+/// The copy, on its own OS thread; the async side only publishes its progress, and stops
+/// it the moment the API server says the shard is no longer ours.
+async fn copy(
+    node: &Node,
+    target: Target<'_>,
+    active: &Active,
+    live: &Arc<Live>,
+    done: &Arc<AtomicBool>,
+    roots: &Roots,
+    opts: ferry_engine::Options,
+) -> Result<Result<Summary, ferry_engine::Error>, ShardError> {
+    let shard = target.shard;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    {
+        let (live, done) = (live.clone(), done.clone());
+        let (src_root, dst_root) = (roots.src.clone(), roots.dst.clone());
+        let src_path = PathBuf::from(&target.job.spec.source.path);
+        let dst_path = PathBuf::from(&target.job.spec.destination.path);
+        std::thread::Builder::new()
+            .name("ferry-shard".into())
+            .spawn(move || {
+                let result = ferry_engine::copy_beneath(
+                    src_root.as_fd(),
+                    &src_path,
+                    dst_root.as_fd(),
+                    &dst_path,
+                    &opts,
+                    &*live,
+                );
+                done.store(true, Ordering::Relaxed);
+                let _ = tx.send(result);
+            })
+            .map_err(ShardError::Spawn)?;
+    }
+    let mut rx = rx;
+    let result = loop {
+        tokio::select! {
+            r = &mut rx => break r.map_err(ShardError::CopyThreadVanished)?,
+            _ = tokio::time::sleep(PUBLISH_EVERY) => {
+                if !done.load(Ordering::Relaxed) && !active.fenced.load(Ordering::Relaxed) {
+                    match node.publish(target, ShardState::Running, live, None).await {
+                        // Not ours any more: stop copying at once.
+                        Err(PublishError::Fenced(_)) => {
+                            active.fenced.store(true, Ordering::Relaxed);
+                            active.cancel.store(true, Ordering::Relaxed);
+                            tracing::warn!(shard = %shard.id, epoch = shard.epoch, "the API server refused our progress for this epoch: stopping");
+                        }
+                        Err(e) => tracing::warn!(error = %e, "progress update failed"),
+                        Ok(()) => {}
+                    }
+                }
+            }
+        }
+    };
+    Ok(result)
+}
+
+/// How the copy ended, as the shard's state: a full destination explained, a split job's
+/// manifests joined, the final numbers taken from the summary, and a success flushed.
+async fn settle(
+    node: &Node,
+    target: Target<'_>,
+    active: &Active,
+    live: &Live,
+    roots: &Roots,
+    state_dir: &StateDir,
+    result: &Result<Summary, ferry_engine::Error>,
+) -> ShardState {
+    let (job, select) = (target.job, target.shard.part);
+    let mut state = match result {
+        Ok(summary) if summary.cancelled => {
+            if active.deleting.load(Ordering::Relaxed) {
+                ShardState::Stopped
+            } else {
+                ShardState::Suspended
+            }
+        }
+        Ok(summary) if summary.failed == 0 && summary.aborted.is_none() => ShardState::Succeeded,
+        Ok(summary) => {
+            live.keep_failures(&summary.failures);
+            ShardState::Failed
+        }
+        Err(e) => {
+            tracing::warn!(error = %e.with_causes(), "copy could not start");
+            live.set_start_error(engine_reason(e), e.with_causes());
+            ShardState::Failed
+        }
+    };
+    // A full destination stops the copy (or, at its end, the manifest's last lines).
+    let full = match result {
+        Ok(summary) => summary
+            .failures
+            .iter()
+            .any(|f| f.kind == ferry_engine::Reason::DestinationFull),
+        Err(ferry_engine::Error::Io { source, .. }) => {
+            ferry_engine::reason_of_io(source) == ferry_engine::Reason::DestinationFull
+        }
+        Err(_) => false,
+    };
+    if full {
+        let src_path = PathBuf::from(&job.spec.source.path);
+        let links = job.spec.preserve.hard_links;
+        let message = destination_full(live, roots, &src_path, select, links).await;
+        live.set_start_error(Reason::DestinationFull, message);
+    }
+    if select == Part::Directories && state == ShardState::Succeeded {
+        let parts = job
+            .status
+            .iter()
+            .flat_map(|s| &s.shards)
+            .filter(|s| matches!(s.part, Part::Slice { .. }))
+            .count();
+        if let Err(e) = join_manifests(&state_dir.path, &state_dir.names, parts) {
+            live.set_start_error(
+                Reason::CannotStart,
+                format!("joining the parts' manifests: {}", with_causes(&e)),
+            );
+            state = ShardState::Failed;
+        }
+    }
+    if let Ok(summary) = result {
+        // Final numbers from the summary, not the live counters.
+        live.files
+            .store(summary.files + summary.files_resumed, Ordering::Relaxed);
+        live.bytes
+            .store(summary.bytes + summary.bytes_resumed, Ordering::Relaxed);
+        live.reflinked
+            .store(summary.bytes_reflinked, Ordering::Relaxed);
+        live.failed.store(summary.failed, Ordering::Relaxed);
+    }
+    if state == ShardState::Succeeded {
+        state = flush(node, target, live, roots).await;
+    }
+    state
+}
+
+/// Succeeded means on stable storage: a syncfs of the destination volume, shared with
+/// the shards that finish on it at the same time (see flush.rs), never retried. The
+/// flush can take a while after a large copy, so the final counts are shown first.
+async fn flush(node: &Node, target: Target<'_>, live: &Live, roots: &Roots) -> ShardState {
+    if let Err(e) = node.publish(target, ShardState::Running, live, None).await {
+        tracing::warn!(error = %e, "progress update failed");
+    }
+    let (flushes, volume) = (node.flushes.clone(), roots.dst.clone());
+    let flushed = tokio::task::spawn_blocking(move || {
+        let dev = ferry_engine::volume::device(volume.as_fd()).map_err(|e| e.to_string())?;
+        flushes.flush(dev, || ferry_engine::volume::syncfs(volume.as_fd()))
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    match flushed {
+        Ok(()) => ShardState::Succeeded,
+        Err(why) => {
+            live.set_start_error(
+                Reason::IOError,
+                format!(
+                    "flushing the destination volume failed ({why}): the files may not be on \
+                     stable storage; check the device, then re-create the job"
+                ),
+            );
+            ShardState::Failed
+        }
+    }
+}
+
+/// What a user whose destination filled up needs to know: how much was copied, about how
+/// much more is needed, and how much is free.
+async fn destination_full(
+    live: &Live,
+    roots: &Roots,
+    src_path: &Path,
+    select: Part,
+    links: bool,
+) -> String {
+    let done = live.bytes.load(Ordering::Relaxed);
+    let files = live.files.load(Ordering::Relaxed);
+    let planned = live.planned();
+    let total = match planned {
+        Some((_, bytes)) => Some(bytes.max(0) as u64),
+        // Not counted while copying (a short copy): count it now, the walk is cheap next
+        // to the copy that filled a volume.
+        None => {
+            let (src_root, path) = (roots.src.clone(), src_path.to_path_buf());
+            tokio::task::spawn_blocking(move || {
+                ferry_engine::plan_beneath(src_root.as_fd(), &path, select, links)
+            })
+            .await
+            .ok()
+            .and_then(|t| t.ok())
+            .map(|t| t.bytes)
+        }
+    };
+    let free = ferry_engine::volume::free_bytes(roots.dst.as_fd()).unwrap_or(0);
+    let human = crate::copy_cmd::human;
+    let copied = format!("{files} files ({}) were copied", human(done));
+    let kept = "re-create the job: what was copied is kept and not copied again";
+    match total {
+        Some(total) => {
+            let needed = total.saturating_sub(done);
+            format!(
+                "the destination volume is full: {copied}; about {} more are needed and {} \
+                 are free. Free or add at least {}, then {kept}",
+                human(needed),
+                human(free),
+                human(needed.saturating_sub(free)),
+            )
+        }
+        None => format!(
+            "the destination volume is full: {copied} and {} are free. Free some space, then {kept}",
+            human(free),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_the_engine_refused_is_reported_with_the_engines_reason_and_each_cause_once() {
+        let e = ShardError::Root {
+            what: "source",
+            path: "/data".into(),
+            node: "node-a".into(),
+            source: ferry_engine::Error::Refused {
+                reason: Reason::SymlinkRejected,
+                message: "/data passes a symlink".into(),
+            },
+        };
+        assert_eq!(e.reason(), Reason::SymlinkRejected);
+        assert_eq!(
+            with_causes(&e),
+            "the source root /data is not a directory on node node-a (is the volume mounted?): \
+             /data passes a symlink"
+        );
+    }
+
+    #[test]
+    fn a_host_root_that_cannot_be_opened_cannot_start_and_says_why_once() {
+        let e = ShardError::HostRoot {
+            path: "/host".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert_eq!(e.reason(), Reason::CannotStart);
+        assert_eq!(
+            with_causes(&e),
+            "open the host root /host: No such file or directory (os error 2)"
+        );
+    }
+}
