@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,7 +105,9 @@ fn usage(msg: &str) -> ExitCode {
 /// drawing.
 struct Bar {
     bar: ProgressBar,
-    done: Arc<AtomicBool>,
+    /// Dropped when the copy is done: wakes the ticker at once, so it stops without
+    /// waiting out its interval.
+    done: std::sync::mpsc::Sender<()>,
     ticker: std::thread::JoinHandle<()>,
 }
 
@@ -142,14 +145,13 @@ impl Bar {
             });
         }
         let bar = ProgressBar::no_length().with_style(style(COUNTING));
-        let done = Arc::new(AtomicBool::new(false));
+        let (done, stopped) = std::sync::mpsc::channel::<()>();
         let ticker = {
-            let (bar, done) = (bar.clone(), done.clone());
+            let bar = bar.clone();
             std::thread::spawn(move || {
                 // Once counted: whether the bar counts bytes (else entries).
                 let mut by_bytes = None;
-                while !done.load(Ordering::Relaxed) {
-                    std::thread::sleep(BAR_EVERY);
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(BAR_EVERY) {
                     let (n, b) = (
                         live.entries.load(Ordering::Relaxed),
                         live.bytes.load(Ordering::Relaxed),
@@ -185,7 +187,7 @@ impl Bar {
 
     /// Stop the ticker and clear the bar, so the summary is printed on a clean line.
     fn finish(self) {
-        self.done.store(true, Ordering::Relaxed);
+        drop(self.done);
         let _ = self.ticker.join();
         self.bar.finish_and_clear();
     }

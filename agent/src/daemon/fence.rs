@@ -29,7 +29,7 @@ pub struct Fence {
     /// Nanoseconds after `base`; 0 before the first renewal.
     until: AtomicU64,
     /// Times a renewal came after `until` had passed: a run that began before such a gap
-    /// may have lost its work meanwhile, so it never commits again (see `Run::owns`).
+    /// may have lost its work meanwhile, so it never commits again (see `holds_since`).
     lapses: AtomicU64,
     lease: Duration,
 }

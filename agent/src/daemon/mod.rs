@@ -1,12 +1,15 @@
 //! `ferry-agent run`: one per node. Heartbeats a Lease, watches CopyJobs for shards
 //! assigned to its node, runs each on the engine (on its own OS thread, never on a tokio
-//! worker) and publishes the shard's progress by server-side apply under its own field
-//! manager, so it owns only its shard's progress fields.
+//! worker) and publishes the shard's progress under its own field manager, as a JSON
+//! patch of only its shard's progress fields that the API server applies only while the
+//! shard is still this node's at this epoch (see `publish`).
 //!
 //! This module is the watch loop: it starts the runs of the shards given to this node
 //! and stops those no longer its own. `fence` keeps the heartbeat, `shard` runs one
-//! shard, `publish` writes its status, `manifest` joins a split job's manifests.
+//! shard (`error`: why a run ended without a state of its own), `publish` writes its
+//! status, `manifest` joins a split job's manifests.
 
+mod error;
 mod fence;
 mod manifest;
 mod publish;

@@ -1,0 +1,124 @@
+//! Why a run of a shard ended without a state of its own to publish ([`ShardError`]),
+//! and what the shard's status then says: which [`Reason`], which message.
+
+use std::path::PathBuf;
+
+use ferry_crds::Reason;
+
+use super::publish::PublishError;
+
+/// Why a run of a shard ended without a state of its own to publish.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ShardError {
+    /// The run stopped itself because the shard is no longer this agent's: it was given
+    /// to another node or epoch, or the heartbeat lapsed while it ran.
+    #[error("the shard is no longer assigned to this agent's node and epoch")]
+    Fenced,
+    /// A status update failed; [`PublishError::Fenced`] if the API server said the shard
+    /// is no longer ours.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    #[error("open the host root {}", path.display())]
+    HostRoot {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the operator assigned no host path for this shard")]
+    NoHostPath,
+    #[error("the {what} root {path} is not a directory on node {node} (is the volume mounted?)")]
+    Root {
+        what: &'static str,
+        path: String,
+        node: String,
+        #[source]
+        source: ferry_engine::Error,
+    },
+    /// The engine refused a path or failed before copying (the state directory, a dry
+    /// run's count).
+    #[error(transparent)]
+    Engine(#[from] ferry_engine::Error),
+    /// A dry run's count panicked or was cancelled.
+    #[error(transparent)]
+    Count(#[from] tokio::task::JoinError),
+    /// The copy thread could not be started.
+    #[error(transparent)]
+    Spawn(std::io::Error),
+    #[error("copy thread vanished")]
+    CopyThreadVanished(#[source] tokio::sync::oneshot::error::RecvError),
+}
+
+impl ShardError {
+    /// The reason a shard that could not start is reported with: the engine's refusal
+    /// reason (PathEscape, SymlinkRejected, Openat2Unavailable) when it refused, else
+    /// CannotStart.
+    pub(super) fn reason(&self) -> Reason {
+        match self {
+            Self::Root { source, .. } | Self::Engine(source) => engine_reason(source),
+            Self::Fenced
+            | Self::Publish(_)
+            | Self::HostRoot { .. }
+            | Self::NoHostPath
+            | Self::Count(_)
+            | Self::Spawn(_)
+            | Self::CopyThreadVanished(_) => Reason::CannotStart,
+        }
+    }
+}
+
+pub(super) fn engine_reason(e: &ferry_engine::Error) -> Reason {
+    match e {
+        ferry_engine::Error::Refused { reason, .. } => *reason,
+        ferry_engine::Error::Io { .. } | ferry_engine::Error::Usage(_) => Reason::CannotStart,
+    }
+}
+
+/// An error and each of its causes, joined by ": " (what `anyhow` prints with `{:#}`):
+/// the message a shard's status carries.
+pub(super) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message.push_str(": ");
+        message.push_str(&c.to_string());
+        cause = c.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_the_engine_refused_is_reported_with_the_engines_reason_and_each_cause_once() {
+        let e = ShardError::Root {
+            what: "source",
+            path: "/data".into(),
+            node: "node-a".into(),
+            source: ferry_engine::Error::Refused {
+                reason: Reason::SymlinkRejected,
+                message: "/data passes a symlink".into(),
+            },
+        };
+        assert_eq!(e.reason(), Reason::SymlinkRejected);
+        assert_eq!(
+            with_causes(&e),
+            "the source root /data is not a directory on node node-a (is the volume mounted?): \
+             /data passes a symlink"
+        );
+    }
+
+    #[test]
+    fn a_host_root_that_cannot_be_opened_cannot_start_and_says_why_once() {
+        let e = ShardError::HostRoot {
+            path: "/host".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert_eq!(e.reason(), Reason::CannotStart);
+        assert_eq!(
+            with_causes(&e),
+            "open the host root /host: No such file or directory (os error 2)"
+        );
+    }
+}
