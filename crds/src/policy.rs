@@ -24,68 +24,67 @@ pub trait Policy: Sized + Copy + 'static {
     }
 }
 
+/// [`Policy`] for a `wire_enum!` (which gives the API's names), with the command line's.
 macro_rules! policy {
     ($t:ident { $($v:ident => $cli:literal),+ $(,)? }) => {
         impl Policy for $t {
-            const ALL: &'static [Self] = &[$(Self::$v),+];
+            const ALL: &'static [Self] = $t::ALL;
             fn api_name(self) -> &'static str {
-                match self { $(Self::$v => stringify!($v)),+ }
+                self.as_str()
             }
             fn cli_name(self) -> &'static str {
                 match self { $(Self::$v => $cli),+ }
             }
         }
-        impl std::fmt::Display for $t {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.api_name())
-            }
-        }
     };
 }
 
-/// Whether data may be shared with the source by reflink (`FICLONE`) instead of copied.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "k8s", derive(schemars::JsonSchema))]
-pub enum Reflink {
-    /// Clone where the filesystems allow it, copy otherwise.
-    #[default]
-    Auto,
-    /// Clone or fail the file: for callers that rely on O(metadata) copies.
-    Always,
-    /// Never share blocks. Also avoids `copy_file_range` on filesystems where it clones
-    /// implicitly (XFS, btrfs, NFS), so the destination owns its own blocks.
-    Never,
+wire_enum! {
+    /// Whether data may be shared with the source by reflink (`FICLONE`) instead of copied.
+    #[derive(Default)]
+    pub enum Reflink {
+        /// Clone where the filesystems allow it, copy otherwise.
+        #[default]
+        Auto,
+        /// Clone or fail the file: for callers that rely on O(metadata) copies.
+        Always,
+        /// Never share blocks. Also avoids `copy_file_range` on filesystems where it clones
+        /// implicitly (XFS, btrfs, NFS), so the destination owns its own blocks.
+        Never,
+    }
 }
 policy!(Reflink { Auto => "auto", Always => "always", Never => "never" });
 
-/// How copied files are checked against their source.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "k8s", derive(schemars::JsonSchema))]
-pub enum Verify {
-    /// No check beyond the byte counts of each call.
-    None,
-    /// Hash (xxHash3-128) the source bytes as they are read and the destination bytes after
-    /// writing (from the page cache); a difference fails the file.
-    #[default]
-    Checksum,
-    /// As Checksum, with the destination flushed (`fdatasync`) and evicted from the page
-    /// cache before it is re-read, so the bytes come from the medium.
-    Full,
+wire_enum! {
+    /// How copied files are checked against their source.
+    #[derive(Default)]
+    pub enum Verify {
+        /// No check beyond the byte counts of each call.
+        None,
+        /// Hash (xxHash3-128) the source bytes as they are read and the destination bytes after
+        /// writing (from the page cache); a difference fails the file.
+        #[default]
+        Checksum,
+        /// As Checksum, with the destination flushed (`fdatasync`) and evicted from the page
+        /// cache before it is re-read, so the bytes come from the medium.
+        Full,
+    }
 }
 policy!(Verify { None => "none", Checksum => "checksum", Full => "full" });
 
-/// What happens to entries the destination already has (only possible when copying into an
-/// existing directory).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "k8s", derive(schemars::JsonSchema))]
-pub enum Overwrite {
-    /// Keep them; the source entry is skipped and counted.
-    #[default]
-    Never,
-    /// Replace them unless they are regular files of the source's size and mtime.
-    IfChanged,
-    /// Replace them (by rename: a link at that name is replaced, never written through).
-    Always,
+wire_enum! {
+    /// What happens to entries the destination already has (only possible when copying into an
+    /// existing directory).
+    #[derive(Default)]
+    pub enum Overwrite {
+        /// Keep them; the source entry is skipped and counted.
+        #[default]
+        Never,
+        /// Replace them unless they are regular files of the source's size and mtime.
+        IfChanged,
+        /// Replace them (by rename: a link at that name is replaced, never written through).
+        Always,
+    }
 }
 policy!(Overwrite { Never => "never", IfChanged => "if-changed", Always => "always" });
 
