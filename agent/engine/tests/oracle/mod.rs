@@ -6,40 +6,18 @@
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use ferry_engine::{resolve_beneath, Error, Reason};
 
-/// The kernel's own answers by raw system calls: an oracle that shares no code with the
-/// engine's private `sys` module.
+/// The kernel's own `openat2`, called directly: an oracle that shares no code with the
+/// engine's private `sys` module (std has no `openat2`).
 #[allow(unsafe_code)]
 mod sys {
     use std::ffi::CStr;
     use std::io;
     use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-
-    fn owned(fd: libc::c_int) -> io::Result<OwnedFd> {
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel just returned this fd, and nothing else owns it.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    }
-
-    pub fn open(path: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
-        // SAFETY: `path` is a valid NUL-terminated string.
-        owned(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) })
-    }
-
-    pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: `st` is writable memory of the right size; the kernel fills it on success.
-        if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fstat succeeded, so `st` is initialised.
-        Ok(unsafe { st.assume_init() })
-    }
 
     pub fn openat2(
         dir: BorrowedFd<'_>,
@@ -69,7 +47,11 @@ mod sys {
                 std::mem::size_of::<OpenHow>(),
             )
         };
-        owned(fd as libc::c_int)
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this fd, and nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
     }
 }
 
@@ -105,8 +87,7 @@ pub fn fixture() -> Fixture {
     for (at, to) in links {
         std::os::unix::fs::symlink(to, root.join(at)).expect("symlink");
     }
-    let c = CString::new(root.as_os_str().as_bytes()).expect("path");
-    let root_fd = sys::open(&c, libc::O_RDONLY | libc::O_DIRECTORY).expect("open root");
+    let root_fd = OwnedFd::from(std::fs::File::open(&root).expect("open root"));
     Fixture {
         _dir: dir,
         root,
@@ -130,8 +111,10 @@ pub fn path_from(data: &[u8]) -> Vec<u8> {
 }
 
 fn ident(fd: &OwnedFd) -> (u64, u64) {
-    let st = sys::fstat(fd.as_fd()).expect("fstat");
-    (st.st_dev, st.st_ino)
+    let st = std::fs::File::from(fd.try_clone().expect("dup"))
+        .metadata()
+        .expect("fstat");
+    (st.dev(), st.ino())
 }
 
 fn lexically_clean(path: &[u8]) -> bool {
