@@ -84,7 +84,7 @@ pub fn run(args: &CopyArgs) -> ExitCode {
     }
     let summary = match result {
         Ok(s) => s,
-        Err(e) => return usage(&e.with_causes()),
+        Err(e) => return usage(&crate::with_causes(&e)),
     };
     report(&summary, args.json);
     if summary.failed == 0 && summary.aborted.is_none() {

@@ -7,3 +7,25 @@ pub mod copy_cmd;
 pub mod daemon;
 pub mod flush;
 pub mod serve;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Lock `m` even if a thread panicked holding it: what the agent keeps behind locks
+/// (counters, lists of running shards and failures) is consistent at every step, so one
+/// panicked task must not take the others down.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An error and each of its causes, joined by ": " (what `anyhow` prints with `{:#}`): the
+/// one-line message a shard's status and the CLI's usage error carry.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message.push_str(": ");
+        message.push_str(&c.to_string());
+        cause = c.source();
+    }
+    message
+}

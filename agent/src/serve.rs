@@ -17,6 +17,8 @@ use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
+use crate::lock;
+
 /// Buckets of the per-file copy time, in seconds: from a small file on tmpfs (~100 µs) to
 /// a large file over a slow network filesystem.
 const FILE_SECONDS_BUCKETS: [f64; 16] = [
@@ -262,10 +264,6 @@ impl Metrics {
             self.forget_job(&ns, &job);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 static METRICS: std::sync::OnceLock<Metrics> = std::sync::OnceLock::new();

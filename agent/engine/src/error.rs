@@ -10,8 +10,8 @@ use ferry_crds::Reason;
 /// A copy that could not start, or could not go on at all.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The io error is the source, not part of the message: `anyhow`'s `{:#}` (or
-    /// [`Error::with_causes`]) prints each cause once.
+    /// The io error is the source, not part of the message: `anyhow`'s `{:#}` (or the
+    /// agent's `with_causes`) prints each cause once.
     #[error("{op} {}", path.display())]
     Io {
         op: &'static str,
@@ -34,19 +34,6 @@ impl Error {
             path: path.into(),
             source,
         }
-    }
-
-    /// The message followed by each of its causes (`op path: cause`), for a one-line report
-    /// where the error is not held by an `anyhow::Error` (whose `{:#}` prints the same).
-    pub fn with_causes(&self) -> String {
-        let mut message = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(c) = cause {
-            message.push_str(": ");
-            message.push_str(&c.to_string());
-            cause = c.source();
-        }
-        message
     }
 }
 

@@ -126,7 +126,10 @@ fn read_noatime(p: &Path) -> Result<Vec<u8>> {
 fn reason(r: Result<ferry_engine::Summary, Error>) -> Result<(&'static str, String)> {
     match r {
         Err(Error::Refused { reason, message }) => Ok((reason.as_str(), message)),
-        Err(e) => bail!("expected a refusal, got the error {}", e.with_causes()),
+        Err(e) => bail!(
+            "expected a refusal, got the error {:#}",
+            anyhow::Error::from(e)
+        ),
         Ok(s) => bail!("expected a refusal, the copy ran: {s:?}"),
     }
 }

@@ -73,22 +73,10 @@ pub(super) fn engine_reason(e: &ferry_engine::Error) -> Reason {
     }
 }
 
-/// An error and each of its causes, joined by ": " (what `anyhow` prints with `{:#}`):
-/// the message a shard's status carries.
-pub(super) fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        message.push_str(": ");
-        message.push_str(&c.to_string());
-        cause = c.source();
-    }
-    message
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::with_causes;
 
     #[test]
     fn a_root_the_engine_refused_is_reported_with_the_engines_reason_and_each_cause_once() {

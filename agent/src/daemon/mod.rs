@@ -33,6 +33,8 @@ pub use settings::Settings;
 use publish::Target;
 use shard::{Active, Node};
 
+use crate::lock;
+
 /// How often every known job is looked at again, for what no watch event announces: a
 /// shard whose older run (a stale epoch) has just stopped, a heartbeat that came back.
 const RESCAN_EVERY: Duration = Duration::from_secs(3);
@@ -268,8 +270,4 @@ impl Agent {
             });
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -5,10 +5,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ferry_crds::{CopyJob, Reason, ShardState, ShardStatus};
+use ferry_crds::{CopyJob, FailedPath, Reason, ShardState, ShardStatus};
 use ferry_engine::{Failure, Progress, Strategy};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
+
+use crate::lock;
 
 /// Failures a shard's status lists; its `failed` count carries the rest.
 const FAILURES_KEPT: usize = 20;
@@ -153,12 +155,21 @@ pub(super) async fn publish(
     let bytes = live.bytes.load(Ordering::Relaxed);
     let rate = bytes.saturating_sub(live.resumed_bytes.load(Ordering::Relaxed)) as f64
         / live.started.elapsed().as_secs_f64().max(1e-3);
+    // The whole shard's failure (path "."), then the entries'.
     let start = lock(&live.start_error)
         .as_ref()
-        .map(|(r, m)| serde_json::json!({"path": ".", "reason": r, "message": m}));
-    let failures: Vec<serde_json::Value> = start
+        .map(|(reason, message)| FailedPath {
+            path: ".".into(),
+            reason: *reason,
+            message: message.clone(),
+        });
+    let failures: Vec<FailedPath> = start
         .into_iter()
-        .chain(lock(&live.failures).iter().map(|f| serde_json::json!({"path": f.path.to_string_lossy(), "reason": f.kind, "message": f.message})))
+        .chain(lock(&live.failures).iter().map(|f| FailedPath {
+            path: f.path.to_string_lossy().into_owned(),
+            reason: f.kind,
+            message: f.message.clone(),
+        }))
         .collect();
     let at = format!("/status/shards/{}", target.index);
     let mut ops = vec![
@@ -178,7 +189,7 @@ pub(super) async fn publish(
     );
     set("failed", live.failed.load(Ordering::Relaxed).into());
     set("bytesPerSecond", (rate as i64).into());
-    set("failures", failures.into());
+    set("failures", serde_json::to_value(failures)?);
     if let Some((files, bytes)) = planned {
         set("plannedFiles", files.into());
         set("plannedBytes", bytes.into());
@@ -211,8 +222,4 @@ pub(super) async fn publish(
         );
     }
     Ok(())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

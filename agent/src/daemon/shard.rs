@@ -12,11 +12,12 @@ use ferry_crds::{CopyJobSpec, ManifestName, Reason, ShardState, STATE_DIR};
 use ferry_engine::{Part, Summary};
 use kube::{Client, ResourceExt};
 
-use super::error::{engine_reason, with_causes, ShardError};
+use super::error::{engine_reason, ShardError};
 use super::fence::Fence;
 use super::manifest::join_manifests;
 use super::publish::{publish, Live, PublishError, Target};
 use super::settings::Settings;
+use crate::with_causes;
 
 /// A copy still running after this long gets its totals counted, for the ETA.
 const PLAN_AFTER: Duration = Duration::from_secs(2);
@@ -168,12 +169,8 @@ fn open_roots(settings: &Settings, target: Target<'_>) -> Result<Roots, ShardErr
 /// Count what the copy would carry; touch nothing on the destination.
 async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<ShardState, ShardError> {
     let spec = &target.job.spec;
-    let links = spec.preserve.hard_links;
-    let (root, path) = (roots.src.clone(), PathBuf::from(&spec.source.path));
-    let totals = tokio::task::spawn_blocking(move || {
-        ferry_engine::plan_beneath(root.as_fd(), &path, Part::All, links)
-    })
-    .await??;
+    let path = Path::new(&spec.source.path);
+    let totals = plan(&roots.src, path, Part::All, spec.preserve.hard_links).await??;
     let planned = Some((totals.files as i64, totals.bytes as i64));
     node.publish(target, ShardState::Succeeded, &Live::default(), planned)
         .await?;
@@ -271,6 +268,21 @@ fn engine_options(
     }
 }
 
+/// What a copy of `path` inside `root` carries (`select`'s files, hard links kept or not),
+/// counted on a blocking thread: for a dry run, the ETA, and a full destination's message.
+async fn plan(
+    root: &Arc<OwnedFd>,
+    path: &Path,
+    select: Part,
+    links: bool,
+) -> Result<Result<ferry_engine::Totals, ferry_engine::Error>, tokio::task::JoinError> {
+    let (root, path) = (root.clone(), path.to_path_buf());
+    tokio::task::spawn_blocking(move || {
+        ferry_engine::plan_beneath(root.as_fd(), &path, select, links)
+    })
+    .await
+}
+
 /// Totals for the job's PROGRESS and ETA: counted next to a copy that outlasts a few
 /// seconds (a short one needs no estimate, and would pay for the extra walk).
 fn count_later(live: &Arc<Live>, done: &Arc<AtomicBool>, roots: &Roots, target: Target<'_>) {
@@ -283,11 +295,7 @@ fn count_later(live: &Arc<Live>, done: &Arc<AtomicBool>, roots: &Roots, target: 
         if done.load(Ordering::Relaxed) {
             return;
         }
-        let totals = tokio::task::spawn_blocking(move || {
-            ferry_engine::plan_beneath(root.as_fd(), &path, select, links)
-        })
-        .await;
-        if let Ok(Ok(t)) = totals {
+        if let Ok(Ok(t)) = plan(&root, &path, select, links).await {
             live.set_planned(t.files as i64, t.bytes as i64);
         }
     });
@@ -376,8 +384,8 @@ async fn settle(
             ShardState::Failed
         }
         Err(e) => {
-            tracing::warn!(error = %e.with_causes(), "copy could not start");
-            live.set_start_error(engine_reason(e), e.with_causes());
+            tracing::warn!(error = %with_causes(e), "copy could not start");
+            live.set_start_error(engine_reason(e), with_causes(e));
             ShardState::Failed
         }
     };
@@ -474,16 +482,11 @@ async fn destination_full(
         Some((_, bytes)) => Some(bytes.max(0) as u64),
         // Not counted while copying (a short copy): count it now, the walk is cheap next
         // to the copy that filled a volume.
-        None => {
-            let (src_root, path) = (roots.src.clone(), src_path.to_path_buf());
-            tokio::task::spawn_blocking(move || {
-                ferry_engine::plan_beneath(src_root.as_fd(), &path, select, links)
-            })
+        None => plan(&roots.src, src_path, select, links)
             .await
             .ok()
             .and_then(|t| t.ok())
-            .map(|t| t.bytes)
-        }
+            .map(|t| t.bytes),
     };
     let free = ferry_engine::volume::free_bytes(roots.dst.as_fd()).unwrap_or(0);
     let human = crate::copy_cmd::human;
