@@ -71,7 +71,7 @@ pub fn needs_nodes(
     shards.is_empty()
         || (job.spec.dry_run && splittable)
         || shards.iter().any(|s| {
-            s.node.is_empty() || (shared && !schedule::finished(s) && lost_for(&s.node).is_some())
+            s.node.is_empty() || (shared && !s.state.finished() && lost_for(&s.node).is_some())
         })
 }
 

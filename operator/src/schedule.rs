@@ -47,23 +47,19 @@ pub fn initial(parts: Option<i32>, source_root: &str, destination_root: &str) ->
     }
 }
 
-pub fn finished(s: &ShardStatus) -> bool {
-    s.state.finished()
-}
-
 /// Give unassigned shards to idle agents among `eligible` (at most one unfinished shard
 /// per node, at most `max_agents` nodes busy at once); the directories pass waits until
 /// every part has finished. Returns whether anything was assigned.
 pub fn assign(shards: &mut [ShardStatus], eligible: &[String], max_agents: usize) -> bool {
     let mut busy: BTreeSet<String> = shards
         .iter()
-        .filter(|s| !s.node.is_empty() && !finished(s))
+        .filter(|s| !s.node.is_empty() && !s.state.finished())
         .map(|s| s.node.clone())
         .collect();
     let parts_done = shards
         .iter()
         .filter(|s| s.part != Part::Directories)
-        .all(finished);
+        .all(|s| s.state.finished());
     let mut changed = false;
     for s in shards.iter_mut().filter(|s| s.node.is_empty()) {
         if s.part == Part::Directories && !parts_done {
@@ -114,7 +110,7 @@ pub fn handle_lost(
     let mut out = Lost::default();
     for s in shards
         .iter_mut()
-        .filter(|s| !s.node.is_empty() && !finished(s))
+        .filter(|s| !s.node.is_empty() && !s.state.finished())
     {
         let Some(lost) = lost_for(&s.node) else {
             continue;
