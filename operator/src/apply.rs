@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_crds::{CopyJob, Phase, ShardState, OPERATOR_MANAGER};
+use ferry_crds::{CopyJob, CopyJobStatus, Phase, ShardState, OPERATOR_MANAGER};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -38,7 +38,9 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     let ns = job
         .namespace()
         .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
-    let old = job.status.clone().unwrap_or_default();
+    // Borrowed, not cloned: a status holds up to 65 shards with their failures.
+    let unset = CopyJobStatus::default();
+    let old = job.status.as_ref().unwrap_or(&unset);
     // A finished job is history: it is not resolved again.
     let endpoints = if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
         Endpoints::Finished

@@ -78,7 +78,9 @@ pub fn needs_nodes(
 /// Decide a reconcile of `input.job`.
 pub fn decide(input: &Inputs) -> Decision {
     let job = input.job;
-    let old = job.status.clone().unwrap_or_default();
+    // Borrowed, not cloned: a status holds up to 65 shards with their failures.
+    let unset = CopyJobStatus::default();
+    let old = job.status.as_ref().unwrap_or(&unset);
     let previous = old.conditions.as_slice();
     let mut shards = old.shards.clone();
     let (conditions, scheduled) = match input.endpoints {

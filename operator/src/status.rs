@@ -189,7 +189,9 @@ pub fn summarize(
     shape: Option<(i64, Vec<String>)>,
 ) -> CopyJobStatus {
     let generation = job.metadata.generation;
-    let old = job.status.clone().unwrap_or_default();
+    // Borrowed, not cloned: a status holds up to 65 shards with their failures.
+    let unset = CopyJobStatus::default();
+    let old = job.status.as_ref().unwrap_or(&unset);
     let previous = old.conditions.as_slice();
     let (phase, progress, failures) = aggregate(&shards);
     let phase = match (refused, job.spec.suspend) {
