@@ -124,7 +124,7 @@ fn a_failed_syncfs_fails_the_copy_with_an_ioerror_for_the_destination() -> Resul
     source_tree(&src)?;
     let mut opts = Options {
         sync: true,
-        ..Options::default()
+        ..unverified()
     };
     let ok = ferry_engine::copy(&src, &tmp.path().join("synced"), &opts, &NoProgress)?;
     ensure!(ok.failures.is_empty() && ok.aborted.is_none(), "{ok:?}");
@@ -163,7 +163,7 @@ fn eio_reading_a_source_is_retried_once_then_reported_through_the_engine() -> Re
     mkdir(&dst)?;
     let opts = Options {
         workers: 2,
-        ..Options::default()
+        ..unverified()
     };
     let s = ferry_engine::copy(&mnt.dir, &dst, &opts, &NoProgress)?;
     let failed: BTreeSet<_> = s

@@ -40,7 +40,7 @@ fn leftover_staging_files_of_our_tag_are_removed_and_every_other_name_survives()
     let opts = Options {
         resume: true,
         staging_tag: Some(TAG.into()),
-        ..Options::default()
+        ..unverified()
     };
     let s = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
     ensure!(s.failures.is_empty(), "{:?}", s.failures);
@@ -77,7 +77,7 @@ fn a_staging_tag_that_could_match_other_names_is_refused_before_anything_is_made
     for bad in ["", "a-b", "a/b", "x.tmp", &"f".repeat(33)] {
         let opts = Options {
             staging_tag: Some(bad.into()),
-            ..Options::default()
+            ..unverified()
         };
         let r = ferry_engine::copy(&src, &dst, &opts, &NoProgress);
         ensure!(

@@ -155,7 +155,7 @@ fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_sourc
         &dst,
         &Options {
             select: Part::Directories,
-            ..Options::default()
+            ..unverified()
         },
         &ferry_engine::NoProgress,
     )?;

@@ -145,7 +145,7 @@ fn dotdot_absolute_and_nul_paths_are_refused_as_path_escape() -> Result<()> {
         ("/etc", "copy"),
         ("f", "/tmp/x"),
     ] {
-        let (why, msg) = reason(sb.copy(src, dst, &Options::default()))?;
+        let (why, msg) = reason(sb.copy(src, dst, &unverified()))?;
         ensure!(why == "PathEscape", "{src} -> {dst}: {why}: {msg}");
     }
     let nul = Path::new(std::ffi::OsStr::from_bytes(b"f\0x"));
@@ -155,7 +155,7 @@ fn dotdot_absolute_and_nul_paths_are_refused_as_path_escape() -> Result<()> {
         nul,
         d.as_fd(),
         Path::new("c"),
-        &Options::default(),
+        &unverified(),
         &NoProgress,
     );
     ensure!(reason(r)?.0 == "PathEscape");
@@ -181,7 +181,7 @@ fn a_symlinked_component_in_the_source_or_destination_path_is_refused() -> Resul
         ("real", "rel/new"),
         ("real", "escape"),
     ] {
-        let (why, msg) = reason(sb.copy(src, dst, &Options::default()))?;
+        let (why, msg) = reason(sb.copy(src, dst, &unverified()))?;
         ensure!(
             why == "SymlinkRejected",
             "{src} -> {dst} should be SymlinkRejected, got {why}: {msg}"
@@ -201,7 +201,7 @@ fn symlinks_inside_the_tree_are_copied_as_links_and_never_followed() -> Result<(
     symlink(sb.outside.join("canary"), &tree.join("abs"))?;
     symlink("../../../outside/dir", &tree.join("rel"))?;
     let s = sb
-        .copy("tree", "copy", &Options::default())
+        .copy("tree", "copy", &unverified())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     ensure!(s.failures.is_empty(), "{:?}", s.failures);
     ensure!(
@@ -229,7 +229,7 @@ fn a_destination_name_planted_as_a_link_to_the_outside_is_never_written_through(
     for overwrite in [Overwrite::Never, Overwrite::IfChanged, Overwrite::Always] {
         let opts = Options {
             overwrite,
-            ..Options::default()
+            ..unverified()
         };
         let (why, _) = reason(sb.copy("f", "f", &opts))?;
         ensure!(why == "SymlinkRejected", "{overwrite:?}: {why}");
@@ -244,7 +244,7 @@ fn a_destination_name_planted_as_a_link_to_the_outside_is_never_written_through(
     for overwrite in [Overwrite::Never, Overwrite::IfChanged, Overwrite::Always] {
         let opts = Options {
             overwrite,
-            ..Options::default()
+            ..unverified()
         };
         let s = sb
             .copy("tree", "merge", &opts)
@@ -316,7 +316,7 @@ fn a_source_directory_swapped_with_a_symlink_during_the_copy_never_leads_outside
                 &dst,
                 &Options {
                     workers: 2,
-                    ..Options::default()
+                    ..unverified()
                 },
             );
             stop.store(true, Ordering::Relaxed);
@@ -368,7 +368,7 @@ fn a_destination_directory_swapped_with_a_symlink_during_a_merge_never_writes_ou
                 &Options {
                     workers: 2,
                     overwrite,
-                    ..Options::default()
+                    ..unverified()
                 },
             );
             stop.store(true, Ordering::Relaxed);
@@ -398,7 +398,7 @@ fn a_file_swapped_for_a_fifo_mid_walk_is_recreated_never_opened_for_reading() ->
         let swapper = s.spawn(|| swap_loop(&tree, "file", "fifo", &stop));
         // A FIFO opened for reading with no writer would block forever: the copy
         // finishing at all is the check (the test harness would time out otherwise).
-        let r = sb.copy("tree", "copy", &Options::default());
+        let r = sb.copy("tree", "copy", &unverified());
         stop.store(true, Ordering::Relaxed);
         (swapper.join().expect("swapper panicked"), r)
     });

@@ -24,6 +24,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
+/// The engine's options as they were when these tests were written: `Options::default()`
+/// with verification off. Verification is on by default now (a CopyJob's default), and a
+/// hash forces the user-space read/write path, which would take the kernel's copy paths
+/// (reflink, `copy_file_range`, chunks) these tests exercise out of them. Tests about
+/// verification set it themselves.
+pub fn unverified() -> ferry_engine::Options {
+    ferry_engine::Options {
+        verify: ferry_engine::Verify::None,
+        ..ferry_engine::Options::default()
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Environment
 // ---------------------------------------------------------------------------------------
