@@ -52,6 +52,7 @@ impl<'a> Ctx<'a> {
         staged: Staged,
         st: &Stat,
         file: (&CStr, &CStr, Caps, Instant, Tries),
+        local: &Local,
     ) {
         let (src_name, name, caps, started, tries) = file;
         let chunks = (st.st_size as u64).div_ceil(CHUNK);
@@ -81,12 +82,12 @@ impl<'a> Ctx<'a> {
             started,
             tries,
         });
-        // All its tasks go to the queue and this worker returns to its directory: with
+        // All its tasks go to this worker's deque, where idle workers steal them, and it returns to its directory: with
         // several large files each worker takes its own (buffered writes to one inode
         // serialise on its lock, so one file per worker is the fast case) and the spare
         // tasks help with whichever file still has chunks left.
         for _ in 0..helpers {
-            self.push(Task::Chunks(file.clone()));
+            local.push(Task::Chunks(file.clone()));
         }
     }
 

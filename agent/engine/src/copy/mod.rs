@@ -1,5 +1,5 @@
 //! The parallel tree copy. One `Ctx` holds a copy's shared state; its work is split by
-//! responsibility across the submodules: `walk` (worker pool, listing, dispatch), `regular`
+//! responsibility across the submodules: `walk` (the rayon pool, listing, dispatch), `regular`
 //! and `chunks` (file data), `stage` (staging and commit), `links` (hard-link groups),
 //! `special` (symlinks, devices), `resume` and `manifest` (finishing an interrupted copy),
 //! `overwrite` (the one place the overwrite policy is decided), `failure` (recording what
@@ -26,7 +26,7 @@ use std::fs::File;
 use std::io::{self, BufWriter};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -39,7 +39,6 @@ use crate::sys::{self, Stat};
 
 use failure::not_owner;
 use links::Link;
-use walk::Queue;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panicking worker cannot leave these maps half-updated in a way later readers could
@@ -167,13 +166,42 @@ struct Counters {
     failed: AtomicU64,
 }
 
-/// Worker-local state: buffers and the capability cache, so the hot path takes no lock.
+/// A worker thread's buffers and capability cache, so the hot path takes no lock. Kept
+/// per pool thread across tasks (see `walk::exec`).
 #[derive(Default)]
-struct Local {
+struct Scratch {
     buf: Vec<u8>,
     dents: Vec<u8>,
     caps: CapsCache,
     xattrs: XattrBufs,
+}
+
+/// What a running task has of its worker: the scratch buffers, and a way to hand new tasks
+/// to the pool (the rayon scope it runs in).
+struct Local<'w> {
+    scratch: Scratch,
+    spawn: &'w dyn Fn(walk::Task),
+}
+
+impl Local<'_> {
+    /// Queue a task on this worker's deque: run next by this worker (LIFO), or stolen by
+    /// an idle one.
+    fn push(&self, task: walk::Task) {
+        (self.spawn)(task);
+    }
+}
+
+impl std::ops::Deref for Local<'_> {
+    type Target = Scratch;
+    fn deref(&self) -> &Scratch {
+        &self.scratch
+    }
+}
+
+impl std::ops::DerefMut for Local<'_> {
+    fn deref_mut(&mut self) -> &mut Scratch {
+        &mut self.scratch
+    }
 }
 
 struct Ctx<'a> {
@@ -181,8 +209,8 @@ struct Ctx<'a> {
     progress: &'a dyn Progress,
     who: Identity,
     hash: bool,
-    queue: Mutex<Queue>,
-    wake: Condvar,
+    /// One per pool thread, by `rayon::current_thread_index`.
+    scratch: Vec<Mutex<Scratch>>,
     links: Mutex<HashMap<(u64, u64), Link>>,
     manifest: Option<Mutex<BufWriter<File>>>,
     /// xxh3-64 of every path an interrupted run's manifest lists (resume only).
@@ -227,8 +255,9 @@ impl<'a> Ctx<'a> {
             progress,
             who: Identity::current(),
             hash: opts.verify != Verify::None || manifest.is_some(),
-            queue: Mutex::new(Queue::default()),
-            wake: Condvar::new(),
+            scratch: (0..opts.workers_resolved())
+                .map(|_| Mutex::default())
+                .collect(),
             links: Mutex::new(HashMap::new()),
             manifest: manifest.map(|f| Mutex::new(BufWriter::with_capacity(1 << 16, f))),
             listed,

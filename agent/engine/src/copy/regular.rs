@@ -146,7 +146,7 @@ impl<'a> Ctx<'a> {
                 Ok(FillOutcome::Committed(hash)) => return Ok(Some(hash)),
                 Ok(FillOutcome::Chunk(caps)) => {
                     let file = (src_name, name, caps, started, tries);
-                    self.start_chunks(dir, &src, staged, &st, file);
+                    self.start_chunks(dir, &src, staged, &st, file, local);
                     return Ok(None);
                 }
                 Ok(FillOutcome::Kept) => {

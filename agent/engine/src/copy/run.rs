@@ -209,7 +209,7 @@ pub(crate) fn run(
     let ctx = Ctx::new(options, progress, manifest, listed);
     let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
-    match src_at {
+    let first = match src_at {
         SrcAt::Dir {
             fd: src_fd,
             st: src_st,
@@ -274,7 +274,7 @@ pub(crate) fn run(
                 }
             };
             ctx.counters.dirs.fetch_add(1, Ordering::Relaxed);
-            ctx.push(Task::List(Arc::new(root)));
+            Task::List(Arc::new(root))
         }
         SrcAt::Entry {
             parent: src_parent,
@@ -291,15 +291,16 @@ pub(crate) fn run(
             };
             let parent = DirNode::new(src_parent, dst_parent, None, fresh)
                 .map_err(|e| Error::io("stat", dst, e))?;
-            ctx.push(Task::Entry {
+            Task::Entry {
                 dir: Arc::new(parent),
                 src_name,
                 dst_name,
-            });
+            }
         }
-    }
+    };
 
-    ctx.run(options.workers_resolved());
+    ctx.run(options.workers_resolved(), first)
+        .map_err(|e| Error::io("start copy threads", src, std::io::Error::other(e)))?;
     let manifest_written = ctx.finish_manifest().map_err(|e| {
         Error::io(
             "write manifest",

@@ -1,11 +1,12 @@
-//! The worker pool and the walk: one LIFO queue of tasks (a directory to list, a batch of a
-//! large directory's entries, chunks of a large file), directory listing, opening or
-//! creating each subdirectory, and dispatching every other entry by its type.
+//! The worker pool and the walk: tasks (a directory to list, a batch of a large directory's
+//! entries, chunks of a large file) on a dedicated rayon pool, directory listing, opening
+//! or creating each subdirectory, and dispatching every other entry by its type.
 //!
 //! Directories are the unit of parallelism because creating entries in one directory
 //! serialises on that directory's lock (fuc); a large directory is cut into batches so a
-//! flat tree still uses every worker (fcp, xcp win there). LIFO order keeps the number of
-//! open directories near depth × workers instead of the tree's width.
+//! flat tree still uses every worker (fcp, xcp win there). Each worker runs its own tasks
+//! LIFO (rayon's deques) and an idle one steals the oldest: depth first, which keeps the
+//! number of open directories near depth × workers instead of the tree's width.
 //!
 //! A directory's metadata is applied when its last child is done (a pending counter per
 //! directory, released up the parent chain), so a 0555 directory gets its mode after its
@@ -14,7 +15,7 @@
 use std::ffi::{CStr, CString};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use crate::dirent::{self, DType};
 use crate::meta::{self, XattrBufs};
@@ -48,58 +49,46 @@ pub(super) enum Task {
     },
 }
 
-#[derive(Default)]
-pub(super) struct Queue {
-    tasks: Vec<Task>,
-    active: usize,
-    done: bool,
+/// Run one task on the pool thread that picked it up, with that thread's scratch buffers.
+/// The tasks it spawns go onto this thread's deque.
+fn exec<'s>(ctx: &'s Ctx<'_>, task: Task, scope: &rayon::Scope<'s>) {
+    let spawn = |t: Task| scope.spawn(move |s| exec(ctx, t, s));
+    // Tasks never block on the pool, so no other task runs on this thread meanwhile and the
+    // slot is free; `try_lock` and fresh buffers only guard against that changing.
+    let slot = rayon::current_thread_index().and_then(|i| ctx.scratch.get(i));
+    let scratch = slot
+        .and_then(|m| m.try_lock().ok().map(|mut g| std::mem::take(&mut *g)))
+        .unwrap_or_default();
+    let mut local = Local {
+        scratch,
+        spawn: &spawn,
+    };
+    if ctx.stopping() {
+        ctx.cancel(task, &mut local);
+    } else {
+        ctx.run_task(task, &mut local);
+    }
+    if let Some(Ok(mut g)) = slot.map(Mutex::try_lock) {
+        *g = local.scratch;
+    }
 }
 
 impl<'a> Ctx<'a> {
-    pub(super) fn push(&self, task: Task) {
-        lock(&self.queue).tasks.push(task);
-        self.wake.notify_one();
-    }
-
-    /// Run the queue to completion on `workers` threads.
-    pub(super) fn run(&self, workers: usize) {
-        std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|| self.worker());
-            }
-        });
-    }
-
-    fn worker(&self) {
-        let mut local = Local::default();
-        loop {
-            let task = {
-                let mut q = lock(&self.queue);
-                loop {
-                    if let Some(t) = q.tasks.pop() {
-                        q.active += 1;
-                        break t;
-                    }
-                    if q.active == 0 || q.done {
-                        q.done = true;
-                        self.wake.notify_all();
-                        return;
-                    }
-                    q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
-                }
-            };
-            if self.stopping() {
-                self.cancel(task, &mut local);
-            } else {
-                self.run_task(task, &mut local);
-            }
-            let mut q = lock(&self.queue);
-            q.active -= 1;
-            if q.active == 0 && q.tasks.is_empty() {
-                q.done = true;
-                self.wake.notify_all();
-            }
-        }
+    /// Run `first` and everything it spawns to completion on a pool of `workers` threads
+    /// (a dedicated one: a copy's threads block in syscalls, which would starve rayon's
+    /// global pool for anyone else in the process). An `Err` means the threads could not
+    /// be started.
+    pub(super) fn run(
+        &self,
+        workers: usize,
+        first: Task,
+    ) -> Result<(), rayon::ThreadPoolBuildError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(workers)
+            .thread_name(|i| format!("ferry-copy-{i}"))
+            .build()?;
+        pool.scope(|s| s.spawn(move |s| exec(self, first, s)));
+        Ok(())
     }
 
     /// Whether the copy is stopping: the destination filled up, or the caller cancelled.
@@ -304,7 +293,7 @@ impl<'a> Ctx<'a> {
             };
             if is_dir {
                 node.pending.fetch_add(1, Ordering::Relaxed);
-                self.push(Task::Dir {
+                local.push(Task::Dir {
                     parent: node.clone(),
                     name: e.name,
                 });
@@ -316,7 +305,7 @@ impl<'a> Ctx<'a> {
         while files.len() > BATCH {
             let rest = files.split_off(files.len() - BATCH);
             node.pending.fetch_add(1, Ordering::Relaxed);
-            self.push(Task::Batch {
+            local.push(Task::Batch {
                 dir: node.clone(),
                 entries: rest,
             });
@@ -371,7 +360,7 @@ impl<'a> Ctx<'a> {
             match sys::lstatat(dir.src.as_fd(), src_name) {
                 Ok(st) if is_type(&st, libc::S_IFDIR) => {
                     dir.pending.fetch_add(1, Ordering::Relaxed);
-                    self.push(Task::Dir {
+                    local.push(Task::Dir {
                         parent: dir.clone(),
                         name: src_name.to_owned(),
                     });
@@ -391,7 +380,7 @@ impl<'a> Ctx<'a> {
                 Ok(st) if is_type(&st, libc::S_IFDIR) => {
                     // A directory appeared where the listing saw something else.
                     dir.pending.fetch_add(1, Ordering::Relaxed);
-                    self.push(Task::Dir {
+                    local.push(Task::Dir {
                         parent: dir.clone(),
                         name: src_name.to_owned(),
                     });
