@@ -13,9 +13,7 @@ use common::*;
 #[test]
 fn eio_reading_a_source_is_retried_once_then_reported_as_ioerror_by_the_cli() -> Result<()> {
     let tmp = tempdir()?;
-    let base = tmp.path().join("base");
-    eio_tree(&base)?;
-    let Some(mnt) = FuseMount::eiofs(&base, &tmp.path().join("mnt"))? else {
+    let Some((base, mnt)) = eio_source(tmp.path())? else {
         return Ok(());
     };
     let dst = tmp.path().join("dst");

@@ -664,15 +664,7 @@ fn after_a_full_destination_a_rerun_with_if_changed_finishes_a_faithful_copy() -
     }
     let tmp = tempdir()?;
     let src = tmp.path().join("src");
-    for d in 0..4 {
-        let dir = src.join(format!("d{d}/inner"));
-        mkdir(&dir)?;
-        for i in 0..4u64 {
-            write_pattern_file(&dir.join(format!("f{i}")), 200 * 1024 + i)?;
-        }
-        chmod(&dir, 0o751)?;
-        set_times(&dir, (1_400_000_000, 1), (1_300_000_000, 2))?;
-    }
+    more_than_a_megabyte(&src)?;
     chmod(&src, 0o750)?;
     let before = snapshot(&src)?;
     let mnt = Mount::tmpfs(&tmp.path().join("mnt"), "1m")?;
@@ -683,14 +675,7 @@ fn after_a_full_destination_a_rerun_with_if_changed_finishes_a_faithful_copy() -
         first.stderr.contains("--overwrite if-changed"),
         "the message does not say how to finish:\n{first}"
     );
-    sh(
-        "mount",
-        &[
-            "-o".as_ref(),
-            "remount,size=64m".as_ref(),
-            mnt.dir.as_os_str(),
-        ],
-    )?;
+    mnt.resize("64m")?;
     copy_ok([
         "--overwrite".as_ref(),
         "if-changed".as_ref(),

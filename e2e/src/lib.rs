@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 /// Where `e2e/tools/install.sh` caches the binaries (its `FERRY_TOOLS`).
 fn tools_dir() -> PathBuf {
@@ -559,6 +559,17 @@ impl Drop for Proc {
     }
 }
 
+/// The arguments of `kubectl patch OBJ -n NS --type=merge -p PATCH`, of the status
+/// subresource when `status`: for `kubectl` (may be refused) or `kubectl_ok`.
+pub fn merge_patch<'a>(obj: &'a str, ns: &'a str, status: bool, patch: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["patch", obj, "-n", ns];
+    if status {
+        args.push("--subresource=status");
+    }
+    args.extend(["--type=merge", "-p", patch]);
+    args
+}
+
 /// Build (a no-op when fresh) one of the workspace's binaries and return its path: a debug
 /// build, or a release build when `FERRY_E2E_RELEASE=1` (for benchmarks).
 pub fn workspace_bin(package: &str, bin: &str) -> Result<PathBuf> {
@@ -723,6 +734,27 @@ pub fn tree_meta(root: &Path) -> Result<std::collections::BTreeMap<PathBuf, Stri
         }
     }
     Ok(out)
+}
+
+/// `diff -r --no-dereference a b` finds nothing: the same names, symlink targets and
+/// bytes (metadata is `assert_same_tree`'s job); the error carries diff's report.
+pub fn assert_same_contents(a: &Path, b: &Path) -> Result<()> {
+    let diff = Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg(a)
+        .arg(b)
+        .output()
+        .context("run diff")?;
+    ensure!(
+        diff.status.success(),
+        "{} differs from {}: {}{}",
+        b.display(),
+        a.display(),
+        String::from_utf8_lossy(&diff.stdout),
+        String::from_utf8_lossy(&diff.stderr)
+    );
+    Ok(())
 }
 
 /// The destination equals the source: same entries with the same metadata (the top

@@ -3,7 +3,7 @@
 //! One control plane for the file; each case is checked in turn.
 
 use anyhow::{ensure, Result};
-use ferry_e2e::ControlPlane;
+use ferry_e2e::{merge_patch, ControlPlane};
 
 fn copyjob(name: &str, source: &str, destination: &str, extra: &str) -> String {
     format!(
@@ -155,48 +155,35 @@ fn crds_are_served_and_bad_specs_are_refused_at_admission_with_what_to_change() 
     )?;
 
     // Once started, the spec is frozen except suspend, parallelism and the TTL.
-    let out = cp.kubectl(&[
-        "patch",
-        "cpj",
-        "good",
-        "-n",
+    let out = cp.kubectl(&merge_patch(
+        "cpj/good",
         "default",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
+        true,
         r#"{"status":{"phase":"Running"}}"#,
-    ])?;
+    ))?;
     ensure!(
         out.status.success(),
         "status patch failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = cp.kubectl(&[
-        "patch",
-        "cpj",
-        "good",
-        "-n",
+    let out = cp.kubectl(&merge_patch(
+        "cpj/good",
         "default",
-        "--type=merge",
-        "-p",
+        false,
         r#"{"spec":{"source":{"path":"elsewhere"}}}"#,
-    ])?;
+    ))?;
     ensure!(!out.status.success(), "a running job's source was changed");
     let err = String::from_utf8_lossy(&out.stderr);
     ensure!(
         err.contains("cannot change except suspend"),
         "unclear refusal: {err}"
     );
-    let out = cp.kubectl(&[
-        "patch",
-        "cpj",
-        "good",
-        "-n",
+    let out = cp.kubectl(&merge_patch(
+        "cpj/good",
         "default",
-        "--type=merge",
-        "-p",
+        false,
         r#"{"spec":{"suspend":true}}"#,
-    ])?;
+    ))?;
     ensure!(
         out.status.success(),
         "suspend refused on a running job: {}",

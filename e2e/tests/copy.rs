@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use anyhow::{ensure, Result};
-use ferry_e2e::ControlPlane;
+use ferry_e2e::{assert_same_contents, ControlPlane};
 
 #[test]
 fn local_root_copyjob_runs_on_the_node_that_has_the_root_and_succeeds_with_an_identical_copy(
@@ -37,54 +37,20 @@ fn local_root_copyjob_runs_on_the_node_that_has_the_root_and_succeeds_with_an_id
     )?;
     cp.wait_succeeded("default", "first", 120)?;
 
-    let shard_node = cp.kubectl_ok(&[
-        "get",
-        "copyjob",
-        "first",
-        "-n",
-        "default",
-        "-o",
-        "jsonpath={.status.shards[0].node}",
-    ])?;
+    let shard_node = cp.get("copyjob/first", "default", "{.status.shards[0].node}")?;
     ensure!(
         shard_node == "node-b",
         "the job ran on {shard_node:?}, not on the node that has the root"
     );
-    let files = cp.kubectl_ok(&[
-        "get",
-        "copyjob",
-        "first",
-        "-n",
-        "default",
-        "-o",
-        "jsonpath={.status.progress.filesDone}",
-    ])?;
+    let files = cp.get("copyjob/first", "default", "{.status.progress.filesDone}")?;
     ensure!(
         files.parse::<i64>().unwrap_or(0) >= 300,
         "progress reports {files} files done, expected at least 300"
     );
 
     let copy = hosts.join("node-b/srv/data/copy");
-    let diff = Command::new("diff")
-        .arg("-r")
-        .arg("--no-dereference")
-        .arg(&tree)
-        .arg(&copy)
-        .output()?;
-    ensure!(
-        diff.status.success(),
-        "copy differs from source: {}",
-        String::from_utf8_lossy(&diff.stdout)
-    );
-    let manifest = cp.kubectl_ok(&[
-        "get",
-        "copyjob",
-        "first",
-        "-n",
-        "default",
-        "-o",
-        "jsonpath={.status.manifest}",
-    ])?;
+    assert_same_contents(&tree, &copy)?;
+    let manifest = cp.get("copyjob/first", "default", "{.status.manifest}")?;
     let check = Command::new("xxh128sum")
         .args(["--quiet", "-c"])
         .arg(hosts.join("node-b/srv/data").join(&manifest))
@@ -145,7 +111,11 @@ fn dry_run_fills_the_plan_and_copies_nothing_and_a_finished_job_is_deleted_after
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n")?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: plan\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n  dryRun: true\n")?;
     cp.wait_succeeded("default", "plan", 90)?;
-    let plan = cp.kubectl_ok(&["get", "copyjob", "plan", "-n", "default", "-o", "jsonpath={.status.plan.files} {.status.plan.bytes} {.status.plan.nodes[0]} {.status.plan.shards}"])?;
+    let plan = cp.get(
+        "copyjob/plan",
+        "default",
+        "{.status.plan.files} {.status.plan.bytes} {.status.plan.nodes[0]} {.status.plan.shards}",
+    )?;
     let expected_bytes: u64 = (0..25u64).map(|f| f * 100).sum();
     ensure!(
         plan == format!("25 {expected_bytes} node-a 1"),
@@ -185,26 +155,9 @@ fn pvc_on_a_local_pv_is_copied_on_the_pv_node_and_claims_of_other_namespaces_are
     )?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-pvc\n  namespace: default\nspec:\n  source: {pvc: data, path: src}\n  destination: {pvc: data, path: copy}\n")?;
     cp.wait_succeeded("default", "from-pvc", 90)?;
-    let node = cp.kubectl_ok(&[
-        "get",
-        "copyjob",
-        "from-pvc",
-        "-n",
-        "default",
-        "-o",
-        "jsonpath={.status.shards[0].node}",
-    ])?;
+    let node = cp.get("copyjob/from-pvc", "default", "{.status.shards[0].node}")?;
     ensure!(node == "node-b", "ran on {node:?}, not on the PV's node");
-    let diff = Command::new("diff")
-        .arg("-r")
-        .arg(&tree)
-        .arg(hosts.join("node-b/mnt/disks/pv1/copy"))
-        .output()?;
-    ensure!(
-        diff.status.success(),
-        "copy differs: {}",
-        String::from_utf8_lossy(&diff.stdout)
-    );
+    assert_same_contents(&tree, &hosts.join("node-b/mnt/disks/pv1/copy"))?;
 
     // Another namespace cannot reach that claim: a name only resolves in the job's namespace.
     cp.kubectl_ok(&["create", "namespace", "other"])?;
@@ -222,15 +175,11 @@ fn pvc_on_a_local_pv_is_copied_on_the_pv_node_and_claims_of_other_namespaces_are
         "cross-namespace claim not refused: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let msg = cp.kubectl_ok(&[
-        "get",
-        "copyjob",
-        "steal",
-        "-n",
+    let msg = cp.get(
+        "copyjob/steal",
         "other",
-        "-o",
-        "jsonpath={.status.conditions[?(@.type==\"Resolved\")].message}",
-    ])?;
+        "{.status.conditions[?(@.type==\"Resolved\")].message}",
+    )?;
     ensure!(
         msg.contains("other namespaces cannot be used"),
         "unclear message: {msg}"

@@ -3,10 +3,9 @@
 //! claim, then copied on that pod's node once one does. No kubelet or CSI driver runs here,
 //! so the test makes the mount directory itself under the simulated node's host root.
 
-use std::process::Command;
 
 use anyhow::{ensure, Result};
-use ferry_e2e::ControlPlane;
+use ferry_e2e::{assert_same_contents, merge_patch, ControlPlane};
 
 /// A Pod on `node` that mounts claim `data` (no kubelet runs here: the test sets its phase).
 fn pod(name: &str, node: &str) -> String {
@@ -29,17 +28,12 @@ fn pvc_on_a_csi_pv_waits_for_a_mounting_pod_then_is_copied_on_that_pods_node() -
     std::fs::create_dir_all(hosts.join("node-b/srv/backup"))?;
     // A finished pod on node-a that mounted the claim does not count: its volume is gone.
     cp.apply(&pod("done", "node-a"))?;
-    cp.kubectl_ok(&[
-        "patch",
-        "pod",
-        "done",
-        "-n",
+    cp.kubectl_ok(&merge_patch(
+        "pod/done",
         "default",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
+        true,
         r#"{"status":{"phase":"Succeeded"}}"#,
-    ])?;
+    ))?;
 
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-csi\n  namespace: default\nspec:\n  source: {pvc: data, path: src}\n  destination: {root: backup, path: copy}\n")?;
     let out = cp.kubectl(&[
@@ -55,17 +49,7 @@ fn pvc_on_a_csi_pv_waits_for_a_mounting_pod_then_is_copied_on_that_pods_node() -
         "a CSI claim no pod mounts was not refused with VolumeNotMounted: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let get = |path: &str| {
-        cp.kubectl_ok(&[
-            "get",
-            "copyjob",
-            "from-csi",
-            "-n",
-            "default",
-            "-o",
-            &format!("jsonpath={{{path}}}"),
-        ])
-    };
+    let get = |path: &str| cp.get("copyjob/from-csi", "default", &format!("{{{path}}}"));
     let msg = get(".status.conditions[?(@.type==\"Resolved\")].message")?;
     for part in [
         "CSI volume \"pv-csi\"",
@@ -86,15 +70,7 @@ fn pvc_on_a_csi_pv_waits_for_a_mounting_pod_then_is_copied_on_that_pods_node() -
     // A pod scheduled to node-b mounts the claim; the kubelet would mount the volume at
     // <kubelet dir>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount, so the test does.
     cp.apply(&pod("user", "node-b"))?;
-    let uid = cp.kubectl_ok(&[
-        "get",
-        "pod",
-        "user",
-        "-n",
-        "default",
-        "-o",
-        "jsonpath={.metadata.uid}",
-    ])?;
+    let uid = cp.get("pod/user", "default", "{.metadata.uid}")?;
     ensure!(!uid.is_empty(), "the pod has no uid");
     let mount = format!("/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~csi/pv-csi/mount");
     let tree = hosts
@@ -114,17 +90,12 @@ fn pvc_on_a_csi_pv_waits_for_a_mounting_pod_then_is_copied_on_that_pods_node() -
     )?;
     std::os::unix::fs::symlink("../f3", tree.join("nested/deeper/link"))?;
     // Only now is the volume mounted: the kubelet reports the pod Running after that.
-    cp.kubectl_ok(&[
-        "patch",
-        "pod",
-        "user",
-        "-n",
+    cp.kubectl_ok(&merge_patch(
+        "pod/user",
         "default",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
+        true,
         r#"{"status":{"phase":"Running"}}"#,
-    ])?;
+    ))?;
 
     cp.wait_succeeded("default", "from-csi", 90)?;
     let (node, source_root) = (
@@ -136,17 +107,7 @@ fn pvc_on_a_csi_pv_waits_for_a_mounting_pod_then_is_copied_on_that_pods_node() -
         "shard on {node:?} from {source_root:?}, expected node-b and {mount:?}"
     );
     let copy = hosts.join("node-b/srv/backup/copy");
-    let diff = Command::new("diff")
-        .arg("-r")
-        .arg("--no-dereference")
-        .arg(&tree)
-        .arg(&copy)
-        .output()?;
-    ensure!(
-        diff.status.success(),
-        "copy differs from the source: {}",
-        String::from_utf8_lossy(&diff.stdout)
-    );
+    assert_same_contents(&tree, &copy)?;
     ensure!(
         !hosts.join("node-a/var").exists() && !hosts.join("node-a/srv").exists(),
         "the agent on node-a touched its host root"

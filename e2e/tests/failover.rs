@@ -50,15 +50,11 @@ fn killing_the_leading_operator_lets_the_other_replica_finish_new_jobs() -> Resu
         second_holder != first && !second_holder.is_empty(),
         "the lease did not move: {first} -> {second_holder}"
     );
-    let shards = cp.kubectl_ok(&[
-        "get",
-        "copyjob",
-        "two",
-        "-n",
+    let shards = cp.get(
+        "copyjob/two",
         "default",
-        "-o",
-        "jsonpath={.status.shards[*].id}:{.status.shards[*].epoch}",
-    ])?;
+        "{.status.shards[*].id}:{.status.shards[*].epoch}",
+    )?;
     ensure!(
         shards == "0:1",
         "job two was assigned more than once: {shards}"

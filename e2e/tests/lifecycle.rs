@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{assert_same_tree, http_get, metric, BindMount, ControlPlane};
+use ferry_e2e::{assert_same_tree, http_get, merge_patch, metric, BindMount, ControlPlane};
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
 
@@ -297,16 +297,12 @@ fn a_suspended_job_stops_mid_copy_and_resumes_to_an_identical_tree() -> Result<(
         table.contains("PROGRESS") && table.contains("ETA") && row.contains('%'),
         "kubectl get shows no progress:\n{table}"
     );
-    cp.kubectl_ok(&[
-        "patch",
-        "copyjob",
-        "pausing",
-        "-n",
+    cp.kubectl_ok(&merge_patch(
+        "copyjob/pausing",
         "default",
-        "--type=merge",
-        "-p",
+        false,
         r#"{"spec":{"suspend":true}}"#,
-    ])?;
+    ))?;
     // The agent stops at a file boundary and says so; the job is Suspended.
     cp.wait_until(
         "copyjob/pausing",
@@ -335,16 +331,12 @@ fn a_suspended_job_stops_mid_copy_and_resumes_to_an_identical_tree() -> Result<(
         );
     }
     let before_resume = files_done(&cp, "pausing")?;
-    cp.kubectl_ok(&[
-        "patch",
-        "copyjob",
-        "pausing",
-        "-n",
+    cp.kubectl_ok(&merge_patch(
+        "copyjob/pausing",
         "default",
-        "--type=merge",
-        "-p",
+        false,
         r#"{"spec":{"suspend":false}}"#,
-    ])?;
+    ))?;
     cp.wait_succeeded("default", "pausing", 180)?;
     assert_same_tree(&root.join("src"), &copy)?;
     let manifest = cp.get("copyjob/pausing", "default", "{.status.manifest}")?;

@@ -29,21 +29,17 @@ fn wait_reason(
     if !out.status.success() {
         let log = std::fs::read_to_string(cp.dir().join("operator.log")).unwrap_or_default();
         let got = cp
-            .kubectl_ok(&["get", "copyjob", name, "-n", ns, "-o", "jsonpath={.status}"])
+            .get(&format!("copyjob/{name}"), ns, "{.status}")
             .unwrap_or_default();
         anyhow::bail!(
             "{ns}/{name}: {type_} never became {reason}; status: {got}\noperator log:\n{log}"
         );
     }
-    cp.kubectl_ok(&[
-        "get",
-        "copyjob",
-        name,
-        "-n",
+    cp.get(
+        &format!("copyjob/{name}"),
         ns,
-        "-o",
-        &format!("jsonpath={{.status.conditions[?(@.type==\"{type_}\")].message}}"),
-    ])
+        &format!("{{.status.conditions[?(@.type==\"{type_}\")].message}}"),
+    )
 }
 
 #[test]
@@ -87,28 +83,16 @@ fn operator_accepts_valid_jobs_and_refuses_roots_a_namespace_may_not_use() -> Re
     ))?;
 
     wait_reason(&cp, "team-a", "ok", "Resolved", "Resolved")?;
-    let fin = cp.kubectl_ok(&[
-        "get",
-        "copyjob",
-        "ok",
-        "-n",
-        "team-a",
-        "-o",
-        "jsonpath={.metadata.finalizers}",
-    ])?;
+    let fin = cp.get("copyjob/ok", "team-a", "{.metadata.finalizers}")?;
     ensure!(
         fin.contains("ferry.dev/cleanup"),
         "no finalizer on an accepted job: {fin}"
     );
-    let gen = cp.kubectl_ok(&[
-        "get",
-        "copyjob",
-        "ok",
-        "-n",
+    let gen = cp.get(
+        "copyjob/ok",
         "team-a",
-        "-o",
-        "jsonpath={.status.conditions[0].observedGeneration}",
-    ])?;
+        "{.status.conditions[0].observedGeneration}",
+    )?;
     ensure!(gen == "1", "observedGeneration should be 1, got {gen:?}");
 
     let msg = wait_reason(&cp, "team-b", "denied", "Accepted", "RootNotAllowed")?;

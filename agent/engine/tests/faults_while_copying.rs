@@ -152,9 +152,7 @@ fn a_failed_syncfs_fails_the_copy_with_an_ioerror_for_the_destination() -> Resul
 #[test]
 fn eio_reading_a_source_is_retried_once_then_reported_through_the_engine() -> Result<()> {
     let tmp = tempdir()?;
-    let base = tmp.path().join("base");
-    eio_tree(&base)?;
-    let Some(mnt) = FuseMount::eiofs(&base, &tmp.path().join("mnt"))? else {
+    let Some((base, mnt)) = eio_source(tmp.path())? else {
         return Ok(());
     };
     // Into an existing directory (files staged unnamed and linked in), without hashing

@@ -167,15 +167,7 @@ fn a_full_destination_stops_cleanly_and_a_resume_after_freeing_space_recopies_no
     }
     let tmp = tempdir()?;
     let src = tmp.path().join("src");
-    for d in 0..4 {
-        let dir = src.join(format!("d{d}/inner"));
-        mkdir(&dir)?;
-        for i in 0..4u64 {
-            write_pattern_file(&dir.join(format!("f{i}")), 200 * 1024 + i)?;
-        }
-        chmod(&dir, 0o751)?;
-        set_times(&dir, (1_400_000_000, 1), (1_300_000_000, 2))?;
-    }
+    more_than_a_megabyte(&src)?;
     let before = snapshot(&src)?;
     let mnt = Mount::tmpfs(&tmp.path().join("mnt"), "1m")?;
     let dst = mnt.dir.join("dst");
@@ -223,14 +215,7 @@ fn a_full_destination_stops_cleanly_and_a_resume_after_freeing_space_recopies_no
         .collect();
     ensure!(present.len() as u64 == first.files);
 
-    sh(
-        "mount",
-        &[
-            "-o".as_ref(),
-            "remount,size=64m".as_ref(),
-            mnt.dir.as_os_str(),
-        ],
-    )?;
+    mnt.resize("64m")?;
     opts.resume = true;
     let second = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
     ensure!(

@@ -6,7 +6,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +53,7 @@ fn build_tree(src: &Path, dirs: usize, files_per_dir: usize) -> Result<usize> {
 }
 
 /// Manifest lines (hash, path) of all these files.
-fn manifest_paths(files: &[std::path::PathBuf]) -> Result<BTreeMap<String, usize>> {
+fn manifest_paths(files: &[PathBuf]) -> Result<BTreeMap<String, usize>> {
     let mut seen = BTreeMap::new();
     for f in files {
         let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
@@ -68,7 +68,7 @@ fn manifest_paths(files: &[std::path::PathBuf]) -> Result<BTreeMap<String, usize
 }
 
 /// Every regular file of `tree` has exactly one line in `manifests` together.
-fn each_listed_once(manifests: &[std::path::PathBuf], tree: &Tree) -> Result<()> {
+fn each_listed_once(manifests: &[PathBuf], tree: &Tree) -> Result<()> {
     let listed = manifest_paths(manifests)?;
     for p in regular_paths(tree) {
         ensure!(
@@ -173,6 +173,17 @@ fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_sourc
     Ok(())
 }
 
+/// A temporary directory holding a source tree of 10 × 30 entries (`build_tree`): the
+/// directory, the source, a destination and a manifest path beside it, the source's
+/// snapshot and how many names `build_tree` made.
+fn fixture() -> Result<(tempfile::TempDir, PathBuf, PathBuf, PathBuf, Tree, usize)> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    let names = build_tree(&src, 10, 30)?;
+    let (dst, manifest) = (tmp.path().join("dst"), tmp.path().join("copy.xxh128"));
+    Ok((tmp, src.clone(), dst, manifest, snapshot(&src)?, names))
+}
+
 /// Run a copy on its own thread and call `stop` once it has done `after` entries (or has
 /// finished); returns its result and the entries done when `stop` was called.
 fn copy_stopped_after(
@@ -194,6 +205,34 @@ fn copy_stopped_after(
     })
 }
 
+/// Copy `src` to `dst` under `overwrite` (two workers, checksums, a manifest at `manifest`,
+/// 3 ms per file) and cancel it after 60 entries. Returns the cancelled run's summary and
+/// the options that resume it (resume on, no delay, nothing cancelling).
+fn cancelled_after_60(
+    src: &Path,
+    dst: &Path,
+    manifest: &Path,
+    overwrite: Overwrite,
+) -> Result<(ferry_engine::Summary, Options)> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let mut opts = Options {
+        workers: 2,
+        verify: Verify::Checksum,
+        overwrite,
+        manifest: Some(manifest.to_path_buf()),
+        cancel: Some(cancel.clone()),
+        ..Options::default()
+    };
+    opts.faults.delay_per_file = Some(Duration::from_millis(3));
+    let (first, _) = copy_stopped_after(src, dst, &opts, &Count::default(), 60, || {
+        cancel.store(true, Ordering::Relaxed)
+    });
+    opts.cancel = None;
+    opts.resume = true;
+    opts.faults.delay_per_file = None;
+    Ok((first?, opts))
+}
+
 #[derive(Default)]
 struct Count(AtomicU64);
 
@@ -205,26 +244,8 @@ impl Progress for Count {
 
 #[test]
 fn a_cancelled_copy_leaves_whole_files_only_and_a_resumed_copy_finishes_it() -> Result<()> {
-    let tmp = tempdir()?;
-    let src = tmp.path().join("src");
-    let names = build_tree(&src, 10, 30)?;
-    let before = snapshot(&src)?;
-    let dst = tmp.path().join("dst");
-    let manifest = tmp.path().join("copy.xxh128");
-    let cancel = Arc::new(AtomicBool::new(false));
-    let progress = Count::default();
-    let mut opts = Options {
-        workers: 2,
-        verify: Verify::Checksum,
-        manifest: Some(manifest.clone()),
-        cancel: Some(cancel.clone()),
-        ..Options::default()
-    };
-    opts.faults.delay_per_file = Some(Duration::from_millis(3));
-    let (first, _) = copy_stopped_after(&src, &dst, &opts, &progress, 60, || {
-        cancel.store(true, Ordering::Relaxed)
-    });
-    let first = first?;
+    let (_tmp, src, dst, manifest, before, names) = fixture()?;
+    let (first, mut opts) = cancelled_after_60(&src, &dst, &manifest, Overwrite::default())?;
     ensure!(
         first.cancelled,
         "the copy did not report the cancel: {first:?}"
@@ -254,10 +275,7 @@ fn a_cancelled_copy_leaves_whole_files_only_and_a_resumed_copy_finishes_it() -> 
     }
     ensure!(present as u64 == first.files + first.hardlinks);
 
-    cancel.store(false, Ordering::Relaxed);
-    opts.resume = true;
     opts.overwrite = Overwrite::Never;
-    opts.faults.delay_per_file = None;
     let second = ferry_engine::copy(&src, &dst, &opts, &ferry_engine::NoProgress)?;
     ensure!(second.failures.is_empty(), "{:?}", second.failures);
     let got = snapshot(&dst)?;
@@ -288,12 +306,7 @@ fn a_cancelled_copy_leaves_whole_files_only_and_a_resumed_copy_finishes_it() -> 
 /// (same staging tag) adopts all of it and finishes with nothing copied twice.
 #[test]
 fn a_fenced_copy_makes_nothing_more_visible_and_the_next_owner_adopts_its_staging() -> Result<()> {
-    let tmp = tempdir()?;
-    let src = tmp.path().join("src");
-    let names = build_tree(&src, 10, 30)?;
-    let before = snapshot(&src)?;
-    let dst = tmp.path().join("dst");
-    let manifest = tmp.path().join("copy.xxh128");
+    let (tmp, src, dst, manifest, before, names) = fixture()?;
     let progress = Count::default();
     let owned = Arc::new(AtomicBool::new(true));
     let mut opts = Options {
@@ -378,32 +391,10 @@ fn hard_extra(tree: &Tree) -> u64 {
 /// same copy committed and listed: a resumed copy keeps those (same inodes).
 #[test]
 fn a_resumed_copy_under_overwrite_always_keeps_what_the_earlier_run_committed() -> Result<()> {
-    let tmp = tempdir()?;
-    let src = tmp.path().join("src");
-    build_tree(&src, 10, 30)?;
-    let before = snapshot(&src)?;
-    let dst = tmp.path().join("dst");
-    let manifest = tmp.path().join("copy.xxh128");
-    let cancel = Arc::new(AtomicBool::new(false));
-    let progress = Count::default();
-    let mut opts = Options {
-        workers: 2,
-        verify: Verify::Checksum,
-        overwrite: Overwrite::Always,
-        manifest: Some(manifest.clone()),
-        cancel: Some(cancel.clone()),
-        ..Options::default()
-    };
-    opts.faults.delay_per_file = Some(Duration::from_millis(3));
-    let (first, _) = copy_stopped_after(&src, &dst, &opts, &progress, 60, || {
-        cancel.store(true, Ordering::Relaxed)
-    });
-    let first = first?;
+    let (_tmp, src, dst, manifest, before, _) = fixture()?;
+    let (first, opts) = cancelled_after_60(&src, &dst, &manifest, Overwrite::Always)?;
     ensure!(first.cancelled && first.files > 0, "{first:?}");
     let partial = snapshot(&dst)?;
-    cancel.store(false, Ordering::Relaxed);
-    opts.resume = true;
-    opts.faults.delay_per_file = None;
     let second = ferry_engine::copy(&src, &dst, &opts, &ferry_engine::NoProgress)?;
     ensure!(second.failures.is_empty(), "{:?}", second.failures);
     let got = snapshot(&dst)?;

@@ -120,6 +120,16 @@ impl Mount {
         })
     }
 
+    /// Give this tmpfs a new size (`mount -o remount,size=SIZE`), e.g. to free space.
+    pub fn resize(&self, size: &str) -> Result<()> {
+        let opts = format!("remount,size={size}");
+        sh(
+            "mount",
+            &["-o".as_ref(), opts.as_ref(), self.dir.as_os_str()],
+        )?;
+        Ok(())
+    }
+
     /// `mount -o loop IMAGE DIR`.
     pub fn loop_image(image: &Path, dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
@@ -1200,6 +1210,21 @@ impl Drop for FuseMount {
     }
 }
 
+/// Four directories `d0..d3/inner` of four 200 KiB files each (3.2 MiB), the directories
+/// with their own mode and times: a tree that cannot fit in a 1 MiB tmpfs.
+pub fn more_than_a_megabyte(src: &Path) -> Result<()> {
+    for d in 0..4 {
+        let dir = src.join(format!("d{d}/inner"));
+        mkdir(&dir)?;
+        for i in 0..4u64 {
+            write_pattern_file(&dir.join(format!("f{i}")), 200 * 1024 + i)?;
+        }
+        chmod(&dir, 0o751)?;
+        set_times(&dir, (1_400_000_000, 1), (1_300_000_000, 2))?;
+    }
+    Ok(())
+}
+
 /// Normal, flaky (EIO through the first open) and bad (EIO always) files, in two levels.
 pub fn eio_tree(base: &Path) -> Result<()> {
     mkdir(&base.join("sub"))?;
@@ -1213,6 +1238,14 @@ pub fn eio_tree(base: &Path) -> Result<()> {
     }
     write(&base.join("flaky-empty"), b"")?;
     Ok(())
+}
+
+/// `eio_tree` at `dir/base`, served through eiofs at `dir/mnt`: the tree's path and the
+/// mount, or `None` where FUSE is unavailable (`FuseMount::eiofs` has said why; skip).
+pub fn eio_source(dir: &Path) -> Result<Option<(PathBuf, FuseMount)>> {
+    let base = dir.join("base");
+    eio_tree(&base)?;
+    Ok(FuseMount::eiofs(&base, &dir.join("mnt"))?.map(|mnt| (base, mnt)))
 }
 
 /// Compare what was copied from an eiofs mount with the directory under it: every file but

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ferry_e2e::{repo_root, ControlPlane, Proc};
+use ferry_e2e::{assert_same_contents, repo_root, ControlPlane, Proc};
 
 mod control_plane;
 mod machine;
@@ -118,12 +118,7 @@ fn demo() -> Result<()> {
         cp.kubectl_ok(&["get", "copyjobs", "-A", "-o", "wide"])?
     );
     let copy = hosts.join("node-a/srv/demo/copy");
-    let diff = std::process::Command::new("diff")
-        .arg("-r")
-        .arg(&src)
-        .arg(&copy)
-        .output()?;
-    ensure!(diff.status.success(), "the copy differs from the source");
+    assert_same_contents(&src, &copy)?;
     println!("copy on node-a is identical to the source (diff -r); manifest: /srv/demo/.ferry/default-demo.xxh128");
     Ok(())
 }
