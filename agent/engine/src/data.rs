@@ -2,7 +2,6 @@
 //! `pread`/`pwrite`, with errno-driven fallbacks whose filesystem-level answers are cached
 //! per (source device, destination device) pair.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::BorrowedFd;
 
@@ -34,9 +33,11 @@ pub(crate) struct Caps {
     pub tmpfile: bool,
 }
 
-/// Per-worker cache, so the hot path takes no lock.
+/// Per-worker cache, so the hot path takes no lock. A list, not a map: a copy meets one
+/// or a few (source, destination) device pairs, and a scan of those costs less per file
+/// than hashing the key.
 #[derive(Debug, Default)]
-pub(crate) struct CapsCache(HashMap<(u64, u64), Caps>);
+pub(crate) struct CapsCache(Vec<((u64, u64), Caps)>);
 
 impl CapsCache {
     /// The capabilities of a pair, probing the destination filesystem type on first sight.
@@ -47,20 +48,28 @@ impl CapsCache {
         dst: BorrowedFd<'_>,
         reflink: Reflink,
     ) -> Caps {
-        *self.0.entry((src_dev, dst_dev)).or_insert_with(|| {
-            let clones = sys::fs_type(dst)
-                .map(|t| CLONING_FS.contains(&t))
-                .unwrap_or(true);
-            Caps {
-                ficlone: reflink != Reflink::Never,
-                copy_file_range: !(reflink == Reflink::Never && clones),
-                tmpfile: true,
-            }
-        })
+        let key = (src_dev, dst_dev);
+        if let Some((_, caps)) = self.0.iter().find(|(k, _)| *k == key) {
+            return *caps;
+        }
+        let clones = sys::fs_type(dst)
+            .map(|t| CLONING_FS.contains(&t))
+            .unwrap_or(true);
+        let caps = Caps {
+            ficlone: reflink != Reflink::Never,
+            copy_file_range: !(reflink == Reflink::Never && clones),
+            tmpfile: true,
+        };
+        self.0.push((key, caps));
+        caps
     }
 
     pub fn set(&mut self, src_dev: u64, dst_dev: u64, caps: Caps) {
-        self.0.insert((src_dev, dst_dev), caps);
+        let key = (src_dev, dst_dev);
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, c)) => *c = caps,
+            None => self.0.push((key, caps)),
+        }
     }
 }
 

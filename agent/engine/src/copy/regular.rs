@@ -350,7 +350,7 @@ impl<'a> Ctx<'a> {
         if !self.commit_staged(dir, staged, name)? {
             return Ok(FillOutcome::Kept);
         }
-        self.count_file(size, &moved, &dir.child_path(name), hash, started);
+        self.count_file(size, &moved, (dir, name), hash, started, local);
         Ok(FillOutcome::Committed(hash))
     }
 
@@ -390,18 +390,19 @@ impl<'a> Ctx<'a> {
         &self,
         size: u64,
         moved: &Moved,
-        path: &[u8],
+        (dir, name): (&DirNode, &CStr),
         hash: Option<u128>,
         started: Instant,
+        local: &mut Local,
     ) {
-        self.counters.files.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes.fetch_add(size, Ordering::Relaxed);
+        local.tally.files += 1;
+        local.tally.bytes += size;
         if let Some(s) = moved.strategy {
-            self.counters.by_strategy[s as usize].fetch_add(moved.bytes, Ordering::Relaxed);
+            local.tally.by_strategy[s as usize] += moved.bytes;
             self.progress.bytes_copied(moved.bytes, s);
         }
         if let Some(h) = hash {
-            self.manifest_line(h, path);
+            self.manifest_line(h, &dir.child_path(name));
         }
         self.progress.file_done(size, started.elapsed());
         self.progress.entry_done();

@@ -68,8 +68,9 @@ fn exec<'s>(ctx: &'s Ctx<'_>, task: Task, scope: &rayon::Scope<'s>) {
     } else {
         ctx.run_task(task, &mut local);
     }
-    if let Some(Ok(mut g)) = slot.map(Mutex::try_lock) {
-        *g = local.scratch;
+    match slot.map(Mutex::try_lock) {
+        Some(Ok(mut g)) => *g = local.scratch,
+        _ => ctx.add_tally(local.scratch.tally),
     }
 }
 
@@ -88,6 +89,9 @@ impl<'a> Ctx<'a> {
             .thread_name(|i| format!("ferry-copy-{i}"))
             .build()?;
         pool.scope(|s| s.spawn(move |s| exec(self, first, s)));
+        for slot in &self.scratch {
+            self.add_tally(std::mem::take(&mut lock(slot).tally));
+        }
         Ok(())
     }
 
