@@ -32,7 +32,14 @@ BASELINE = "ferry"
 
 
 def order(seq, known):
-    return sorted(seq, key=lambda x: (known.index(x) if x in known else len(known), x))
+    # Earlier revisions of ferry (ferry@REV) right after ferry itself.
+    def key(x):
+        if x in known:
+            return (known.index(x), x)
+        if x.startswith("ferry@") and "ferry" in known:
+            return (known.index("ferry") + 0.5, x)
+        return (len(known), x)
+    return sorted(seq, key=key)
 
 
 def read_meta(d):

@@ -16,6 +16,8 @@
 #   BENCH_TREES="many flat large sparse"              trees on tmpfs (and disk, by default)
 #   BENCH_DISK_TREES="$BENCH_TREES"   trees on disk (the 100k-file tree takes ~1 min a copy on a slow VM disk)
 #   BENCH_TOOLS="ferry ferry-verify cp-r cp-a rsync-a xcp cpz fcp"   tools on tmpfs and disk
+#   BENCH_FERRY_REVS="5dd8a2d"        earlier Ferry revisions to time beside this one, on tmpfs
+#                                     (tools ferry@REV, built once, cached under $FERRY_TOOLS/ferry-revs)
 #   BENCH_XFS_TREES="large many"      trees on xfs
 #   BENCH_XFS_TOOLS="ferry cp-reflink cp-r xcp cpz fcp"      tools on xfs
 #   BENCH_XFS_SIZE=12G                size of the sparse XFS image (quick: 1G); grown, never shrunk
@@ -37,6 +39,8 @@ FERRY="${FERRY_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/ferry-agent}"
 FILESYSTEMS="${BENCH_FS:-tmpfs disk xfs}"
 TREES="${BENCH_TREES:-many flat large sparse}"
 TOOLS="${BENCH_TOOLS:-ferry ferry-verify cp-r cp-a rsync-a xcp cpz fcp}"
+FERRY_REVS="${BENCH_FERRY_REVS:-}"
+for rev in $FERRY_REVS; do TOOLS="$TOOLS ferry@$rev"; done
 XFS_TREES="${BENCH_XFS_TREES:-large many}"
 DISK_TREES="${BENCH_DISK_TREES:-$TREES}"
 XFS_TOOLS="${BENCH_XFS_TOOLS:-ferry cp-reflink cp-r xcp cpz fcp}"
@@ -103,6 +107,7 @@ tool_cmd() {
     case "$tool" in
         ferry) echo "$FERRY copy --no-progress --verify none $src $dst" ;;
         ferry-verify) echo "$FERRY copy --no-progress --verify checksum $src $dst" ;;
+        ferry@*) echo "$(rev_bin "${tool#ferry@}") copy --no-progress --verify none $src $dst" ;;
         cp-r) echo "cp -r $src $dst" ;;
         cp-a) echo "cp -a $src $dst" ;;
         cp-reflink) echo "cp -a --reflink=always $src $dst" ;;
@@ -116,10 +121,32 @@ tool_cmd() {
     esac
 }
 
-# Which tools run on which tree: --verify checksum only on the many-small-files tree.
+# Which tools run where: --verify checksum only on the many-small-files tree; earlier
+# revisions only on tmpfs (what they are compared on: CPU and syscall cost).
 tool_applies() {
-    local tool="$1" tree="$2"
-    [[ "$tool" != ferry-verify || "$tree" == many ]]
+    local tool="$1" tree="$2" fs="$3"
+    [[ "$tool" != ferry-verify || "$tree" == many ]] && [[ "$tool" != ferry@* || "$fs" == tmpfs ]]
+}
+
+# The cached release binary of ferry-agent at revision $1 (see build_rev).
+rev_bin() {
+    local sha
+    sha="$(git -C "$REPO" rev-parse --short=12 "$1^{commit}")" || die "BENCH_FERRY_REVS: no revision $1"
+    echo "$FERRY_TOOLS/ferry-revs/$sha/ferry-agent"
+}
+
+# Build ferry-agent at revision $1 in a temporary worktree, once per revision.
+build_rev() {
+    local bin wt
+    bin="$(rev_bin "$1")"
+    [[ -x "$bin" ]] && return
+    wt="$(mktemp -d)"
+    log "building ferry-agent at $1 (cached as $bin)"
+    git -C "$REPO" worktree add -q --detach "$wt" "$1"
+    (cd "$wt" && CARGO_TARGET_DIR="$FERRY_TOOLS/ferry-revs/target" cargo build -q --release -p ferry-agent)
+    mkdir -p "$(dirname "$bin")"
+    cp "$FERRY_TOOLS/ferry-revs/target/release/ferry-agent" "$bin"
+    git -C "$REPO" worktree remove --force "$wt"
 }
 
 # Trees, tools and hyperfine --runs per filesystem: xfs has its own lists (the reflink case).
@@ -155,6 +182,7 @@ setup_tools() {
         (cd "$REPO" && cargo build --release -p ferry-agent)
     fi
     [[ -x "$FERRY" ]] || die "$FERRY not found (build it, or set FERRY_BIN)"
+    for rev in $FERRY_REVS; do build_rev "$rev"; done
 }
 
 setup_dirs() {
@@ -313,6 +341,7 @@ measure_rss() {
 tool_version() {
     case "$1" in
         ferry) "$FERRY" --version 2>/dev/null | head -n1 || echo "ferry-agent (no --version)" ;;
+        ferry@*) echo "ferry-agent at $(git -C "$REPO" rev-parse --short "${1#ferry@}")" ;;
         cp) cp --version | head -n1 ;;
         rsync) rsync --version | head -n1 ;;
         fcp) echo "fcp $("$TOOLS_BIN/fcp" --version 2>&1 | head -n1)" ;;
@@ -361,11 +390,11 @@ write_meta() {
         fi
         printf 'ferry_rev\t%s\n' "$rev"
         printf 'ferry_bin\t%s\n' "$FERRY"
-        for t in ferry cp rsync xcp cpz fcp ftzz hyperfine python3; do
+        for t in ferry cp rsync xcp cpz fcp ftzz hyperfine python3 ${FERRY_REVS:+$(printf 'ferry@%s ' $FERRY_REVS)}; do
             printf 'version:%s\t%s\n' "$t" "$(tool_version "$t")"
         done
         for tool in $(all_of fs_tools); do
-            printf 'cmd:%s\t%s\n' "$tool" "$(tool_cmd "$tool" SRC DST | sed "s#$TOOLS_BIN/##; s#$FERRY#ferry-agent#")"
+            printf 'cmd:%s\t%s\n' "$tool" "$(tool_cmd "$tool" SRC DST | sed "s#$TOOLS_BIN/##; s#$FERRY#ferry-agent#; s#$FERRY_TOOLS/ferry-revs/\([0-9a-f]*\)/ferry-agent#ferry-agent@\1#")"
         done
         for tree in $(all_of fs_trees) rss; do
             printf 'tree:%s\t%s\n' "$tree" "${DESC[$tree]}"
@@ -393,7 +422,7 @@ main() {
         for tree in $(fs_trees "$fs"); do
             gen_tree "$fs" "$tree"
             for tool in $(fs_tools "$fs"); do
-                tool_applies "$tool" "$tree" || continue
+                tool_applies "$tool" "$tree" "$fs" || continue
                 bench_one "$fs" "$tree" "$tool"
             done
         done
