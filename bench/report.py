@@ -13,6 +13,7 @@ Exit status: 0, or 3 if a ferry result failed or was INVALID (the report is writ
 import glob
 import json
 import os
+import statistics
 import sys
 
 FS_ORDER = ["tmpfs", "disk", "xfs"]
@@ -32,14 +33,11 @@ BASELINE = "ferry"
 
 
 def order(seq, known):
-    # Earlier revisions of ferry (ferry@REV) right after ferry itself.
-    def key(x):
-        if x in known:
-            return (known.index(x), x)
-        if x.startswith("ferry@") and "ferry" in known:
-            return (known.index("ferry") + 0.5, x)
-        return (len(known), x)
-    return sorted(seq, key=key)
+    return sorted(seq, key=lambda x: (known.index(x) if x in known else len(known), x))
+
+
+def tree_of(path):
+    return os.path.basename(path)[len("revs--"):-len(".json")]
 
 
 def read_meta(d):
@@ -262,6 +260,32 @@ def render(d):
             if summary is not None:
                 w("")
                 w(summary_line(summary))
+    revs = sorted(glob.glob(os.path.join(d, "revs--*.json")),
+                  key=lambda p: TREE_ORDER.index(tree_of(p)) if tree_of(p) in TREE_ORDER else 99)
+    if revs:
+        w("")
+        w("## Against earlier revisions")
+        w("")
+        w("`BENCH_FERRY_REVS`: ferry-agent built at earlier revisions, timed against this one by "
+          "`bench/ab.py` on tmpfs: every round copies the tree once with each binary, in a "
+          "shuffled order, so drift of the machine falls on all of them alike (round 0 is a "
+          "warmup). Ratio = median / this ferry's median (above 1 means this ferry is faster).")
+        versions = {k.split(":", 1)[1]: v for k, v in meta.items() if k.startswith("version:")}
+        for path in revs:
+            with open(path) as f:
+                ab = json.load(f)
+            tree = tree_of(path)
+            w("")
+            w(f"### tmpfs / {tree}, {ab['rounds']} rounds")
+            w("")
+            w("| binary | median (s) | mean ± σ (s) | min (s) | ratio to ferry |")
+            w("|---|---:|---:|---:|---:|")
+            base = statistics.median(ab["times"]["ferry"])
+            for name, t in ab["times"].items():
+                label = name if name == "ferry" else f"{name} ({versions.get(name, '?')})"
+                sd = statistics.stdev(t) if len(t) > 1 else 0.0
+                w(f"| {label} | {fmt_s(statistics.median(t))} | {fmt_s(statistics.mean(t))} ± {fmt_s(sd)} "
+                  f"| {fmt_s(min(t))} | {statistics.median(t) / base:.3f} |")
     w("")
     w("## Peak RSS")
     w("")

@@ -16,8 +16,10 @@
 #   BENCH_TREES="many flat large sparse"              trees on tmpfs (and disk, by default)
 #   BENCH_DISK_TREES="$BENCH_TREES"   trees on disk (the 100k-file tree takes ~1 min a copy on a slow VM disk)
 #   BENCH_TOOLS="ferry ferry-verify cp-r cp-a rsync-a xcp cpz fcp"   tools on tmpfs and disk
-#   BENCH_FERRY_REVS="5dd8a2d"        earlier Ferry revisions to time beside this one, on tmpfs
-#                                     (tools ferry@REV, built once, cached under $FERRY_TOOLS/ferry-revs)
+#   BENCH_FERRY_REVS="5dd8a2d"        earlier Ferry revisions to time against this one, interleaved
+#                                     (bench/ab.py) on the tmpfs trees many and flat; each is built
+#                                     once and cached under $FERRY_TOOLS/ferry-revs
+#   BENCH_AB_ROUNDS=15                rounds of that comparison (quick: 2)
 #   BENCH_XFS_TREES="large many"      trees on xfs
 #   BENCH_XFS_TOOLS="ferry cp-reflink cp-r xcp cpz fcp"      tools on xfs
 #   BENCH_XFS_SIZE=12G                size of the sparse XFS image (quick: 1G); grown, never shrunk
@@ -40,7 +42,6 @@ FILESYSTEMS="${BENCH_FS:-tmpfs disk xfs}"
 TREES="${BENCH_TREES:-many flat large sparse}"
 TOOLS="${BENCH_TOOLS:-ferry ferry-verify cp-r cp-a rsync-a xcp cpz fcp}"
 FERRY_REVS="${BENCH_FERRY_REVS:-}"
-for rev in $FERRY_REVS; do TOOLS="$TOOLS ferry@$rev"; done
 XFS_TREES="${BENCH_XFS_TREES:-large many}"
 DISK_TREES="${BENCH_DISK_TREES:-$TREES}"
 XFS_TOOLS="${BENCH_XFS_TOOLS:-ferry cp-reflink cp-r xcp cpz fcp}"
@@ -55,6 +56,7 @@ if [[ "$QUICK" == 1 ]]; then
     RUNS_DISK="${BENCH_RUNS_DISK:-$RUNS}"
     RUNS_XFS="${BENCH_RUNS_XFS:-$RUNS}"
     WARMUP="${BENCH_WARMUP:-0}"
+    AB_ROUNDS="${BENCH_AB_ROUNDS:-2}"
     XFS_SIZE="${BENCH_XFS_SIZE:-1G}"
     RESULTS_MD="${BENCH_RESULTS:-$WORK/RESULTS-quick.md}"
 else
@@ -63,6 +65,7 @@ else
     RUNS_DISK="${BENCH_RUNS_DISK:-${BENCH_RUNS:-3}}"
     RUNS_XFS="${BENCH_RUNS_XFS:-${BENCH_RUNS:-3}}"
     WARMUP="${BENCH_WARMUP:-1}"
+    AB_ROUNDS="${BENCH_AB_ROUNDS:-15}"
     XFS_SIZE="${BENCH_XFS_SIZE:-12G}"
     RESULTS_MD="${BENCH_RESULTS:-$BENCH_DIR/RESULTS.md}"
 fi
@@ -107,7 +110,6 @@ tool_cmd() {
     case "$tool" in
         ferry) echo "$FERRY copy --no-progress --verify none $src $dst" ;;
         ferry-verify) echo "$FERRY copy --no-progress --verify checksum $src $dst" ;;
-        ferry@*) echo "$(rev_bin "${tool#ferry@}") copy --no-progress --verify none $src $dst" ;;
         cp-r) echo "cp -r $src $dst" ;;
         cp-a) echo "cp -a $src $dst" ;;
         cp-reflink) echo "cp -a --reflink=always $src $dst" ;;
@@ -121,11 +123,10 @@ tool_cmd() {
     esac
 }
 
-# Which tools run where: --verify checksum only on the many-small-files tree; earlier
-# revisions only on tmpfs (what they are compared on: CPU and syscall cost).
+# Which tools run on which tree: --verify checksum only on the many-small-files tree.
 tool_applies() {
-    local tool="$1" tree="$2" fs="$3"
-    [[ "$tool" != ferry-verify || "$tree" == many ]] && [[ "$tool" != ferry@* || "$fs" == tmpfs ]]
+    local tool="$1" tree="$2"
+    [[ "$tool" != ferry-verify || "$tree" == many ]]
 }
 
 # The cached release binary of ferry-agent at revision $1 (see build_rev).
@@ -133,6 +134,20 @@ rev_bin() {
     local sha
     sha="$(git -C "$REPO" rev-parse --short=12 "$1^{commit}")" || die "BENCH_FERRY_REVS: no revision $1"
     echo "$FERRY_TOOLS/ferry-revs/$sha/ferry-agent"
+}
+
+# This ferry against the earlier revisions in BENCH_FERRY_REVS, interleaved (bench/ab.py), on
+# the tmpfs trees many and flat: RES/revs--TREE.json.
+bench_revs() {
+    local tree src bins=("ferry=$FERRY") rev
+    for rev in $FERRY_REVS; do bins+=("ferry@$rev=$(rev_bin "$rev")"); done
+    for tree in many flat; do
+        [[ " $TREES " == *" $tree "* ]] || continue
+        gen_tree tmpfs "$tree"
+        src="$(fs_root tmpfs)/src/$tree"
+        log "tmpfs/$tree: ferry against $FERRY_REVS, $AB_ROUNDS interleaved rounds"
+        python3 "$BENCH_DIR/ab.py" "$AB_ROUNDS" "$src" "$(fs_root tmpfs)/dst" "$RES/revs--$tree.json" "${bins[@]}"
+    done
 }
 
 # Build ferry-agent at revision $1 in a temporary worktree, once per revision.
@@ -422,11 +437,14 @@ main() {
         for tree in $(fs_trees "$fs"); do
             gen_tree "$fs" "$tree"
             for tool in $(fs_tools "$fs"); do
-                tool_applies "$tool" "$tree" "$fs" || continue
+                tool_applies "$tool" "$tree" || continue
                 bench_one "$fs" "$tree" "$tool"
             done
         done
     done
+    if [[ -n "$FERRY_REVS" ]] && has_fs tmpfs; then
+        bench_revs
+    fi
     if [[ "${BENCH_SKIP_1M:-0}" != 1 ]]; then
         measure_rss
     fi

@@ -3,7 +3,6 @@
 //! claim, then copied on that pod's node once one does. No kubelet or CSI driver runs here,
 //! so the test makes the mount directory itself under the simulated node's host root.
 
-
 use anyhow::{ensure, Result};
 use ferry_e2e::{assert_same_contents, merge_patch, ControlPlane};
 

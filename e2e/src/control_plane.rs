@@ -1,0 +1,414 @@
+//! The control plane itself: etcd and a kube-apiserver on free loopback ports, kubectl
+//! against it, waiting on objects, and identities (ServiceAccount kubeconfigs, a
+//! kube-controller-manager) for the RBAC tests. Torn down when dropped.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::tools::{binaries, tool, tools_dir};
+use crate::{free_port, http_get, repo_root, wait_for, Proc};
+
+/// A running etcd + kube-apiserver with an admin kubeconfig.
+#[derive(Debug)]
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    etcd: Child,
+    apiserver: Child,
+    kubectl: PathBuf,
+    pub kubeconfig: PathBuf,
+}
+
+impl ControlPlane {
+    /// Start one, or `Ok(None)` with the reason printed when the binaries are not installed
+    /// and this is not CI (CI installs them with `e2e/tools/install.sh`, so there a missing
+    /// binary is a failure, not a skip).
+    pub fn start_or_skip() -> Result<Option<Self>> {
+        match binaries() {
+            Ok((etcd, apiserver, kubectl)) => Self::start(&etcd, &apiserver, kubectl).map(Some),
+            Err(why) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: {why}");
+                Ok(None)
+            }
+            Err(why) => Err(why),
+        }
+    }
+
+    /// Start one; missing binaries are an error saying how to install them.
+    pub fn start_required() -> Result<Self> {
+        let (etcd, apiserver, kubectl) = binaries()?;
+        Self::start(&etcd, &apiserver, kubectl)
+    }
+
+    fn start(etcd_bin: &Path, apiserver_bin: &Path, kubectl: PathBuf) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("ferry-e2e-").tempdir()?;
+        let d = dir.path().to_path_buf();
+        let (client, peer, secure) = (free_port()?, free_port()?, free_port()?);
+        let log = |name: &str| -> Result<Stdio> { Ok(std::fs::File::create(d.join(name))?.into()) };
+        let etcd = Command::new(etcd_bin)
+            .args([
+                "--name=ferry-e2e".to_string(),
+                format!("--data-dir={}", d.join("etcd").display()),
+                format!("--listen-client-urls=http://127.0.0.1:{client}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-cluster=ferry-e2e=http://127.0.0.1:{peer}"),
+                "--initial-cluster-state=new".into(),
+                "--logger=zap".into(),
+                "--log-outputs=stderr".into(),
+                "--log-level=warn".into(),
+            ])
+            .stdout(log("etcd.log")?)
+            .stderr(log("etcd.err")?)
+            .spawn()
+            .context("start etcd")?;
+        // Fill the struct early so Drop cleans up whatever fails next.
+        let mut cp = ControlPlane {
+            kubeconfig: d.join("kubeconfig"),
+            etcd,
+            apiserver: Command::new("true").spawn()?,
+            kubectl,
+            dir,
+        };
+        wait_for("etcd /health", Duration::from_secs(30), || {
+            http_get(client, "/health").is_some_and(|b| b.contains("\"health\":\"true\""))
+        })?;
+        let ok = Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(d.join("sa.key"))
+            .arg("2048")
+            .stderr(Stdio::null())
+            .status()?;
+        let ok2 = Command::new("openssl")
+            .args(["rsa", "-pubout", "-in"])
+            .arg(d.join("sa.key"))
+            .arg("-out")
+            .arg(d.join("sa.pub"))
+            .stderr(Stdio::null())
+            .status()?;
+        if !ok.success() || !ok2.success() {
+            bail!("openssl could not make the service-account key");
+        }
+        let mut raw = [0u8; 16];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
+        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!("{token},ferry-admin,ferry-admin,\"system:masters\"\n"),
+        )?;
+        cp.apiserver = Command::new(apiserver_bin)
+            .args([
+                format!("--etcd-servers=http://127.0.0.1:{client}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={secure}"),
+                format!("--cert-dir={}", d.join("pki").display()),
+                "--service-account-issuer=https://kubernetes.default.svc".into(),
+                format!("--service-account-key-file={}", d.join("sa.pub").display()),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    d.join("sa.key").display()
+                ),
+                "--authorization-mode=RBAC".into(),
+                format!("--token-auth-file={}", d.join("tokens.csv").display()),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                "--allow-privileged=true".into(),
+                "--endpoint-reconciler-type=none".into(),
+                "--disable-admission-plugins=ServiceAccount".into(),
+                "--profiling=false".into(),
+            ])
+            .stdout(log("apiserver.log")?)
+            .stderr(log("apiserver.err")?)
+            .spawn()
+            .context("start kube-apiserver")?;
+        std::fs::write(
+            &cp.kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: https://127.0.0.1:{secure}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: admin\ncurrent-context: e2e\n"
+            ),
+        )?;
+        let ready = wait_for("kube-apiserver /readyz", Duration::from_secs(90), || {
+            cp.kubectl(&["get", "--raw", "/readyz"])
+                .is_ok_and(|o| o.status.success())
+        });
+        if let Err(e) = ready {
+            let tail = std::fs::read_to_string(d.join("apiserver.err")).unwrap_or_default();
+            let tail: String = tail
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            bail!("{e}\nkube-apiserver log tail:\n{tail}");
+        }
+        Ok(cp)
+    }
+
+    /// Where the control plane's logs and state live (kept until drop).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Run kubectl against this control plane.
+    pub fn kubectl(&self, args: &[&str]) -> Result<Output> {
+        Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .context("run kubectl")
+    }
+
+    /// Run kubectl with `input` on stdin (e.g. `apply -f -`).
+    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<Output> {
+        let mut child = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("run kubectl")?;
+        child
+            .stdin
+            .take()
+            .context("kubectl stdin")?
+            .write_all(input.as_bytes())?;
+        Ok(child.wait_with_output()?)
+    }
+
+    /// kubectl that must succeed; its stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.kubectl(args)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Wait (on the phase, never a fixed sleep) until CopyJob `ns/name` has Succeeded. The
+    /// error carries kubectl's answer, the job's status and the tail of every process log.
+    pub fn wait_succeeded(&self, ns: &str, name: &str, timeout_secs: u32) -> Result<()> {
+        let job = format!("copyjob/{name}");
+        let timeout = format!("--timeout={timeout_secs}s");
+        let out = self.kubectl(&[
+            "wait",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            &timeout,
+            &job,
+            "-n",
+            ns,
+        ])?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let status = self
+            .kubectl_ok(&["get", &job, "-n", ns, "-o", "jsonpath={.status}"])
+            .unwrap_or_default();
+        let mut logs: Vec<String> = std::fs::read_dir(self.dir())?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        logs.sort();
+        let tails: Vec<String> = logs
+            .iter()
+            .map(|l| format!("{l}:\n{}", self.log_tail(l, 5)))
+            .collect();
+        bail!(
+            "{ns}/{name} did not succeed: {}\nstatus: {status}\n{}",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            tails.join("\n")
+        )
+    }
+
+    /// A jsonpath of one object, as kubectl prints it ("" when the object is gone).
+    pub fn get(&self, kind_name: &str, ns: &str, jsonpath: &str) -> Result<String> {
+        let out = self.kubectl(&[
+            "get",
+            kind_name,
+            "-n",
+            ns,
+            "--ignore-not-found",
+            "-o",
+            &format!("jsonpath={jsonpath}"),
+        ])?;
+        if !out.status.success() {
+            bail!(
+                "kubectl get {kind_name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Poll `jsonpath` of `kind_name` until `ready` accepts it; the error shows the last
+    /// value and the agents' logs.
+    pub fn wait_until(
+        &self,
+        kind_name: &str,
+        ns: &str,
+        jsonpath: &str,
+        timeout: Duration,
+        mut ready: impl FnMut(&str) -> bool,
+    ) -> Result<String> {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < timeout {
+            last = self.get(kind_name, ns, jsonpath)?;
+            if ready(&last) {
+                return Ok(last);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!(
+            "{kind_name} {jsonpath}: still {last:?} after {timeout:?}\nstatus: {}\noperator:\n{}",
+            self.get(kind_name, ns, "{.status}").unwrap_or_default(),
+            self.log_tail("operator.log", 10)
+        )
+    }
+
+    /// `kubectl apply -f -` that must succeed.
+    pub fn apply(&self, yaml: &str) -> Result<()> {
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], yaml)?;
+        if !out.status.success() {
+            bail!("apply refused: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// Apply the chart's generated CRDs and wait until they are served.
+    pub fn install_crds(&self) -> Result<()> {
+        let crds = repo_root().join("charts/ferry/crds");
+        let out = self.kubectl(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
+        if !out.status.success() {
+            bail!(
+                "CRDs refused by the apiserver: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for crd in ["crd/copyjobs.ferry.dev", "crd/storageroots.ferry.dev"] {
+            let out =
+                self.kubectl(&["wait", "--for=condition=Established", "--timeout=60s", crd])?;
+            if !out.status.success() {
+                bail!(
+                    "{crd} not established: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ControlPlane {
+    /// Leave etcd and the apiserver running after this value is gone (for `make dev-up`);
+    /// returns their pids for `make dev-down`.
+    pub fn detach(self) -> (PathBuf, Vec<u32>) {
+        let this = std::mem::ManuallyDrop::new(self);
+        let pids = vec![this.etcd.id(), this.apiserver.id()];
+        // The TempDir is leaked on purpose: the state must outlive this process.
+        let dir = this.dir.path().to_path_buf();
+        (dir, pids)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for child in [&mut self.apiserver, &mut self.etcd] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The reasons of the events about one object, oldest first.
+impl ControlPlane {
+    pub fn event_reasons(&self, ns: &str, name: &str) -> Result<String> {
+        self.kubectl_ok(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            ns,
+            "--field-selector",
+            &format!("regarding.name={name}"),
+            "-o",
+            "jsonpath={.items[*].reason}",
+        ])
+    }
+}
+
+/// Components running under their own identity (the chart's RBAC tests).
+impl ControlPlane {
+    /// A kubeconfig for this apiserver, with the admin kubeconfig's server and TLS settings,
+    /// that authenticates as ServiceAccount `ns/name` with a token from the TokenRequest API:
+    /// a process using it can do only what RBAC grants that account. Written to
+    /// `<dir>/<name>.kubeconfig`.
+    pub fn service_account_kubeconfig(&self, ns: &str, name: &str) -> Result<PathBuf> {
+        let token = self.kubectl_ok(&["create", "token", name, "-n", ns, "--duration=2h"])?;
+        let token = token.trim();
+        let admin = std::fs::read_to_string(&self.kubeconfig)?;
+        let mut replaced = 0;
+        let text: Vec<String> = admin
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("token: ") {
+                    replaced += 1;
+                    format!("    token: {token}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        if replaced != 1 {
+            bail!("the admin kubeconfig has {replaced} token lines, expected 1");
+        }
+        let path = self.dir().join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, text.join("\n") + "\n")?;
+        Ok(path)
+    }
+
+    /// kube-controller-manager (built by `e2e/tools/install.sh`) running only `controllers`
+    /// with the admin kubeconfig, logging to `<dir>/kube-controller-manager.log`; `Ok(None)`
+    /// with the reason printed when it is not installed and this is not CI.
+    pub fn start_controller_manager_or_skip(&self, controllers: &[&str]) -> Result<Option<Proc>> {
+        let bin = tool(
+            "FERRY_KUBE_CONTROLLER_MANAGER",
+            tools_dir().join("k8s/v1.35.4/bin/kube-controller-manager"),
+        );
+        if !bin.exists() {
+            let why = format!(
+                "{} is not installed; run e2e/tools/install.sh (make deps)",
+                bin.display()
+            );
+            if std::env::var_os("CI").is_some() {
+                bail!(why);
+            }
+            eprintln!("skipped: {why}");
+            return Ok(None);
+        }
+        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.display());
+        let controllers = format!("--controllers={}", controllers.join(","));
+        let args = [
+            kubeconfig.as_str(),
+            controllers.as_str(),
+            "--leader-elect=false",
+            // No HTTPS endpoint: nothing here probes it, and parallel tests would share a port.
+            "--secure-port=0",
+        ];
+        self.spawn(&bin, &args, &[], "kube-controller-manager.log")
+            .map(Some)
+    }
+}

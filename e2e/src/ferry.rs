@@ -1,0 +1,231 @@
+//! Ferry's processes against a control plane: the operator and one agent per simulated
+//! node (a host-root directory each), their ports, logs, and the binaries they run from.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{free_port, repo_root, ControlPlane};
+
+impl ControlPlane {
+    /// The loopback port of a simulated node's agent endpoints (/metrics, /healthz, /readyz).
+    pub fn agent_port(&self, node: &str) -> Result<u16> {
+        self.recorded_port(&format!("agent-{node}"))
+    }
+
+    /// The loopback port of the operator's endpoints (/metrics, /healthz, /readyz), as
+    /// [`Self::start_ferry`] started it.
+    pub fn operator_port(&self) -> Result<u16> {
+        self.recorded_port("operator")
+    }
+
+    /// The port a process started here recorded in `<dir>/<name>.port`.
+    pub fn recorded_port(&self, name: &str) -> Result<u16> {
+        let f = self.dir().join(format!("{name}.port"));
+        Ok(std::fs::read_to_string(&f)
+            .with_context(|| format!("read {}", f.display()))?
+            .trim()
+            .parse()?)
+    }
+
+    /// A free loopback address for a process's endpoints, recorded in `<dir>/<name>.port`.
+    fn listen_address(&self, name: &str) -> Result<String> {
+        let port = free_port()?;
+        std::fs::write(self.dir().join(format!("{name}.port")), port.to_string())?;
+        Ok(format!("127.0.0.1:{port}"))
+    }
+
+    /// Start a `ferry-operator` replica with its endpoints on a free loopback port
+    /// (recorded for [`Self::recorded_port`] under `name`), logging to `<dir>/<name>.log`.
+    pub fn spawn_operator(&self, name: &str, envs: &[(&str, &str)]) -> Result<Proc> {
+        let operator = workspace_bin("ferry-operator", "ferry-operator")?;
+        let listen = self.listen_address(name)?;
+        self.spawn(
+            &operator,
+            &["--listen", &listen],
+            envs,
+            &format!("{name}.log"),
+        )
+    }
+
+    /// Simulated nodes (Node objects labelled `ferry.dev/node=<name>`, each with a host-root
+    /// directory under `<dir>/hosts/<name>`), the operator and one agent per node. Returns
+    /// the processes (stopped when dropped) and the hosts directory.
+    pub fn start_ferry(&self, nodes: &[&str]) -> Result<(Vec<Proc>, PathBuf)> {
+        self.start_ferry_with(nodes, &[])
+    }
+
+    /// [`Self::start_ferry`] with extra environment for the agents (e.g. the test-only
+    /// `FERRY_FAULT_FILE_DELAY_MS`, which makes copies slow enough to act on mid-way).
+    pub fn start_ferry_with(
+        &self,
+        nodes: &[&str],
+        agent_env: &[(&str, &str)],
+    ) -> Result<(Vec<Proc>, PathBuf)> {
+        self.kubectl_ok(&["create", "namespace", "ferry-system"])?;
+        for node in nodes {
+            self.add_node(node)?;
+        }
+        // The operator's and each agent's endpoints on their own loopback ports, recorded
+        // for operator_port() and agent_port().
+        let mut procs = vec![self.spawn_operator("operator", &[])?];
+        for node in nodes {
+            procs.push(self.spawn_agent(node, agent_env)?);
+        }
+        Ok((procs, self.dir().join("hosts")))
+    }
+
+    /// A simulated node: a Node object labelled `ferry.dev/node=<node>` and its host-root
+    /// directory `<dir>/hosts/<node>`, which it returns.
+    pub fn add_node(&self, node: &str) -> Result<PathBuf> {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    ferry.dev/node: {node}\n"
+        ))?;
+        let root = self.dir().join("hosts").join(node);
+        std::fs::create_dir_all(&root)?;
+        Ok(root)
+    }
+
+    /// Start the agent of a node made by [`Self::add_node`], with extra environment (for
+    /// a node whose agent differs from the others'), its endpoints on a free loopback port
+    /// ([`Self::agent_port`]), logging to `<dir>/agent-<node>.log`.
+    pub fn spawn_agent(&self, node: &str, envs: &[(&str, &str)]) -> Result<Proc> {
+        self.spawn_agent_under(node, envs, &[])
+    }
+
+    /// [`Self::spawn_agent`] run under a wrapper command (e.g. `setpriv` dropping
+    /// capabilities), whose arguments come before the agent's path.
+    pub fn spawn_agent_under(
+        &self,
+        node: &str,
+        envs: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Result<Proc> {
+        let agent = workspace_bin("ferry-agent", "ferry-agent")?;
+        let root = self.dir().join("hosts").join(node);
+        let root = root.to_string_lossy();
+        let listen = self.listen_address(&format!("agent-{node}"))?;
+        let args = [
+            "run",
+            "--node",
+            node,
+            "--host-root",
+            &root,
+            "--namespace",
+            "ferry-system",
+            "--listen",
+            &listen,
+        ];
+        let log = format!("agent-{node}.log");
+        match wrapper.split_first() {
+            None => self.spawn(&agent, &args, envs, &log),
+            Some((cmd, rest)) => {
+                let agent = agent.to_string_lossy();
+                let all: Vec<&str> = rest
+                    .iter()
+                    .copied()
+                    .chain(std::iter::once(agent.as_ref()))
+                    .chain(args)
+                    .collect();
+                self.spawn(Path::new(cmd), &all, envs, &log)
+            }
+        }
+    }
+}
+
+/// A process started by a test, killed when dropped.
+#[derive(Debug)]
+pub struct Proc(Child);
+
+impl Proc {
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Send a signal (`STOP`, `CONT`, `KILL`, ...) by name.
+    pub fn signal(&self, sig: &str) -> Result<()> {
+        let status = Command::new("kill")
+            .args(["-s", sig, &self.0.id().to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -s {sig} {} failed", self.0.id());
+        }
+        Ok(())
+    }
+
+    /// Kill the process (SIGKILL: no chance to clean up) and reap it.
+    pub fn kill(&mut self) -> Result<()> {
+        self.0.kill()?;
+        self.0.wait()?;
+        Ok(())
+    }
+
+    /// Leave the process running; returns its pid.
+    pub fn detach(self) -> u32 {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.0.id()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Build (a no-op when fresh) one of the workspace's binaries and return its path: a debug
+/// build, or a release build when `FERRY_E2E_RELEASE=1` (for benchmarks).
+pub fn workspace_bin(package: &str, bin: &str) -> Result<PathBuf> {
+    let release = std::env::var_os("FERRY_E2E_RELEASE").is_some_and(|v| v == "1");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .args(release.then_some("--release"))
+        .current_dir(repo_root())
+        .status()?;
+    if !status.success() {
+        bail!("building {bin} failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| repo_root().join("target"), PathBuf::from);
+    Ok(target
+        .join(if release { "release" } else { "debug" })
+        .join(bin))
+}
+
+impl ControlPlane {
+    /// Start a workspace binary against this control plane, logging to `<dir>/<log>`.
+    pub fn spawn(
+        &self,
+        bin: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        log: &str,
+    ) -> Result<Proc> {
+        // Appended: a process restarted by a test keeps its earlier incarnations' lines.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir().join(log))?;
+        let child = Command::new(bin)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info")
+            .envs(envs.iter().copied())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("start {}", bin.display()))?;
+        Ok(Proc(child))
+    }
+
+    /// The last lines of a log in the control plane's directory (for failure messages).
+    pub fn log_tail(&self, log: &str, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.dir().join(log)).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}

@@ -1,0 +1,77 @@
+//! The binaries the tests run (installed by `e2e/tools/install.sh` into `FERRY_TOOLS`), and
+//! skipping a test, outside CI, when one is missing.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+
+/// Where `e2e/tools/install.sh` caches the binaries (its `FERRY_TOOLS`).
+pub(crate) fn tools_dir() -> PathBuf {
+    std::env::var_os("FERRY_TOOLS")
+        .map_or_else(|| PathBuf::from("/var/cache/ferry-tools"), PathBuf::from)
+}
+
+/// A binary from the environment (`FERRY_KUBE_APISERVER`, ...) or its cached default.
+pub(crate) fn tool(var: &str, default: PathBuf) -> PathBuf {
+    std::env::var_os(var).map_or(default, PathBuf::from)
+}
+
+/// etcd, kube-apiserver and kubectl, or an error naming the missing one and the fix.
+pub(crate) fn binaries() -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let k8s = tools_dir().join("k8s/v1.35.4/bin");
+    let etcd = tool("FERRY_ETCD", PathBuf::from("/usr/bin/etcd"));
+    let apiserver = tool("FERRY_KUBE_APISERVER", k8s.join("kube-apiserver"));
+    let kubectl = tool("FERRY_KUBECTL", k8s.join("kubectl"));
+    for bin in [&etcd, &apiserver, &kubectl] {
+        if !bin.exists() {
+            bail!(
+                "{} is not installed; run e2e/tools/install.sh (make deps)",
+                bin.display()
+            );
+        }
+    }
+    Ok((etcd, apiserver, kubectl))
+}
+
+/// The directory of prometheus-operator CRDs (ServiceMonitor, PodMonitor, PrometheusRule)
+/// that `e2e/tools/install.sh` copies from the Go module; `Ok(None)` with the reason printed
+/// when they are not installed and this is not CI.
+pub fn prometheus_operator_crds_or_skip() -> Result<Option<PathBuf>> {
+    let dir = tool(
+        "FERRY_PROMETHEUS_OPERATOR_CRDS",
+        tools_dir().join("prometheus-operator/v0.85.0/crds"),
+    );
+    if dir
+        .join("monitoring.coreos.com_prometheusrules.yaml")
+        .exists()
+    {
+        return Ok(Some(dir));
+    }
+    let why = format!(
+        "prometheus-operator CRDs are not in {}; run e2e/tools/install.sh (make deps)",
+        dir.display()
+    );
+    if std::env::var_os("CI").is_some() {
+        bail!(why);
+    }
+    eprintln!("skipped: {why}");
+    Ok(None)
+}
+
+/// helm (built by `e2e/tools/install.sh`); `Ok(None)` with the reason printed when it is not
+/// installed and this is not CI.
+pub fn helm_or_skip() -> Result<Option<PathBuf>> {
+    let helm = tool("FERRY_HELM", tools_dir().join("helm/v3.22.0/bin/helm"));
+    if helm.exists() {
+        return Ok(Some(helm));
+    }
+    let why = format!(
+        "{} is not installed; run e2e/tools/install.sh (make deps)",
+        helm.display()
+    );
+    if std::env::var_os("CI").is_some() {
+        bail!(why);
+    }
+    eprintln!("skipped: {why}");
+    Ok(None)
+}

@@ -1,0 +1,140 @@
+//! What a test checks in a copied tree: staging leftovers, metadata and contents against
+//! the source; and bind mounts that show one filesystem under several simulated nodes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, ensure, Context, Result};
+
+/// Every path under `root` whose name starts with `.ferry-` (staging names): none may be
+/// left once a job has finished.
+pub fn staging_leftovers(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            if e.file_name().to_string_lossy().starts_with(".ferry-") {
+                out.push(e.path());
+            }
+            if e.file_type()?.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A bind mount, undone when dropped: one filesystem seen under several simulated nodes'
+/// host roots, as NFS is on real nodes (needs root).
+#[derive(Debug)]
+pub struct BindMount(PathBuf);
+
+impl BindMount {
+    pub fn new(from: &Path, to: &Path) -> Result<Self> {
+        std::fs::create_dir_all(to)?;
+        let status = Command::new("mount")
+            .arg("--bind")
+            .arg(from)
+            .arg(to)
+            .status()
+            .context("run mount")?;
+        if !status.success() {
+            bail!("mount --bind {} {} failed", from.display(), to.display());
+        }
+        Ok(Self(to.to_path_buf()))
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Every entry under `root` (relative path → what a user would compare: type, mode,
+/// owner, size, mtime, symlink target), walked without following links.
+pub fn tree_meta(root: &Path) -> Result<std::collections::BTreeMap<PathBuf, String>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let path = root.join(&rel);
+        let m =
+            std::fs::symlink_metadata(&path).with_context(|| format!("stat {}", path.display()))?;
+        let target = if m.file_type().is_symlink() {
+            std::fs::read_link(&path)?.display().to_string()
+        } else {
+            String::new()
+        };
+        let size = if m.is_dir() { 0 } else { m.len() };
+        out.insert(
+            rel.clone(),
+            format!(
+                "mode {:o} owner {}:{} size {size} mtime {}.{:09} nlink-group {} {target}",
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                m.mtime(),
+                m.mtime_nsec(),
+                if m.is_dir() { 1 } else { m.nlink() },
+            ),
+        );
+        if m.is_dir() {
+            for e in std::fs::read_dir(&path)? {
+                stack.push(rel.join(e?.file_name()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `diff -r --no-dereference a b` finds nothing: the same names, symlink targets and
+/// bytes (metadata is `assert_same_tree`'s job); the error carries diff's report.
+pub fn assert_same_contents(a: &Path, b: &Path) -> Result<()> {
+    let diff = Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg(a)
+        .arg(b)
+        .output()
+        .context("run diff")?;
+    ensure!(
+        diff.status.success(),
+        "{} differs from {}: {}{}",
+        b.display(),
+        a.display(),
+        String::from_utf8_lossy(&diff.stdout),
+        String::from_utf8_lossy(&diff.stderr)
+    );
+    Ok(())
+}
+
+/// The destination equals the source: same entries with the same metadata (the top
+/// directory's own metadata too) and the same bytes in every file.
+pub fn assert_same_tree(src: &Path, dst: &Path) -> Result<()> {
+    let (a, b) = (tree_meta(src)?, tree_meta(dst)?);
+    let mut diffs = Vec::new();
+    for (p, m) in &a {
+        match b.get(p) {
+            None => diffs.push(format!("missing {}", p.display())),
+            Some(n) if n != m => diffs.push(format!("{}: source {m}, copy {n}", p.display())),
+            Some(_) => {
+                let sp = src.join(p);
+                if std::fs::symlink_metadata(&sp)?.is_file()
+                    && std::fs::read(&sp)? != std::fs::read(dst.join(p))?
+                {
+                    diffs.push(format!("{}: contents differ", p.display()));
+                }
+            }
+        }
+    }
+    for p in b.keys().filter(|p| !a.contains_key(*p)) {
+        diffs.push(format!("extra {}", p.display()));
+    }
+    if !diffs.is_empty() {
+        diffs.truncate(20);
+        bail!("copy differs from the source:\n  {}", diffs.join("\n  "));
+    }
+    Ok(())
+}
