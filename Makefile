@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput deps clean generate check-generated fuzz
+.PHONY: all build release image kube-up kube-down test lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput deps clean generate check-generated fuzz
 
 all: build
 
@@ -11,6 +11,12 @@ build:
 
 release:
 	$(CARGO) build --release -p ferry-agent
+
+## Ferry's OCI image (ferry-operator and ferry-agent, static, FROM scratch; see Containerfile)
+## built with buildah: no daemon, no registry. Tagged as the chart's default image; also
+## written to target/image/ferry-<tag>.oci.tar for `ctr images import` or `skopeo copy`.
+image:
+	@./scripts/build-image.sh
 
 ## Install what the tests use (needs root; a no-op when present): Debian tools, and etcd +
 ## kube-apiserver + kubectl + helm for the end-to-end tests (built from Go modules once,
@@ -40,6 +46,16 @@ lint:
 
 fmt:
 	$(CARGO) fmt --all
+
+## A real one-node cluster (containerd, kubelet, scheduler, controller-manager, kube-proxy)
+## in a network namespace with no route out, with Ferry installed by its chart from
+## `make image`; prints the KUBECONFIG. See e2e/kube/README.md.
+kube-up: deps image
+	@./e2e/kube/up.sh
+
+## Remove everything kube-up made (processes, mounts, network, iptables, cgroups, sysctls).
+kube-down:
+	@./e2e/kube/down.sh
 
 ## Ferry's main job on a local default: a local control plane (etcd + kube-apiserver), the
 ## operator and two node agents; applies deploy/examples/ and waits for Succeeded.

@@ -9,7 +9,7 @@ use ferry_crds::{Overwrite, Policy, Reflink, Verify};
 #[derive(Debug, Parser)]
 #[command(
     name = "ferry-agent",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FERRY_GIT_REV"), ")"),
     about = "Ferry node agent and local copy tool"
 )]
 pub struct Cli {
@@ -30,6 +30,9 @@ pub enum Command {
     Copy(CopyArgs),
     /// Run the node agent: heartbeat, watch CopyJobs assigned to this node, copy them.
     Run(RunArgs),
+    /// Do nothing until SIGTERM or SIGINT, then exit 0: the image's default command, for a
+    /// pod that only has to hold something (a volume mounted, a sandbox).
+    Pause,
 }
 
 #[derive(Debug, clap::Args)]

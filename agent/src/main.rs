@@ -53,10 +53,38 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
     }
 }
 
+/// Wait for SIGTERM or SIGINT (as PID 1 in a container, a signal without a handler would
+/// be ignored: these are handled).
+fn pause() -> ExitCode {
+    use tokio::signal::unix::{signal, SignalKind};
+    let waited = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .and_then(|rt| {
+            rt.block_on(async {
+                let mut term = signal(SignalKind::terminate())?;
+                let mut int = signal(SignalKind::interrupt())?;
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                Ok(())
+            })
+        });
+    match waited {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry-agent pause: cannot wait for signals: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = ferry_agent::cli::Cli::parse();
     match cli.command {
         ferry_agent::cli::Command::Copy(args) => ferry_agent::copy_cmd::run(&args),
         ferry_agent::cli::Command::Run(args) => run_daemon(args),
+        ferry_agent::cli::Command::Pause => pause(),
     }
 }

@@ -5,13 +5,16 @@
 #   etcd, prometheus, promtool   Debian packages etcd-server and prometheus (apt)
 #   kube-apiserver, kubectl,     built from k8s.io/kubernetes at $K8S_VERSION
 #   kube-controller-manager      (the chart test runs only its clusterrole-aggregation controller)
+#   kubelet, kube-scheduler,     the same, for the real one-node tier (make kube-up)
+#   kube-proxy
 #   helm                         built from helm.sh/helm/v3 at $HELM_VERSION
 #   prometheus-operator CRDs     ServiceMonitor, PodMonitor, PrometheusRule, copied from the Go
 #                                module github.com/prometheus-operator/prometheus-operator at
 #                                $PROMETHEUS_OPERATOR_VERSION (the chart test applies them)
 #
 # Go-built binaries are cached outside the repo, keyed by version:
-#   ${FERRY_TOOLS:-/var/cache/ferry-tools}/k8s/<version>/bin/{kube-apiserver,kubectl,kube-controller-manager}
+#   ${FERRY_TOOLS:-/var/cache/ferry-tools}/k8s/<version>/bin/{kube-apiserver,kubectl,kube-controller-manager,
+#                                                            kubelet,kube-scheduler,kube-proxy}
 #   ${FERRY_TOOLS:-/var/cache/ferry-tools}/helm/<version>/bin/helm
 # and ${FERRY_TOOLS}/env.sh exports PATH (those bins first) plus FERRY_* paths.
 #
@@ -131,6 +134,9 @@ k8s_targets=()
 [[ -x $k8s_bin/kube-apiserver ]] || k8s_targets+=(kube-apiserver)
 [[ -x $k8s_bin/kubectl ]] || k8s_targets+=(kubectl)
 [[ -x $k8s_bin/kube-controller-manager ]] || k8s_targets+=(kube-controller-manager)
+[[ -x $k8s_bin/kubelet ]] || k8s_targets+=(kubelet)
+[[ -x $k8s_bin/kube-scheduler ]] || k8s_targets+=(kube-scheduler)
+[[ -x $k8s_bin/kube-proxy ]] || k8s_targets+=(kube-proxy)
 
 if ((${#k8s_targets[@]})); then
   [[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.N.M, got $K8S_VERSION"
@@ -183,7 +189,8 @@ if ((${#k8s_targets[@]})); then
 
   run_build "go.sum for k8s.io/kubernetes $K8S_VERSION" "$FERRY_TOOLS/logs/k8s-$K8S_VERSION-modules.log" \
     go -C "$src" get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" \
-      "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION"
+      "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-proxy@$K8S_VERSION"
 
   for t in "${k8s_targets[@]}"; do
     tmp=$k8s_bin/.$t.tmp.$$

@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 /// The Ferry operator.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FERRY_GIT_REV"), ")"))]
 struct Args {
     /// Address for /metrics (Prometheus), /healthz and /readyz.
     #[arg(long, env = "FERRY_LISTEN", default_value = "0.0.0.0:9090")]

@@ -1,0 +1,58 @@
+# Shared by e2e/kube/up.sh and down.sh: where the one-node tier keeps its state, its
+# addresses, and small helpers. Sourced, not run.
+
+FERRY_TOOLS="${FERRY_TOOLS:-/var/cache/ferry-tools}"
+K8S_VERSION="${K8S_VERSION:-v1.35.4}"
+HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+K8S_BIN="$FERRY_TOOLS/k8s/$K8S_VERSION/bin"
+HELM="$FERRY_TOOLS/helm/$HELM_VERSION/bin/helm"
+
+STATE="${FERRY_KUBE_DIR:-/var/lib/ferry-kube}"
+RUN=/run/ferry-kube
+NETNS=ferry-kube
+NODE="${FERRY_KUBE_NODE:-ferry-node}"
+HOST_IF=fkube0
+HOST_IP=10.251.0.1
+NODE_IP=10.251.0.2
+POD_CIDR=10.252.0.0/24
+SVC_CIDR=10.253.0.0/24
+SVC_IP=10.253.0.1
+CONTAINERD_SOCK="$RUN/containerd.sock"
+KUBECONFIG_OUT="$STATE/kubeconfig"
+
+# The image the chart names by default (charts/ferry: image.repository, appVersion), which
+# `make image` builds and writes as an OCI archive.
+_chart="${repo:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}/charts/ferry"
+IMAGE_TAG="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$_chart/Chart.yaml")"
+IMAGE="$(sed -n 's/^  repository: *//p' "$_chart/values.yaml" | head -n1):$IMAGE_TAG"
+IMAGE_ARCHIVE="${_chart%/charts/ferry}/target/image/ferry-$IMAGE_TAG.oci.tar"
+
+log() { printf '[kube %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { printf '[kube] error: %s\n' "$*" >&2; exit 1; }
+
+# Run a command in the tier's network namespace (and only that namespace: the mount
+# namespace stays the host's, so the kubelet's mounts are seen by containerd and the agent).
+in_ns() { nsenter --net="/run/netns/$NETNS" -- "$@"; }
+
+# start NAME CMD...: a component in the namespace, in the background, in a session of its
+# own, logging to $STATE/logs/NAME.log; its pid in $STATE/pids/NAME.
+start() {
+    local name=$1
+    shift
+    setsid nsenter --net="/run/netns/$NETNS" -- "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
+    echo $! >"$STATE/pids/$name"
+}
+
+# wait_until WHAT SECONDS CMD...: poll CMD (quietly) until it succeeds; fail naming WHAT.
+wait_until() {
+    local what=$1 secs=$2 deadline
+    shift 2
+    deadline=$((SECONDS + secs))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || { log "timed out after ${secs}s waiting for $what"; return 1; }
+        sleep 0.5
+    done
+}
+
+kc() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" "$@"; }
+ctr_ns() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
