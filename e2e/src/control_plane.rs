@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::tools::{binaries, tool, tools_dir};
-use crate::{free_port, http_get, repo_root, wait_for, Proc};
+use crate::tools::{binaries, installed_or_skip, skip, tools_dir};
+use crate::{free_port, http_get, repo_root, wait_for, Kubectl, Proc};
 
 /// A running etcd + kube-apiserver with an admin kubeconfig.
 #[derive(Debug)]
@@ -18,8 +18,15 @@ pub struct ControlPlane {
     dir: tempfile::TempDir,
     etcd: Child,
     apiserver: Child,
-    kubectl: PathBuf,
-    pub kubeconfig: PathBuf,
+    kc: Kubectl,
+}
+
+/// kubectl against this control plane (and the tail of the processes' logs on failure).
+impl std::ops::Deref for ControlPlane {
+    type Target = Kubectl;
+    fn deref(&self) -> &Kubectl {
+        &self.kc
+    }
 }
 
 impl ControlPlane {
@@ -29,11 +36,7 @@ impl ControlPlane {
     pub fn start_or_skip() -> Result<Option<Self>> {
         match binaries() {
             Ok((etcd, apiserver, kubectl)) => Self::start(&etcd, &apiserver, kubectl).map(Some),
-            Err(why) if std::env::var_os("CI").is_none() => {
-                eprintln!("skipped: {why}");
-                Ok(None)
-            }
-            Err(why) => Err(why),
+            Err(why) => skip(format!("{why:#}")),
         }
     }
 
@@ -68,10 +71,9 @@ impl ControlPlane {
             .context("start etcd")?;
         // Fill the struct early so Drop cleans up whatever fails next.
         let mut cp = ControlPlane {
-            kubeconfig: d.join("kubeconfig"),
+            kc: Kubectl::new(kubectl, d.join("kubeconfig"), d.clone()),
             etcd,
             apiserver: Command::new("true").spawn()?,
-            kubectl,
             dir,
         };
         wait_for("etcd /health", Duration::from_secs(30), || {
@@ -156,139 +158,6 @@ impl ControlPlane {
         self.dir.path()
     }
 
-    /// Run kubectl against this control plane.
-    pub fn kubectl(&self, args: &[&str]) -> Result<Output> {
-        Command::new(&self.kubectl)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .output()
-            .context("run kubectl")
-    }
-
-    /// Run kubectl with `input` on stdin (e.g. `apply -f -`).
-    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<Output> {
-        let mut child = Command::new(&self.kubectl)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("run kubectl")?;
-        child
-            .stdin
-            .take()
-            .context("kubectl stdin")?
-            .write_all(input.as_bytes())?;
-        Ok(child.wait_with_output()?)
-    }
-
-    /// kubectl that must succeed; its stdout.
-    pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
-        let out = self.kubectl(args)?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Wait (on the phase, never a fixed sleep) until CopyJob `ns/name` has Succeeded. The
-    /// error carries kubectl's answer, the job's status and the tail of every process log.
-    pub fn wait_succeeded(&self, ns: &str, name: &str, timeout_secs: u32) -> Result<()> {
-        let job = format!("copyjob/{name}");
-        let timeout = format!("--timeout={timeout_secs}s");
-        let out = self.kubectl(&[
-            "wait",
-            "--for=jsonpath={.status.phase}=Succeeded",
-            &timeout,
-            &job,
-            "-n",
-            ns,
-        ])?;
-        if out.status.success() {
-            return Ok(());
-        }
-        let status = self
-            .kubectl_ok(&["get", &job, "-n", ns, "-o", "jsonpath={.status}"])
-            .unwrap_or_default();
-        let mut logs: Vec<String> = std::fs::read_dir(self.dir())?
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".log"))
-            .collect();
-        logs.sort();
-        let tails: Vec<String> = logs
-            .iter()
-            .map(|l| format!("{l}:\n{}", self.log_tail(l, 5)))
-            .collect();
-        bail!(
-            "{ns}/{name} did not succeed: {}\nstatus: {status}\n{}",
-            String::from_utf8_lossy(&out.stderr).trim(),
-            tails.join("\n")
-        )
-    }
-
-    /// A jsonpath of one object, as kubectl prints it ("" when the object is gone).
-    pub fn get(&self, kind_name: &str, ns: &str, jsonpath: &str) -> Result<String> {
-        let out = self.kubectl(&[
-            "get",
-            kind_name,
-            "-n",
-            ns,
-            "--ignore-not-found",
-            "-o",
-            &format!("jsonpath={jsonpath}"),
-        ])?;
-        if !out.status.success() {
-            bail!(
-                "kubectl get {kind_name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Poll `jsonpath` of `kind_name` until `ready` accepts it; the error shows the last
-    /// value and the agents' logs.
-    pub fn wait_until(
-        &self,
-        kind_name: &str,
-        ns: &str,
-        jsonpath: &str,
-        timeout: Duration,
-        mut ready: impl FnMut(&str) -> bool,
-    ) -> Result<String> {
-        let start = Instant::now();
-        let mut last = String::new();
-        while start.elapsed() < timeout {
-            last = self.get(kind_name, ns, jsonpath)?;
-            if ready(&last) {
-                return Ok(last);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        bail!(
-            "{kind_name} {jsonpath}: still {last:?} after {timeout:?}\nstatus: {}\noperator:\n{}",
-            self.get(kind_name, ns, "{.status}").unwrap_or_default(),
-            self.log_tail("operator.log", 10)
-        )
-    }
-
-    /// `kubectl apply -f -` that must succeed.
-    pub fn apply(&self, yaml: &str) -> Result<()> {
-        let out = self.kubectl_stdin(&["apply", "-f", "-"], yaml)?;
-        if !out.status.success() {
-            bail!("apply refused: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(())
-    }
-
     /// Apply the chart's generated CRDs and wait until they are served.
     pub fn install_crds(&self) -> Result<()> {
         let crds = repo_root().join("charts/ferry/crds");
@@ -334,22 +203,6 @@ impl Drop for ControlPlane {
     }
 }
 
-/// The reasons of the events about one object, oldest first.
-impl ControlPlane {
-    pub fn event_reasons(&self, ns: &str, name: &str) -> Result<String> {
-        self.kubectl_ok(&[
-            "get",
-            "events.events.k8s.io",
-            "-n",
-            ns,
-            "--field-selector",
-            &format!("regarding.name={name}"),
-            "-o",
-            "jsonpath={.items[*].reason}",
-        ])
-    }
-}
-
 /// Components running under their own identity (the chart's RBAC tests).
 impl ControlPlane {
     /// A kubeconfig for this apiserver, with the admin kubeconfig's server and TLS settings,
@@ -384,21 +237,13 @@ impl ControlPlane {
     /// with the admin kubeconfig, logging to `<dir>/kube-controller-manager.log`; `Ok(None)`
     /// with the reason printed when it is not installed and this is not CI.
     pub fn start_controller_manager_or_skip(&self, controllers: &[&str]) -> Result<Option<Proc>> {
-        let bin = tool(
+        let Some(bin) = installed_or_skip(
             "FERRY_KUBE_CONTROLLER_MANAGER",
             tools_dir().join("k8s/v1.35.4/bin/kube-controller-manager"),
-        );
-        if !bin.exists() {
-            let why = format!(
-                "{} is not installed; run e2e/tools/install.sh (make deps)",
-                bin.display()
-            );
-            if std::env::var_os("CI").is_some() {
-                bail!(why);
-            }
-            eprintln!("skipped: {why}");
+        )?
+        else {
             return Ok(None);
-        }
+        };
         let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.display());
         let controllers = format!("--controllers={}", controllers.join(","));
         let args = [

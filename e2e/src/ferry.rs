@@ -221,11 +221,4 @@ impl ControlPlane {
             .with_context(|| format!("start {}", bin.display()))?;
         Ok(Proc(child))
     }
-
-    /// The last lines of a log in the control plane's directory (for failure messages).
-    pub fn log_tail(&self, log: &str, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.dir().join(log)).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
 }

@@ -15,11 +15,14 @@ use anyhow::{bail, Result};
 
 mod control_plane;
 mod ferry;
+pub mod kube;
+mod kubectl;
 mod tools;
 mod trees;
 
 pub use control_plane::ControlPlane;
 pub use ferry::{workspace_bin, Proc};
+pub use kubectl::Kubectl;
 pub use tools::{helm_or_skip, prometheus_operator_crds_or_skip};
 pub use trees::{assert_same_contents, assert_same_tree, staging_leftovers, tree_meta, BindMount};
 

@@ -47,28 +47,34 @@ pub fn prometheus_operator_crds_or_skip() -> Result<Option<PathBuf>> {
     {
         return Ok(Some(dir));
     }
-    let why = format!(
+    skip(format!(
         "prometheus-operator CRDs are not in {}; run e2e/tools/install.sh (make deps)",
         dir.display()
-    );
-    if std::env::var_os("CI").is_some() {
-        bail!(why);
-    }
-    eprintln!("skipped: {why}");
-    Ok(None)
+    ))
 }
 
 /// helm (built by `e2e/tools/install.sh`); `Ok(None)` with the reason printed when it is not
 /// installed and this is not CI.
 pub fn helm_or_skip() -> Result<Option<PathBuf>> {
-    let helm = tool("FERRY_HELM", tools_dir().join("helm/v3.22.0/bin/helm"));
-    if helm.exists() {
-        return Ok(Some(helm));
+    installed_or_skip("FERRY_HELM", tools_dir().join("helm/v3.22.0/bin/helm"))
+}
+
+/// The binary `tool(var, default)` names if it is installed, else [`skip`] saying how to
+/// install it.
+pub(crate) fn installed_or_skip(var: &str, default: PathBuf) -> Result<Option<PathBuf>> {
+    let bin = tool(var, default);
+    if bin.exists() {
+        return Ok(Some(bin));
     }
-    let why = format!(
+    skip(format!(
         "{} is not installed; run e2e/tools/install.sh (make deps)",
-        helm.display()
-    );
+        bin.display()
+    ))
+}
+
+/// A test cannot run here because of `why`: `Ok(None)` with the reason printed, except in CI,
+/// which installs everything, so that there a missing piece is an error, not a skip.
+pub(crate) fn skip<T>(why: String) -> Result<Option<T>> {
     if std::env::var_os("CI").is_some() {
         bail!(why);
     }

@@ -1,0 +1,117 @@
+//! The real one-node tier (`e2e/kube/up.sh`): a kubelet, containerd and the rest in a
+//! network namespace, with Ferry installed by its chart from `make image`. Brought up for a
+//! test and removed (`e2e/kube/down.sh`) when the [`KubeTier`] is dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::{bail, Context, Result};
+
+use crate::tools::{skip, tools_dir};
+use crate::{repo_root, Kubectl};
+
+/// Where `e2e/kube/up.sh` keeps its state (its `FERRY_KUBE_DIR` default).
+const STATE: &str = "/var/lib/ferry-kube";
+/// The tier's network namespace and node (e2e/kube/common.sh).
+pub const NETNS: &str = "ferry-kube";
+pub const NODE: &str = "ferry-node";
+
+/// A running one-node cluster with Ferry installed (release `ferry` in `ferry-system`).
+#[derive(Debug)]
+pub struct KubeTier {
+    kc: Kubectl,
+}
+
+impl std::ops::Deref for KubeTier {
+    type Target = Kubectl;
+    fn deref(&self) -> &Kubectl {
+        &self.kc
+    }
+}
+
+fn run(script: &Path) -> Result<Output> {
+    Command::new(script)
+        .current_dir(repo_root())
+        .output()
+        .with_context(|| format!("run {}", script.display()))
+}
+
+impl KubeTier {
+    /// Build the image (a no-op when it is fresh) and bring the tier up; `Ok(None)` with the
+    /// reason printed when this is not root and not CI (CI runs as root: there a failure to
+    /// start is an error).
+    pub fn up_or_skip() -> Result<Option<Self>> {
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        if !root {
+            return skip("the real one-node tier needs root (network namespace, mounts)".into());
+        }
+        let image = run(&repo_root().join("scripts/build-image.sh"))?;
+        if !image.status.success() {
+            bail!(
+                "make image failed:\n{}",
+                String::from_utf8_lossy(&image.stderr)
+            );
+        }
+        // A tier left by an interrupted run is removed first: up.sh refuses to start over one.
+        let _ = run(&repo_root().join("e2e/kube/down.sh"));
+        let up = run(&repo_root().join("e2e/kube/up.sh"))?;
+        if !up.status.success() {
+            bail!(
+                "e2e/kube/up.sh failed:\n{}",
+                String::from_utf8_lossy(&up.stderr)
+            );
+        }
+        let kubectl = tools_dir().join("k8s/v1.35.4/bin/kubectl");
+        let state = PathBuf::from(STATE);
+        Ok(Some(Self {
+            kc: Kubectl::new(kubectl, state.join("kubeconfig"), state.join("logs")),
+        }))
+    }
+
+    /// The kubelet's root directory (the chart's `kubeletDir` in this tier).
+    pub fn kubelet_dir(&self) -> PathBuf {
+        PathBuf::from(STATE).join("kubelet")
+    }
+
+    /// A command run inside the tier's network namespace (where pod and Service addresses
+    /// are reachable).
+    pub fn in_netns(&self, program: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{NETNS}")).arg("--").arg(program);
+        c
+    }
+
+    /// Packets the host dropped instead of forwarding them out of the namespace (the counter
+    /// of up.sh's `FORWARD -i fkube0 -j DROP` rule): anything but zero means something in
+    /// the tier tried to reach beyond this machine.
+    pub fn packets_that_tried_to_leave(&self) -> Result<u64> {
+        let out = Command::new("iptables")
+            .args(["-L", "FORWARD", "-v", "-x", "-n"])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.contains("ferry-kube: nothing leaves"))
+            .context("the FORWARD rule of the tier is missing")?;
+        line.split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("no packet count in {line:?}"))
+    }
+}
+
+impl Drop for KubeTier {
+    fn drop(&mut self) {
+        match run(&repo_root().join("e2e/kube/down.sh")) {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "e2e/kube/down.sh failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("e2e/kube/down.sh: {e:#}"),
+        }
+    }
+}

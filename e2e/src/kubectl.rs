@@ -1,0 +1,182 @@
+//! kubectl against one cluster (the process tier's control plane, or the real node of
+//! `e2e/kube/`): running it, reading and waiting on objects, and, when a wait fails, the
+//! tails of the logs that explain why.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// kubectl with one kubeconfig; `logs` is the directory of `*.log` files a failed wait quotes.
+#[derive(Debug)]
+pub struct Kubectl {
+    bin: PathBuf,
+    pub kubeconfig: PathBuf,
+    logs: PathBuf,
+}
+
+impl Kubectl {
+    pub fn new(bin: PathBuf, kubeconfig: PathBuf, logs: PathBuf) -> Self {
+        Self {
+            bin,
+            kubeconfig,
+            logs,
+        }
+    }
+
+    /// Run kubectl against this cluster.
+    pub fn kubectl(&self, args: &[&str]) -> Result<Output> {
+        Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .context("run kubectl")
+    }
+
+    /// Run kubectl with `input` on stdin (e.g. `apply -f -`).
+    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<Output> {
+        let mut child = Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("run kubectl")?;
+        child
+            .stdin
+            .take()
+            .context("kubectl stdin")?
+            .write_all(input.as_bytes())?;
+        Ok(child.wait_with_output()?)
+    }
+
+    /// kubectl that must succeed; its stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.kubectl(args)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Wait (on the phase, never a fixed sleep) until CopyJob `ns/name` has Succeeded. The
+    /// error carries kubectl's answer, the job's status and the tail of every process log.
+    pub fn wait_succeeded(&self, ns: &str, name: &str, timeout_secs: u32) -> Result<()> {
+        let job = format!("copyjob/{name}");
+        let timeout = format!("--timeout={timeout_secs}s");
+        let out = self.kubectl(&[
+            "wait",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            &timeout,
+            &job,
+            "-n",
+            ns,
+        ])?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let status = self
+            .kubectl_ok(&["get", &job, "-n", ns, "-o", "jsonpath={.status}"])
+            .unwrap_or_default();
+        let mut logs: Vec<String> = std::fs::read_dir(&self.logs)?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        logs.sort();
+        let tails: Vec<String> = logs
+            .iter()
+            .map(|l| format!("{l}:\n{}", self.log_tail(l, 5)))
+            .collect();
+        bail!(
+            "{ns}/{name} did not succeed: {}\nstatus: {status}\n{}",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            tails.join("\n")
+        )
+    }
+
+    /// A jsonpath of one object, as kubectl prints it ("" when the object is gone).
+    pub fn get(&self, kind_name: &str, ns: &str, jsonpath: &str) -> Result<String> {
+        let out = self.kubectl(&[
+            "get",
+            kind_name,
+            "-n",
+            ns,
+            "--ignore-not-found",
+            "-o",
+            &format!("jsonpath={jsonpath}"),
+        ])?;
+        if !out.status.success() {
+            bail!(
+                "kubectl get {kind_name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Poll `jsonpath` of `kind_name` until `ready` accepts it; the error shows the last
+    /// value and the agents' logs.
+    pub fn wait_until(
+        &self,
+        kind_name: &str,
+        ns: &str,
+        jsonpath: &str,
+        timeout: Duration,
+        mut ready: impl FnMut(&str) -> bool,
+    ) -> Result<String> {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < timeout {
+            last = self.get(kind_name, ns, jsonpath)?;
+            if ready(&last) {
+                return Ok(last);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!(
+            "{kind_name} {jsonpath}: still {last:?} after {timeout:?}\nstatus: {}\noperator:\n{}",
+            self.get(kind_name, ns, "{.status}").unwrap_or_default(),
+            self.log_tail("operator.log", 10)
+        )
+    }
+
+    /// `kubectl apply -f -` that must succeed.
+    pub fn apply(&self, yaml: &str) -> Result<()> {
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], yaml)?;
+        if !out.status.success() {
+            bail!("apply refused: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// The reasons of the events about one object, oldest first.
+    pub fn event_reasons(&self, ns: &str, name: &str) -> Result<String> {
+        self.kubectl_ok(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            ns,
+            "--field-selector",
+            &format!("regarding.name={name}"),
+            "-o",
+            "jsonpath={.items[*].reason}",
+        ])
+    }
+
+    /// The last lines of a log in the control plane's directory (for failure messages).
+    pub fn log_tail(&self, log: &str, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.logs.join(log)).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}

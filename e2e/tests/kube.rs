@@ -1,0 +1,269 @@
+//! Ferry as real pods on a real node (the tier of `e2e/kube/`, `make kube-up`): the image
+//! `make image` builds, installed by the Helm chart, on a kubelet with containerd. One test
+//! brings the tier up once (about 15 s) and runs every check against it, reporting each
+//! check that fails; the tier is removed when it ends, passed or not.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use ferry_e2e::kube::{KubeTier, NODE};
+use ferry_e2e::{assert_same_tree, wait_for};
+
+const NS: &str = "ferry-system";
+
+type Check = fn(&KubeTier, &Path) -> Result<()>;
+
+#[test]
+fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
+    let Some(tier) = KubeTier::up_or_skip()? else {
+        return Ok(());
+    };
+    // Data on the host's real filesystem (not a tmpfs): what a StorageRoot on a node is.
+    let data = tempfile::Builder::new()
+        .prefix("ferry-kube-data-")
+        .tempdir_in("/var/tmp")?;
+    let checks: [(&str, Check); 5] = [
+        ("the agent is Ready because its probes pass", agent_ready),
+        (
+            "the operator pod passes the restricted Pod Security level; only the agent is privileged",
+            pod_security,
+        ),
+        (
+            "a CopyJob on the node's filesystem makes an identical copy",
+            copy_on_the_node,
+        ),
+        ("nothing leaves the machine", nothing_leaves),
+        (
+            "two operators elect one leader; deleting it hands the Lease over",
+            leader_handover,
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (what, check) in checks {
+        let started = Instant::now();
+        match check(&tier, data.path()) {
+            Ok(()) => eprintln!("ok ({:.1} s): {what}", started.elapsed().as_secs_f64()),
+            Err(e) => failed.push(format!("{what}: {e:#}")),
+        }
+    }
+    ensure!(failed.is_empty(), "failed:\n- {}", failed.join("\n- "));
+    Ok(())
+}
+
+fn pods(tier: &KubeTier, component: &str) -> Result<Vec<String>> {
+    let names = tier.get(
+        "pods",
+        NS,
+        &format!(
+            "{{.items[?(@.metadata.labels.app\\.kubernetes\\.io/component==\"{component}\")].metadata.name}}"
+        ),
+    )?;
+    Ok(names.split_whitespace().map(str::to_string).collect())
+}
+
+fn agent_ready(tier: &KubeTier, _: &Path) -> Result<()> {
+    let agents = pods(tier, "agent")?;
+    ensure!(agents.len() == 1, "agent pods: {agents:?}");
+    let pod = format!("pod/{}", agents[0]);
+    let ready = tier.get(&pod, NS, "{.status.conditions[?(@.type==\"Ready\")].status}")?;
+    ensure!(ready == "True", "agent pod Ready={ready:?}");
+    // The probes are the chart's HTTP probes on the metrics port, and what they ask answers
+    // 200 from inside the pod network: Ready is the kubelet's verdict, not a default.
+    let probe = tier.get(&pod, NS, "{.spec.containers[0].readinessProbe.httpGet.path}")?;
+    ensure!(probe == "/readyz", "readiness probe path {probe:?}");
+    let ip = tier.get(&pod, NS, "{.status.podIP}")?;
+    let port = tier.get(&pod, NS, "{.spec.containers[0].ports[0].containerPort}")?;
+    let out = tier
+        .in_netns("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"])
+        .arg(format!("http://{ip}:{port}/readyz"))
+        .output()?;
+    let code = String::from_utf8_lossy(&out.stdout);
+    ensure!(code == "200", "GET /readyz on the agent pod: {code:?}");
+    let restarts = tier.get(&pod, NS, "{.status.containerStatuses[0].restartCount}")?;
+    ensure!(restarts == "0", "the agent restarted {restarts} times");
+    Ok(())
+}
+
+fn pod_security(tier: &KubeTier, _: &Path) -> Result<()> {
+    // A server-side dry run of enforcing `restricted` lists the pods that would violate it.
+    let out = tier.kubectl(&[
+        "label",
+        "--dry-run=server",
+        "--overwrite",
+        "namespace",
+        NS,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ])?;
+    ensure!(out.status.success(), "{out:?}");
+    let warnings = String::from_utf8_lossy(&out.stderr);
+    let operators = pods(tier, "operator")?;
+    ensure!(operators.len() == 2, "operator pods: {operators:?}");
+    for op in &operators {
+        ensure!(
+            !warnings.contains(op.as_str()),
+            "{op} violates restricted:\n{warnings}"
+        );
+    }
+    let agents = pods(tier, "agent")?;
+    ensure!(
+        agents.iter().all(|a| warnings.contains(a.as_str())),
+        "the agent (privileged) should be the one violation:\n{warnings}"
+    );
+    let op = format!("pod/{}", operators[0]);
+    for (path, want) in [
+        ("{.spec.securityContext.runAsNonRoot}", "true"),
+        (
+            "{.spec.containers[0].securityContext.readOnlyRootFilesystem}",
+            "true",
+        ),
+        (
+            "{.spec.containers[0].securityContext.capabilities.drop}",
+            "[\"ALL\"]",
+        ),
+    ] {
+        let got = tier.get(&op, NS, path)?;
+        ensure!(got == want, "operator {path} = {got:?}, want {want}");
+    }
+    Ok(())
+}
+
+/// A tree with what `cp -a` keeps: modes with special bits, owners, ns times on files,
+/// directories and symlinks, xattrs, hard links across directories, a sparse file.
+fn rich_tree(src: &Path) -> Result<()> {
+    std::fs::create_dir_all(src.join("a/b"))?;
+    std::fs::create_dir_all(src.join("c"))?;
+    for i in 0..40 {
+        std::fs::write(src.join(format!("a/f{i}")), format!("file {i}\n").repeat(i + 1))?;
+    }
+    std::fs::write(src.join("a/b/linked"), b"one inode, two names")?;
+    std::fs::hard_link(src.join("a/b/linked"), src.join("c/also-linked"))?;
+    std::os::unix::fs::symlink("../a/f1", src.join("c/link"))?;
+    let sparse = std::fs::File::create(src.join("sparse"))?;
+    sparse.set_len(64 << 20)?;
+    std::os::unix::fs::FileExt::write_at(&sparse, b"data at 32 MiB", 32 << 20)?;
+    drop(sparse);
+    let sh = |args: &[&str]| -> Result<()> {
+        let st = Command::new(args[0]).args(&args[1..]).status()?;
+        ensure!(st.success(), "{args:?} failed");
+        Ok(())
+    };
+    let p = |rel: &str| src.join(rel).to_string_lossy().into_owned();
+    sh(&["chmod", "4750", &p("a/f3")])?;
+    sh(&["chmod", "1777", &p("c")])?;
+    sh(&["chown", "1234:5678", &p("a/f4")])?;
+    sh(&["chown", "-h", "4321:8765", &p("c/link")])?;
+    sh(&["setfattr", "-n", "user.ferry", "-v", "kept", &p("a/f5")])?;
+    sh(&[
+        "touch",
+        "-h",
+        "-d",
+        "2001-02-03 04:05:06.123456789",
+        &p("a/f6"),
+        &p("c/link"),
+    ])?;
+    sh(&["touch", "-d", "2002-03-04 05:06:07.987654321", &p("a/b")])?;
+    Ok(())
+}
+
+fn storage_root(tier: &KubeTier, name: &str, path: &Path) -> Result<()> {
+    tier.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata: {{name: {name}}}\nspec: {{path: {}, nodeSelector: {{kubernetes.io/hostname: {NODE}}}, namespaces: {{names: [default]}}}}\n",
+        path.display()
+    ))
+}
+
+fn copy_on_the_node(tier: &KubeTier, data: &Path) -> Result<()> {
+    let root = data.join("root");
+    let src = root.join("src");
+    rich_tree(&src)?;
+    storage_root(tier, "node-disk", &root)?;
+    tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: on-the-node, namespace: default}\nspec:\n  source: {root: node-disk, path: src}\n  destination: {root: node-disk, path: copy}\n")?;
+    tier.wait_succeeded("default", "on-the-node", 120)?;
+    let dst = root.join("copy");
+    assert_same_tree(&src, &dst)?;
+    let xattr = Command::new("getfattr")
+        .args(["--only-values", "-n", "user.ferry"])
+        .arg(dst.join("a/f5"))
+        .output()?;
+    ensure!(
+        xattr.stdout == b"kept",
+        "xattr user.ferry: {:?}",
+        String::from_utf8_lossy(&xattr.stdout)
+    );
+    let (one, two) = (
+        std::fs::metadata(dst.join("a/b/linked"))?,
+        std::fs::metadata(dst.join("c/also-linked"))?,
+    );
+    ensure!(one.ino() == two.ino(), "the hard link became two files");
+    let sparse = std::fs::metadata(dst.join("sparse"))?;
+    ensure!(
+        sparse.len() == 64 << 20 && sparse.blocks() * 512 < 1 << 20,
+        "sparse file: {} bytes, {} allocated",
+        sparse.len(),
+        sparse.blocks() * 512
+    );
+    Ok(())
+}
+
+fn nothing_leaves(tier: &KubeTier, _: &Path) -> Result<()> {
+    // The namespace has no route beyond the veth to the host...
+    let routes = tier.in_netns("ip").args(["route", "show"]).output()?;
+    let routes = String::from_utf8_lossy(&routes.stdout);
+    ensure!(
+        !routes.contains("default"),
+        "the tier's namespace has a default route:\n{routes}"
+    );
+    // ...so an attempt to reach an outside address fails at once, and the host's counter of
+    // packets it refused to forward out of the namespace stays at zero.
+    let out = tier
+        .in_netns("curl")
+        .args(["-s", "--max-time", "3", "http://192.0.2.1/"])
+        .output()?;
+    ensure!(
+        !out.status.success(),
+        "a request to an outside address was answered"
+    );
+    let dropped = tier.packets_that_tried_to_leave()?;
+    ensure!(
+        dropped == 0,
+        "{dropped} packets tried to leave through the host"
+    );
+    Ok(())
+}
+
+fn leader_handover(tier: &KubeTier, _: &Path) -> Result<()> {
+    let holder = || tier.get("lease/ferry-operator", NS, "{.spec.holderIdentity}");
+    let operators = pods(tier, "operator")?;
+    let first = holder()?;
+    ensure!(
+        operators.contains(&first),
+        "the Lease holder {first:?} is not one of the operator pods {operators:?}"
+    );
+    tier.kubectl_ok(&[
+        "delete",
+        "pod",
+        &first,
+        "-n",
+        NS,
+        "--wait=false",
+    ])?;
+    let mut next = String::new();
+    wait_for(
+        "another operator pod to hold the Lease",
+        Duration::from_secs(60),
+        || {
+            next = holder().unwrap_or_default();
+            !next.is_empty() && next != first
+        },
+    )
+    .with_context(|| format!("the Lease stayed with {first:?}"))?;
+    let now = pods(tier, "operator")?;
+    if !now.contains(&next) {
+        bail!("the new holder {next:?} is not a running operator pod ({now:?})");
+    }
+    Ok(())
+}
