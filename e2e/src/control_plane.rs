@@ -2,10 +2,10 @@
 //! against it, waiting on objects, and identities (ServiceAccount kubeconfigs, a
 //! kube-controller-manager) for the RBAC tests. Torn down when dropped.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 

@@ -80,7 +80,9 @@ impl KubeTier {
     /// are reachable).
     pub fn in_netns(&self, program: &str) -> Command {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{NETNS}")).arg("--").arg(program);
+        c.arg(format!("--net=/run/netns/{NETNS}"))
+            .arg("--")
+            .arg(program);
         c
     }
 

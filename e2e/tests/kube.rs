@@ -68,17 +68,33 @@ fn agent_ready(tier: &KubeTier, _: &Path) -> Result<()> {
     let agents = pods(tier, "agent")?;
     ensure!(agents.len() == 1, "agent pods: {agents:?}");
     let pod = format!("pod/{}", agents[0]);
-    let ready = tier.get(&pod, NS, "{.status.conditions[?(@.type==\"Ready\")].status}")?;
+    let ready = tier.get(
+        &pod,
+        NS,
+        "{.status.conditions[?(@.type==\"Ready\")].status}",
+    )?;
     ensure!(ready == "True", "agent pod Ready={ready:?}");
     // The probes are the chart's HTTP probes on the metrics port, and what they ask answers
     // 200 from inside the pod network: Ready is the kubelet's verdict, not a default.
-    let probe = tier.get(&pod, NS, "{.spec.containers[0].readinessProbe.httpGet.path}")?;
+    let probe = tier.get(
+        &pod,
+        NS,
+        "{.spec.containers[0].readinessProbe.httpGet.path}",
+    )?;
     ensure!(probe == "/readyz", "readiness probe path {probe:?}");
     let ip = tier.get(&pod, NS, "{.status.podIP}")?;
     let port = tier.get(&pod, NS, "{.spec.containers[0].ports[0].containerPort}")?;
     let out = tier
         .in_netns("curl")
-        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"])
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+        ])
         .arg(format!("http://{ip}:{port}/readyz"))
         .output()?;
     let code = String::from_utf8_lossy(&out.stdout);
@@ -137,7 +153,10 @@ fn rich_tree(src: &Path) -> Result<()> {
     std::fs::create_dir_all(src.join("a/b"))?;
     std::fs::create_dir_all(src.join("c"))?;
     for i in 0..40 {
-        std::fs::write(src.join(format!("a/f{i}")), format!("file {i}\n").repeat(i + 1))?;
+        std::fs::write(
+            src.join(format!("a/f{i}")),
+            format!("file {i}\n").repeat(i + 1),
+        )?;
     }
     std::fs::write(src.join("a/b/linked"), b"one inode, two names")?;
     std::fs::hard_link(src.join("a/b/linked"), src.join("c/also-linked"))?;
@@ -243,14 +262,7 @@ fn leader_handover(tier: &KubeTier, _: &Path) -> Result<()> {
         operators.contains(&first),
         "the Lease holder {first:?} is not one of the operator pods {operators:?}"
     );
-    tier.kubectl_ok(&[
-        "delete",
-        "pod",
-        &first,
-        "-n",
-        NS,
-        "--wait=false",
-    ])?;
+    tier.kubectl_ok(&["delete", "pod", &first, "-n", NS, "--wait=false"])?;
     let mut next = String::new();
     wait_for(
         "another operator pod to hold the Lease",
