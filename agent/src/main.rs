@@ -43,9 +43,24 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(ferry_agent::daemon::run(settings)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+    let result = runtime.block_on(async {
+        tokio::select! {
+            r = ferry_agent::daemon::run(settings) => Some(r),
+            signal = stop_signal() => {
+                tracing::info!(signal, "stopping: copies in progress resume where they are when an agent on this node starts again");
+                None
+            }
+        }
+    });
+    match result {
+        // Stopped by the kubelet (pod deleted, DaemonSet rolled) or by hand. Exit at once,
+        // without waiting for the copy threads: what they finished is committed, what they
+        // did not is staged, and a resumed copy takes both over (as after a kill). As PID 1
+        // without this handler the agent would ignore SIGTERM and copy on until the grace
+        // period ends in SIGKILL, delaying the pod that replaces it.
+        None => std::process::exit(0),
+        Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Err(e)) => {
             // The error and each of its causes: "outer: cause: root cause".
             eprintln!("ferry-agent run: {:#}", anyhow::Error::from(e));
             ExitCode::FAILURE
@@ -53,28 +68,35 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
     }
 }
 
-/// Wait for SIGTERM or SIGINT (as PID 1 in a container, a signal without a handler would
-/// be ignored: these are handled).
-fn pause() -> ExitCode {
+/// The first SIGTERM or SIGINT, by name; never resolves if the handlers cannot be set up
+/// (the agent then runs on, as it would have without them).
+async fn stop_signal() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
-    let waited = tokio::runtime::Builder::new_current_thread()
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        _ => std::future::pending().await,
+    }
+}
+
+/// Wait for SIGTERM or SIGINT, then exit 0 (as PID 1 in a container a signal without a
+/// handler would be ignored: these are handled).
+fn pause() -> ExitCode {
+    match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
-        .and_then(|rt| {
-            rt.block_on(async {
-                let mut term = signal(SignalKind::terminate())?;
-                let mut int = signal(SignalKind::interrupt())?;
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-                Ok(())
-            })
-        });
-    match waited {
-        Ok(()) => ExitCode::SUCCESS,
+    {
+        Ok(rt) => {
+            rt.block_on(stop_signal());
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("ferry-agent pause: cannot wait for signals: {e}");
+            eprintln!("ferry-agent pause: cannot start the async runtime: {e}");
             ExitCode::FAILURE
         }
     }

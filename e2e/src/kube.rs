@@ -71,6 +71,26 @@ impl KubeTier {
         }))
     }
 
+    /// `helm ARGS` against this cluster (the chart is `charts/ferry`, the release `ferry` in
+    /// `ferry-system`); must succeed.
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        let helm = tools_dir().join("helm/v3.22.0/bin/helm");
+        let out = Command::new(&helm)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .current_dir(repo_root())
+            .output()
+            .with_context(|| format!("run {}", helm.display()))?;
+        if !out.status.success() {
+            bail!(
+                "helm {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// The kubelet's root directory (the chart's `kubeletDir` in this tier).
     pub fn kubelet_dir(&self) -> PathBuf {
         PathBuf::from(STATE).join("kubelet")

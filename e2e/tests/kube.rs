@@ -4,7 +4,7 @@
 //! check that fails; the tier is removed when it ends, passed or not.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
     let data = tempfile::Builder::new()
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
-    let checks: [(&str, Check); 5] = [
+    let checks: [(&str, Check); 7] = [
         ("the agent is Ready because its probes pass", agent_ready),
         (
             "the operator pod passes the restricted Pod Security level; only the agent is privileged",
@@ -35,10 +35,19 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
             "a CopyJob on the node's filesystem makes an identical copy",
             copy_on_the_node,
         ),
+        (
+            "a tmpfs mounted on a local PV after the agent started is what gets copied",
+            mounted_after_the_agent_started,
+        ),
         ("nothing leaves the machine", nothing_leaves),
         (
             "two operators elect one leader; deleting it hands the Lease over",
             leader_handover,
+        ),
+        // Last: it slows the agent down (and puts it back).
+        (
+            "an agent pod deleted, or rolled by helm upgrade, mid-copy: the job resumes and succeeds",
+            agent_replaced_mid_copy,
         ),
     ];
     let mut failed = Vec::new();
@@ -278,4 +287,181 @@ fn leader_handover(tier: &KubeTier, _: &Path) -> Result<()> {
         bail!("the new holder {next:?} is not a running operator pod ({now:?})");
     }
     Ok(())
+}
+
+/// Mount propagation (`HostToContainer` on the agent's `/host`): a filesystem mounted on the
+/// node after the agent pod started is seen by the agent, as a volume the kubelet mounts
+/// later is. Here a tmpfs on the directory of a `local` PersistentVolume.
+fn mounted_after_the_agent_started(tier: &KubeTier, data: &Path) -> Result<()> {
+    let pv_dir = data.join("pv");
+    std::fs::create_dir_all(&pv_dir)?;
+    tier.apply(&format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: ferry-pv}}\nspec:\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  local: {{path: {}}}\n  claimRef: {{namespace: default, name: data}}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        - {{key: kubernetes.io/hostname, operator: In, values: [{NODE}]}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: data, namespace: default}}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  volumeName: ferry-pv\n  resources: {{requests: {{storage: 1Gi}}}}\n",
+        pv_dir.display()
+    ))?;
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "ferry-kube-test"])
+        .arg(&pv_dir)
+        .status()?;
+    ensure!(mounted.success(), "mount a tmpfs on {}", pv_dir.display());
+    let result = (|| {
+        let src = pv_dir.join("src");
+        std::fs::create_dir_all(src.join("d"))?;
+        for i in 0..20 {
+            std::fs::write(
+                src.join(format!("d/on-tmpfs-{i}")),
+                format!("{i}").repeat(100),
+            )?;
+        }
+        let dst_root = data.join("from-pv");
+        std::fs::create_dir_all(&dst_root)?;
+        storage_root(tier, "from-pv", &dst_root)?;
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: from-pv, namespace: default}\nspec:\n  source: {pvc: data, path: src}\n  destination: {root: from-pv, path: copy}\n")?;
+        tier.wait_succeeded("default", "from-pv", 120)?;
+        assert_same_tree(&src, &dst_root.join("copy"))
+    })();
+    let _ = Command::new("umount").arg(&pv_dir).status();
+    result
+}
+
+/// A tree of `n` files whose times are set in the past: a copied file has those times only
+/// once it is finished (times are applied last), so they tell finished files apart.
+fn dated_tree(src: &Path, n: usize) -> Result<()> {
+    for d in 0..10 {
+        std::fs::create_dir_all(src.join(format!("d{d}")))?;
+    }
+    for i in 0..n {
+        std::fs::write(
+            src.join(format!("d{}/f{i}", i % 10)),
+            format!("{i}\n").repeat(50),
+        )?;
+    }
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg("find \"$1\" -type f -exec touch -d '2003-04-05 06:07:08' {} +")
+        .arg("sh")
+        .arg(src)
+        .status()?;
+    ensure!(st.success(), "touch the tree");
+    Ok(())
+}
+
+/// Files already finished under `root` (in the job's staging directory): relative path
+/// within the destination → inode.
+fn finished_files(root: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    let mut out = Vec::new();
+    let mut stack: Vec<PathBuf> = std::fs::read_dir(root)?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".ferry-"))
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    let tops = stack.clone();
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)?.flatten() {
+            let m = e.metadata()?;
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() && m.mtime() == 1_049_522_828 {
+                let top = tops
+                    .iter()
+                    .find(|t| e.path().starts_with(t))
+                    .context("top")?;
+                out.push((e.path().strip_prefix(top)?.to_path_buf(), m.ino()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
+    // 30 ms per file: a 400-file copy takes long enough to act on mid-way.
+    tier.helm(&[
+        "upgrade",
+        "ferry",
+        "charts/ferry",
+        "-n",
+        NS,
+        "--reuse-values",
+        "--set",
+        "agent.extraEnv[0].name=FERRY_FAULT_FILE_DELAY_MS",
+        "--set-string",
+        "agent.extraEnv[0].value=30",
+    ])?;
+    tier.kubectl_ok(&[
+        "rollout",
+        "status",
+        "ds/ferry-agent",
+        "-n",
+        NS,
+        "--timeout=120s",
+    ])?;
+    let result = (|| {
+        for (job, how) in [("deleted", "delete"), ("rolled", "upgrade")] {
+            let root = data.join(job);
+            let src = root.join("src");
+            dated_tree(&src, 400)?;
+            storage_root(tier, job, &root)?;
+            tier.apply(&format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {{name: {job}, namespace: default}}\nspec:\n  source: {{root: {job}, path: src}}\n  destination: {{root: {job}, path: copy}}\n"))?;
+            tier.wait_until(
+                &format!("copyjob/{job}"),
+                "default",
+                "{.status.progress.filesDone}",
+                Duration::from_secs(120),
+                |n| n.parse::<u64>().is_ok_and(|n| n >= 60),
+            )?;
+            let before = pods(tier, "agent")?;
+            let done = finished_files(&root)?;
+            ensure!(
+                done.len() >= 30,
+                "{job}: only {} files finished before the agent was replaced",
+                done.len()
+            );
+            match how {
+                "delete" => {
+                    tier.kubectl_ok(&["delete", "pod", &before[0], "-n", NS, "--wait=false"])?;
+                }
+                _ => {
+                    tier.helm(&[
+                        "upgrade",
+                        "ferry",
+                        "charts/ferry",
+                        "-n",
+                        NS,
+                        "--reuse-values",
+                        "--set-string",
+                        "agent.podAnnotations.rolled=yes",
+                    ])?;
+                }
+            }
+            tier.wait_succeeded("default", job, 180)?;
+            let after = pods(tier, "agent")?;
+            ensure!(
+                after != before,
+                "{job}: the agent pod was not replaced ({after:?})"
+            );
+            let dst = root.join("copy");
+            assert_same_tree(&src, &dst)?;
+            let mut recopied = Vec::new();
+            for (rel, ino) in &done {
+                if std::fs::metadata(dst.join(rel))?.ino() != *ino {
+                    recopied.push(rel.display().to_string());
+                }
+            }
+            ensure!(recopied.is_empty(), "{job}: {} of {} files finished before the agent was replaced were copied again: {:?}", recopied.len(), done.len(), &recopied[..recopied.len().min(5)]);
+        }
+        Ok(())
+    })();
+    // Back to full speed for whatever runs next.
+    tier.helm(&[
+        "upgrade",
+        "ferry",
+        "charts/ferry",
+        "-n",
+        NS,
+        "--reuse-values",
+        "--set",
+        "agent.extraEnv=null",
+    ])?;
+    result
 }
