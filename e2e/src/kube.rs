@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 use anyhow::{bail, Context, Result};
 
+use crate::kubectl::stdout_of;
 use crate::tools::{skip, tools_dir};
 use crate::{repo_root, Kubectl};
 
@@ -81,14 +82,7 @@ impl KubeTier {
             .current_dir(repo_root())
             .output()
             .with_context(|| format!("run {}", helm.display()))?;
-        if !out.status.success() {
-            bail!(
-                "helm {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        stdout_of("helm", args, out)
     }
 
     /// The kubelet's root directory (the chart's `kubeletDir` in this tier).

@@ -57,15 +57,7 @@ impl Kubectl {
 
     /// kubectl that must succeed; its stdout.
     pub fn kubectl_ok(&self, args: &[&str]) -> Result<String> {
-        let out = self.kubectl(args)?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        stdout_of("kubectl", args, self.kubectl(args)?)
     }
 
     /// Wait (on the phase, never a fixed sleep) until CopyJob `ns/name` has Succeeded. The
@@ -179,4 +171,16 @@ impl Kubectl {
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
+}
+
+/// The stdout of `program args` that ran as `out`, or an error with its stderr if it failed.
+pub(crate) fn stdout_of(program: &str, args: &[&str], out: Output) -> Result<String> {
+    if !out.status.success() {
+        bail!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

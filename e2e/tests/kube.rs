@@ -25,28 +25,20 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
     let data = tempfile::Builder::new()
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
+    // What each check shows (the failure message names it).
     let checks: [(&str, Check); 7] = [
-        ("the agent is Ready because its probes pass", agent_ready),
+        ("agent Ready by its probes", agent_ready),
+        ("operator restricted, agent alone privileged", pod_security),
+        ("identical copy on the node's disk", copy_on_the_node),
         (
-            "the operator pod passes the restricted Pod Security level; only the agent is privileged",
-            pod_security,
-        ),
-        (
-            "a CopyJob on the node's filesystem makes an identical copy",
-            copy_on_the_node,
-        ),
-        (
-            "a tmpfs mounted on a local PV after the agent started is what gets copied",
+            "HostToContainer: a later mount is copied",
             mounted_after_the_agent_started,
         ),
         ("nothing leaves the machine", nothing_leaves),
-        (
-            "two operators elect one leader; deleting it hands the Lease over",
-            leader_handover,
-        ),
+        ("one leader; its deletion hands over", leader_handover),
         // Last: it slows the agent down (and puts it back).
         (
-            "an agent pod deleted, or rolled by helm upgrade, mid-copy: the job resumes and succeeds",
+            "agent deleted or rolled mid-copy: resumed",
             agent_replaced_mid_copy,
         ),
     ];
@@ -376,20 +368,31 @@ fn finished_files(root: &Path) -> Result<Vec<(PathBuf, u64)>> {
     Ok(out)
 }
 
-fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
-    // 30 ms per file: a 400-file copy takes long enough to act on mid-way.
-    tier.helm(&[
+/// `helm upgrade` of the release with its values and `sets`.
+fn upgrade(tier: &KubeTier, sets: &[&str]) -> Result<String> {
+    let mut args = vec![
         "upgrade",
         "ferry",
         "charts/ferry",
         "-n",
         NS,
         "--reuse-values",
-        "--set",
-        "agent.extraEnv[0].name=FERRY_FAULT_FILE_DELAY_MS",
-        "--set-string",
-        "agent.extraEnv[0].value=30",
-    ])?;
+    ];
+    args.extend_from_slice(sets);
+    tier.helm(&args)
+}
+
+fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
+    // 30 ms per file: a 400-file copy takes long enough to act on mid-way.
+    upgrade(
+        tier,
+        &[
+            "--set",
+            "agent.extraEnv[0].name=FERRY_FAULT_FILE_DELAY_MS",
+            "--set-string",
+            "agent.extraEnv[0].value=30",
+        ],
+    )?;
     tier.kubectl_ok(&[
         "rollout",
         "status",
@@ -424,16 +427,7 @@ fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
                     tier.kubectl_ok(&["delete", "pod", &before[0], "-n", NS, "--wait=false"])?;
                 }
                 _ => {
-                    tier.helm(&[
-                        "upgrade",
-                        "ferry",
-                        "charts/ferry",
-                        "-n",
-                        NS,
-                        "--reuse-values",
-                        "--set-string",
-                        "agent.podAnnotations.rolled=yes",
-                    ])?;
+                    upgrade(tier, &["--set-string", "agent.podAnnotations.rolled=yes"])?;
                 }
             }
             tier.wait_succeeded("default", job, 180)?;
@@ -455,15 +449,6 @@ fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
         Ok(())
     })();
     // Back to full speed for whatever runs next.
-    tier.helm(&[
-        "upgrade",
-        "ferry",
-        "charts/ferry",
-        "-n",
-        NS,
-        "--reuse-values",
-        "--set",
-        "agent.extraEnv=null",
-    ])?;
+    upgrade(tier, &["--set", "agent.extraEnv=null"])?;
     result
 }
