@@ -16,6 +16,8 @@ const STATE: &str = "/var/lib/ferry-kube";
 /// The tier's network namespace and node (e2e/kube/common.sh).
 pub const NETNS: &str = "ferry-kube";
 pub const NODE: &str = "ferry-node";
+/// The node's address, where the apiserver listens (6443); reachable from the host.
+pub const NODE_IP: &str = "10.251.0.2";
 
 /// A running one-node cluster with Ferry installed (release `ferry` in `ferry-system`).
 #[derive(Debug)]

@@ -59,6 +59,16 @@ pub fn helm_or_skip() -> Result<Option<PathBuf>> {
     installed_or_skip("FERRY_HELM", tools_dir().join("helm/v3.22.0/bin/helm"))
 }
 
+/// Prometheus with Kubernetes service discovery, built from its Go module by
+/// `e2e/tools/install.sh` (Debian's is built without it); `Ok(None)` with the reason printed
+/// when it is not installed and this is not CI.
+pub fn prometheus_k8s_or_skip() -> Result<Option<PathBuf>> {
+    installed_or_skip(
+        "FERRY_PROMETHEUS_K8S",
+        tools_dir().join("prometheus/v0.316.0/bin/prometheus"),
+    )
+}
+
 /// The binary `tool(var, default)` names if it is installed, else [`skip`] saying how to
 /// install it.
 pub(crate) fn installed_or_skip(var: &str, default: PathBuf) -> Result<Option<PathBuf>> {

@@ -26,7 +26,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 7] = [
+    let checks: [(&str, Check); 8] = [
         ("agent Ready by its probes", agent_ready),
         ("operator restricted, agent alone privileged", pod_security),
         ("identical copy on the node's disk", copy_on_the_node),
@@ -36,6 +36,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         ),
         ("nothing leaves the machine", nothing_leaves),
         ("one leader; its deletion hands over", leader_handover),
+        (
+            "Prometheus finds the pods as the monitors say",
+            prometheus_scrapes_the_pods,
+        ),
         // Last: it slows the agent down (and puts it back).
         (
             "agent deleted or rolled mid-copy: resumed",
@@ -450,5 +454,182 @@ fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
     })();
     // Back to full speed for whatever runs next.
     upgrade(tier, &["--set", "agent.extraEnv=null"])?;
+    result
+}
+
+/// `curl -s URL` from the host (the tier's node address is reachable over the veth); the body.
+fn curl(url: &str) -> Result<serde_json::Value> {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5", "-g", url])
+        .output()?;
+    ensure!(out.status.success(), "curl {url}: {out:?}");
+    serde_json::from_slice(&out.stdout).with_context(|| format!("curl {url}: not JSON"))
+}
+
+/// `kubernetes_sd_configs` scrape jobs equivalent to the chart's rendered PodMonitor and
+/// ServiceMonitor (their namespaces, label selectors, port, path and `job` relabeling).
+fn scrape_configs(rendered: &str, sd: &str) -> Result<String> {
+    let mut jobs = String::new();
+    for doc in rendered.split("\n---") {
+        let doc: serde_yaml::Value = serde_yaml::from_str(doc)?;
+        let (role, meta, endpoints) = match doc["kind"].as_str() {
+            Some("PodMonitor") => ("pod", "pod", "podMetricsEndpoints"),
+            Some("ServiceMonitor") => ("endpoints", "service", "endpoints"),
+            _ => continue,
+        };
+        let spec = &doc["spec"];
+        let ep = &spec[endpoints][0];
+        let job = ep["relabelings"]
+            .as_sequence()
+            .and_then(|r| r.iter().find(|r| r["targetLabel"].as_str() == Some("job")))
+            .and_then(|r| r["replacement"].as_str())
+            .context("a monitor without its job relabeling")?;
+        let namespaces: Vec<&str> = spec["namespaceSelector"]["matchNames"]
+            .as_sequence()
+            .context("namespaceSelector.matchNames")?
+            .iter()
+            .filter_map(|n| n.as_str())
+            .collect();
+        jobs += &format!(
+            "- job_name: {job}\n  scrape_interval: 1s\n  metrics_path: {}\n  kubernetes_sd_configs:\n  - role: {role}\n    namespaces: {{names: [{}]}}\n{sd}  relabel_configs:\n",
+            ep["path"].as_str().unwrap_or("/metrics"),
+            namespaces.join(", ")
+        );
+        for (k, v) in spec["selector"]["matchLabels"]
+            .as_mapping()
+            .context("selector.matchLabels")?
+        {
+            let k: String = k
+                .as_str()
+                .context("label")?
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            jobs += &format!(
+                "  - {{action: keep, source_labels: [__meta_kubernetes_{meta}_label_{k}], regex: '{}'}}\n",
+                v.as_str().context("label value")?
+            );
+        }
+        let port_label = if role == "pod" {
+            "__meta_kubernetes_pod_container_port_name"
+        } else {
+            "__meta_kubernetes_endpoint_port_name"
+        };
+        jobs += &format!(
+            "  - {{action: keep, source_labels: [{port_label}], regex: '{}'}}\n  - {{target_label: job, replacement: {job}}}\n  - {{source_labels: [__meta_kubernetes_pod_name], target_label: pod}}\n",
+            ep["port"].as_str().context("port")?
+        );
+    }
+    Ok(jobs)
+}
+
+fn prometheus_scrapes_the_pods(tier: &KubeTier, data: &Path) -> Result<()> {
+    let rendered = tier.helm(&[
+        "template",
+        "ferry",
+        "charts/ferry",
+        "-n",
+        NS,
+        "--set",
+        "podMonitor.enabled=true",
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--show-only",
+        "templates/monitoring.yaml",
+    ])?;
+    let state = tier
+        .kubelet_dir()
+        .parent()
+        .context("state dir")?
+        .to_path_buf();
+    let tokens = std::fs::read_to_string(state.join("pki/tokens.csv"))?;
+    let token = tokens
+        .lines()
+        .find(|l| l.split(',').nth(1) == Some("admin"))
+        .and_then(|l| l.split(',').next())
+        .context("no admin token")?;
+    let dir = data.join("prometheus");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("token"), token)?;
+    let sd = format!(
+        "    api_server: https://{}:6443\n    tls_config: {{ca_file: {}}}\n    authorization: {{credentials_file: {}}}\n",
+        ferry_e2e::kube::NODE_IP,
+        state.join("pki/ca.crt").display(),
+        dir.join("token").display()
+    );
+    let config = format!(
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n{}",
+        scrape_configs(&rendered, &sd)?
+    );
+    std::fs::write(dir.join("prometheus.yml"), &config)?;
+    let listen = format!("{}:9099", ferry_e2e::kube::NODE_IP);
+    // Built from its Go module by e2e/tools/install.sh: Debian's has no Kubernetes discovery.
+    let Some(prometheus) = ferry_e2e::prometheus_k8s_or_skip()? else {
+        return Ok(());
+    };
+    let mut prom = tier
+        .in_netns(&prometheus.to_string_lossy())
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address={listen}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log"))?)
+        .spawn()?;
+    let result = (|| {
+        let api = format!("http://{listen}/api/v1");
+        let up = |job: &str| -> usize {
+            curl(&format!("{api}/query?query=up{{job=\"{job}\"}}==1"))
+                .ok()
+                .and_then(|v| v["data"]["result"].as_array().map(Vec::len))
+                .unwrap_or(0)
+        };
+        wait_for(
+            "Prometheus to scrape 1 agent and 2 operator pods",
+            Duration::from_secs(60),
+            || up("ferry-agent") == 1 && up("ferry-operator") == 2,
+        )
+        .with_context(|| format!("config:\n{config}"))?;
+        // A copy, then the overview dashboard's throughput over its time: above zero.
+        let root = data.join("scraped");
+        dated_tree(&root.join("src"), 300)?;
+        storage_root(tier, "scraped", &root)?;
+        let start = Instant::now();
+        let t0 = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs_f64()
+            - 5.0;
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: scraped, namespace: default}\nspec:\n  source: {root: scraped, path: src}\n  destination: {root: scraped, path: copy}\n")?;
+        tier.wait_succeeded("default", "scraped", 120)?;
+        let expr = "sum(rate(ferry_agent_bytes_copied_total[5s]))";
+        let mut peak = 0.0f64;
+        wait_for(
+            "the throughput query to show the copy",
+            Duration::from_secs(30),
+            || {
+                let t1 = t0 + start.elapsed().as_secs_f64() + 5.0;
+                let url = format!(
+                    "{api}/query_range?query={}&start={t0}&end={t1}&step=1",
+                    expr.replace('+', "%2B")
+                );
+                peak = curl(&url)
+                    .ok()
+                    .and_then(|v| v["data"]["result"][0]["values"].as_array().cloned())
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|p| p[1].as_str()?.parse::<f64>().ok())
+                    .fold(0.0, f64::max);
+                peak > 0.0
+            },
+        )?;
+        Ok(())
+    })();
+    let _ = prom.kill();
+    let _ = prom.wait();
     result
 }

@@ -8,6 +8,8 @@
 #   kubelet, kube-scheduler,     the same, for the real one-node tier (make kube-up)
 #   kube-proxy
 #   helm                         built from helm.sh/helm/v3 at $HELM_VERSION
+#   prometheus (with Kubernetes  built from github.com/prometheus/prometheus at $PROMETHEUS_VERSION
+#   service discovery)           (Debian's has none; the real-node tier's check uses it)
 #   prometheus-operator CRDs     ServiceMonitor, PodMonitor, PrometheusRule, copied from the Go
 #                                module github.com/prometheus-operator/prometheus-operator at
 #                                $PROMETHEUS_OPERATOR_VERSION (the chart test applies them)
@@ -32,6 +34,7 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-v1.35.4}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 PROMETHEUS_OPERATOR_VERSION=${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}
+PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
 FERRY_TOOLS=${FERRY_TOOLS:-/var/cache/ferry-tools}
 export FERRY_TOOLS
 
@@ -58,7 +61,7 @@ fi
 
 built_any=0
 # Leftovers of an interrupted earlier run (we hold the lock, so nobody else is writing them).
-rm -rf "$FERRY_TOOLS"/k8s/*/bin/.*.tmp.* "$FERRY_TOOLS"/helm/*/.gobin.* 2>/dev/null || true
+rm -rf "$FERRY_TOOLS"/k8s/*/bin/.*.tmp.* "$FERRY_TOOLS"/helm/*/.gobin.* "$FERRY_TOOLS"/prometheus/*/.gobin.* 2>/dev/null || true
 
 # ---------------------------------------------------------------------------
 # 1. Debian packages
@@ -200,6 +203,21 @@ if ((${#k8s_targets[@]})); then
   done
 fi
 
+# go_install DIR PKG@VERSION LDFLAGS: build the command PKG into DIR/bin/<its name>, through a
+# temporary GOBIN so an interrupted build leaves no half-written binary. `go install
+# pkg@version` ignores the current module, so GOFLAGS=-mod=mod must not be set.
+go_install() {
+  local dir=$1 pkg=$2 ldflags=$3 name gobin
+  name=${pkg%@*}
+  name=${name##*/}
+  mkdir -p "$dir/bin"
+  gobin=$(mktemp -d "$dir/.gobin.XXXXXX")
+  run_build "$name ${pkg#*@}" "$FERRY_TOOLS/logs/$name-${pkg#*@}.log" \
+    env GOFLAGS=-buildvcs=false GOBIN="$gobin" go install -p 2 -trimpath -ldflags "$ldflags" "$pkg"
+  mv -f "$gobin/$name" "$dir/bin/$name"
+  rm -rf "$gobin"
+}
+
 # --- helm ------------------------------------------------------------------
 helm_dir=$FERRY_TOOLS/helm/$HELM_VERSION
 helm_bin=$helm_dir/bin
@@ -219,14 +237,17 @@ if [[ ! -x $helm_bin/helm ]]; then
       ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$cg"
     done
   fi
-  mkdir -p "$helm_bin"
-  gobin=$(mktemp -d "$helm_dir/.gobin.XXXXXX")
-  # go install pkg@version ignores the current module, so GOFLAGS=-mod=mod must not be set.
-  run_build "helm $HELM_VERSION" "$FERRY_TOOLS/logs/helm-$HELM_VERSION.log" \
-    env GOFLAGS=-buildvcs=false GOBIN="$gobin" \
-    go install -p 2 -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-  mv -f "$gobin/helm" "$helm_bin/helm"
-  rm -rf "$gobin"
+  go_install "$helm_dir" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" "$ldflags"
+fi
+
+# --- prometheus with Kubernetes service discovery ---------------------------
+# Debian's prometheus is built without kubernetes_sd_configs; the real-node tier
+# (e2e/tests/kube.rs) scrapes pods the way the chart's PodMonitor/ServiceMonitor say, so it
+# needs one that has it. The Go module's v0.3NN.M is Prometheus 3.NN.M.
+prom_dir=$FERRY_TOOLS/prometheus/$PROMETHEUS_VERSION
+prom_bin=$prom_dir/bin
+if [[ ! -x $prom_bin/prometheus ]]; then
+  go_install "$prom_dir" "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" "-s -w"
 fi
 
 # --- prometheus-operator CRDs (no binary: the YAML its module ships) -------
