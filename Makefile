@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release image kube-up kube-down test lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput deps clean generate check-generated fuzz
+.PHONY: all build release image kube-deps kube-up kube-down test lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput deps clean generate check-generated fuzz
 
 all: build
 
@@ -25,8 +25,13 @@ deps:
 	@./.ci/deps.sh
 	@./e2e/tools/install.sh --no-smoke
 
+## What the real one-node tier adds (kubelet, kube-scheduler, kube-proxy, a Prometheus with
+## Kubernetes discovery), built once into the same cache; make demo does not wait for them.
+kube-deps: deps
+	@./e2e/tools/install.sh --no-smoke --kube
+
 ## Every check: format, lints, unit/integration tests (root-only ones run as root).
-test: deps check-generated
+test: kube-deps check-generated
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
@@ -50,7 +55,7 @@ fmt:
 ## A real one-node cluster (containerd, kubelet, scheduler, controller-manager, kube-proxy)
 ## in a network namespace with no route out, with Ferry installed by its chart from
 ## `make image`; prints the KUBECONFIG. See e2e/kube/README.md.
-kube-up: deps image
+kube-up: kube-deps image
 	@./e2e/kube/up.sh
 
 ## Remove everything kube-up made (processes, mounts, network, iptables, cgroups, sysctls).

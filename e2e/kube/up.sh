@@ -29,7 +29,7 @@ preflight() {
     [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || missing+=("/usr/lib/cni (containernetworking-plugins)")
     ((${#missing[@]} == 0)) || die "missing: ${missing[*]}; run 'make kube-deps' (apt-get install containerd runc containernetworking-plugins iptables)"
     for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
-        [[ -x "$K8S_BIN/$b" ]] || die "$K8S_BIN/$b is missing; run 'make deps' (e2e/tools/install.sh builds it)"
+        [[ -x "$K8S_BIN/$b" ]] || die "$K8S_BIN/$b is missing; run 'make kube-deps' (e2e/tools/install.sh --kube builds it)"
     done
     [[ -x "$HELM" ]] || die "$HELM is missing; run 'make deps'"
     [[ -f "$IMAGE_ARCHIVE" ]] || die "$IMAGE_ARCHIVE is missing; run 'make image'"

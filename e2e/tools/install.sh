@@ -25,9 +25,12 @@
 # A cold build takes a long time on 2 cores (see e2e/tools/README.md); build logs go to
 # ${FERRY_TOOLS}/logs/.
 #
-# Usage: e2e/tools/install.sh [--smoke] [--no-smoke]
+# Usage: e2e/tools/install.sh [--smoke] [--no-smoke] [--kube]
 #   --smoke     also run smoke.sh (real etcd + kube-apiserver) even if nothing was built
 #   --no-smoke  skip smoke.sh even after a fresh build
+#   --kube      also kubelet, kube-scheduler, kube-proxy and prometheus with Kubernetes
+#               discovery, for the real-node tier (make kube-up, make test); without it
+#               make demo's first run does not wait for them
 # By default smoke.sh runs only when this invocation built something.
 set -euo pipefail
 
@@ -40,10 +43,12 @@ export FERRY_TOOLS
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 smoke=auto
+kube=no
 for arg in "$@"; do
   case "$arg" in
     --smoke) smoke=yes ;;
     --no-smoke) smoke=no ;;
+    --kube) kube=yes ;;
     -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "install.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
@@ -137,9 +142,11 @@ k8s_targets=()
 [[ -x $k8s_bin/kube-apiserver ]] || k8s_targets+=(kube-apiserver)
 [[ -x $k8s_bin/kubectl ]] || k8s_targets+=(kubectl)
 [[ -x $k8s_bin/kube-controller-manager ]] || k8s_targets+=(kube-controller-manager)
-[[ -x $k8s_bin/kubelet ]] || k8s_targets+=(kubelet)
-[[ -x $k8s_bin/kube-scheduler ]] || k8s_targets+=(kube-scheduler)
-[[ -x $k8s_bin/kube-proxy ]] || k8s_targets+=(kube-proxy)
+if [[ $kube == yes ]]; then
+  [[ -x $k8s_bin/kubelet ]] || k8s_targets+=(kubelet)
+  [[ -x $k8s_bin/kube-scheduler ]] || k8s_targets+=(kube-scheduler)
+  [[ -x $k8s_bin/kube-proxy ]] || k8s_targets+=(kube-proxy)
+fi
 
 if ((${#k8s_targets[@]})); then
   [[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.N.M, got $K8S_VERSION"
@@ -246,7 +253,7 @@ fi
 # needs one that has it. The Go module's v0.3NN.M is Prometheus 3.NN.M.
 prom_dir=$FERRY_TOOLS/prometheus/$PROMETHEUS_VERSION
 prom_bin=$prom_dir/bin
-if [[ ! -x $prom_bin/prometheus ]]; then
+if [[ $kube == yes && ! -x $prom_bin/prometheus ]]; then
   go_install "$prom_dir" "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" "-s -w"
 fi
 
