@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::data::{self, Caps, Range};
+use crate::data::{self, Caps, Moved, Range};
 use crate::meta;
 use crate::sys::Stat;
 
@@ -82,10 +82,10 @@ impl<'a> Ctx<'a> {
             started,
             tries,
         });
-        // All its tasks go to this worker's deque, where idle workers steal them, and it returns to its directory: with
-        // several large files each worker takes its own (buffered writes to one inode
-        // serialise on its lock, so one file per worker is the fast case) and the spare
-        // tasks help with whichever file still has chunks left.
+        // All its tasks go to this worker's deque, where idle workers steal them, and this
+        // worker returns to its directory: with several large files each worker takes its
+        // own (buffered writes to one inode serialise on its lock, so one file per worker is
+        // the fast case) and the spare tasks help with whichever file still has chunks left.
         for _ in 0..helpers {
             local.push(Task::Chunks(file.clone()));
         }
@@ -122,7 +122,7 @@ impl<'a> Ctx<'a> {
             match data::copy_range(r, &mut caps, &mut local.buf, None, &self.opts.faults) {
                 Ok(m) if m.bytes == len => {
                     if let Some(s) = m.strategy {
-                        self.counters.by_strategy[s as usize].fetch_add(m.bytes, Ordering::Relaxed);
+                        local.tally.by_strategy[s as usize] += m.bytes;
                         self.progress.bytes_copied(m.bytes, s);
                     }
                 }
@@ -166,15 +166,15 @@ impl<'a> Ctx<'a> {
                 .and_then(|()| self.commit_staged(dir, &mut staged, &file.dst_name)),
         };
         match result {
-            Ok(true) => {
-                self.counters.files.fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .bytes
-                    .fetch_add(file.st.st_size as u64, Ordering::Relaxed);
-                self.progress
-                    .file_done(file.st.st_size as u64, file.started.elapsed());
-                self.progress.entry_done();
-            }
+            // Its bytes were counted by strategy chunk by chunk; no hash, so no manifest line.
+            Ok(true) => self.count_file(
+                file.st.st_size as u64,
+                &Moved::default(),
+                (dir, &file.dst_name),
+                None,
+                file.started,
+                local,
+            ),
             Ok(false) => self.count_skipped(),
             Err(err) => {
                 self.discard(dir, &mut staged);

@@ -386,7 +386,7 @@ impl<'a> Ctx<'a> {
         Ok(expected)
     }
 
-    fn count_file(
+    pub(super) fn count_file(
         &self,
         size: u64,
         moved: &Moved,
