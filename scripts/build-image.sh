@@ -17,10 +17,10 @@ cd "$repo"
 log() { printf '[image] %s\n' "$*" >&2; }
 die() { printf '[image] error: %s\n' "$*" >&2; exit 1; }
 
-repository="${FERRY_IMAGE_REPOSITORY:-$(sed -n 's/^  repository: *//p' charts/ferry/values.yaml | head -n1)}"
-tag="${FERRY_IMAGE_TAG:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/ferry/Chart.yaml)}"
-[[ -n "$repository" && -n "$tag" ]] || die "cannot read image.repository from charts/ferry/values.yaml or appVersion from Chart.yaml"
-image="$repository:$tag"
+# shellcheck source=scripts/image-name.sh
+source "$repo/scripts/image-name.sh"
+[[ -n "$IMAGE_REPOSITORY" && -n "$IMAGE_TAG" ]] || die "cannot read image.repository from charts/ferry/values.yaml or appVersion from Chart.yaml"
+image="$IMAGE"
 
 if ! command -v buildah >/dev/null; then
     [[ $(id -u) -eq 0 ]] || die "buildah is missing: apt-get install buildah (as root)"
@@ -60,7 +60,7 @@ done
 
 log "buildah build -t $image (Containerfile, FROM scratch)"
 buildah build --quiet --pull=never --layers=false -f Containerfile -t "$image" "$ctx" >/dev/null
-archive="$out/ferry-$tag.oci.tar"
+archive="$IMAGE_ARCHIVE"
 rm -f "$archive"
 buildah push --quiet "$image" "oci-archive:$archive:$image"
 size="$(buildah images --format '{{.Size}}' "$image" | head -n1)"

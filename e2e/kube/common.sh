@@ -20,12 +20,10 @@ SVC_IP=10.253.0.1
 CONTAINERD_SOCK="$RUN/containerd.sock"
 KUBECONFIG_OUT="$STATE/kubeconfig"
 
-# The image the chart names by default (charts/ferry: image.repository, appVersion), which
-# `make image` builds and writes as an OCI archive.
-_chart="${repo:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}/charts/ferry"
-IMAGE_TAG="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$_chart/Chart.yaml")"
-IMAGE="$(sed -n 's/^  repository: *//p' "$_chart/values.yaml" | head -n1):$IMAGE_TAG"
-IMAGE_ARCHIVE="${_chart%/charts/ferry}/target/image/ferry-$IMAGE_TAG.oci.tar"
+# The image `make image` builds (scripts/image-name.sh): IMAGE, IMAGE_ARCHIVE.
+repo="${repo:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
+# shellcheck source=scripts/image-name.sh
+source "$repo/scripts/image-name.sh"
 
 log() { printf '[kube %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { printf '[kube] error: %s\n' "$*" >&2; exit 1; }

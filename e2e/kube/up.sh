@@ -249,7 +249,9 @@ ferry() {
     kc create namespace ferry-system >/dev/null
     kc label namespace ferry-system pod-security.kubernetes.io/enforce=privileged >/dev/null
     KUBECONFIG="$KUBECONFIG_OUT" "$HELM" install ferry "$repo/charts/ferry" -n ferry-system \
-        --set kubeletDir="$STATE/kubelet" >"$STATE/logs/helm-install.log"
+        --set kubeletDir="$STATE/kubelet" \
+        --set image.repository="$IMAGE_REPOSITORY" --set image.tag="$IMAGE_TAG" \
+        >"$STATE/logs/helm-install.log"
     wait_until "the operator Deployment Available" 120 \
         kc -n ferry-system wait --for=condition=Available deploy/ferry-operator --timeout=5s
     wait_until "the agent DaemonSet Ready" 120 \

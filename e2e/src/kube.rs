@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::kubectl::stdout_of;
 use crate::tools::{skip, tools_dir};
-use crate::{repo_root, Kubectl};
+use crate::{is_root, repo_root, Kubectl};
 
 /// Where `e2e/kube/up.sh` keeps its state (its `FERRY_KUBE_DIR` default).
 const STATE: &str = "/var/lib/ferry-kube";
@@ -44,11 +44,7 @@ impl KubeTier {
     /// reason printed when this is not root and not CI (CI runs as root: there a failure to
     /// start is an error).
     pub fn up_or_skip() -> Result<Option<Self>> {
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-        if !root {
+        if !is_root() {
             return skip("the real one-node tier needs root (network namespace, mounts)".into());
         }
         let image = run(&repo_root().join("scripts/build-image.sh"))?;

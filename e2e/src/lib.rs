@@ -26,6 +26,19 @@ pub use kubectl::Kubectl;
 pub use tools::{helm_or_skip, prometheus_k8s_or_skip, prometheus_operator_crds_or_skip};
 pub use trees::{assert_same_contents, assert_same_tree, staging_leftovers, tree_meta, BindMount};
 
+/// Whether this process runs as root (its effective uid, from /proc: this crate does not
+/// link libc).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
 /// The repository root (for the chart's CRDs and examples).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

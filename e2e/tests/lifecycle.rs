@@ -10,7 +10,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{assert_same_tree, http_get, merge_patch, metric, BindMount, ControlPlane};
+use ferry_e2e::{
+    assert_same_tree, http_get, is_root, merge_patch, metric, BindMount, ControlPlane,
+};
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
 
@@ -130,7 +132,7 @@ fn a_tree_on_a_shared_root_is_split_across_two_agents_and_equals_the_source() ->
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(());
     };
-    if !nix_root() {
+    if !is_root() {
         eprintln!(
             "skipped: a shared root is a bind mount into both nodes' host roots (needs root)"
         );
@@ -421,16 +423,4 @@ fn a_job_deleted_mid_copy_stops_before_it_is_gone_and_leaves_only_whole_files() 
         );
     }
     Ok(())
-}
-
-fn nix_root() -> bool {
-    // The effective uid, from /proc (this crate does not link libc).
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
 }
