@@ -29,14 +29,10 @@ pub use trees::{assert_same_contents, assert_same_tree, staging_leftovers, tree_
 /// Whether this process runs as root (its effective uid, from /proc: this crate does not
 /// link libc).
 pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
+    // "Uid:\treal\teffective\tsaved\tfs"
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let uids = status.lines().find_map(|l| l.strip_prefix("Uid:"));
+    uids.and_then(|u| u.split_whitespace().nth(1)) == Some("0")
 }
 
 /// The repository root (for the chart's CRDs and examples).
