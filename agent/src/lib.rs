@@ -1,11 +1,13 @@
 //! The Ferry node agent. `cli` parses the command line; `copy_cmd` is `ferry-agent copy`;
 //! `daemon` is `ferry-agent run`, the per-node agent; `serve` its /metrics, /healthz and
-//! /readyz endpoints; `flush` the `syncfs` that shards finishing together share.
+//! /readyz endpoints; `flush` the `syncfs` that shards finishing together share; `memcg` the memory
+//! limit a copy into tmpfs counts against.
 
 pub mod cli;
 pub mod copy_cmd;
 pub mod daemon;
 pub mod flush;
+pub mod memcg;
 pub mod serve;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

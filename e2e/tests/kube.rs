@@ -26,7 +26,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 8] = [
+    let checks: [(&str, Check); 9] = [
         ("agent Ready by its probes", agent_ready),
         ("operator restricted, agent alone privileged", pod_security),
         ("identical copy on the node's disk", copy_on_the_node),
@@ -39,6 +39,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "Prometheus finds the pods as the monitors say",
             prometheus_scrapes_the_pods,
+        ),
+        (
+            "a copy into tmpfs over the memory limit is refused",
+            tmpfs_under_a_memory_limit,
         ),
         // Last: it slows the agent down (and puts it back).
         (
@@ -384,6 +388,103 @@ fn upgrade(tier: &KubeTier, sets: &[&str]) -> Result<String> {
     ];
     args.extend_from_slice(sets);
     tier.helm(&args)
+}
+
+/// Restarts of the agent pods' containers, by pod.
+fn agent_restarts(tier: &KubeTier) -> Result<String> {
+    tier.get(
+        "pods",
+        NS,
+        "{range .items[?(@.metadata.labels.app\\.kubernetes\\.io/component==\"agent\")]}{.metadata.name}={.status.containerStatuses[0].restartCount} {end}",
+    )
+}
+
+/// Files written to a tmpfs are charged to the writer's memory cgroup and cannot be
+/// reclaimed: under a memory limit, the agent refuses a copy into tmpfs that would not fit
+/// (instead of being OOM-killed, again after every restart), and still copies one that fits.
+fn tmpfs_under_a_memory_limit(tier: &KubeTier, data: &Path) -> Result<()> {
+    let root = data.join("in-memory");
+    std::fs::create_dir_all(&root)?;
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=512m", "ferry-kube-test"])
+        .arg(&root)
+        .status()?;
+    ensure!(mounted.success(), "mount a tmpfs on {}", root.display());
+    let result = (|| {
+        upgrade(
+            tier,
+            &["--set-string", "agent.resources.limits.memory=160Mi"],
+        )?;
+        tier.kubectl_ok(&[
+            "rollout",
+            "status",
+            "ds/ferry-agent",
+            "-n",
+            NS,
+            "--timeout=120s",
+        ])?;
+        // 192 MiB for a 160 MiB limit; 8 MiB fits.
+        for (dir, files) in [("big", 8), ("small", 1)] {
+            std::fs::create_dir_all(root.join(dir))?;
+            for i in 0..files {
+                let block: Vec<u8> = (0..24u32 << 20)
+                    .map(|b| (b % 251) as u8 ^ i as u8)
+                    .collect();
+                std::fs::write(
+                    root.join(format!("{dir}/f{i}")),
+                    &block[..if dir == "big" { 24 << 20 } else { 8 << 20 }],
+                )?;
+            }
+        }
+        storage_root(tier, "in-memory", &root)?;
+        let restarts = agent_restarts(tier)?;
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: into-memory, namespace: default}\nspec:\n  source: {root: in-memory, path: big}\n  destination: {root: in-memory, path: big-copy}\n")?;
+        tier.wait_until(
+            "copyjob/into-memory",
+            "default",
+            "{.status.phase}/{.status.conditions[?(@.type==\"Failed\")].reason}",
+            Duration::from_secs(60),
+            |v| v == "Failed/DestinationFull",
+        )?;
+        let message = tier.get(
+            "copyjob/into-memory",
+            "default",
+            "{.status.conditions[?(@.type==\"Failed\")].message}",
+        )?;
+        ensure!(
+            message.contains("is a tmpfs") && message.contains("agent.resources.limits.memory"),
+            "the condition does not say why or what to change: {message}"
+        );
+        ensure!(
+            !root.join("big-copy").exists(),
+            "the refused copy wrote {}",
+            root.join("big-copy").display()
+        );
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: fits-in-memory, namespace: default}\nspec:\n  source: {root: in-memory, path: small}\n  destination: {root: in-memory, path: small-copy}\n")?;
+        tier.wait_succeeded("default", "fits-in-memory", 60)?;
+        assert_same_tree(&root.join("small"), &root.join("small-copy"))?;
+        let after = agent_restarts(tier)?;
+        ensure!(
+            after == restarts,
+            "the agent restarted: {restarts} before, {after} after"
+        );
+        Ok(())
+    })();
+    // Jobs first (their agent holds the root open until they are wrapped up), then the limit.
+    for job in ["into-memory", "fits-in-memory"] {
+        let _ = tier.kubectl(&["delete", "copyjob", job, "-n", "default", "--wait=true"]);
+    }
+    let _ = Command::new("umount").arg("-l").arg(&root).status();
+    upgrade(tier, &["--set", "agent.resources.limits=null"])?;
+    tier.kubectl_ok(&[
+        "rollout",
+        "status",
+        "ds/ferry-agent",
+        "-n",
+        NS,
+        "--timeout=120s",
+    ])?;
+    result
 }
 
 fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {

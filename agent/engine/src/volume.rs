@@ -21,6 +21,18 @@ pub fn free_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
     sys::free_bytes(fd)
 }
 
+/// ramfs's `f_type` (linux/magic.h; the libc crate does not name it).
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+/// Whether the filesystem of `fd` keeps its files in memory (tmpfs, ramfs): the pages
+/// written there are charged to the writer's memory cgroup and cannot be reclaimed, so a
+/// copy into it counts against the agent's memory limit.
+pub fn in_memory(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let t = sys::fs_type(fd)?;
+    #[allow(clippy::unnecessary_cast)] // TMPFS_MAGIC is i64 on x86_64, not on every target
+    Ok(t == libc::TMPFS_MAGIC as i64 || t == RAMFS_MAGIC)
+}
+
 /// Flush the whole filesystem of `fd` to stable storage (`syncfs`). A failure is final:
 /// the kernel may have dropped the dirty pages it could not write.
 pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use ferry_crds::Reason;
 
 use super::publish::PublishError;
+use crate::copy_cmd::human;
+use crate::memcg::Memcg;
 
 /// Why a run of a shard ended without a state of its own to publish.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +40,23 @@ pub(super) enum ShardError {
     /// run's count).
     #[error(transparent)]
     Engine(#[from] ferry_engine::Error),
+    /// The destination keeps its files in memory and the copy would not fit under the
+    /// agent's memory limit (see crate::memcg): refused before anything is written.
+    #[error(
+        "the destination root {root} on node {node} is a tmpfs: the {} this copy writes \
+         there count against the agent's memory limit ({}, of which {} are taken by memory \
+         that cannot be reclaimed) and would get the agent OOM-killed. Raise the chart's \
+         agent.resources.limits.memory to at least {} (or remove the limit), or copy to a \
+         disk-backed root; nothing was copied",
+        human(*.need), human(.memcg.limit), human(.memcg.unreclaimable), human(at_least(.memcg, *.need))
+    )]
+    MemoryLimit {
+        root: String,
+        node: String,
+        /// Bytes the copy writes.
+        need: u64,
+        memcg: Memcg,
+    },
     /// A dry run's count panicked or was cancelled.
     #[error(transparent)]
     Count(#[from] tokio::task::JoinError),
@@ -48,6 +67,17 @@ pub(super) enum ShardError {
     CopyThreadVanished(#[source] tokio::sync::oneshot::error::RecvError),
 }
 
+/// What an agent keeps for itself under its memory limit when a copy goes into memory:
+/// the engine's buffers and the runtime (about 30 MiB in use), with room to spare.
+pub(super) const MEMORY_MARGIN: u64 = 64 << 20;
+
+/// The memory limit a refused copy into tmpfs asks for. What is taken now stays taken in
+/// this pod; a new pod (which raising the limit starts) begins without it, but asking for
+/// it keeps the advice right either way.
+fn at_least(memcg: &Memcg, need: u64) -> u64 {
+    memcg.unreclaimable + need + MEMORY_MARGIN
+}
+
 impl ShardError {
     /// The reason a shard that could not start is reported with: the engine's refusal
     /// reason (PathEscape, SymlinkRejected, Openat2Unavailable) when it refused, else
@@ -55,6 +85,7 @@ impl ShardError {
     pub(super) fn reason(&self) -> Reason {
         match self {
             Self::Root { source, .. } | Self::Engine(source) => engine_reason(source),
+            Self::MemoryLimit { .. } => Reason::DestinationFull,
             Self::Fenced
             | Self::Publish(_)
             | Self::HostRoot { .. }

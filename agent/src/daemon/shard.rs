@@ -12,7 +12,7 @@ use ferry_crds::{CopyJobSpec, ManifestName, Reason, ShardState, STATE_DIR};
 use ferry_engine::{Part, Summary};
 use kube::{Client, ResourceExt};
 
-use super::error::{engine_reason, ShardError};
+use super::error::{engine_reason, ShardError, MEMORY_MARGIN};
 use super::fence::Fence;
 use super::manifest::join_manifests;
 use super::publish::{publish, Live, PublishError, Target};
@@ -104,6 +104,7 @@ async fn run_shard(
     if job.spec.dry_run {
         return dry_run(node, target, &roots).await;
     }
+    fits_in_memory(node, target, &roots).await?;
     // Nothing becomes visible once the shard is not ours (it moved, per the watch or the
     // API server) or may not be (the heartbeat lapsed since this run began).
     let state_dir = StateDir::open(&roots, target)?;
@@ -175,6 +176,39 @@ async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<Shard
     node.publish(target, ShardState::Succeeded, &Live::default(), planned)
         .await?;
     Ok(ShardState::Succeeded)
+}
+
+/// A copy into a memory-backed destination (tmpfs) is charged to the agent's memory
+/// cgroup and cannot be reclaimed: refuse one that would not fit under the limit, before
+/// writing anything, rather than be OOM-killed halfway (and again after each restart, as
+/// the pages stay charged to the pod). Counted as the whole copy: on a resumption, the
+/// part already copied is counted twice, which errs on the side of a clear refusal.
+async fn fits_in_memory(node: &Node, target: Target<'_>, roots: &Roots) -> Result<(), ShardError> {
+    if !ferry_engine::volume::in_memory(roots.dst.as_fd()).unwrap_or(false) {
+        return Ok(());
+    }
+    let Some(memcg) = crate::memcg::Memcg::own() else {
+        return Ok(());
+    };
+    let spec = &target.job.spec;
+    let path = Path::new(&spec.source.path);
+    let need = plan(
+        &roots.src,
+        path,
+        target.shard.part,
+        spec.preserve.hard_links,
+    )
+    .await??
+    .bytes;
+    if need.saturating_add(MEMORY_MARGIN) <= memcg.headroom() {
+        return Ok(());
+    }
+    Err(ShardError::MemoryLimit {
+        root: target.shard.destination_root.clone(),
+        node: node.settings.node.clone(),
+        need,
+        memcg,
+    })
 }
 
 /// The state directory under the destination root, where the shard's manifest lives.
