@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release image kube-deps kube-up kube-down test lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput deps clean generate check-generated fuzz
+.PHONY: all build release image kube-deps kube-up kube-down test lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput bench-throughput-kube deps clean generate check-generated fuzz
 
 all: build
 
@@ -98,6 +98,12 @@ THROUGHPUT_RUNS ?= 5
 bench-throughput: deps
 	@./bench/install-tools.sh
 	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-throughput $(THROUGHPUT_RUNS) bench/CONTROL-PLANE.md
+
+## The same through the real agent pod (the real one-node tier, built and brought up for it,
+## removed after); writes bench/REAL-NODE.md. Root.
+bench-throughput-kube: kube-deps
+	@./bench/install-tools.sh
+	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-throughput-kube $(THROUGHPUT_RUNS) bench/REAL-NODE.md
 
 clean:
 	$(CARGO) clean

@@ -98,6 +98,12 @@ if [[ "$(cat "$STATE/root-propagation.before" 2>/dev/null)" == private ]]; then
     mount --make-rprivate /
 fi
 
+# The kubelet links each container's log into /var/log/containers (a path it does not let
+# be configured); the links into this tier's pod logs go with it.
+if [[ -d /var/log/containers ]]; then
+    find /var/log/containers -maxdepth 1 -type l -lname "$STATE/*" -delete 2>/dev/null || true
+fi
+
 rm -rf "$STATE" "$RUN"
 if anything_left; then
     die "could not remove everything: see above"

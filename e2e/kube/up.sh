@@ -217,7 +217,7 @@ authentication:
   anonymous: {enabled: true}
   webhook: {enabled: false}
 authorization: {mode: AlwaysAllow}
-podLogsDirectory: $STATE/pod-logs
+podLogsDir: $STATE/pod-logs
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -242,6 +242,13 @@ conntrack:
 EOF
     start kube-proxy "$K8S_BIN/kube-proxy" --config="$STATE/kube-proxy.yaml"
     wait_until "node $NODE Ready" 90 kc wait --for=condition=Ready "node/$NODE" --timeout=5s
+    # Both accept a configuration with a misspelt field, ignoring it (and what it was to set).
+    local f
+    for f in kubelet kube-proxy; do
+        if grep -q 'strict decoding' "$STATE/logs/$f.log"; then
+            die "$f ignored part of its configuration: $(grep -m1 -o 'strict decoding error.*' "$STATE/logs/$f.log")"
+        fi
+    done
 }
 
 ferry() {
@@ -262,15 +269,16 @@ main() {
     local t0=$SECONDS
     preflight
     record_host
-    # From here on, a failure removes what was made (down.sh reads what record_host saved).
-    trap 'rc=$?; failed "$rc"' ERR
+    # From here on, a failure (a failed command, or a die) removes what was made (down.sh
+    # reads what record_host saved).
+    trap 'rc=$?; [[ $rc -eq 0 ]] || failed "$rc"' EXIT
     network
     pki
     control_plane
     runtime
     node
     ferry
-    trap - ERR
+    trap - EXIT
     log "up in $((SECONDS - t0)) s"
     cat <<EOF
 
@@ -292,7 +300,7 @@ EOF
 
 failed() {
     local rc=$1
-    trap - ERR
+    trap - EXIT
     log "kube-up failed (exit $rc); last lines of the logs in $STATE/logs:"
     for f in "$STATE"/logs/*.log; do
         [[ -s "$f" ]] || continue

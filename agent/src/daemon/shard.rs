@@ -181,7 +181,8 @@ async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<Shard
 /// A copy into a memory-backed destination (tmpfs) is charged to the agent's memory
 /// cgroup and cannot be reclaimed: refuse one that would not fit under the limit, before
 /// writing anything, rather than be OOM-killed halfway (and again after each restart, as
-/// the pages stay charged to the pod). Counted as the whole copy: on a resumption, the
+/// the pages stay charged to the pod). The source is counted only when the tmpfs could
+/// hold more than the limit allows. Counted as the whole copy: on a resumption, the
 /// part already copied is counted twice, which errs on the side of a clear refusal.
 async fn fits_in_memory(node: &Node, target: Target<'_>, roots: &Roots) -> Result<(), ShardError> {
     if !ferry_engine::volume::in_memory(roots.dst.as_fd()).unwrap_or(false) {
@@ -190,6 +191,12 @@ async fn fits_in_memory(node: &Node, target: Target<'_>, roots: &Roots) -> Resul
     let Some(memcg) = crate::memcg::Memcg::own() else {
         return Ok(());
     };
+    // A copy larger than the tmpfs has room for stops at DestinationFull first: when the
+    // limit leaves more than that, no count of the source (a walk of it) is needed.
+    let free = ferry_engine::volume::free_bytes(roots.dst.as_fd()).unwrap_or(u64::MAX);
+    if free.saturating_add(MEMORY_MARGIN) <= memcg.headroom() {
+        return Ok(());
+    }
     let spec = &target.job.spec;
     let path = Path::new(&spec.source.path);
     let need = plan(

@@ -209,13 +209,22 @@ fn main() -> Result<()> {
                 .context("bench-throughput RUNS must be a number")?;
             ensure!(runs > 0, "bench-throughput RUNS must be at least 1");
             let out = std::env::args().nth(3).map(PathBuf::from);
-            throughput::bench_throughput(runs, out.as_deref())
+            throughput::bench_throughput(throughput::Tier::Process, runs, out.as_deref())
+        }
+        Some("bench-throughput-kube") => {
+            let runs = std::env::args()
+                .nth(2)
+                .map_or(Ok(5), |v| v.parse::<usize>())
+                .context("bench-throughput-kube RUNS must be a number")?;
+            ensure!(runs > 0, "bench-throughput-kube RUNS must be at least 1");
+            let out = std::env::args().nth(3).map(PathBuf::from);
+            throughput::bench_throughput(throughput::Tier::Kube, runs, out.as_deref())
         }
         Some("demo") => demo(),
         Some("up") => up(),
         Some("down") => down(),
         _ => bail!(
-            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput [RUNS [FILE]]"
+            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube] [RUNS [FILE]]"
         ),
     }
 }

@@ -1,12 +1,15 @@
 //! `ferry-dev bench-throughput`: a CopyJob against `ferry-agent copy` on `bench/run.sh`'s
 //! 100k-file tree (`make bench-throughput`): set up, warm up, timed runs alternating the
-//! two, a byte-for-byte check of the last copies, and a Markdown report.
+//! two, a byte-for-byte check of the last copies, and a Markdown report. In the process
+//! tier (the agent a host process, as `make dev-up` runs it) or in the real one-node tier
+//! (`make bench-throughput-kube`: the agent the chart's DaemonSet pod, from `make image`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{repo_root, ControlPlane, Proc};
+use ferry_e2e::kube::{KubeTier, NETNS, NODE};
+use ferry_e2e::{repo_root, ControlPlane, Kubectl, Proc};
 
 use crate::bring_up;
 use crate::machine::{
@@ -24,13 +27,39 @@ const THROUGHPUT_HEADING: &str = "## Throughput";
 /// Mount options of the benchmark's tmpfs.
 const TMPFS_OPTIONS: &str = "size=4G,nr_inodes=1M,mode=0755";
 
+/// Where the CopyJob runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The process tier: etcd, kube-apiserver, the operator and two agents as host
+    /// processes (debug or release builds from this workspace).
+    Process,
+    /// The real one-node tier (e2e/kube/up.sh): the agent a pod of the chart's DaemonSet.
+    Kube,
+}
+
+/// The cluster a run uses; both are reached with kubectl.
+enum Cluster {
+    Process { cp: ControlPlane, _procs: Vec<Proc> },
+    Kube(KubeTier),
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = Kubectl;
+    fn deref(&self) -> &Kubectl {
+        match self {
+            Self::Process { cp, .. } => cp,
+            Self::Kube(tier) => tier,
+        }
+    }
+}
+
 /// Throughput of a CopyJob against `ferry-agent copy` on `bench/run.sh`'s 100k-file tree,
 /// both on one tmpfs mounted for the purpose at node-a's `/srv/throughput` (a StorageRoot),
 /// release builds of the agent and the operator, the same engine options (verify Checksum,
 /// the CRD default; a manifest; workers = CPUs). One untimed warmup each, then `runs`
 /// alternating pairs. Prints a Markdown section; with `out`, also puts it into that file.
-pub fn bench_throughput(runs: usize, out: Option<&Path>) -> Result<()> {
-    let bench = Bench::set_up()?;
+pub fn bench_throughput(tier: Tier, runs: usize, out: Option<&Path>) -> Result<()> {
+    let bench = Bench::set_up(tier)?;
     eprintln!("warmup: one ferry-agent copy and one CopyJob, untimed ...");
     let (_, _, dst, manifest) = bench.cli("warmup")?;
     Bench::remove(&dst, &manifest)?;
@@ -38,9 +67,12 @@ pub fn bench_throughput(runs: usize, out: Option<&Path>) -> Result<()> {
     Bench::remove(&dst, &manifest)?;
     let timed = bench.timed_runs(runs)?;
     let checked = bench.check_byte_for_byte(&timed.last)?;
-    let md = report(&bench.tree, runs, &timed, &checked)?;
+    let md = report(tier, &bench.tree, runs, &timed, &checked)?;
     print!("{md}");
     if let Some(file) = out {
+        if tier == Tier::Kube && !file.exists() {
+            std::fs::write(file, "# Throughput through the real agent pod\n\nWhat the agent as a pod of the chart's DaemonSet (the real one-node tier, `make kube-up`) costs next to the same binary run on the host; the process tier's figures are in `CONTROL-PLANE.md`.\n")?;
+        }
         splice_section(file, &md)?;
         eprintln!("wrote the section into {}", file.display());
     }
@@ -52,8 +84,7 @@ pub fn bench_throughput(runs: usize, out: Option<&Path>) -> Result<()> {
 struct Bench {
     // Fields drop in order: the tmpfs is unmounted before the processes stop.
     _tmpfs: Tmpfs,
-    cp: ControlPlane,
-    _procs: Vec<Proc>,
+    cp: Cluster,
     agent: PathBuf,
     agent_pid: u32,
     cluster_pids: Vec<u32>,
@@ -83,7 +114,7 @@ struct Timed {
 }
 
 impl Bench {
-    fn set_up() -> Result<Self> {
+    fn set_up(tier: Tier) -> Result<Self> {
         // Release builds of ferry-agent and ferry-operator (ferry_e2e::workspace_bin).
         if std::env::var_os("FERRY_E2E_RELEASE").is_none_or(|v| v != "1") {
             std::env::set_var("FERRY_E2E_RELEASE", "1");
@@ -96,14 +127,69 @@ impl Bench {
             "{} is missing: run bench/install-tools.sh",
             ftzz.display()
         );
-        let (cp, procs, hosts) = bring_up()?;
-        let agent = ferry_e2e::workspace_bin("ferry-agent", "ferry-agent")?;
-        // bring_up starts the operator, then one agent per node in NODES order.
-        let (operator_pid, agent_pid) = (procs[0].id(), procs[1].id());
-        let mut cluster_pids = pids_mentioning(&cp.dir().to_string_lossy());
-        cluster_pids.retain(|p| *p != agent_pid && *p != std::process::id());
-        cluster_pids.push(operator_pid);
-        let root = hosts.join("node-a/srv/throughput");
+        let (cp, agent, agent_pid, cluster_pids, root, selector) = match tier {
+            Tier::Process => {
+                let (cp, procs, hosts) = bring_up()?;
+                let agent = ferry_e2e::workspace_bin("ferry-agent", "ferry-agent")?;
+                // bring_up starts the operator, then one agent per node in NODES order.
+                let (operator_pid, agent_pid) = (procs[0].id(), procs[1].id());
+                let mut cluster_pids = pids_mentioning(&cp.dir().to_string_lossy());
+                cluster_pids.retain(|p| *p != agent_pid && *p != std::process::id());
+                cluster_pids.push(operator_pid);
+                let root = hosts.join("node-a/srv/throughput");
+                let cluster = Cluster::Process { cp, _procs: procs };
+                (
+                    cluster,
+                    agent,
+                    agent_pid,
+                    cluster_pids,
+                    root,
+                    "ferry.dev/node: node-a".to_string(),
+                )
+            }
+            Tier::Kube => {
+                eprintln!("building the image and bringing up the real one-node tier ...");
+                let tier = KubeTier::up_or_skip()?.context("the real one-node tier needs root")?;
+                // The very binary the image holds (scripts/build-image.sh), run on the host.
+                let agent = repo_root()
+                    .join("target/image/cargo/x86_64-unknown-linux-gnu/release/ferry-agent");
+                ensure!(
+                    agent.exists(),
+                    "{} is missing after make image",
+                    agent.display()
+                );
+                let runs: Vec<u32> = pids_mentioning("ferry-agent\0run")
+                    .into_iter()
+                    .filter(|p| *p != std::process::id())
+                    .collect();
+                ensure!(
+                    runs.len() == 1,
+                    "expected one agent pod process, found {runs:?}"
+                );
+                let agent_pid = runs[0];
+                // Everything in the tier's network namespace: etcd, kube-apiserver, the
+                // controllers, kubelet, containerd and its shims, kube-proxy, the operators.
+                let listed = std::process::Command::new("ip")
+                    .args(["netns", "pids", NETNS])
+                    .output()
+                    .context("ip netns pids")?;
+                let cluster_pids = String::from_utf8_lossy(&listed.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .filter(|p| *p != agent_pid)
+                    .collect();
+                let root = PathBuf::from("/srv/throughput");
+                let selector = format!("kubernetes.io/hostname: {NODE}");
+                (
+                    Cluster::Kube(tier),
+                    agent,
+                    agent_pid,
+                    cluster_pids,
+                    root,
+                    selector,
+                )
+            }
+        };
         let tmpfs = Tmpfs::mount(&root, TMPFS_OPTIONS)?;
         let src = root.join("src");
         eprintln!("generating the 100k-file tree on the tmpfs (ftzz) ...");
@@ -118,11 +204,10 @@ impl Bench {
         let tree = count_tree(&src)?;
         std::fs::create_dir_all(root.join("out"))?;
         std::fs::create_dir_all(root.join(".ferry"))?;
-        cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: throughput\nspec:\n  path: /srv/throughput\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n")?;
+        cp.apply(&format!("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: throughput\nspec:\n  path: /srv/throughput\n  nodeSelector: {{{selector}}}\n  namespaces: {{names: [default]}}\n"))?;
         Ok(Self {
             _tmpfs: tmpfs,
             cp,
-            _procs: procs,
             agent,
             agent_pid,
             cluster_pids,
@@ -323,7 +408,7 @@ impl Bench {
         let mut checked = Vec::new();
         for dst in last {
             eprintln!("bench/check.py {} ...", dst.display());
-            let report = self.cp.dir().join("check.json");
+            let report = self.root.join("check.json");
             let ok = std::process::Command::new("python3")
                 .stdout(std::io::stderr())
                 .arg(repo_root().join("bench/check.py"))
@@ -347,7 +432,13 @@ impl Bench {
 }
 
 /// The Markdown section for `bench/CONTROL-PLANE.md`.
-fn report(tree: &TreeCount, runs: usize, t: &Timed, checked: &[bool]) -> Result<String> {
+fn report(
+    tier: Tier,
+    tree: &TreeCount,
+    runs: usize,
+    t: &Timed,
+    checked: &[bool],
+) -> Result<String> {
     let Timed {
         cli_secs,
         job_secs,
@@ -382,6 +473,25 @@ fn report(tree: &TreeCount, runs: usize, t: &Timed, checked: &[bool]) -> Result<
         let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         format!("{min:.3} | {max:.3}")
     };
+    // What differs between the tiers, as the report says it.
+    let (make, setting, at, agent, cli, cluster) = match tier {
+        Tier::Process => (
+            "make bench-throughput",
+            "local etcd + kube-apiserver 1.35.4, the operator and two agents as for the rest of this file",
+            "node-a's host path `/srv/throughput`",
+            "node-a's agent",
+            "`ferry-agent copy`",
+            "etcd, kube-apiserver, the operator, the agents not copying",
+        ),
+        Tier::Kube => (
+            "make bench-throughput-kube",
+            "the real one-node tier of `make kube-up` (etcd, kube-apiserver, controller manager, scheduler, kubelet 1.35.4 with containerd, kube-proxy; the chart's operator Deployment and agent DaemonSet running the image of `make image`)",
+            "the node's (this host's) `/srv/throughput`, which the agent pod sees through its `/host` mount",
+            "the agent pod",
+            "`ferry-agent copy` (the image's own static binary, run on the host)",
+            "everything else in the tier: etcd, kube-apiserver, controllers, kubelet, containerd, kube-proxy, the operator pods",
+        ),
+    };
     // The machine's CPU time outside this harness, as a share of what the CPUs could give
     // during the timed runs: more than 5% is a concurrent load worth saying.
     let others_share = others / (timed_secs * nproc as f64);
@@ -393,7 +503,7 @@ fn report(tree: &TreeCount, runs: usize, t: &Timed, checked: &[bool]) -> Result<
         } else {
             "concurrent load"
         };
-        format!("**taken with {what}**: {measured}. These numbers are noisier than on an idle machine; re-run `make bench-throughput` on an idle machine for reference figures")
+        format!("**taken with {what}**: {measured}. These numbers are noisier than on an idle machine; re-run `{make}` on an idle machine for reference figures")
     } else {
         format!("idle apart from the benchmark: {measured}")
     };
@@ -403,10 +513,10 @@ fn report(tree: &TreeCount, runs: usize, t: &Timed, checked: &[bool]) -> Result<
         md,
         "{THROUGHPUT_HEADING}: a CopyJob against `ferry-agent copy` on the 100k-file tree\n"
     )?;
-    writeln!(md, "Generated by `make bench-throughput` on {date}; nproc {nproc} ({cpu}); **release** builds of ferry-agent and ferry-operator (`FERRY_E2E_RELEASE=1`); local etcd + kube-apiserver 1.35.4, the operator and two agents as for the rest of this file. Load: {load_note}.\n")?;
+    writeln!(md, "Generated by `{make}` on {date}; nproc {nproc} ({cpu}); **release** builds of ferry-agent and ferry-operator; {setting}. Load: {load_note}.\n")?;
     writeln!(md, "Target: a CopyJob's throughput within 10% of `ferry-agent copy` on the same tree, i.e. CopyJob wall time / CLI wall time <= 1.10.\n")?;
-    writeln!(md, "- Tree: `ftzz -e {}`, `bench/run.sh`'s `many` tree: {} files, {} directories, {} bytes, generated for the run on a tmpfs (`{tmpfs_options}`) mounted at node-a's host path `/srv/throughput` (the StorageRoot `throughput`) and unmounted after. Source and every destination are on that tmpfs.", TREE_100K.join(" "), tree.files, tree.dirs, tree.bytes)?;
-    writeln!(md, "- CLI: `ferry-agent copy --no-progress --verify checksum --manifest /srv/throughput/.ferry/cli-N.xxh128 SRC DST`, wall time of the process as started by the harness.")?;
+    writeln!(md, "- Tree: `ftzz -e {}`, `bench/run.sh`'s `many` tree: {} files, {} directories, {} bytes, generated for the run on a tmpfs (`{tmpfs_options}`) mounted at {at} (the StorageRoot `throughput`) and unmounted after. Source and every destination are on that tmpfs.", TREE_100K.join(" "), tree.files, tree.dirs, tree.bytes)?;
+    writeln!(md, "- CLI: {cli}: `ferry-agent copy --no-progress --verify checksum --manifest /srv/throughput/.ferry/cli-N.xxh128 SRC DST`, wall time of the process as started by the harness.")?;
     writeln!(md, "- CopyJob: `source: {{root: throughput, path: src}}`, `destination: {{root: throughput, path: out/tput-N}}`, everything else at the CRD defaults, so the agent copies with verify Checksum and writes its manifest to `/srv/throughput/.ferry/`. Wall time from `kubectl apply` to `Succeeded` observed by `kubectl wait` (what a user sees; it includes the two kubectl processes, the operator's reconcile and the agent's watch and status writes). Agent copy time: the shard's `bytesDone / bytesPerSecond`, i.e. from the agent picking up the shard to its final status write.")?;
     writeln!(md, "- Same engine options both ways: verify Checksum, manifest, reflink auto, overwrite never, all metadata kept, workers = CPUs ({nproc}: `copy --workers` and `run --workers` both default to 0 = nproc).")?;
     writeln!(md, "- Protocol: one untimed warmup of each, then {runs} runs alternating CLI and CopyJob (a new job and a new destination each time); the destination, its manifest and the job are removed, untimed, between runs. The page cache needs no dropping on tmpfs.\n")?;
@@ -438,17 +548,17 @@ fn report(tree: &TreeCount, runs: usize, t: &Timed, checked: &[bool]) -> Result<
     )?;
     let rows = [
         (
-            "the copy (the `ferry-agent copy` process / node-a's agent)",
+            format!("the copy (the `ferry-agent copy` process / {agent})"),
             cpu_med(cli_cpu, |c| c.copy),
             cpu_med(job_cpu, |c| c.copy),
         ),
         (
-            "etcd, kube-apiserver, the operator, the agents not copying",
+            cluster.to_string(),
             cpu_med(cli_cpu, |c| c.cluster),
             cpu_med(job_cpu, |c| c.cluster),
         ),
         (
-            "kubectl (`apply`, `wait`)",
+            "kubectl (`apply`, `wait`)".to_string(),
             cpu_med(cli_cpu, |c| c.kubectl),
             cpu_med(job_cpu, |c| c.kubectl),
         ),
@@ -483,7 +593,7 @@ fn report(tree: &TreeCount, runs: usize, t: &Timed, checked: &[bool]) -> Result<
     writeln!(md, "- Correctness: every destination, CLI and CopyJob, has the source's {} files, {} directories and {} bytes (counted after each run); the last CLI copy and the last CopyJob copy were compared with the source byte for byte by `bench/check.py` (paths, types, sizes, contents): ok; mode, owner and mtimes kept: {}.", tree.files, tree.dirs, tree.bytes, if checked.iter().all(|k| *k) { "yes" } else { "no" })?;
     writeln!(
         md,
-        "- Re-run (root; about 3 minutes plus the release builds): `make bench-throughput`."
+        "- Re-run (root; about 3 minutes plus the release builds): `{make}`."
     )?;
     Ok(md)
 }
