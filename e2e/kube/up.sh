@@ -141,7 +141,7 @@ control_plane() {
         --kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
         --root-ca-file="$p/ca.crt" --service-account-private-key-file="$p/sa.key" \
         --use-service-account-credentials=false --leader-elect=false \
-        --controllers='*,-nodeipam,-cloud-node-lifecycle,-service,-route,-persistentvolume-binder,-attachdetach,-persistentvolume-expander' \
+        --controllers='*,-nodeipam,-cloud-node-lifecycle,-service,-route,-attachdetach,-persistentvolume-expander' \
         --bind-address=127.0.0.1 --secure-port=10257
     start kube-scheduler "$K8S_BIN/kube-scheduler" \
         --kubeconfig="$STATE/kube-scheduler.kubeconfig" --leader-elect=false \

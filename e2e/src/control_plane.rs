@@ -256,4 +256,12 @@ impl ControlPlane {
         self.spawn(&bin, &args, &[], "kube-controller-manager.log")
             .map(Some)
     }
+
+    /// The PV controller (kube-controller-manager's `persistentvolume-binder`), so claims
+    /// bind as they do in a cluster: the claim `Bound`, its volume's `claimRef` carrying the
+    /// claim's uid. Ferry uses a claim only then.
+    pub fn start_volume_binder(&self) -> Result<Proc> {
+        let binder = self.start_controller_manager_or_skip(&["persistentvolume-binder"])?;
+        binder.context("kube-controller-manager is not installed (make deps builds it); claims cannot bind without it")
+    }
 }

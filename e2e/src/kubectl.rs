@@ -142,6 +142,18 @@ impl Kubectl {
         )
     }
 
+    /// Wait until claim `name` in `ns` is `Bound` (by the PV controller).
+    pub fn wait_claim_bound(&self, ns: &str, name: &str) -> Result<()> {
+        self.wait_until(
+            &format!("pvc/{name}"),
+            ns,
+            "{.status.phase}",
+            Duration::from_secs(60),
+            |phase| phase == "Bound",
+        )
+        .map(drop)
+    }
+
     /// `kubectl apply -f -` that must succeed.
     pub fn apply(&self, yaml: &str) -> Result<()> {
         let out = self.kubectl_stdin(&["apply", "-f", "-"], yaml)?;

@@ -626,7 +626,10 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
             vec![f as u8; (f * 500) as usize],
         )?;
     }
+    // Claims bind as in a cluster (the PV controller); Ferry uses a claim only once Bound.
+    let _binder = cp.start_volume_binder()?;
     cp.apply("apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv1\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  local: {path: /mnt/disks/pv1}\n  claimRef: {namespace: team-a, name: data}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        - {key: ferry.dev/node, operator: In, values: [node-b]}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\n  namespace: team-a\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  volumeName: pv1\n  resources: {requests: {storage: 1Gi}}\n")?;
+    cp.wait_claim_bound("team-a", "data")?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-pvc\n  namespace: team-a\nspec:\n  source: {pvc: data, path: src}\n  destination: {root: team-data, path: from-pvc}\n")?;
     cp.wait_succeeded("team-a", "from-pvc", 120)?;
     assert_same_tree(&pv_tree, &hosts.join("node-b/srv/data/from-pvc"))?;
@@ -634,6 +637,7 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
     // A claim on a CSI volume that no pod mounts: the operator lists the namespace's pods
     // and says it waits for one.
     cp.apply("apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-csi\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  csi: {driver: fake.csi.ferry.dev, volumeHandle: vol-1}\n  claimRef: {namespace: team-a, name: csi-data}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: csi-data\n  namespace: team-a\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  volumeName: pv-csi\n  resources: {requests: {storage: 1Gi}}\n")?;
+    cp.wait_claim_bound("team-a", "csi-data")?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-csi\n  namespace: team-a\nspec:\n  source: {pvc: csi-data, path: src}\n  destination: {root: team-data, path: from-csi}\n")?;
     cp.wait_until(
         "copyjob/from-csi",

@@ -148,11 +148,13 @@ fn pvc_on_a_local_pv_is_copied_on_the_pv_node_and_claims_of_other_namespaces_are
             vec![(f % 251) as u8; (f * 333) as usize],
         )?;
     }
-    // A local PV on node-b, pre-bound to claim "data" in namespace default (no PV controller
-    // runs here, so the binding is declared on both sides).
+    // A local PV on node-b, pre-bound to claim "data" in namespace default; the PV
+    // controller binds them.
+    let _binder = cp.start_volume_binder()?;
     cp.apply(
         "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv1\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  local: {path: /mnt/disks/pv1}\n  claimRef: {namespace: default, name: data}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        - {key: ferry.dev/node, operator: In, values: [node-b]}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\n  namespace: default\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  volumeName: pv1\n  resources: {requests: {storage: 1Gi}}\n",
     )?;
+    cp.wait_claim_bound("default", "data")?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-pvc\n  namespace: default\nspec:\n  source: {pvc: data, path: src}\n  destination: {pvc: data, path: copy}\n")?;
     cp.wait_succeeded("default", "from-pvc", 90)?;
     let node = cp.get("copyjob/from-pvc", "default", "{.status.shards[0].node}")?;

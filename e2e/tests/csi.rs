@@ -18,11 +18,13 @@ fn pvc_on_a_csi_pv_waits_for_a_mounting_pod_then_is_copied_on_that_pods_node() -
     };
     cp.install_crds()?;
     let (_ferry, hosts) = cp.start_ferry(&["node-a", "node-b"])?;
-    // A CSI PV pre-bound to claim "data" (no PV controller runs here, so the binding is
-    // declared on both sides), and a destination root on node-b.
+    let _binder = cp.start_volume_binder()?;
+    // A CSI PV pre-bound to claim "data" (the PV controller binds them), and a destination
+    // root on node-b.
     cp.apply(
         "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-csi\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  csi: {driver: fake.csi.ferry.dev, volumeHandle: vol-0001}\n  claimRef: {namespace: default, name: data}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\n  namespace: default\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  volumeName: pv-csi\n  resources: {requests: {storage: 1Gi}}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: backup\nspec:\n  path: /srv/backup\n  nodeSelector: {ferry.dev/node: node-b}\n  namespaces: {names: [default]}\n",
     )?;
+    cp.wait_claim_bound("default", "data")?;
     // The admin made the destination root's directory on node-b.
     std::fs::create_dir_all(hosts.join("node-b/srv/backup"))?;
     // A finished pod on node-a that mounted the claim does not count: its volume is gone.

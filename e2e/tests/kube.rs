@@ -299,6 +299,8 @@ fn mounted_after_the_agent_started(tier: &KubeTier, data: &Path) -> Result<()> {
         "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: ferry-pv}}\nspec:\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  local: {{path: {}}}\n  claimRef: {{namespace: default, name: data}}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        - {{key: kubernetes.io/hostname, operator: In, values: [{NODE}]}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: data, namespace: default}}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  volumeName: ferry-pv\n  resources: {{requests: {{storage: 1Gi}}}}\n",
         pv_dir.display()
     ))?;
+    // The PV controller binds them; Ferry uses a claim only once it is Bound.
+    tier.wait_claim_bound("default", "data")?;
     let mounted = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=16m", "ferry-kube-test"])
         .arg(&pv_dir)

@@ -105,6 +105,7 @@ fn roots_and_claims_a_namespace_may_not_use_are_refused_before_any_agent_touches
     };
     cp.install_crds()?;
     let (_ferry, hosts) = cp.start_ferry(&["node-a"])?;
+    let _binder = cp.start_volume_binder()?;
     let node = hosts.join("node-a");
     // Another team's data, a read-only archive, and the tenant's own root; the canaries
     // have an atime far in the past, so any read would show.
@@ -126,40 +127,62 @@ fn roots_and_claims_a_namespace_may_not_use_are_refused_before_any_agent_touches
     cp.apply(
         "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: private\nspec:\n  path: /srv/private\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [other]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: archive\nspec:\n  path: /srv/archive\n  nodeSelector: {ferry.dev/node: node-a}\n  readOnly: true\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: tenant\nspec:\n  path: /srv/tenant\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: others-pv\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  local: {path: /srv/private}\n  claimRef: {namespace: other, name: theirs}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        - {key: ferry.dev/node, operator: In, values: [node-a]}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: grab\n  namespace: default\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  volumeName: others-pv\n  resources: {requests: {storage: 1Gi}}\n",
     )?;
+    // An admin's volume on the node's / that no claim is bound to, and a claim that names
+    // it: the PV controller will not bind them (the classes differ), so the claim stays
+    // Pending, whatever its spec.volumeName says.
+    cp.apply("apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: node-root\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: admin-only\n  hostPath: {path: /srv/private}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: reach\n  namespace: default\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: mine\n  volumeName: node-root\n  resources: {requests: {storage: 1Gi}}\n")?;
+    // A pair the PV controller does bind, so the refusals below are not just a controller
+    // that has not started.
+    cp.apply("apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: tenant-pv\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  local: {path: /srv/tenant}\n  claimRef: {namespace: default, name: own}\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        - {key: ferry.dev/node, operator: In, values: [node-a]}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: own\n  namespace: default\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: local\n  volumeName: tenant-pv\n  resources: {requests: {storage: 1Gi}}\n")?;
+    cp.wait_claim_bound("default", "own")?;
     let job = |name: &str, src: &str, dst: &str| {
         format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {src}\n  destination: {dst}\n")
     };
-    for (name, src, dst, reason) in [
+    for (name, src, dst, condition, reason) in [
         (
             "read-private",
             "{root: private, path: .}",
             "{root: tenant, path: stolen}",
+            "Accepted",
             "RootNotAllowed",
         ),
         (
             "write-private",
             "{root: tenant, path: data}",
             "{root: private, path: planted}",
+            "Accepted",
             "RootNotAllowed",
         ),
         (
             "write-archive",
             "{root: tenant, path: data}",
             "{root: archive, path: planted}",
+            "Accepted",
             "ReadOnlyRoot",
         ),
+        // A claim naming another namespace's volume: never bound, never used.
         (
             "grab-claim",
             "{pvc: grab, path: .}",
             "{root: tenant, path: stolen2}",
-            "CrossNamespace",
+            "Resolved",
+            "PVCNotBound",
+        ),
+        // A claim naming an unclaimed volume it was not bound to (once enough to copy the
+        // volume's host path: the claim's spec.volumeName was trusted).
+        (
+            "reach-volume",
+            "{pvc: reach, path: .}",
+            "{root: tenant, path: stolen3}",
+            "Resolved",
+            "PVCNotBound",
         ),
     ] {
         cp.apply(&job(name, src, dst))?;
         cp.wait_until(
             &format!("copyjob/{name}"),
             "default",
-            "{.status.conditions[?(@.type==\"Accepted\")].reason}",
+            &format!("{{.status.conditions[?(@.type==\"{condition}\")].reason}}"),
             std::time::Duration::from_secs(60),
             |v| v == reason,
         )?;
@@ -181,7 +204,11 @@ fn roots_and_claims_a_namespace_may_not_use_are_refused_before_any_agent_touches
         let n = std::fs::read_dir(c.parent().unwrap_or(&node))?.count();
         ensure!(n == 1, "something was written next to {}", c.display());
     }
-    for stolen in ["stolen", "stolen2"] {
+    for claim in ["grab", "reach"] {
+        let phase = cp.get(&format!("pvc/{claim}"), "default", "{.status.phase}")?;
+        ensure!(phase == "Pending", "claim {claim} is {phase}, not Pending");
+    }
+    for stolen in ["stolen", "stolen2", "stolen3"] {
         ensure!(
             !node.join("srv/tenant").join(stolen).exists(),
             "{stolen} was copied"

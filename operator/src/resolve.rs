@@ -55,12 +55,14 @@ async fn resolve_pvc(
     else {
         return unresolved(Reason::PVCNotFound, format!("{field}.pvc: no PersistentVolumeClaim {claim:?} in namespace {ns:?} (claims of other namespaces cannot be used)"));
     };
-    let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
-        return unresolved(
-            Reason::PVCNotBound,
-            format!("{field}.pvc: claim {claim:?} is not bound to a volume yet"),
-        );
-    };
+    if let Err(blocked) = claim_is_bound(field, ns, claim, &pvc) {
+        return Ok(Err(blocked));
+    }
+    let pv_name = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .unwrap_or_default();
     let Some(pv) = Api::<PersistentVolume>::all(client.clone())
         .get_opt(&pv_name)
         .await?
@@ -70,15 +72,8 @@ async fn resolve_pvc(
             format!("{field}.pvc: claim {claim:?} names volume {pv_name:?}, which does not exist"),
         );
     };
-    // A volume pre-bound to another claim is not this claim's, whatever the claim says.
-    if let Some(cr) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
-        if cr.namespace.as_deref() != Some(ns) || cr.name.as_deref() != Some(claim) {
-            return Ok(Err(Blocked {
-                condition: ConditionType::Accepted,
-                reason: Reason::CrossNamespace,
-                message: format!("{field}.pvc: volume {pv_name:?} belongs to another claim; use a claim bound to it in namespace {ns:?}"),
-            }));
-        }
+    if let Err(blocked) = volume_is_the_claims(field, ns, claim, &pvc, &pv) {
+        return Ok(Err(blocked));
     }
     match volume::from_pv(&pv) {
         Ok(PvAccess::Direct(v)) => Ok(Ok(v)),
@@ -100,6 +95,59 @@ async fn resolve_pvc(
             format!("{field}.pvc: volume {pv_name:?}: {why}"),
         ),
     }
+}
+
+/// A claim is the tenant's way to a volume only once Kubernetes has bound it: its phase is
+/// `Bound` and it names its volume. `spec.volumeName` alone is what the tenant asked for,
+/// not what the PV controller granted.
+fn claim_is_bound(
+    field: &str,
+    ns: &str,
+    claim: &str,
+    pvc: &PersistentVolumeClaim,
+) -> Result<(), Blocked> {
+    let phase = pvc.status.as_ref().and_then(|s| s.phase.as_deref());
+    let named = pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+    match (phase, named) {
+        (Some("Bound"), Some(v)) if !v.is_empty() => Ok(()),
+        _ => Err(Blocked {
+            condition: ConditionType::Resolved,
+            reason: Reason::PVCNotBound,
+            message: format!(
+                "{field}.pvc: claim {claim:?} in namespace {ns:?} is not bound to a volume yet (phase {}); Ferry copies once Kubernetes has bound it",
+                phase.unwrap_or("unknown")
+            ),
+        }),
+    }
+}
+
+/// The volume must be bound to this very claim: its `claimRef` names the claim's namespace,
+/// name and uid (a claim deleted and re-created under the same name has a new uid, and a
+/// volume pre-bound to a name only is not bound until the PV controller sets the uid).
+fn volume_is_the_claims(
+    field: &str,
+    ns: &str,
+    claim: &str,
+    pvc: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+) -> Result<(), Blocked> {
+    let pv_name = pv.name_any();
+    let cr = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let uid = pvc.metadata.uid.as_deref();
+    let mine = cr.is_some_and(|cr| {
+        cr.namespace.as_deref() == Some(ns)
+            && cr.name.as_deref() == Some(claim)
+            && uid.is_some()
+            && cr.uid.as_deref() == uid
+    });
+    if mine {
+        return Ok(());
+    }
+    Err(Blocked {
+        condition: ConditionType::Accepted,
+        reason: Reason::CrossNamespace,
+        message: format!("{field}.pvc: volume {pv_name:?} is not bound to claim {claim:?} of namespace {ns:?} (its claimRef names another claim, or none); use a claim Kubernetes has bound to its volume"),
+    })
 }
 
 /// Resolve one endpoint to a host path and the nodes that have it.
@@ -283,5 +331,63 @@ mod tests {
             &labels(&[("team", "b"), ("tier", "gold")])
         ));
         assert!(!selector_matches(&sel, &labels(&[("tier", "gold")])));
+    }
+    /// A claim and a volume as JSON (what `kubectl get -o json` shows).
+    fn pair(pvc: &str, pv: &str) -> (PersistentVolumeClaim, PersistentVolume) {
+        (
+            serde_json::from_str(pvc).expect("claim json"),
+            serde_json::from_str(pv).expect("volume json"),
+        )
+    }
+
+    const CLAIM: &str = r#"{"metadata": {"name": "data", "namespace": "team", "uid": "u-1"}, "spec": {"volumeName": "pv1"}, "status": {"phase": "Bound"}}"#;
+    const VOLUME: &str = r#"{"metadata": {"name": "pv1"}, "spec": {"hostPath": {"path": "/"}, "claimRef": {"namespace": "team", "name": "data", "uid": "u-1"}}}"#;
+
+    #[test]
+    fn a_claim_bound_by_kubernetes_to_a_volume_bound_back_to_it_by_uid_resolves() {
+        let (pvc, pv) = pair(CLAIM, VOLUME);
+        assert_eq!(claim_is_bound("spec.source", "team", "data", &pvc), Ok(()));
+        assert_eq!(
+            volume_is_the_claims("spec.source", "team", "data", &pvc, &pv),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_claim_that_only_names_a_volume_is_not_bound() {
+        for claim in [
+            CLAIM.replace(r#""phase": "Bound""#, r#""phase": "Pending""#),
+            CLAIM.replace(r#", "status": {"phase": "Bound"}"#, ""),
+            CLAIM.replace(r#""volumeName": "pv1""#, ""),
+        ] {
+            let (pvc, _) = pair(&claim, VOLUME);
+            let blocked = claim_is_bound("spec.source", "team", "data", &pvc)
+                .expect_err("an unbound claim resolved");
+            assert_eq!(blocked.reason, Reason::PVCNotBound);
+            assert!(blocked.message.contains("not bound"), "{}", blocked.message);
+        }
+    }
+
+    #[test]
+    fn a_volume_is_only_reached_through_the_claim_its_claim_ref_names_with_its_uid() {
+        for volume in [
+            // Available: no claimRef at all (a hostPath: / an admin left unclaimed).
+            VOLUME.replace(
+                r#", "claimRef": {"namespace": "team", "name": "data", "uid": "u-1"}"#,
+                "",
+            ),
+            // Pre-bound by name only: not bound until the PV controller sets the uid.
+            VOLUME.replace(r#", "uid": "u-1""#, ""),
+            // Bound to an earlier claim of the same name, since deleted.
+            VOLUME.replace("u-1", "u-0"),
+            VOLUME.replace(r#""namespace": "team""#, r#""namespace": "other""#),
+            VOLUME.replace(r#""name": "data""#, r#""name": "theirs""#),
+        ] {
+            assert_ne!(volume, VOLUME, "the case changes nothing");
+            let (pvc, pv) = pair(CLAIM, &volume);
+            let blocked = volume_is_the_claims("spec.source", "team", "data", &pvc, &pv)
+                .expect_err("a volume not bound to the claim resolved");
+            assert_eq!(blocked.reason, Reason::CrossNamespace, "{volume}");
+        }
     }
 }
