@@ -56,6 +56,12 @@ pub fn http_get(port: u16, path: &str) -> Option<String> {
     Some(body)
 }
 
+/// The status code of a raw HTTP response ("" if there is none): servers answer an
+/// HTTP/1.0 request as HTTP/1.0 or 1.1, so the version is not compared.
+pub fn http_code(response: &str) -> &str {
+    response.split_whitespace().nth(1).unwrap_or("")
+}
+
 /// Poll `ready` until it answers true or `timeout` passes.
 pub fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
     let start = Instant::now();

@@ -572,7 +572,7 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
         let ready = wait_for(
             &format!("/readyz of {log}"),
             Duration::from_secs(60),
-            || http_get(*port, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")),
+            || http_get(*port, "/readyz").is_some_and(|r| ferry_e2e::http_code(&r) == "200"),
         );
         if let Err(e) = ready {
             bail!(

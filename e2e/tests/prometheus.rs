@@ -131,7 +131,7 @@ impl Prometheus {
         let prometheus = Self { _proc: proc, port };
         wait_for("Prometheus /-/ready", Duration::from_secs(60), || {
             // Go answers in the request's HTTP version (1.0 here).
-            http_get(port, "/-/ready").is_some_and(|r| r.starts_with("HTTP/1.0 200"))
+            http_get(port, "/-/ready").is_some_and(|r| ferry_e2e::http_code(&r) == "200")
         })
         .with_context(|| cp.log_tail("prometheus.log", 20))?;
         Ok(prometheus)

@@ -1,15 +1,24 @@
 //! The endpoints every long-running Ferry process serves on its `--listen` address:
 //! `/metrics` (Prometheus text format), `/healthz` (the process answers) and `/readyz`
-//! (the process says whether it is ready, and if not why). Plain HTTP/1.1 over a tokio
-//! listener: three GET routes do not need a web framework, and nothing here ever blocks
-//! the work the process does. Used by `ferry-operator` and `ferry-agent run`.
+//! (the process says whether it is ready, and if not why). HTTP/1.1 by hyper's server on a
+//! tokio listener, with a bound on everything a client controls: the size of a request
+//! head, the time to send it, a connection's lifetime, and how many connections are open
+//! at once. Used by `ferry-operator` and `ferry-agent run`.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder, Registry, TextEncoder};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 /// What a process exposes.
 pub trait Endpoints: Send + Sync + 'static {
@@ -27,75 +36,108 @@ pub fn render(registry: &Registry) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A client that has not sent its request head by then is dropped.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// What a client may make the server hold. Anyone who can reach the port is a client.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes of a request head (request line and headers); a longer one gets 431 and the
+    /// connection is closed. hyper's floor is 8 KiB.
+    pub head_bytes: usize,
+    /// Time to send the request head.
+    pub head_timeout: Duration,
+    /// Time a connection may stay open at all.
+    pub connection_timeout: Duration,
+    /// Connections open at once; a connection beyond it is closed at once (rather than
+    /// queued, so a flood cannot delay the kubelet's probes behind it for long).
+    pub connections: usize,
+}
 
-/// Answer on `listener` until the process ends.
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            head_bytes: 16 * 1024,
+            head_timeout: Duration::from_secs(5),
+            connection_timeout: Duration::from_secs(30),
+            connections: 64,
+        }
+    }
+}
+
+/// Answer on `listener` until the process ends, within [`Limits::default`].
 pub async fn serve(listener: TcpListener, endpoints: Arc<dyn Endpoints>) {
+    serve_with(listener, endpoints, Limits::default()).await;
+}
+
+/// Answer on `listener` until the process ends, within `limits`.
+pub async fn serve_with(listener: TcpListener, endpoints: Arc<dyn Endpoints>, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.connections));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let endpoints = endpoints.clone();
         tokio::spawn(async move {
-            let (read, mut write) = stream.into_split();
-            let mut lines = BufReader::new(read).lines();
-            let head = async {
-                let request = lines.next_line().await.ok().flatten()?;
-                // Headers are read and ignored (up to the blank line), so clients see a
-                // complete exchange.
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if line.is_empty() {
-                        break;
-                    }
-                }
-                Some(request)
-            };
-            let Ok(Some(request)) = tokio::time::timeout(REQUEST_TIMEOUT, head).await else {
-                return;
-            };
-            let (code, content_type, body) = answer(&request, &*endpoints);
-            let head = format!(
-                "HTTP/1.1 {code}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = write.write_all(head.as_bytes()).await;
-            let _ = write.write_all(body.as_bytes()).await;
-            let _ = write.shutdown().await;
+            let _slot = slot;
+            let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let response = answer(req.method(), req.uri().path(), &*endpoints);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.head_timeout)
+                .max_buf_size(limits.head_bytes.max(8192))
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            // The body of a request is never read; the connection closes after the answer.
+            let _ = tokio::time::timeout(limits.connection_timeout, connection).await;
         });
     }
 }
 
-/// Status line, content type and body for one request line.
-fn answer(request: &str, endpoints: &dyn Endpoints) -> (&'static str, &'static str, String) {
-    let mut parts = request.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    // A query string does not change the answer.
-    let path = path.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => (
-            "200 OK",
+/// The answer to one request (a query string does not change it).
+fn answer(method: &Method, path: &str, endpoints: &dyn Endpoints) -> Response<Full<Bytes>> {
+    let (code, content_type, body) = match (method, path) {
+        (&Method::GET, "/metrics") => (
+            StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
             endpoints.metrics(),
         ),
-        ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
-        ("GET", "/readyz") => match endpoints.ready() {
-            Ok(()) => ("200 OK", "text/plain", "ok\n".to_string()),
-            Err(why) => ("503 Service Unavailable", "text/plain", format!("{why}\n")),
+        (&Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        (&Method::GET, "/readyz") => match endpoints.ready() {
+            Ok(()) => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+            Err(why) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("{why}\n"),
+            ),
         },
-        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        (&Method::GET, _) => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found\n".to_string(),
+        ),
         _ => (
-            "405 Method Not Allowed",
+            StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             "GET only\n".to_string(),
         ),
-    }
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = code;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncReadExt;
+    use std::time::Instant;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     struct Fixed(Result<(), String>);
 
@@ -112,16 +154,26 @@ mod tests {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .expect("connect");
-        s.write_all(request.as_bytes()).await.expect("write");
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.expect("read");
-        out
+        // The server may close before it has read it all (a refused request): not an error.
+        let _ = s.write_all(request.as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// The status code of an answer ("" if there was none).
+    fn code(answer: &str) -> &str {
+        answer.split_whitespace().nth(1).unwrap_or("")
     }
 
     async fn start(ready: Result<(), String>) -> u16 {
+        start_with(ready, Limits::default()).await
+    }
+
+    async fn start_with(ready: Result<(), String>, limits: Limits) -> u16 {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
-        tokio::spawn(serve(listener, Arc::new(Fixed(ready))));
+        tokio::spawn(serve_with(listener, Arc::new(Fixed(ready)), limits));
         port
     }
 
@@ -129,35 +181,96 @@ mod tests {
     async fn metrics_healthz_and_readyz_answer_with_their_bodies() {
         let port = start(Ok(())).await;
         let m = get(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
-        assert!(m.starts_with("HTTP/1.1 200 OK\r\n"), "{m}");
-        assert!(m.contains("Content-Length: 19\r\n"), "{m}");
+        assert!(code(&m) == "200", "{m}");
+        assert!(
+            m.to_ascii_lowercase().contains("content-length: 19\r\n"),
+            "{m}"
+        );
         assert!(m.ends_with("\r\n\r\nferry_test_total 1\n"), "{m}");
         let h = get(port, "GET /healthz HTTP/1.0\r\n\r\n").await;
-        assert!(
-            h.starts_with("HTTP/1.1 200 OK") && h.ends_with("ok\n"),
-            "{h}"
-        );
+        assert!(code(&h) == "200" && h.ends_with("ok\n"), "{h}");
         let r = get(port, "GET /readyz?verbose HTTP/1.0\r\n\r\n").await;
-        assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+        assert!(code(&r) == "200", "{r}");
     }
 
     #[tokio::test]
     async fn not_ready_is_a_503_that_says_why() {
         let port = start(Err("not watching CopyJobs yet".into())).await;
         let r = get(port, "GET /readyz HTTP/1.0\r\n\r\n").await;
-        assert!(r.starts_with("HTTP/1.1 503 Service Unavailable"), "{r}");
+        assert!(code(&r) == "503", "{r}");
         assert!(r.ends_with("not watching CopyJobs yet\n"), "{r}");
         // Liveness does not depend on readiness.
         let h = get(port, "GET /healthz HTTP/1.0\r\n\r\n").await;
-        assert!(h.starts_with("HTTP/1.1 200 OK"), "{h}");
+        assert!(code(&h) == "200", "{h}");
     }
 
     #[tokio::test]
     async fn other_paths_and_methods_are_refused() {
         let port = start(Ok(())).await;
         let r = get(port, "GET /debug HTTP/1.0\r\n\r\n").await;
-        assert!(r.starts_with("HTTP/1.1 404 Not Found"), "{r}");
+        assert!(code(&r) == "404", "{r}");
         let r = get(port, "POST /metrics HTTP/1.0\r\n\r\n").await;
-        assert!(r.starts_with("HTTP/1.1 405 Method Not Allowed"), "{r}");
+        assert!(code(&r) == "405", "{r}");
+    }
+
+    #[tokio::test]
+    async fn a_request_head_over_the_limit_is_refused_and_the_server_keeps_answering() {
+        let port = start(Ok(())).await;
+        // 4 MiB of request line: once the process read a line whole, however long.
+        let huge = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(4 << 20));
+        let r = get(port, &huge).await;
+        assert!(
+            r.is_empty() || code(&r) == "431",
+            "{}",
+            &r[..r.len().min(200)]
+        );
+        let h = get(port, "GET /healthz HTTP/1.0\r\n\r\n").await;
+        assert!(code(&h) == "200", "{h}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_nothing_is_dropped_after_the_head_timeout() {
+        let limits = Limits {
+            head_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let port = start_with(Ok(()), limits).await;
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        let started = Instant::now();
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        assert!(read.is_ok(), "the idle connection is still open after 5 s");
+        assert!(started.elapsed() >= Duration::from_millis(150));
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_limit_are_closed_at_once_and_a_freed_slot_answers_again() {
+        let limits = Limits {
+            connections: 2,
+            head_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let port = start_with(Ok(()), limits).await;
+        let connect = || tokio::net::TcpStream::connect(("127.0.0.1", port));
+        let idle = [
+            connect().await.expect("connect"),
+            connect().await.expect("connect"),
+        ];
+        // Give the server the time to accept both.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = Instant::now();
+        let refused = get(port, "GET /healthz HTTP/1.0\r\n\r\n").await;
+        assert_eq!(refused, "", "a third connection was served");
+        assert!(
+            started.elapsed() < Duration::from_millis(250),
+            "it was queued"
+        );
+        // The idle ones time out; their slots serve again.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let h = get(port, "GET /healthz HTTP/1.0\r\n\r\n").await;
+        assert!(code(&h) == "200", "{h}");
+        drop(idle);
     }
 }
