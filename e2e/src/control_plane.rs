@@ -207,10 +207,20 @@ impl Drop for ControlPlane {
 impl ControlPlane {
     /// A kubeconfig for this apiserver, with the admin kubeconfig's server and TLS settings,
     /// that authenticates as ServiceAccount `ns/name` with a token from the TokenRequest API:
-    /// a process using it can do only what RBAC grants that account. Written to
-    /// `<dir>/<name>.kubeconfig`.
-    pub fn service_account_kubeconfig(&self, ns: &str, name: &str) -> Result<PathBuf> {
-        let token = self.kubectl_ok(&["create", "token", name, "-n", ns, "--duration=2h"])?;
+    /// a process using it can do only what RBAC grants that account. With `node`, the token
+    /// is bound to that Node object, as the kubelet's tokens for pods are: the API server
+    /// then knows the node the caller runs on. Written to `<dir>/<name>[-<node>].kubeconfig`.
+    pub fn service_account_kubeconfig(
+        &self,
+        ns: &str,
+        name: &str,
+        node: Option<&str>,
+    ) -> Result<PathBuf> {
+        let mut args = vec!["create", "token", name, "-n", ns, "--duration=2h"];
+        if let Some(node) = node {
+            args.extend(["--bound-object-kind", "Node", "--bound-object-name", node]);
+        }
+        let token = self.kubectl_ok(&args)?;
         let token = token.trim();
         let admin = std::fs::read_to_string(&self.kubeconfig)?;
         let mut replaced = 0;
@@ -228,7 +238,11 @@ impl ControlPlane {
         if replaced != 1 {
             bail!("the admin kubeconfig has {replaced} token lines, expected 1");
         }
-        let path = self.dir().join(format!("{name}.kubeconfig"));
+        let file = match node {
+            Some(node) => format!("{name}-{node}.kubeconfig"),
+            None => format!("{name}.kubeconfig"),
+        };
+        let path = self.dir().join(file);
         std::fs::write(&path, text.join("\n") + "\n")?;
         Ok(path)
     }

@@ -518,10 +518,17 @@ fn monitoring_render_is_accepted_by_the_prometheus_operator_crds_and_scrapes_the
 /// kubeconfig holding its own ServiceAccount's token. Returns the processes and the endpoint
 /// ports of the operator and of each agent.
 fn start_with_tokens(cp: &ControlPlane) -> Result<(Vec<Proc>, Vec<u16>)> {
-    let operator_kc = cp.service_account_kubeconfig(NS, "ferry-operator")?;
-    let agent_kc = cp.service_account_kubeconfig(NS, "ferry-agent")?;
+    let operator_kc = cp.service_account_kubeconfig(NS, "ferry-operator", None)?;
+    // Each agent's token is bound to its node, as the kubelet's are (the chart's admission
+    // policy lets an agent write only its own node's Lease).
+    let mut agent_kcs = Vec::new();
+    for node in NODES {
+        agent_kcs.push(cp.service_account_kubeconfig(NS, "ferry-agent", Some(node))?);
+    }
     // Each kubeconfig is the component's identity, not the admin's.
-    for (kc, sa) in [(&operator_kc, "ferry-operator"), (&agent_kc, "ferry-agent")] {
+    let identities = std::iter::once((&operator_kc, "ferry-operator"))
+        .chain(agent_kcs.iter().map(|kc| (kc, "ferry-agent")));
+    for (kc, sa) in identities {
         let who = get_json(
             cp,
             &["--kubeconfig", &kc.to_string_lossy(), "auth", "whoami"],
@@ -533,7 +540,7 @@ fn start_with_tokens(cp: &ControlPlane) -> Result<(Vec<Proc>, Vec<u16>)> {
             who["status"]["userInfo"]
         );
     }
-    let (operator_kc, agent_kc) = (operator_kc.to_string_lossy(), agent_kc.to_string_lossy());
+    let operator_kc = operator_kc.to_string_lossy();
     // The spawned process's KUBECONFIG replaces the admin's.
     let mut procs = vec![cp.spawn_operator(
         "operator",
@@ -544,8 +551,8 @@ fn start_with_tokens(cp: &ControlPlane) -> Result<(Vec<Proc>, Vec<u16>)> {
         ],
     )?];
     let mut ports = vec![cp.operator_port()?];
-    for node in NODES {
-        procs.push(cp.spawn_agent(node, &[("KUBECONFIG", &agent_kc)])?);
+    for (node, kc) in NODES.iter().zip(&agent_kcs) {
+        procs.push(cp.spawn_agent(node, &[("KUBECONFIG", &kc.to_string_lossy())])?);
         ports.push(cp.agent_port(node)?);
     }
     Ok((procs, ports))
@@ -590,6 +597,51 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
         Duration::from_secs(60),
         |h| h == "ferry-operator-0",
     )?;
+    // An agent's token cannot take the operator's Lease or renew another node's heartbeat
+    // (RBAC allows both: the chart's admission policy refuses them), nor write a Lease with
+    // a token bound to no node.
+    let node_a = cp.dir().join("ferry-agent-node-a.kubeconfig");
+    let unbound = cp.service_account_kubeconfig(NS, "ferry-agent", None)?;
+    let lease = |name: &str| {
+        format!("{{\"apiVersion\":\"coordination.k8s.io/v1\",\"kind\":\"Lease\",\"metadata\":{{\"name\":\"{name}\",\"namespace\":\"{NS}\"}},\"spec\":{{\"holderIdentity\":\"thief\",\"leaseDurationSeconds\":100000}}}}")
+    };
+    for (kc, name, says) in [
+        (
+            &node_a,
+            "ferry-operator",
+            "may write only its own heartbeat Lease ferry-agent-node-a",
+        ),
+        (
+            &node_a,
+            "ferry-agent-node-b",
+            "may write only its own heartbeat Lease ferry-agent-node-a",
+        ),
+        (&unbound, "ferry-agent-node-a", "bound to its node"),
+    ] {
+        let out = cp.kubectl_stdin(
+            &[
+                "--kubeconfig",
+                &kc.to_string_lossy(),
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=thief",
+                "-f",
+                "-",
+            ],
+            &lease(name),
+        )?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && err.contains(says),
+            "{}: writing Lease {name}: {err}",
+            kc.display()
+        );
+    }
+    ensure!(
+        cp.get("lease/ferry-operator", NS, "{.spec.holderIdentity}")? == "ferry-operator-0",
+        "the operator's Lease changed hands"
+    );
 
     // A tenant namespace that a StorageRoot admits by label (the operator reads the
     // namespace), and a tree on node-b.
@@ -1172,8 +1224,23 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "Service/copier-operator",
         "ServiceAccount/copier-agent",
         "ServiceAccount/copier-operator",
+        "ValidatingAdmissionPolicy/copier-agent-leases",
+        "ValidatingAdmissionPolicyBinding/copier-agent-leases",
     ]);
     ensure!(names == expected, "custom render has {names:?}");
+    // The lease policy is about the renamed agent account.
+    let policy = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .cloned()
+        .unwrap_or_default();
+    let matches = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(
+        matches.contains(&format!("system:serviceaccount:{NS}:copier-agent")),
+        "the lease policy matches {matches:?}"
+    );
     let find = |kind: &str| {
         docs.iter()
             .find(|d| d["kind"] == kind)
