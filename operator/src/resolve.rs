@@ -41,6 +41,7 @@ async fn resolve_pvc(
     ns: &str,
     field: &str,
     claim: &str,
+    destination: bool,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
     let unresolved = |reason: Reason, message: String| {
         Ok(Err(Blocked {
@@ -74,6 +75,11 @@ async fn resolve_pvc(
     };
     if let Err(blocked) = volume_is_the_claims(field, ns, claim, &pvc, &pv) {
         return Ok(Err(blocked));
+    }
+    if destination {
+        if let Err(blocked) = writable(field, claim, &pvc, &pv) {
+            return Ok(Err(blocked));
+        }
     }
     match volume::from_pv(&pv) {
         Ok(PvAccess::Direct(v)) => Ok(Ok(v)),
@@ -150,6 +156,43 @@ fn volume_is_the_claims(
     })
 }
 
+/// A claim is a destination only if nothing about it says read-only: a claim or a volume
+/// whose access modes are all `ReadOnlyMany`, or a CSI volume published read-only. (A pod
+/// could not write there either; the agent, privileged, could, so it must not.)
+fn writable(
+    field: &str,
+    claim: &str,
+    pvc: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+) -> Result<(), Blocked> {
+    let read_only_modes = |modes: Option<&Vec<String>>| {
+        modes.is_some_and(|m| !m.is_empty() && m.iter().all(|m| m == "ReadOnlyMany"))
+    };
+    let why = if read_only_modes(pvc.spec.as_ref().and_then(|s| s.access_modes.as_ref())) {
+        Some("the claim's access modes are ReadOnlyMany only")
+    } else if read_only_modes(pv.spec.as_ref().and_then(|s| s.access_modes.as_ref())) {
+        Some("its volume's access modes are ReadOnlyMany only")
+    } else if pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .and_then(|c| c.read_only)
+        == Some(true)
+    {
+        Some("its CSI volume is published read-only")
+    } else {
+        None
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(Blocked {
+            condition: ConditionType::Accepted,
+            reason: Reason::ReadOnlyRoot,
+            message: format!("{field}.pvc: claim {claim:?} is read-only ({why}) and cannot be a destination; use a writable claim"),
+        }),
+    }
+}
+
 /// Resolve one endpoint to a host path and the nodes that have it.
 async fn resolve(
     client: &Client,
@@ -159,7 +202,7 @@ async fn resolve(
     destination: bool,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
     if let Some(claim) = &e.pvc {
-        return resolve_pvc(client, ns, field, claim).await;
+        return resolve_pvc(client, ns, field, claim, destination).await;
     }
     Ok(resolve_root(client, ns, field, e, destination)
         .await?
@@ -389,5 +432,41 @@ mod tests {
                 .expect_err("a volume not bound to the claim resolved");
             assert_eq!(blocked.reason, Reason::CrossNamespace, "{volume}");
         }
+    }
+
+    #[test]
+    fn a_read_only_claim_or_volume_is_no_destination() {
+        let (pvc, pv) = pair(CLAIM, VOLUME);
+        assert_eq!(writable("spec.destination", "data", &pvc, &pv), Ok(()));
+        let ro_claim = CLAIM.replace(
+            r#""volumeName": "pv1""#,
+            r#""volumeName": "pv1", "accessModes": ["ReadOnlyMany"]"#,
+        );
+        let ro_volume = VOLUME.replace(
+            r#""hostPath""#,
+            r#""accessModes": ["ReadOnlyMany"], "hostPath""#,
+        );
+        let ro_csi = VOLUME.replace(
+            r#""hostPath": {"path": "/"}"#,
+            r#""csi": {"driver": "d", "volumeHandle": "h", "readOnly": true}"#,
+        );
+        for (claim, volume) in [
+            (ro_claim.as_str(), VOLUME),
+            (CLAIM, &ro_volume),
+            (CLAIM, &ro_csi),
+        ] {
+            let (pvc, pv) = pair(claim, volume);
+            let blocked = writable("spec.destination", "data", &pvc, &pv)
+                .expect_err("a read-only claim was accepted as a destination");
+            assert_eq!(blocked.reason, Reason::ReadOnlyRoot);
+            assert!(blocked.message.contains("read-only"), "{}", blocked.message);
+        }
+        // ReadWriteOnce next to ReadOnlyMany is writable.
+        let rw = CLAIM.replace(
+            r#""volumeName": "pv1""#,
+            r#""volumeName": "pv1", "accessModes": ["ReadOnlyMany", "ReadWriteOnce"]"#,
+        );
+        let (pvc, pv) = pair(&rw, VOLUME);
+        assert_eq!(writable("spec.destination", "data", &pvc, &pv), Ok(()));
     }
 }
