@@ -110,10 +110,14 @@ pub struct CopyJobSpec {
     #[serde(default)]
     pub preserve: Preserve,
     /// Only paths matching one of these globs (relative to the source path) are copied.
+    /// At most 256 patterns of at most 4096 bytes each.
     #[serde(default)]
+    #[schemars(length(max = 256), inner(length(max = 4096)))]
     pub include: Vec<String>,
-    /// Paths matching one of these globs are skipped.
+    /// Paths matching one of these globs are skipped. At most 256 patterns of at most 4096
+    /// bytes each.
     #[serde(default)]
+    #[schemars(length(max = 256), inner(length(max = 4096)))]
     pub exclude: Vec<String>,
     /// Workers and agents.
     #[serde(default)]
@@ -257,6 +261,50 @@ pub struct FailedPath {
     pub reason: Reason,
     /// What happened.
     pub message: String,
+}
+
+impl FailedPath {
+    /// Bytes an entry keeps of its path and of its message. A status holds up to 65 shards of
+    /// 20 entries each, and the whole object must stay under the API server's 1.5 MiB: paths
+    /// inside a tree have no length limit (only each name has), so they are shortened.
+    pub const ENTRY_BYTES: usize = 256;
+    /// Bytes a whole shard's failure (path ".") keeps of its message, which says what to do.
+    pub const SHARD_MESSAGE_BYTES: usize = 2048;
+
+    /// A failure as status carries it: path and message shortened to the bounds above
+    /// (head and tail kept around "…").
+    pub fn new(path: &str, reason: Reason, message: &str) -> Self {
+        let message_bytes = if path == "." {
+            Self::SHARD_MESSAGE_BYTES
+        } else {
+            Self::ENTRY_BYTES
+        };
+        Self {
+            path: shorten(path, Self::ENTRY_BYTES),
+            reason,
+            message: shorten(message, message_bytes),
+        }
+    }
+}
+
+/// `s` if it has at most `max` bytes, else its beginning and end around "…" in at most
+/// `max` bytes, cut at character boundaries (the end of a path names the file, the start
+/// where it is).
+pub fn shorten(s: &str, max: usize) -> String {
+    const MARK: &str = "…";
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let room = max.saturating_sub(MARK.len());
+    let mut head = room * 2 / 5;
+    while !s.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = s.len() - (room - head);
+    while !s.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{}{MARK}{}", &s[..head], &s[tail..])
 }
 
 /// What a dry run found.
@@ -436,5 +484,36 @@ mod tests {
         for t in crate::ConditionType::ALL {
             assert!(crd.contains(t.as_str()), "{t}");
         }
+    }
+
+    #[test]
+    fn shorten_keeps_head_and_tail_within_the_bound_at_character_boundaries() {
+        assert_eq!(shorten("a/b", 10), "a/b");
+        let long = format!("top/{}/file.txt", "é".repeat(5000));
+        let short = shorten(&long, 256);
+        assert!(short.len() <= 256, "{} bytes", short.len());
+        assert!(short.starts_with("top/") && short.ends_with("/file.txt") && short.contains('…'));
+    }
+
+    #[test]
+    fn the_most_failures_a_status_can_hold_stay_well_under_the_object_size_limit() {
+        // 65 shards (64 slices and the directories pass), each with its own failure and the
+        // 20 entries an agent keeps, plus the job's 20: every path and message as long as a
+        // tree allows (a path has no length limit; 64 KiB here).
+        let path = "deep/".repeat(64 * 1024 / 5);
+        let message = "x".repeat(64 * 1024);
+        let shard: Vec<FailedPath> =
+            std::iter::once(FailedPath::new(".", Reason::CannotStart, &message))
+                .chain((0..20).map(|_| FailedPath::new(&path, Reason::IOError, &message)))
+                .collect();
+        let job: Vec<FailedPath> = (0..20)
+            .map(|_| FailedPath::new(&path, Reason::IOError, &message))
+            .collect();
+        let bytes = 65 * serde_json::to_vec(&shard).map_or(0, |v| v.len())
+            + serde_json::to_vec(&job).map_or(0, |v| v.len());
+        assert!(
+            bytes < 1024 * 1024,
+            "{bytes} bytes of failures (limit 1.5 MiB for the object)"
+        );
     }
 }

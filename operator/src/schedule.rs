@@ -122,17 +122,17 @@ pub fn handle_lost(
         } else if lost >= deadline {
             s.state = ShardState::Failed;
             s.epoch += 1;
-            s.failures = vec![FailedPath {
-                path: ".".into(),
-                reason: Reason::NodeUnavailable,
-                message: format!(
+            s.failures = vec![FailedPath::new(
+                ".",
+                Reason::NodeUnavailable,
+                &format!(
                     "the agent on node {} stopped heartbeating and did not come back within {}s; \
                      the volumes are only reachable from that node. Files already copied are \
                      kept: bring the node back and re-create the job to copy the rest",
                     s.node,
                     deadline.as_secs()
                 ),
-            }];
+            )];
             out.failed.push((s.id.clone(), s.node.clone()));
         } else {
             out.waiting.push(s.node.clone());

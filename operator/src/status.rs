@@ -106,6 +106,11 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     }
     p.bytes_copied = p.bytes_done - p.bytes_reflinked;
     failures.truncate(20);
+    // Agents wrote them (status is no trusted channel): bounded again before they are
+    // copied into the job's own list.
+    for f in &mut failures {
+        *f = FailedPath::new(&f.path, f.reason, &f.message);
+    }
     let done = |s: &&ShardStatus| s.state.finished();
     let phase = if shards.is_empty() {
         Phase::Pending

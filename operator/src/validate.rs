@@ -97,7 +97,27 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
         ("spec.include", &spec.include),
         ("spec.exclude", &spec.exclude),
     ] {
+        // The CRD's schema says the same (maxItems, maxLength); checked again for a job
+        // that reached the operator without it.
+        if globs.len() > 256 {
+            return refuse(
+                Reason::InvalidSpec,
+                format!(
+                    "{field} has {} patterns; at most 256 are allowed",
+                    globs.len()
+                ),
+            );
+        }
         for g in globs {
+            if g.len() > 4096 {
+                return refuse(
+                    Reason::InvalidSpec,
+                    format!(
+                        "{field}: a pattern of {} bytes; at most 4096 are allowed",
+                        g.len()
+                    ),
+                );
+            }
             check_relative_path(field, g)?;
         }
     }
@@ -188,5 +208,19 @@ mod tests {
         let err = validate(&s).expect_err("refused");
         assert_eq!(err.reason, Reason::InvalidSpec);
         assert!(err.message.contains("between 1 and 64"));
+    }
+
+    #[test]
+    fn filter_lists_are_bounded_in_count_and_length() {
+        let ok = spec(root("r", "a"), root("r", "out"));
+        let mut many = ok.clone();
+        many.exclude = vec!["a".into(); 257];
+        let mut long = ok.clone();
+        long.include = vec!["a".repeat(4097)];
+        for (bad, says) in [(many, "257 patterns"), (long, "4097 bytes")] {
+            let refused = validate(&bad).expect_err("an unbounded filter list was accepted");
+            assert_eq!(refused.reason, Reason::InvalidSpec);
+            assert!(refused.message.contains(says), "{}", refused.message);
+        }
     }
 }

@@ -158,18 +158,14 @@ pub(super) async fn publish(
     // The whole shard's failure (path "."), then the entries'.
     let start = lock(&live.start_error)
         .as_ref()
-        .map(|(reason, message)| FailedPath {
-            path: ".".into(),
-            reason: *reason,
-            message: message.clone(),
-        });
+        .map(|(reason, message)| FailedPath::new(".", *reason, message));
     let failures: Vec<FailedPath> = start
         .into_iter()
-        .chain(lock(&live.failures).iter().map(|f| FailedPath {
-            path: f.path.to_string_lossy().into_owned(),
-            reason: f.kind,
-            message: f.message.clone(),
-        }))
+        .chain(
+            lock(&live.failures)
+                .iter()
+                .map(|f| FailedPath::new(&f.path.to_string_lossy(), f.kind, &f.message)),
+        )
         .collect();
     let at = format!("/status/shards/{}", target.index);
     let mut ops = vec![
