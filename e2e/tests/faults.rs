@@ -552,3 +552,70 @@ fn a_source_with_read_errors_fails_io_error_with_the_paths_after_one_rewrite() -
     }
     Ok(())
 }
+
+/// A root whose filesystem stops answering (an NFS server gone away; here a FUSE root whose
+/// lookups never return) blocks the shards that open it, and nothing else: more such shards
+/// than the agent's runtime has threads, and its heartbeat is still renewed and a job on a
+/// healthy root still runs.
+#[test]
+fn roots_that_hang_on_open_stop_neither_the_heartbeat_nor_other_jobs() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    cp.kubectl_ok(&["create", "namespace", "ferry-system"])?;
+    let node = cp.add_node("node-a")?;
+    make_tree(&node.join("srv/data/src"), 2, 20, 100)?;
+    let _operator = cp.spawn_operator("operator", &[])?;
+    let _agent = cp.spawn_agent("node-a", &[LEASE])?;
+    // Mounted after the agent started, so it is unmounted before the agent is stopped
+    // (drops run in reverse): a process with threads blocked in a FUSE request cannot be
+    // reaped until the filesystem goes away.
+    let real = cp.dir().join("disk");
+    std::fs::create_dir_all(&real)?;
+    let Some(_fuse) = Eiofs::mount(&real, &node.join("srv/nfs"))? else {
+        return Ok(());
+    };
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n")?;
+    // The agent's runtime has 2 threads: 3 hung opens would stop it if they ran there.
+    for i in 0..3 {
+        cp.apply(&format!("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: gone-{i}\nspec:\n  path: /srv/nfs/hang-{i}\n  nodeSelector: {{ferry.dev/node: node-a}}\n  namespaces: {{names: [default]}}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: stuck-{i}\n  namespace: default\nspec:\n  source: {{root: gone-{i}, path: src}}\n  destination: {{root: data, path: out-{i}}}\n"))?;
+    }
+    for i in 0..3 {
+        cp.wait_until(
+            &format!("copyjob/stuck-{i}"),
+            "default",
+            "{.status.shards[0].node}",
+            Duration::from_secs(60),
+            |n| n == "node-a",
+        )?;
+    }
+    let renewed = || {
+        cp.get(
+            "lease/ferry-agent-node-a",
+            "ferry-system",
+            "{.spec.renewTime}",
+        )
+    };
+    let before = renewed()?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: healthy\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n")?;
+    cp.wait_succeeded("default", "healthy", 60)?;
+    assert_same_tree(&node.join("srv/data/src"), &node.join("srv/data/copy"))?;
+    // Three leases (3 s each) later the heartbeat is still being renewed, and the stuck
+    // jobs are still where they were (nothing gave up on them, or copied anything).
+    std::thread::sleep(Duration::from_secs(9));
+    let after = renewed()?;
+    ensure!(
+        after != before,
+        "the heartbeat was not renewed ({before} -> {after})"
+    );
+    for i in 0..3 {
+        let phase = cp.get(&format!("copyjob/stuck-{i}"), "default", "{.status.phase}")?;
+        ensure!(phase != "Succeeded", "stuck-{i} is {phase}");
+        ensure!(
+            !node.join(format!("srv/data/out-{i}")).exists(),
+            "out-{i} was made"
+        );
+    }
+    Ok(())
+}

@@ -57,7 +57,8 @@ pub(super) enum ShardError {
         need: u64,
         memcg: Memcg,
     },
-    /// A dry run's count panicked or was cancelled.
+    /// A step run on the blocking pool (opening the roots or the state directory, a dry
+    /// run's count) panicked or was cancelled.
     #[error(transparent)]
     Count(#[from] tokio::task::JoinError),
     /// The copy thread could not be started.

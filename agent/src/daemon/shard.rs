@@ -100,14 +100,25 @@ async fn run_shard(
     active: &Arc<Active>,
 ) -> Result<ShardState, ShardError> {
     let (job, shard) = (target.job, target.shard);
-    let roots = open_roots(&node.settings, target)?;
+    // Opening a root can hang (an NFS server gone away): never on a runtime thread, where
+    // it would stop the heartbeat and every other shard with it.
+    let roots = {
+        let (host, node_name) = (node.settings.host_root.clone(), node.settings.node.clone());
+        let shard = target.shard;
+        let (src, dst) = (shard.source_root.clone(), shard.destination_root.clone());
+        tokio::task::spawn_blocking(move || open_roots(&host, &node_name, &src, &dst)).await??
+    };
     if job.spec.dry_run {
         return dry_run(node, target, &roots).await;
     }
     fits_in_memory(node, target, &roots).await?;
     // Nothing becomes visible once the shard is not ours (it moved, per the watch or the
     // API server) or may not be (the heartbeat lapsed since this run began).
-    let state_dir = StateDir::open(&roots, target)?;
+    let state_dir = {
+        let (dst, job) = (roots.dst.clone(), target.job);
+        let names = ManifestName::new(&job.namespace().unwrap_or_default(), &job.name_any());
+        tokio::task::spawn_blocking(move || StateDir::open(&dst, names)).await??
+    };
     let lapses = node.fence.lapses();
     let opts = options(node, target, active, &state_dir, lapses);
     let live = Arc::new(Live::default());
@@ -145,10 +156,14 @@ struct Roots {
 /// openat2 and no symlinks (ferry_engine::copy_beneath). A root is the admin's (or the
 /// kubelet's) to create: a missing one is a mount that is not there, and writing into the
 /// node's own disk below it would hide the data.
-fn open_roots(settings: &Settings, target: Target<'_>) -> Result<Roots, ShardError> {
-    let shard = target.shard;
-    let host = std::fs::File::open(&settings.host_root).map_err(|source| ShardError::HostRoot {
-        path: settings.host_root.clone(),
+fn open_roots(
+    host_root: &Path,
+    node: &str,
+    source_root: &str,
+    destination_root: &str,
+) -> Result<Roots, ShardError> {
+    let host = std::fs::File::open(host_root).map_err(|source| ShardError::HostRoot {
+        path: host_root.to_path_buf(),
         source,
     })?;
     let open_root = |what: &'static str, path: &str| {
@@ -158,12 +173,12 @@ fn open_roots(settings: &Settings, target: Target<'_>) -> Result<Roots, ShardErr
         ferry_engine::open_host_path(host.as_fd(), path).map_err(|source| ShardError::Root {
             what,
             path: path.to_string(),
-            node: settings.node.clone(),
+            node: node.to_string(),
             source,
         })
     };
-    let src = Arc::new(open_root("source", &shard.source_root)?);
-    let dst = Arc::new(open_root("destination", &shard.destination_root)?);
+    let src = Arc::new(open_root("source", source_root)?);
+    let dst = Arc::new(open_root("destination", destination_root)?);
     Ok(Roots { src, dst })
 }
 
@@ -230,11 +245,9 @@ impl StateDir {
     /// The manifest lives with the data it describes, under the destination root; each
     /// part of a split job writes its own, and the directories pass joins them.
     /// (Reached through /proc/self/fd: the directory itself, whatever its path does later.)
-    fn open(roots: &Roots, target: Target<'_>) -> Result<Self, ShardError> {
-        let job = target.job;
-        let fd = ferry_engine::state_dir(roots.dst.as_fd(), STATE_DIR)?;
+    fn open(dst: &OwnedFd, names: ManifestName) -> Result<Self, ShardError> {
+        let fd = ferry_engine::state_dir(dst.as_fd(), STATE_DIR)?;
         let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        let names = ManifestName::new(&job.namespace().unwrap_or_default(), &job.name_any());
         Ok(Self {
             _fd: fd,
             path,

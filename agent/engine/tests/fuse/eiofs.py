@@ -5,6 +5,8 @@ for Ferry's I/O-error tests (there is no device-mapper `error` target to hand).
   - every read of a file named `bad-*` fails with EIO;
   - reads of a file named `flaky-*` fail with EIO through the first handle opened on it,
     and succeed through every later one (a transient error a fresh open gets past);
+  - looking up a name `hang-*` never answers (a server that went away: the caller blocks
+    in the kernel until the filesystem is unmounted);
   - everything else reads as ROOT has it. Times are passed in nanoseconds.
 
 Usage: /usr/bin/python3 eiofs.py ROOT MOUNTPOINT   (runs in the foreground until unmounted)
@@ -14,6 +16,7 @@ import errno
 import os
 import sys
 import threading
+import time
 
 from fusepy import FUSE, FuseOSError, Operations
 
@@ -32,6 +35,9 @@ class EioFS(Operations):
         return os.path.join(self.root, path.lstrip("/"))
 
     def getattr(self, path, fh=None):
+        if os.path.basename(path).startswith("hang-"):
+            while True:
+                time.sleep(3600)
         st = os.lstat(self._real(path))
         attrs = {
             k: getattr(st, k)
