@@ -232,14 +232,15 @@ pub struct ShardStatus {
 }
 
 impl ShardStatus {
-    /// The operator failed this shard itself (its node stayed away too long): its state
-    /// and failure are the operator's, and no agent may run it.
+    /// The operator failed this shard itself (its node stayed away too long, or the job
+    /// stopped being allowed: [`Reason::REVOKES`]): its state and failure are the
+    /// operator's, and no agent may run it.
     pub fn failed_by_operator(&self) -> bool {
         self.state == ShardState::Failed
-            && self
-                .failures
-                .iter()
-                .any(|f| f.reason == Reason::NodeUnavailable)
+            && self.failures.iter().any(|f| {
+                f.path == "."
+                    && (f.reason == Reason::NodeUnavailable || Reason::REVOKES.contains(&f.reason))
+            })
     }
 }
 

@@ -100,13 +100,38 @@ impl Reason {
 
     /// The reasons that stop a whole shard rather than one entry, strongest first: the
     /// job's Failed condition names the first one any shard has.
-    pub const STOPS_SHARD: [Reason; 6] = [
+    pub const STOPS_SHARD: [Reason; 15] = [
         Reason::DestinationFull,
         Reason::NodeUnavailable,
+        Reason::RootNotAllowed,
+        Reason::ReadOnlyRoot,
+        Reason::CrossNamespace,
+        Reason::RootNotFound,
+        Reason::PVCNotFound,
+        Reason::PVCNotBound,
+        Reason::VolumeNotSupported,
+        Reason::InvalidSpec,
+        Reason::InvalidEndpoint,
         Reason::PathEscape,
         Reason::SymlinkRejected,
         Reason::Openat2Unavailable,
         Reason::CannotStart,
+    ];
+
+    /// Refusals that stop a job already running: it is no longer allowed (a root stopped
+    /// admitting its namespace or became read-only, a claim is no longer its own) or its
+    /// endpoints no longer exist. The operator fails the job's unfinished shards with it, at
+    /// a new epoch, so their agents stop. Agents never fail a shard with one of these.
+    pub const REVOKES: [Reason; 9] = [
+        Reason::RootNotAllowed,
+        Reason::ReadOnlyRoot,
+        Reason::CrossNamespace,
+        Reason::RootNotFound,
+        Reason::PVCNotFound,
+        Reason::PVCNotBound,
+        Reason::VolumeNotSupported,
+        Reason::InvalidSpec,
+        Reason::InvalidEndpoint,
     ];
 }
 

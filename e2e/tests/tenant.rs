@@ -216,3 +216,71 @@ fn roots_and_claims_a_namespace_may_not_use_are_refused_before_any_agent_touches
     }
     Ok(())
 }
+
+/// Rules are checked while a job runs, not only when it starts: when the admin takes the
+/// namespace off the StorageRoot mid-copy, the job fails `RootNotAllowed` and its agent
+/// stops copying.
+#[test]
+fn a_job_whose_root_stops_admitting_its_namespace_stops_and_fails_with_the_reason() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    let (_ferry, hosts) =
+        cp.start_ferry_with(&["node-a"], &[("FERRY_FAULT_FILE_DELAY_MS", "30")])?;
+    let root = hosts.join("node-a/srv/data");
+    for i in 0..400 {
+        let dir = root.join(format!("src/d{}", i % 10));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(format!("f{i}")), format!("{i}\n").repeat(20))?;
+    }
+    let storage_root = |names: &str| {
+        format!("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {{ferry.dev/node: node-a}}\n  namespaces: {{names: [{names}]}}\n")
+    };
+    cp.apply(&storage_root("default"))?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: revoked\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n")?;
+    cp.wait_until(
+        "copyjob/revoked",
+        "default",
+        "{.status.progress.filesDone}",
+        std::time::Duration::from_secs(60),
+        |n| n.parse::<u64>().is_ok_and(|n| n >= 20),
+    )?;
+    // The admin no longer lets namespace default use the root.
+    cp.apply(&storage_root("other"))?;
+    cp.wait_until(
+        "copyjob/revoked",
+        "default",
+        "{.status.phase}/{.status.conditions[?(@.type==\"Failed\")].reason}",
+        std::time::Duration::from_secs(30),
+        |v| v == "Failed/RootNotAllowed",
+    )?;
+    // Files written so far, wherever they are (a directory is staged under a temporary
+    // name until it is complete): everything under the root but the source and `.ferry`.
+    let count = || -> Result<usize> {
+        let mut n = 0;
+        let mut dirs: Vec<_> = std::fs::read_dir(&root)?
+            .flatten()
+            .filter(|e| e.file_name() != "src" && e.file_name() != ".ferry")
+            .map(|e| e.path())
+            .collect();
+        while let Some(d) = dirs.pop() {
+            if !d.is_dir() {
+                n += 1;
+                continue;
+            }
+            dirs.extend(std::fs::read_dir(&d)?.flatten().map(|e| e.path()));
+        }
+        Ok(n)
+    };
+    // The agent stops at its next file: a moment later nothing more arrives.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let stopped = count()?;
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let later = count()?;
+    ensure!(
+        later == stopped && later < 400,
+        "the agent went on copying after the job was refused: {stopped} then {later} of 400 entries"
+    );
+    Ok(())
+}

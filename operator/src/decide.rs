@@ -50,6 +50,27 @@ pub struct Decision {
     pub requeue: Option<Duration>,
 }
 
+/// Rules are checked on every reconcile, not once: when a job that has shards is refused
+/// with one of [`Reason::REVOKES`] (its root no longer admits its namespace or became
+/// read-only, its claim is no longer its own, an endpoint is gone), its unfinished shards
+/// fail with that reason at a new epoch. Their agents see the shard is no longer theirs
+/// and stop at the next file, and could not publish for the old epoch if they tried.
+/// Other refusals (a CSI volume waiting for a pod to mount it) leave running shards alone.
+fn revoke(shards: &mut [ShardStatus], b: &Blocked) {
+    if !Reason::REVOKES.contains(&b.reason) {
+        return;
+    }
+    for s in shards.iter_mut().filter(|s| !s.state.finished()) {
+        s.state = ferry_crds::ShardState::Failed;
+        s.epoch += 1;
+        s.failures = vec![ferry_crds::FailedPath::new(
+            ".",
+            b.reason,
+            &format!("stopped: {} (files copied before are kept)", b.message),
+        )];
+    }
+}
+
 /// Whether [`decide`] will read the eligible nodes: there are shards to hand out (a new
 /// job, an unassigned shard, a lost agent's shard on shared roots), or a dry run of a
 /// splittable job reports where it would run.
@@ -102,6 +123,7 @@ pub fn decide(input: &Inputs) -> Decision {
             Scheduled::default(),
         ),
         Endpoints::Blocked(b) => {
+            revoke(&mut shards, b);
             let mut conditions = vec![accepted(job, Some(b), previous)];
             if b.condition != ConditionType::Accepted {
                 conditions.push(condition(
@@ -139,9 +161,11 @@ pub fn decide(input: &Inputs) -> Decision {
         Endpoints::Blocked(b) => Some(b),
         _ => None,
     };
+    // A job whose shards were stopped for a refusal is not waiting for anything: it failed.
+    let revoked = shards.iter().any(|s| s.failed_by_operator());
     let status = summarize(
         job,
-        blocked.is_some(),
+        blocked.is_some() && !revoked,
         shards,
         conditions,
         scheduled.shape.clone(),

@@ -447,3 +447,44 @@ fn the_manifest_is_named_after_the_namespace_and_the_job() {
         Some(".ferry/team-a-copy.xxh128")
     );
 }
+
+#[test]
+fn a_running_job_that_stops_being_allowed_fails_with_the_reason_and_its_shards_move_epoch() {
+    let j = after(
+        job(serde_json::json!({})),
+        with_shards(vec![running_on("node-a", 1)]),
+    );
+    let refusal = Blocked {
+        condition: ConditionType::Accepted,
+        reason: Reason::RootNotAllowed,
+        message: "spec.source.root: namespace \"default\" may not use StorageRoot \"data\"".into(),
+    };
+    let d = decide_with(&j, &Endpoints::Blocked(refusal), &["node-a"], &[]);
+    let shard = &d.status.shards[0];
+    assert_eq!(shard.state, ShardState::Failed);
+    // A new epoch: the agent's run is fenced off, and stops.
+    assert_eq!(shard.epoch, 2);
+    assert!(shard.failed_by_operator());
+    assert_eq!(shard.failures[0].reason, Reason::RootNotAllowed);
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    let (_, reason, message) = cond(&d, ConditionType::Failed);
+    assert_eq!(reason, "RootNotAllowed");
+    assert!(message.contains("may not use StorageRoot"), "{message}");
+    assert!(d.write && d.assignment_changed);
+}
+
+#[test]
+fn a_running_job_waiting_for_a_csi_mount_keeps_its_shards() {
+    let j = after(
+        job(serde_json::json!({})),
+        with_shards(vec![running_on("node-a", 1)]),
+    );
+    let refusal = Blocked {
+        condition: ConditionType::Resolved,
+        reason: Reason::VolumeNotMounted,
+        message: "start a pod".into(),
+    };
+    let d = decide_with(&j, &Endpoints::Blocked(refusal), &["node-a"], &[]);
+    assert_eq!(d.status.shards[0].state, ShardState::Running);
+    assert_eq!(d.status.shards[0].epoch, 1);
+}
