@@ -156,6 +156,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_revoking_reason_is_one_that_names_a_failed_job() {
+        // REVOKES repeats part of STOPS_SHARD (each list is a const array): a revoked job's
+        // Failed condition is named by its reason only if STOPS_SHARD has it too.
+        for r in Reason::REVOKES {
+            assert!(
+                Reason::STOPS_SHARD.contains(&r),
+                "{r:?} is not in STOPS_SHARD"
+            );
+        }
+    }
+
+    #[test]
     fn reasons_serialize_as_their_names() {
         for r in Reason::ALL {
             let json = serde_json::to_string(r).expect("serialize");

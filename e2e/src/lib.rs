@@ -24,7 +24,9 @@ pub use control_plane::ControlPlane;
 pub use ferry::{workspace_bin, Proc};
 pub use kubectl::Kubectl;
 pub use tools::{helm_or_skip, prometheus_k8s_or_skip, prometheus_operator_crds_or_skip};
-pub use trees::{assert_same_contents, assert_same_tree, staging_leftovers, tree_meta, BindMount};
+pub use trees::{
+    assert_same_contents, assert_same_tree, staging_leftovers, tree_meta, BindMount, Tmpfs,
+};
 
 /// Whether this process runs as root (its effective uid, from /proc: this crate does not
 /// link libc).

@@ -52,6 +52,45 @@ impl Drop for BindMount {
     }
 }
 
+/// A tmpfs mounted at a directory (made if missing) with mount `options` such as
+/// `size=16m`, unmounted when dropped, also on error: plainly, else lazily (a process may
+/// still hold it open). Needs root.
+#[derive(Debug)]
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(at: &Path, options: &str) -> Result<Self> {
+        std::fs::create_dir_all(at)?;
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "ferry-e2e"])
+            .arg(at)
+            .status()
+            .context("run mount")?;
+        if !status.success() {
+            bail!(
+                "mount -t tmpfs -o {options} on {} failed (root needed)",
+                at.display()
+            );
+        }
+        Ok(Self(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let umount = |lazy: bool| {
+            Command::new("umount")
+                .args(lazy.then_some("-l"))
+                .arg(&self.0)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !umount(false) && !umount(true) {
+            eprintln!("could not unmount the tmpfs at {}", self.0.display());
+        }
+    }
+}
+
 /// Every entry under `root` (relative path → what a user would compare: type, mode,
 /// owner, size, mtime, symlink target), walked without following links.
 pub fn tree_meta(root: &Path) -> Result<std::collections::BTreeMap<PathBuf, String>> {

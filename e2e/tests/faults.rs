@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{assert_same_tree, http_get, metric, staging_leftovers, BindMount, ControlPlane};
+use ferry_e2e::{
+    assert_same_tree, http_get, metric, staging_leftovers, BindMount, ControlPlane, Tmpfs,
+};
 
 /// Agents renew every second and lose their work after 3 s without renewal.
 const LEASE: (&str, &str) = ("FERRY_LEASE_SECONDS", "3");
@@ -287,30 +289,6 @@ fn node_local_work_waits_for_its_node_then_fails_node_unavailable() -> Result<()
     Ok(())
 }
 
-/// A tmpfs of `size` mounted at `at`, unmounted when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Result<Self> {
-        std::fs::create_dir_all(at)?;
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .status()?;
-        ensure!(status.success(), "mount -t tmpfs at {}", at.display());
-        Ok(Self(at.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 #[test]
 fn a_full_destination_fails_destination_full_and_says_how_much_more_is_needed() -> Result<()> {
     let Some(cp) = ControlPlane::start_or_skip()? else {
@@ -322,7 +300,7 @@ fn a_full_destination_fails_destination_full_and_says_how_much_more_is_needed() 
     // 8 MiB of files for a 2 MiB volume.
     make_tree(&data.join("src"), 2, 16, 512 * 1024)?;
     let small = hosts.join("node-a/srv/small");
-    let _tmpfs = Tmpfs::mount(&small, "2m")?;
+    let _tmpfs = Tmpfs::mount(&small, "size=2m")?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: small\nspec:\n  path: /srv/small\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: overflow\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: small, path: copy}\n")?;
     cp.wait_until(
         "copyjob/overflow",

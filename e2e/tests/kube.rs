@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use ferry_e2e::kube::{KubeTier, NODE};
-use ferry_e2e::{assert_same_tree, wait_for};
+use ferry_e2e::{assert_same_tree, wait_for, Tmpfs};
 
 const NS: &str = "ferry-system";
 
@@ -301,31 +301,24 @@ fn mounted_after_the_agent_started(tier: &KubeTier, data: &Path) -> Result<()> {
     ))?;
     // The PV controller binds them; Ferry uses a claim only once it is Bound.
     tier.wait_claim_bound("default", "data")?;
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=16m", "ferry-kube-test"])
-        .arg(&pv_dir)
-        .status()?;
-    ensure!(mounted.success(), "mount a tmpfs on {}", pv_dir.display());
-    let result = (|| {
-        let src = pv_dir.join("src");
-        std::fs::create_dir_all(src.join("d"))?;
-        for i in 0..20 {
-            std::fs::write(
-                src.join(format!("d/on-tmpfs-{i}")),
-                format!("{i}").repeat(100),
-            )?;
-        }
-        let dst_root = data.join("from-pv");
-        std::fs::create_dir_all(&dst_root)?;
-        storage_root(tier, "from-pv", &dst_root)?;
-        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: from-pv, namespace: default}\nspec:\n  source: {pvc: data, path: src}\n  destination: {root: from-pv, path: copy}\n")?;
-        tier.wait_succeeded("default", "from-pv", 120)?;
-        assert_same_tree(&src, &dst_root.join("copy"))
-    })();
-    // Lazily: the agent can still hold the source root open for a moment after the job
-    // reads Succeeded (it closes it once the shard is wrapped up).
-    let _ = Command::new("umount").arg("-l").arg(&pv_dir).status();
-    result
+    // Unmounted lazily if need be when it drops: the agent can still hold the source root
+    // open for a moment after the job reads Succeeded (it closes it once the shard is
+    // wrapped up).
+    let _tmpfs = Tmpfs::mount(&pv_dir, "size=16m")?;
+    let src = pv_dir.join("src");
+    std::fs::create_dir_all(src.join("d"))?;
+    for i in 0..20 {
+        std::fs::write(
+            src.join(format!("d/on-tmpfs-{i}")),
+            format!("{i}").repeat(100),
+        )?;
+    }
+    let dst_root = data.join("from-pv");
+    std::fs::create_dir_all(&dst_root)?;
+    storage_root(tier, "from-pv", &dst_root)?;
+    tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: from-pv, namespace: default}\nspec:\n  source: {pvc: data, path: src}\n  destination: {root: from-pv, path: copy}\n")?;
+    tier.wait_succeeded("default", "from-pv", 120)?;
+    assert_same_tree(&src, &dst_root.join("copy"))
 }
 
 /// A tree of `n` files whose times are set in the past: a copied file has those times only
@@ -406,36 +399,18 @@ fn agent_restarts(tier: &KubeTier) -> Result<String> {
 /// (instead of being OOM-killed, again after every restart), and still copies one that fits.
 fn tmpfs_under_a_memory_limit(tier: &KubeTier, data: &Path) -> Result<()> {
     let root = data.join("in-memory");
-    std::fs::create_dir_all(&root)?;
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=512m", "ferry-kube-test"])
-        .arg(&root)
-        .status()?;
-    ensure!(mounted.success(), "mount a tmpfs on {}", root.display());
+    let _tmpfs = Tmpfs::mount(&root, "size=512m")?;
     let result = (|| {
-        upgrade(
+        upgrade_and_roll(
             tier,
             &["--set-string", "agent.resources.limits.memory=160Mi"],
         )?;
-        tier.kubectl_ok(&[
-            "rollout",
-            "status",
-            "ds/ferry-agent",
-            "-n",
-            NS,
-            "--timeout=120s",
-        ])?;
         // 192 MiB for a 160 MiB limit; 8 MiB fits.
-        for (dir, files) in [("big", 8), ("small", 1)] {
+        for (dir, files, size) in [("big", 8u8, 24usize << 20), ("small", 1, 8 << 20)] {
             std::fs::create_dir_all(root.join(dir))?;
             for i in 0..files {
-                let block: Vec<u8> = (0..24u32 << 20)
-                    .map(|b| (b % 251) as u8 ^ i as u8)
-                    .collect();
-                std::fs::write(
-                    root.join(format!("{dir}/f{i}")),
-                    &block[..if dir == "big" { 24 << 20 } else { 8 << 20 }],
-                )?;
+                let block: Vec<u8> = (0..size).map(|b| (b % 251) as u8 ^ i).collect();
+                std::fs::write(root.join(format!("{dir}/f{i}")), block)?;
             }
         }
         storage_root(tier, "in-memory", &root)?;
@@ -476,8 +451,13 @@ fn tmpfs_under_a_memory_limit(tier: &KubeTier, data: &Path) -> Result<()> {
     for job in ["into-memory", "fits-in-memory"] {
         let _ = tier.kubectl(&["delete", "copyjob", job, "-n", "default", "--wait=true"]);
     }
-    let _ = Command::new("umount").arg("-l").arg(&root).status();
-    upgrade(tier, &["--set", "agent.resources.limits=null"])?;
+    upgrade_and_roll(tier, &["--set", "agent.resources.limits=null"])?;
+    result
+}
+
+/// [`upgrade`], then wait until the agent DaemonSet has rolled to it.
+fn upgrade_and_roll(tier: &KubeTier, sets: &[&str]) -> Result<()> {
+    upgrade(tier, sets)?;
     tier.kubectl_ok(&[
         "rollout",
         "status",
@@ -485,13 +465,13 @@ fn tmpfs_under_a_memory_limit(tier: &KubeTier, data: &Path) -> Result<()> {
         "-n",
         NS,
         "--timeout=120s",
-    ])?;
-    result
+    ])
+    .map(drop)
 }
 
 fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
     // 30 ms per file: a 400-file copy takes long enough to act on mid-way.
-    upgrade(
+    upgrade_and_roll(
         tier,
         &[
             "--set",
@@ -500,14 +480,6 @@ fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
             "agent.extraEnv[0].value=30",
         ],
     )?;
-    tier.kubectl_ok(&[
-        "rollout",
-        "status",
-        "ds/ferry-agent",
-        "-n",
-        NS,
-        "--timeout=120s",
-    ])?;
     let result = (|| {
         for (job, how) in [("deleted", "delete"), ("rolled", "upgrade")] {
             let root = data.join(job);

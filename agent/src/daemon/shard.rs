@@ -200,15 +200,21 @@ async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<Shard
 /// hold more than the limit allows. Counted as the whole copy: on a resumption, the
 /// part already copied is counted twice, which errs on the side of a clear refusal.
 async fn fits_in_memory(node: &Node, target: Target<'_>, roots: &Roots) -> Result<(), ShardError> {
-    if !ferry_engine::volume::in_memory(roots.dst.as_fd()).unwrap_or(false) {
-        return Ok(());
-    }
-    let Some(memcg) = crate::memcg::Memcg::own() else {
+    // On the blocking pool, as the roots were opened: a statfs of a dead NFS server hangs.
+    let dst = roots.dst.clone();
+    let probe = tokio::task::spawn_blocking(move || {
+        if !ferry_engine::volume::in_memory(dst.as_fd()).unwrap_or(false) {
+            return None;
+        }
+        let memcg = crate::memcg::Memcg::own()?;
+        let free = ferry_engine::volume::free_bytes(dst.as_fd()).unwrap_or(u64::MAX);
+        Some((memcg, free))
+    });
+    let Some((memcg, free)) = probe.await? else {
         return Ok(());
     };
     // A copy larger than the tmpfs has room for stops at DestinationFull first: when the
     // limit leaves more than that, no count of the source (a walk of it) is needed.
-    let free = ferry_engine::volume::free_bytes(roots.dst.as_fd()).unwrap_or(u64::MAX);
     if free.saturating_add(MEMORY_MARGIN) <= memcg.headroom() {
         return Ok(());
     }

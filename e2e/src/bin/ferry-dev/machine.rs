@@ -2,45 +2,13 @@
 //! medians, CPU seconds per process from `/proc`, and whether something else (a compiler)
 //! was running, so a report can say how far to trust its numbers.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 
-/// A tmpfs mounted for the benchmark, unmounted when dropped (also on error).
-pub(crate) struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    pub(crate) fn mount(dir: &Path, options: &str) -> Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", options, "ferry-throughput"])
-            .arg(dir)
-            .status()
-            .context("run mount")?;
-        ensure!(
-            status.success(),
-            "mount -t tmpfs on {} failed (root needed)",
-            dir.display()
-        );
-        Ok(Self(dir.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let umount = |lazy: bool| {
-            std::process::Command::new("umount")
-                .args(lazy.then_some("-l"))
-                .arg(&self.0)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !umount(false) && !umount(true) {
-            eprintln!("could not unmount the tmpfs at {}", self.0.display());
-        }
-    }
-}
+/// The benchmark's own tmpfs (unmounted when dropped, also on error).
+pub(crate) use ferry_e2e::Tmpfs;
 
 /// What a tree holds, below its top directory.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

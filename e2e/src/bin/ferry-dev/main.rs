@@ -202,23 +202,19 @@ fn main() -> Result<()> {
             };
             control_plane::bench(arg(2, 20), arg(3, 500))
         }
-        Some("bench-throughput") => {
+        Some(cmd @ ("bench-throughput" | "bench-throughput-kube")) => {
+            let tier = if cmd == "bench-throughput" {
+                throughput::Tier::Process
+            } else {
+                throughput::Tier::Kube
+            };
             let runs = std::env::args()
                 .nth(2)
                 .map_or(Ok(5), |v| v.parse::<usize>())
-                .context("bench-throughput RUNS must be a number")?;
-            ensure!(runs > 0, "bench-throughput RUNS must be at least 1");
+                .with_context(|| format!("{cmd} RUNS must be a number"))?;
+            ensure!(runs > 0, "{cmd} RUNS must be at least 1");
             let out = std::env::args().nth(3).map(PathBuf::from);
-            throughput::bench_throughput(throughput::Tier::Process, runs, out.as_deref())
-        }
-        Some("bench-throughput-kube") => {
-            let runs = std::env::args()
-                .nth(2)
-                .map_or(Ok(5), |v| v.parse::<usize>())
-                .context("bench-throughput-kube RUNS must be a number")?;
-            ensure!(runs > 0, "bench-throughput-kube RUNS must be at least 1");
-            let out = std::env::args().nth(3).map(PathBuf::from);
-            throughput::bench_throughput(throughput::Tier::Kube, runs, out.as_deref())
+            throughput::bench_throughput(tier, runs, out.as_deref())
         }
         Some("demo") => demo(),
         Some("up") => up(),
