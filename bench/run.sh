@@ -241,7 +241,7 @@ setup_xfs() {
     back="$(losetup -n -O BACK-FILE "$dev" 2>/dev/null | sed 's/ *$//')"
     [[ "$back" -ef "$XFS_IMG" ]] || die "$mnt is mounted from $dev, not from $XFS_IMG (run bench/run.sh clean)"
     [[ "$(stat -f -c %T "$mnt")" == xfs ]] || die "$mnt is not an XFS"
-    xfs_info "$mnt" | grep -q 'reflink=1' || die "$mnt: XFS without reflink=1 (run bench/run.sh clean)"
+    grep -q 'reflink=1' <<<"$(xfs_info "$mnt")" || die "$mnt: XFS without reflink=1 (run bench/run.sh clean)"
     have="$(stat -c %s "$XFS_IMG")"
     if ((have < want)); then
         log "growing $XFS_IMG from $(numfmt --to=iec "$have") to $XFS_SIZE"

@@ -52,7 +52,7 @@ mkdir -p "$ctx"
 for bin in ferry-operator ferry-agent; do
     cp "$out/cargo/$triple/release/$bin" "$ctx/$bin"
     # A dynamic binary would start in a scratch image only to fail on a missing loader.
-    if readelf -l "$ctx/$bin" | grep -q 'Requesting program interpreter'; then
+    if grep -q 'Requesting program interpreter' <<<"$(readelf -l "$ctx/$bin")"; then
         die "$bin is dynamically linked; the image has no libc"
     fi
 done

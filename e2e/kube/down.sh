@@ -12,10 +12,10 @@ source "$here/common.sh"
 
 [[ $(id -u) -eq 0 ]] || die "needs root"
 
-forward_rule() { iptables -S FORWARD 2>/dev/null | grep -F -- "--comment \"$NETNS: nothing leaves\"" | head -n1; }
+forward_rule() { grep -m1 -F -- "--comment \"$NETNS: nothing leaves\"" <<<"$(iptables -S FORWARD 2>/dev/null)"; }
 
 anything_left() {
-    [[ -e "$STATE" || -e "$RUN" ]] || ip netns list | grep -qw "$NETNS" || [[ -n "$(forward_rule)" ]]
+    [[ -e "$STATE" || -e "$RUN" ]] || grep -qw "$NETNS" <<<"$(ip netns list)" || [[ -n "$(forward_rule)" ]]
 }
 
 if ! anything_left; then
@@ -52,7 +52,7 @@ if [[ -d "$STATE/pids" ]]; then
     done
 fi
 # Whatever still runs in the namespace (containerd's shims, a component that ignored TERM).
-if ip netns list | grep -qw "$NETNS"; then
+if grep -qw "$NETNS" <<<"$(ip netns list)"; then
     pids="$(ip netns pids "$NETNS" 2>/dev/null || true)"
     [[ -z "$pids" ]] || kill -9 $pids 2>/dev/null || true
 fi
@@ -80,7 +80,7 @@ done
 left="$(pod_cgroups)"
 [[ -z "$left" ]] || log "cgroups left (processes still in them?): $(echo "$left" | head -n3 | tr '\n' ' ')"
 
-if ip netns list | grep -qw "$NETNS"; then
+if grep -qw "$NETNS" <<<"$(ip netns list)"; then
     ip netns delete "$NETNS"
 fi
 ip link delete "$HOST_IF" 2>/dev/null || true

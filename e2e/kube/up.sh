@@ -33,10 +33,10 @@ preflight() {
     done
     [[ -x "$HELM" ]] || die "$HELM is missing; run 'make deps'"
     [[ -f "$IMAGE_ARCHIVE" ]] || die "$IMAGE_ARCHIVE is missing; run 'make image'"
-    if [[ -e "$STATE" ]] || ip netns list | grep -qw "$NETNS"; then
+    if [[ -e "$STATE" ]] || grep -qw "$NETNS" <<<"$(ip netns list)"; then
         die "a cluster is already up (or left over) at $STATE / netns $NETNS: run 'make kube-down' first"
     fi
-    if ip -o addr | grep -q ' 10\.25[123]\.'; then
+    if grep -q ' 10\.25[123]\.' <<<"$(ip -o addr)"; then
         die "an interface of this machine already uses 10.251-10.253.x.x, which the tier needs; remove it or run 'make kube-down'"
     fi
     if [[ "$(findmnt -n -o FSTYPE /sys/fs/cgroup)" != tmpfs ]]; then
@@ -191,7 +191,7 @@ EOF
     start containerd containerd --config "$STATE/containerd.toml"
     wait_until "containerd" 30 ctr_ns version
     ctr_ns images import "$IMAGE_ARCHIVE" >"$STATE/logs/ctr-import.log"
-    ctr_ns images ls -q | grep -qx "$IMAGE" ||
+    grep -qx "$IMAGE" <<<"$(ctr_ns images ls -q)" ||
         die "containerd does not list $IMAGE after importing $IMAGE_ARCHIVE (it has: $(ctr_ns images ls -q | tr '\n' ' '))"
 }
 
