@@ -14,6 +14,9 @@ use crate::{Overwrite, Part, Preserve, Reason, Reflink, ShardState, Verify};
 /// (The same rules are checked again by the operator and by the agent at open time.)
 const PATH_RULES: &str =
     "!self.startsWith('/') && !self.split('/').exists(c, c == '..') && !self.contains('\\u0000')";
+/// Nor a path into Ferry's state directory at the top of a root or volume (`in_state_dir`).
+const STATE_DIR_RULE: &str =
+    "self.split('/').filter(c, c != '' && c != '.').size() == 0 || self.split('/').filter(c, c != '' && c != '.')[0] != '.ferry'";
 
 /// Where data comes from or goes to: a `StorageRoot` or a `PersistentVolumeClaim` in the
 /// job's namespace, plus a path inside it.
@@ -30,10 +33,12 @@ pub struct Endpoint {
     #[schemars(length(max = 253))]
     pub pvc: Option<String>,
     /// Path inside the root or volume, relative ("" or "." for all of it). Absolute paths,
-    /// `..` components and NUL bytes are refused.
+    /// `..` components and NUL bytes are refused, and so is `.ferry` (Ferry's state directory)
+    /// or anything in it.
     #[serde(default)]
     #[schemars(length(max = 4096))]
     #[x_kube(validation = Rule::new(PATH_RULES).message("path must be relative, without '..' components or NUL bytes"))]
+    #[x_kube(validation = Rule::new(STATE_DIR_RULE).message("path cannot be in .ferry, the directory where Ferry keeps its state at the top of every root and volume; choose another path"))]
     pub path: String,
 }
 
@@ -156,8 +161,13 @@ pub enum Phase {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Progress {
-    /// Files committed.
+    /// Files committed (copied by this job; a suspended or interrupted run's files count
+    /// once it has checked them).
     pub files_done: i64,
+    /// Entries left as the destination had them, by the overwrite policy: not copied and
+    /// not verified by this job.
+    #[serde(default)]
+    pub skipped: i64,
     /// Files in the plan, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_total: Option<i64>,
@@ -217,6 +227,9 @@ pub struct ShardStatus {
     pub bytes_done: i64,
     /// Bytes shared by reflink.
     pub bytes_reflinked: i64,
+    /// Entries left as the destination had them, by the overwrite policy: not copied and
+    /// not verified by this job.
+    pub skipped: i64,
     /// Entries that failed.
     pub failed: i64,
     /// Average throughput of this shard so far, in bytes per second.
@@ -229,6 +242,21 @@ pub struct ShardStatus {
     pub planned_bytes: Option<i64>,
     /// The first failures of this shard.
     pub failures: Vec<FailedPath>,
+    /// A slice of a split job that succeeded: its part of the manifest as it wrote it to
+    /// the destination's `.ferry/`. The directories pass joins only parts that still
+    /// match, so nothing planted there gets into the job's manifest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest_part: Option<ManifestPart>,
+}
+
+/// A file as its writer left it: its length and xxHash3-64.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestPart {
+    pub bytes: i64,
+    /// 16 hex digits.
+    #[schemars(length(max = 16))]
+    pub xxh3: String,
 }
 
 impl ShardStatus {

@@ -19,7 +19,7 @@ pub mod shard;
 
 pub use policy::{Overwrite, Policy, Preserve, Reflink, Verify};
 pub use reason::{ConditionType, Reason};
-pub use shard::{ManifestName, Part, ShardState, STATE_DIR};
+pub use shard::{in_state_dir, ManifestName, Part, ShardState, STATE_DIR};
 
 #[cfg(feature = "k8s")]
 mod api;

@@ -111,60 +111,65 @@ impl From<Part> for String {
 }
 
 /// The names a job's checksum manifests have under [`STATE_DIR`] on the destination.
-/// Keyed by namespace and name, which only the API server hands out.
+/// Keyed by the job's uid, which only the API server hands out and never reuses: a job
+/// re-created under the same name, or one in another namespace whose `<namespace>-<name>`
+/// reads the same, never meets another job's files. (These are the tenant's copies of the
+/// manifest, for `xxh128sum -c`; nothing Ferry decides is read back from them.)
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ManifestName {
     base: String,
 }
 
 impl ManifestName {
-    pub fn new(namespace: &str, job: &str) -> Self {
+    pub fn new(uid: &str) -> Self {
         Self {
-            base: format!("{namespace}-{job}"),
+            base: uid.to_string(),
         }
     }
 
-    /// `<namespace>-<job>`: also what a job's staging names and logs are keyed by.
+    /// The job's uid: also what its staging names and its state on the node are keyed by.
     pub fn base(&self) -> &str {
         &self.base
     }
 
     /// The job's manifest, as `status.manifest` names it (relative to the destination
-    /// root's `.ferry/`): `<namespace>-<job>.xxh128`.
+    /// root's `.ferry/`): `<uid>.xxh128`.
     pub fn joined(&self) -> String {
         format!("{}.xxh128", self.base)
     }
 
     /// The manifest a run of `part` writes: the joined one for a whole-tree shard, its own
-    /// `<base>.part-<i>.xxh128` for a slice, none for the directories pass (which joins
+    /// `<uid>.part-<i>.xxh128` for a slice, none for the directories pass (which joins
     /// the slices' into the job's).
     pub fn for_part(&self, part: Part) -> Option<String> {
         match part {
             Part::All => Some(self.joined()),
-            Part::Slice { index, .. } => Some(format!("{}.part-{index}.xxh128", self.base)),
+            Part::Slice { index, .. } => Some(self.part(index)),
             Part::Directories => None,
         }
     }
 
-    /// The slice index of a manifest file name of this job's, if it is one.
-    pub fn slice_of(&self, file_name: &str) -> Option<u32> {
-        file_name
-            .strip_prefix(&self.base)?
-            .strip_prefix(".part-")?
-            .strip_suffix(".xxh128")?
-            .parse()
-            .ok()
+    /// Slice `index`'s manifest: `<uid>.part-<index>.xxh128`.
+    pub fn part(&self, index: u32) -> String {
+        format!("{}.part-{index}.xxh128", self.base)
     }
 
-    /// The temporary name the joined manifest is written under before its rename.
-    pub fn joined_tmp(&self) -> String {
-        format!(".{}.xxh128.tmp", self.base)
+    /// The temporary name a manifest is written under before its rename.
+    pub fn tmp(&self, name: &str) -> String {
+        format!(".{name}.tmp")
     }
 
-    /// `status.manifest`: `.ferry/<namespace>-<job>.xxh128`.
+    /// `status.manifest`: `.ferry/<uid>.xxh128`.
     pub fn status_path(&self) -> String {
         format!("{STATE_DIR}/{}", self.joined())
     }
+}
+
+/// Whether a relative path (a CopyJob's `source.path` or `destination.path`) names
+/// [`STATE_DIR`] or something in it: its first component, after empty and `.` ones.
+/// Reserved: Ferry's state at the top of a root or volume is no tenant's to read or write.
+pub fn in_state_dir(path: &str) -> bool {
+    path.split('/').find(|c| !c.is_empty() && *c != ".") == Some(STATE_DIR)
 }
 
 #[cfg(test)]
@@ -200,15 +205,28 @@ mod tests {
 
     #[test]
     fn manifest_names_of_a_job_and_its_parts() {
-        let m = ManifestName::new("ns", "job");
-        assert_eq!(m.for_part(Part::All).as_deref(), Some("ns-job.xxh128"));
+        let m = ManifestName::new("0d6e-uid");
+        assert_eq!(m.for_part(Part::All).as_deref(), Some("0d6e-uid.xxh128"));
         let part = m.for_part(Part::Slice { index: 7, count: 8 });
-        assert_eq!(part.as_deref(), Some("ns-job.part-7.xxh128"));
-        assert_eq!(m.slice_of("ns-job.part-7.xxh128"), Some(7));
-        assert_eq!(m.slice_of("ns-jobx.part-7.xxh128"), None);
-        assert_eq!(m.slice_of("ns-job.xxh128"), None);
+        assert_eq!(part.as_deref(), Some("0d6e-uid.part-7.xxh128"));
         assert_eq!(m.for_part(Part::Directories), None);
-        assert_eq!(m.status_path(), ".ferry/ns-job.xxh128");
+        assert_eq!(m.status_path(), ".ferry/0d6e-uid.xxh128");
+    }
+
+    #[test]
+    fn paths_into_the_state_directory_are_recognised_however_written() {
+        for p in [
+            ".ferry",
+            ".ferry/x",
+            "./.ferry",
+            ".//.ferry/",
+            "./././.ferry/a/b",
+        ] {
+            assert!(in_state_dir(p), "{p:?}");
+        }
+        for p in ["", ".", "a/.ferry", ".ferry2", ".ferryx/y", "..ferry", "x"] {
+            assert!(!in_state_dir(p), "{p:?}");
+        }
     }
 
     #[test]

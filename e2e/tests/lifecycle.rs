@@ -200,7 +200,7 @@ fn a_tree_on_a_shared_root_is_split_across_two_agents_and_equals_the_source() ->
     {
         let starts = logs
             .lines()
-            .filter(|l| l.contains("starting shard") && l.contains("job=default-split "))
+            .filter(|l| l.contains("starting shard") && l.contains("job=default/split "))
             .filter(|l| l.contains(&format!(" shard={id} ")))
             .count();
         ensure!(starts == 1, "shard {id} started {starts} times:\n{logs}");

@@ -5,8 +5,8 @@
 //! ETA).
 
 use ferry_crds::{
-    ConditionType, CopyJob, CopyJobStatus, FailedPath, ManifestName, Part, Phase, Plan, Progress,
-    Reason, ShardState, ShardStatus,
+    ConditionType, CopyJob, CopyJobStatus, FailedPath, ManifestName, Overwrite, Part, Phase, Plan,
+    Progress, Reason, ShardState, ShardStatus, Verify,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -72,6 +72,7 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     let mut failures = Vec::new();
     for s in shards {
         p.files_done += s.files_done;
+        p.skipped += s.skipped;
         p.bytes_done += s.bytes_done;
         p.bytes_reflinked += s.bytes_reflinked;
         p.bytes_per_second += s.bytes_per_second;
@@ -182,6 +183,28 @@ pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (Reason
     )
 }
 
+/// What a finished job did, for its Complete condition: what was copied (and checked), and
+/// what was left as the destination had it, which this job neither copied nor verified.
+fn copied_message(p: &Progress, verify: Verify, overwrite: Overwrite) -> String {
+    let checked = match verify {
+        Verify::None => "",
+        Verify::Checksum | Verify::Full => ", each verified by checksum",
+    };
+    let mut msg = format!(
+        "{} files ({}) copied{checked}",
+        p.files_done,
+        human_bytes(p.bytes_done)
+    );
+    if p.skipped > 0 {
+        msg.push_str(&format!(
+            "; {} entries the destination already had were kept as they were (overwrite: {}), not copied or verified",
+            p.skipped,
+            overwrite.as_str()
+        ));
+    }
+    msg
+}
+
 /// The status `shards` and the decided `conditions` add up to for `job`: its phase
 /// (Pending while `refused`, Suspended while suspended), progress and failures, the
 /// Complete or Failed condition, a finished dry run's plan (`shape`: the split it would
@@ -241,7 +264,7 @@ pub fn summarize(
             ConditionType::Complete,
             true,
             Reason::Copied,
-            "every file was copied",
+            &copied_message(&progress, job.spec.verify, job.spec.overwrite),
             generation,
             previous,
         )),
@@ -265,9 +288,8 @@ pub fn summarize(
             .or_else(|| Some(Time(Timestamp::now()))),
         _ => None,
     };
-    let manifest = (!shards.is_empty() && !job.spec.dry_run).then(|| {
-        ManifestName::new(&job.namespace().unwrap_or_default(), &job.name_any()).status_path()
-    });
+    let manifest = (!shards.is_empty() && !job.spec.dry_run)
+        .then(|| ManifestName::new(&job.uid().unwrap_or_default()).status_path());
     CopyJobStatus {
         phase: Some(phase),
         conditions,
@@ -292,6 +314,24 @@ mod tests {
             bytes_done: files * 10,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_finished_job_says_what_it_kept_apart_from_what_it_copied_and_checked() {
+        let mut p = Progress {
+            files_done: 3,
+            bytes_done: 3 << 20,
+            ..Default::default()
+        };
+        let msg = copied_message(&p, Verify::Checksum, Overwrite::IfChanged);
+        assert_eq!(msg, "3 files (3.0 MiB) copied, each verified by checksum");
+        p.skipped = 2;
+        let msg = copied_message(&p, Verify::None, Overwrite::IfChanged);
+        assert!(
+            msg.starts_with("3 files (3.0 MiB) copied; 2 entries")
+                && msg.contains("(overwrite: IfChanged), not copied or verified"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -3,10 +3,10 @@
 //! must not open a hole) and adds what CEL cannot express. Each refusal has a stable
 //! reason for the `Accepted=False` condition and a message that says what to change.
 
-use ferry_crds::{CopyJobSpec, Endpoint, Reason};
+use ferry_crds::{CopyJobSpec, Endpoint, Reason, STATE_DIR};
 
 /// A refused spec: the condition reason (PathEscape: a path is absolute, climbs out with
-/// `..` or holds a NUL byte; InvalidEndpoint: neither or both of root and pvc;
+/// `..`, holds a NUL byte or reaches Ferry's state directory; InvalidEndpoint: neither or both of root and pvc;
 /// InvalidSpec: a field is out of its range) and a message for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -67,7 +67,17 @@ fn check_endpoint(field: &str, e: &Endpoint) -> Result<(), Refusal> {
         }
         _ => {}
     }
-    check_relative_path(&format!("{field}.path"), &e.path)
+    check_relative_path(&format!("{field}.path"), &e.path)?;
+    if ferry_crds::in_state_dir(&e.path) {
+        return refuse(
+            Reason::PathEscape,
+            format!(
+                "{field}.path {:?} is in {STATE_DIR}, the directory where Ferry keeps its state at the top of every root and volume; choose another path",
+                e.path
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Validate a CopyJob spec; `Ok(())` when it may be scheduled.
@@ -184,6 +194,22 @@ mod tests {
                 err.message
             );
         }
+    }
+
+    #[test]
+    fn paths_into_the_state_directory_are_refused_on_either_end() {
+        for p in [".ferry", "./.ferry/x", ".ferry/"] {
+            let err = validate(&spec(root("r", "in"), root("r", p))).expect_err(p);
+            assert_eq!(err.reason, Reason::PathEscape, "{p:?}");
+            assert!(
+                err.message.contains("spec.destination.path"),
+                "{}",
+                err.message
+            );
+            let err = validate(&spec(root("r", p), root("r", "out"))).expect_err(p);
+            assert!(err.message.contains("spec.source.path"), "{}", err.message);
+        }
+        validate(&spec(root("r", "a/.ferry"), root("r", "out/.ferry2"))).expect("not the top");
     }
 
     #[test]

@@ -64,6 +64,10 @@ pub struct Options {
     pub sync: bool,
     /// Whether this copy still owns the destination; see [`Fence`]. `None`: always.
     pub fence: Option<Fence>,
+    /// A name directly inside the copy's top directory that is neither read from the
+    /// source nor written to the destination: the agent's `.ferry` state directory, when
+    /// either end of a copy is the top of a root or volume. Not counted anywhere.
+    pub reserved_top: Option<std::ffi::CString>,
     /// Test-only fault injection; empty in normal use.
     #[doc(hidden)]
     pub faults: Faults,
@@ -83,6 +87,7 @@ impl Default for Options {
             resume: false,
             staging_tag: None,
             fence: None,
+            reserved_top: None,
             sync: false,
             faults: Faults::default(),
         }

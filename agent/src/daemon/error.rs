@@ -36,6 +36,27 @@ pub(super) enum ShardError {
         #[source]
         source: ferry_engine::Error,
     },
+    /// A job's path names Ferry's state directory (the operator refuses such a job; an
+    /// older operator, or a status edited by hand, must not get it through).
+    #[error("{field} {path:?} is in .ferry, the directory where Ferry keeps its state at the top of every root and volume; choose another path")]
+    StatePath { field: &'static str, path: String },
+    /// A root holds the agent's own state (resume journals), which no tenant may write.
+    #[error(
+        "the {what} root {path} on node {node} contains the agent's own state directory          ({state}); no StorageRoot or volume may hold it: ask an admin to choose a root          that does not contain it"
+    )]
+    RootHoldsAgentState {
+        what: &'static str,
+        path: String,
+        node: String,
+        state: String,
+    },
+    /// The node's journal of what this shard committed could not be opened or written.
+    #[error("the agent's journal for this shard ({})", path.display())]
+    Journal {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// The engine refused a path or failed before copying (the state directory, a dry
     /// run's count).
     #[error(transparent)]
@@ -87,7 +108,10 @@ impl ShardError {
         match self {
             Self::Root { source, .. } | Self::Engine(source) => engine_reason(source),
             Self::MemoryLimit { .. } => Reason::DestinationFull,
+            Self::StatePath { .. } => Reason::PathEscape,
             Self::Fenced
+            | Self::RootHoldsAgentState { .. }
+            | Self::Journal { .. }
             | Self::Publish(_)
             | Self::HostRoot { .. }
             | Self::NoHostPath

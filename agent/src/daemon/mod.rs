@@ -11,6 +11,7 @@
 
 mod error;
 mod fence;
+mod journal;
 mod manifest;
 mod publish;
 mod settings;
@@ -21,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_crds::{CopyJob, ShardState};
+use ferry_crds::{CopyJob, Phase, ShardState};
 use futures::StreamExt;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -44,6 +45,12 @@ const RESCAN_EVERY: Duration = Duration::from_secs(3);
 pub enum RunError {
     #[error("connect to the Kubernetes API")]
     Connect(#[source] kube::Error),
+    #[error("create the agent's state directory under {}", host_root.display())]
+    State {
+        host_root: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("listen on {addr} for /metrics and /healthz")]
     Listen {
         addr: std::net::SocketAddr,
@@ -55,14 +62,20 @@ pub enum RunError {
 /// What every shard task shares.
 struct Agent {
     node: Node,
-    /// Running shards by `<ns>/<job>/<shard id>`.
+    /// Running shards by `<job uid>/<shard id>`.
     running: Mutex<HashMap<String, Arc<Active>>>,
-    /// Runs this process finished, by `<ns>/<job>/<shard id>/<epoch>`: a stale event
+    /// Runs this process finished, by `<job uid>/<shard id>/<epoch>`: a stale event
     /// (published before the final state) must not start one again.
     finished: Mutex<HashSet<String>>,
 }
 
 pub async fn run(settings: Settings) -> Result<(), RunError> {
+    let journals = Arc::new(
+        journal::Journals::open(&settings.host_root).map_err(|source| RunError::State {
+            host_root: settings.host_root.clone(),
+            source,
+        })?,
+    );
     let client = Client::try_default().await.map_err(RunError::Connect)?;
     let health = Arc::new(crate::serve::Health {
         lease_seconds: i64::from(settings.lease_seconds),
@@ -97,6 +110,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             settings: settings.clone(),
             fence,
             flushes: Arc::default(),
+            journals: journals.clone(),
         },
         running: Mutex::default(),
         finished: Mutex::default(),
@@ -118,12 +132,18 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         });
     }
     {
-        let (agent, store) = (agent.clone(), store.clone());
+        let (agent, store, health) = (agent.clone(), store.clone(), health.clone());
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(RESCAN_EVERY).await;
-                for job in store.state() {
-                    agent.consider(&job);
+                let jobs = store.state();
+                for job in &jobs {
+                    agent.consider(job);
+                }
+                // Only from a complete list (the watch has listed once): journals of jobs
+                // finished or deleted go.
+                if health.watching.load(Ordering::Relaxed) {
+                    forget_finished(&journals, &jobs).await;
                 }
             }
         });
@@ -168,6 +188,25 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     Ok(())
 }
 
+/// Remove the journals of jobs that are finished or gone: nothing resumes them.
+async fn forget_finished(journals: &Arc<journal::Journals>, jobs: &[Arc<CopyJob>]) {
+    let keep: HashSet<String> = jobs
+        .iter()
+        .filter(|j| {
+            let phase = j.status.as_ref().and_then(|s| s.phase);
+            !matches!(phase, Some(Phase::Succeeded | Phase::Failed))
+        })
+        .filter_map(|j| j.uid())
+        .collect();
+    let journals = journals.clone();
+    match tokio::task::spawn_blocking(move || journals.retain(&keep)).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => tracing::info!(jobs = n, "removed the journals of finished or deleted jobs"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "removing old journals failed"),
+        Err(e) => tracing::warn!(error = %e, "removing old journals failed"),
+    }
+}
+
 impl Agent {
     /// Stop every running shard when this agent may no longer hold work (its heartbeat has
     /// not been renewed for two thirds of a lease); they publish nothing (see run_shard).
@@ -187,11 +226,9 @@ impl Agent {
     /// Start the shards of `job` given to this node, and stop those no longer its own.
     fn consider(self: &Arc<Self>, job: &Arc<CopyJob>) {
         let Some(status) = &job.status else { return };
-        let prefix = format!(
-            "{}/{}/",
-            job.namespace().unwrap_or_default(),
-            job.name_any()
-        );
+        // By uid: a job deleted and created again under its name is another job, whose
+        // shards (same ids, same first epoch) must not pass for the old one's.
+        let prefix = format!("{}/", job.uid().unwrap_or_default());
         let deleting = job.metadata.deletion_timestamp.is_some();
         // Stop runs this job no longer wants here: suspended or deleted (they publish
         // where they stopped), or given to another node or epoch (they stop silently; the

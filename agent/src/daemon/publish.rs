@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ferry_crds::{CopyJob, FailedPath, Reason, ShardState, ShardStatus};
+use ferry_crds::{CopyJob, FailedPath, ManifestPart, Reason, ShardState, ShardStatus};
 use ferry_engine::{Failure, Progress, Strategy};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -22,6 +22,13 @@ pub(super) struct Live {
     pub(super) bytes: AtomicU64,
     pub(super) reflinked: AtomicU64,
     pub(super) failed: AtomicU64,
+    /// Entries the overwrite policy kept as the destination had them, resumed files
+    /// (committed by an earlier run of this shard) included: see `skipped()`.
+    kept: AtomicU64,
+    /// Files an earlier run of this shard committed: done, not skipped.
+    resumed_files: AtomicU64,
+    /// A slice's part of the manifest, once exported (see journal::export).
+    pub(super) manifest_part: Mutex<Option<ManifestPart>>,
     failures: Mutex<Vec<Failure>>,
     /// Why the shard could not start at all (reported with reason `CannotStart`).
     start_error: Mutex<Option<(Reason, String)>>,
@@ -39,6 +46,9 @@ impl Default for Live {
             bytes: AtomicU64::default(),
             reflinked: AtomicU64::default(),
             failed: AtomicU64::default(),
+            kept: AtomicU64::default(),
+            resumed_files: AtomicU64::default(),
+            manifest_part: Mutex::default(),
             failures: Mutex::default(),
             start_error: Mutex::default(),
             resumed_bytes: AtomicU64::default(),
@@ -51,6 +61,27 @@ impl Live {
     /// Report the shard as a whole failing for `reason` (a failure at path ".").
     pub(super) fn set_start_error(&self, reason: Reason, message: String) {
         *lock(&self.start_error) = Some((reason, message));
+    }
+
+    /// Entries left as the destination had them, which this job neither copied nor
+    /// verified (the engine reports a resumed file as kept too; it is done instead).
+    pub(super) fn skipped(&self) -> u64 {
+        let kept = self.kept.load(Ordering::Relaxed);
+        kept.saturating_sub(self.resumed_files.load(Ordering::Relaxed))
+    }
+
+    /// The final counts, from the engine's summary rather than the live counters.
+    pub(super) fn set_final(&self, summary: &ferry_engine::Summary) {
+        self.files
+            .store(summary.files + summary.files_resumed, Ordering::Relaxed);
+        self.bytes
+            .store(summary.bytes + summary.bytes_resumed, Ordering::Relaxed);
+        self.reflinked
+            .store(summary.bytes_reflinked, Ordering::Relaxed);
+        self.failed.store(summary.failed, Ordering::Relaxed);
+        self.kept.store(summary.skipped, Ordering::Relaxed);
+        self.resumed_files
+            .store(summary.files_resumed, Ordering::Relaxed);
     }
 
     pub(super) fn planned(&self) -> Option<(i64, i64)> {
@@ -87,12 +118,14 @@ impl Progress for Live {
         crate::serve::metrics().bytes_verified.inc_by(bytes);
     }
     fn skipped(&self) {
+        self.kept.fetch_add(1, Ordering::Relaxed);
         crate::serve::metrics().file_skipped();
     }
     // Committed by an earlier run of this shard: done, but not copied by this one (the
     // counters start from zero and count the tree as it is, so they are exact whatever
     // the earlier run managed to publish before it died).
     fn resumed(&self, size: u64) {
+        self.resumed_files.fetch_add(1, Ordering::Relaxed);
         self.files.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(size, Ordering::Relaxed);
         self.resumed_bytes.fetch_add(size, Ordering::Relaxed);
@@ -183,9 +216,13 @@ pub(super) async fn publish(
         "bytesReflinked",
         live.reflinked.load(Ordering::Relaxed).into(),
     );
+    set("skipped", live.skipped().into());
     set("failed", live.failed.load(Ordering::Relaxed).into());
     set("bytesPerSecond", (rate as i64).into());
     set("failures", serde_json::to_value(failures)?);
+    if let Some(part) = &*lock(&live.manifest_part) {
+        set("manifestPart", serde_json::to_value(part)?);
+    }
     if let Some((files, bytes)) = planned {
         set("plannedFiles", files.into());
         set("plannedBytes", bytes.into());

@@ -8,12 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_crds::{CopyJobSpec, ManifestName, Reason, ShardState, STATE_DIR};
+use ferry_crds::{CopyJobSpec, ManifestName, ManifestPart, Reason, ShardState, STATE_DIR};
 use ferry_engine::{Part, Summary};
 use kube::{Client, ResourceExt};
 
 use super::error::{engine_reason, ShardError, MEMORY_MARGIN};
 use super::fence::Fence;
+use super::journal::{self, Journals};
 use super::manifest::join_manifests;
 use super::publish::{publish, Live, PublishError, Target};
 use super::settings::Settings;
@@ -31,6 +32,8 @@ pub(super) struct Node {
     pub(super) fence: Arc<Fence>,
     /// The syncfs that shards finishing together share.
     pub(super) flushes: Arc<crate::flush::Flushes>,
+    /// What each shard's runs on this node committed (the trusted resume state).
+    pub(super) journals: Arc<Journals>,
 }
 
 impl Node {
@@ -100,13 +103,41 @@ async fn run_shard(
     active: &Arc<Active>,
 ) -> Result<ShardState, ShardError> {
     let (job, shard) = (target.job, target.shard);
+    for (field, path) in [
+        ("spec.source.path", &job.spec.source.path),
+        ("spec.destination.path", &job.spec.destination.path),
+    ] {
+        if ferry_crds::in_state_dir(path) {
+            let path = path.clone();
+            return Err(ShardError::StatePath { field, path });
+        }
+    }
     // Opening a root can hang (an NFS server gone away): never on a runtime thread, where
     // it would stop the heartbeat and every other shard with it.
     let roots = {
         let (host, node_name) = (node.settings.host_root.clone(), node.settings.node.clone());
         let shard = target.shard;
         let (src, dst) = (shard.source_root.clone(), shard.destination_root.clone());
-        tokio::task::spawn_blocking(move || open_roots(&host, &node_name, &src, &dst)).await??
+        let state = node.journals.state_dir().to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let roots = open_roots(&host, &node_name, &src, &dst)?;
+            for (what, path, fd) in [
+                ("source", &src, &roots.src),
+                ("destination", &dst, &roots.dst),
+            ] {
+                // Unreadable as a path (it is there: the agent made it) means no.
+                if journal::is_within(&state, fd).unwrap_or(false) {
+                    return Err(ShardError::RootHoldsAgentState {
+                        what,
+                        path: path.clone(),
+                        node: node_name.clone(),
+                        state: state.display().to_string(),
+                    });
+                }
+            }
+            Ok(roots)
+        })
+        .await??
     };
     if job.spec.dry_run {
         return dry_run(node, target, &roots).await;
@@ -116,21 +147,29 @@ async fn run_shard(
     // API server) or may not be (the heartbeat lapsed since this run began).
     let state_dir = {
         let (dst, job) = (roots.dst.clone(), target.job);
-        let names = ManifestName::new(&job.namespace().unwrap_or_default(), &job.name_any());
+        let names = ManifestName::new(&job.uid().unwrap_or_default());
         tokio::task::spawn_blocking(move || StateDir::open(&dst, names)).await??
     };
     let lapses = node.fence.lapses();
-    let opts = options(node, target, active, &state_dir, lapses);
+    let opts = options(node, target, active, &state_dir, lapses)?;
     let live = Arc::new(Live::default());
     let resume = opts.resume;
-    let base = state_dir.names.base();
-    tracing::info!(job = %base, shard = %shard.id, epoch = shard.epoch, part = %shard.part, resume, "starting shard");
+    let (uid, base) = (
+        state_dir.names.base(),
+        format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any()),
+    );
+    tracing::info!(job = %base, %uid, shard = %shard.id, epoch = shard.epoch, part = %shard.part, resume, "starting shard");
     let done = Arc::new(AtomicBool::new(false));
     node.publish(target, ShardState::Running, &live, None)
         .await?;
     count_later(&live, &done, &roots, target);
+    let journal = opts.manifest.clone();
     let result = copy(node, target, active, &live, &done, &roots, opts).await?;
-    let state = settle(node, target, active, &live, &roots, &state_dir, &result).await;
+    let settled = Settled {
+        result: &result,
+        journal: journal.as_deref(),
+    };
+    let state = settle(node, target, active, &live, &roots, &state_dir, settled).await;
     tracing::info!(job = %base, shard = %shard.id, %state, "shard finished");
     // Another agent (or epoch) owns the shard now, or may: say nothing more.
     if active.fenced.load(Ordering::Relaxed) {
@@ -270,18 +309,30 @@ fn options(
     active: &Arc<Active>,
     state_dir: &StateDir,
     lapses: u64,
-) -> ferry_engine::Options {
+) -> Result<ferry_engine::Options, ShardError> {
     let (settings, job, shard) = (&node.settings, target.job, target.shard);
     let select = shard.part;
     let base = state_dir.names.base();
+    // The manifest the engine writes, and a resumed run trusts, is the journal on this
+    // node; the tenant's copy in `.ferry/` is exported from it when the shard succeeds.
     let manifest = state_dir
         .names
         .for_part(select)
-        .map(|name| state_dir.path.join(name));
+        .map(|name| {
+            node.journals
+                .path(base, &name)
+                .map_err(|source| ShardError::Journal {
+                    path: name.into(),
+                    source,
+                })
+        })
+        .transpose()?;
     // Anything but a fresh shard is a resumption: suspended, left Running by an agent
-    // process that died, or taken over from a lost agent; so is a job re-created after a
-    // failure (its manifest is there). Committed files are kept, not copied again, and
-    // unfinished directories and the staging an interrupted run left are finished.
+    // process that died, or taken over from a lost agent (whose journal is on its node:
+    // every file kept here is then compared with its source). Committed files are kept,
+    // not copied again, and unfinished directories and staging are finished. A job
+    // re-created under the same name is a new job (a new uid): it resumes nothing, and
+    // what it keeps it reports as skipped.
     let resume = shard.state != ShardState::Pending
         || manifest
             .as_ref()
@@ -289,6 +340,11 @@ fn options(
     let mut opts = engine_options(&job.spec, settings.workers, manifest);
     opts.select = select;
     opts.resume = resume;
+    // Ferry's state at the top of a root is neither read nor written as data.
+    let at_top = |p: &str| p.split('/').all(|c| c.is_empty() || c == ".");
+    if at_top(&job.spec.source.path) || at_top(&job.spec.destination.path) {
+        opts.reserved_top = Some(std::ffi::CString::new(STATE_DIR).unwrap_or_default());
+    }
     // Staging names every run of this shard shares (on any node, at any epoch), so a
     // resumed run adopts what a killed one staged and sweeps its leftovers.
     opts.staging_tag = Some(format!(
@@ -306,7 +362,7 @@ fn options(
         .change_source
         .clone()
         .map(|name| (name.into_bytes(), u32::MAX));
-    opts
+    Ok(opts)
 }
 
 fn engine_options(
@@ -418,8 +474,15 @@ async fn copy(
     Ok(result)
 }
 
-/// How the copy ended, as the shard's state: a full destination explained, a split job's
-/// manifests joined, the final numbers taken from the summary, and a success flushed.
+/// How a copy ended: the engine's result, and the journal it wrote on this node.
+struct Settled<'a> {
+    result: &'a Result<Summary, ferry_engine::Error>,
+    journal: Option<&'a Path>,
+}
+
+/// How the copy ended, as the shard's state: a full destination explained, the manifest
+/// exported to the tenant's `.ferry/` (a split job's parts joined), the final numbers taken
+/// from the summary, and a success flushed.
 async fn settle(
     node: &Node,
     target: Target<'_>,
@@ -427,9 +490,10 @@ async fn settle(
     live: &Live,
     roots: &Roots,
     state_dir: &StateDir,
-    result: &Result<Summary, ferry_engine::Error>,
+    settled: Settled<'_>,
 ) -> ShardState {
     let (job, select) = (target.job, target.shard.part);
+    let result = settled.result;
     let mut state = match result {
         Ok(summary) if summary.cancelled => {
             if active.deleting.load(Ordering::Relaxed) {
@@ -466,35 +530,77 @@ async fn settle(
         let message = destination_full(live, roots, &src_path, select, links).await;
         live.set_start_error(Reason::DestinationFull, message);
     }
-    if select == Part::Directories && state == ShardState::Succeeded {
-        let parts = job
-            .status
-            .iter()
-            .flat_map(|s| &s.shards)
-            .filter(|s| matches!(s.part, Part::Slice { .. }))
-            .count();
-        if let Err(e) = join_manifests(&state_dir.path, &state_dir.names, parts) {
-            live.set_start_error(
-                Reason::CannotStart,
-                format!("joining the parts' manifests: {}", with_causes(&e)),
-            );
+    if state == ShardState::Succeeded {
+        if let Err(e) = manifest_out(target, live, state_dir, settled.journal).await {
+            let reason = match ferry_engine::reason_of_io(&e) {
+                Reason::DestinationFull => Reason::DestinationFull,
+                _ => Reason::CannotStart,
+            };
+            let what = match select {
+                Part::Directories => "joining the parts' manifests",
+                _ => "writing the manifest to the destination's .ferry/",
+            };
+            live.set_start_error(reason, format!("{what}: {}", with_causes(&e)));
             state = ShardState::Failed;
         }
     }
     if let Ok(summary) = result {
         // Final numbers from the summary, not the live counters.
-        live.files
-            .store(summary.files + summary.files_resumed, Ordering::Relaxed);
-        live.bytes
-            .store(summary.bytes + summary.bytes_resumed, Ordering::Relaxed);
-        live.reflinked
-            .store(summary.bytes_reflinked, Ordering::Relaxed);
-        live.failed.store(summary.failed, Ordering::Relaxed);
+        live.set_final(summary);
     }
     if state == ShardState::Succeeded {
         state = flush(node, target, live, roots).await;
     }
     state
+}
+
+/// The tenant's copy of the manifest, on the blocking pool (it writes to the volume): the
+/// journal exported under the job's name (a slice's under its part's name, and what it
+/// wrote kept for the directories pass), or, for the directories pass, the parts joined.
+async fn manifest_out(
+    target: Target<'_>,
+    live: &Live,
+    state_dir: &StateDir,
+    journal: Option<&Path>,
+) -> std::io::Result<()> {
+    let (path, names) = (state_dir.path.clone(), state_dir.names.clone());
+    let part = target.shard.part;
+    let parts: Vec<(u32, ManifestPart)> = target
+        .job
+        .status
+        .iter()
+        .flat_map(|s| &s.shards)
+        .filter_map(|s| match (s.part, &s.manifest_part) {
+            (Part::Slice { index, .. }, Some(p)) => Some((index, p.clone())),
+            _ => None,
+        })
+        .collect();
+    let slices = target
+        .job
+        .status
+        .iter()
+        .flat_map(|s| &s.shards)
+        .filter(|s| matches!(s.part, Part::Slice { .. }))
+        .count();
+    let journal = journal.map(Path::to_path_buf);
+    let written = tokio::task::spawn_blocking(move || match (part, journal) {
+        (Part::Directories, _) if parts.len() < slices => Err(std::io::Error::other(format!(
+            "{} of {slices} slices said what they wrote (an older agent ran them?)",
+            parts.len()
+        ))),
+        (Part::Directories, _) => join_manifests(&path, &names, &parts).map(|()| None),
+        (_, Some(journal)) => {
+            let name = names.for_part(part).unwrap_or_else(|| names.joined());
+            journal::export(&journal, &path, &names, &name).map(Some)
+        }
+        (_, None) => Ok(None),
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    if matches!(part, Part::Slice { .. }) {
+        *crate::lock(&live.manifest_part) = written;
+    }
+    Ok(())
 }
 
 /// Succeeded means on stable storage: a syncfs of the destination volume, shared with
@@ -551,7 +657,7 @@ async fn destination_full(
     let free = ferry_engine::volume::free_bytes(roots.dst.as_fd()).unwrap_or(0);
     let human = crate::copy_cmd::human;
     let copied = format!("{files} files ({}) were copied", human(done));
-    let kept = "re-create the job: what was copied is kept and not copied again";
+    let kept = "re-create the job: what was copied is kept and not copied again (unless overwrite: Always)";
     match total {
         Some(total) => {
             let needed = total.saturating_sub(done);

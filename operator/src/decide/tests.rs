@@ -19,7 +19,7 @@ fn job(spec: serde_json::Value) -> CopyJob {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "ferry.dev/v1alpha1",
         "kind": "CopyJob",
-        "metadata": {"name": "copy", "namespace": "team-a", "generation": 1, "resourceVersion": "7"},
+        "metadata": {"name": "copy", "namespace": "team-a", "uid": "6f1c2a9e-0d1b-4c55-9a43-2b7d1f0e8c11", "generation": 1, "resourceVersion": "7"},
         "spec": s,
     }))
     .expect("a CopyJob")
@@ -435,7 +435,7 @@ fn entries_that_failed_without_stopping_the_shard_fail_the_job_as_partially_fail
 }
 
 #[test]
-fn the_manifest_is_named_after_the_namespace_and_the_job() {
+fn the_manifest_is_named_after_the_job_uid() {
     let d = decide_with(
         &job(serde_json::json!({})),
         &volumes(false),
@@ -444,7 +444,7 @@ fn the_manifest_is_named_after_the_namespace_and_the_job() {
     );
     assert_eq!(
         d.status.manifest.as_deref(),
-        Some(".ferry/team-a-copy.xxh128")
+        Some(".ferry/6f1c2a9e-0d1b-4c55-9a43-2b7d1f0e8c11.xxh128")
     );
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, Seek, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, Write};
 use std::sync::atomic::Ordering;
 
 use xxhash_rust::xxh3::xxh3_64;
@@ -57,10 +57,24 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// The longest line a manifest has: the hash, its separator and a path of PATH_MAX bytes
+/// with every byte escaped, the escape mark and the newline.
+const MAX_LINE: u64 = 1 + 32 + 2 + 2 * 4096 + 1;
+
 /// Read the manifest an interrupted run wrote: the xxh3-64 of each path it lists (8 bytes
 /// a file, however long the paths). A last line cut short (the process died while its
 /// buffer was written out) is removed, so the lines appended next start on a line.
+///
+/// Only a regular file is read (a FIFO at its name would block the read forever), one
+/// line at a time and never more than [`MAX_LINE`] of it (a huge file without newlines is
+/// refused, not read into memory).
 pub(super) fn read_manifest(file: &mut File) -> io::Result<HashSet<u64>> {
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file; a manifest is one",
+        ));
+    }
     file.rewind()?;
     let mut listed = HashSet::new();
     let mut whole = 0u64;
@@ -68,7 +82,13 @@ pub(super) fn read_manifest(file: &mut File) -> io::Result<HashSet<u64>> {
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = reader.read_until(b'\n', &mut line)?;
+        let n = (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line)?;
+        if n as u64 == MAX_LINE && line.last() != Some(&b'\n') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a line longer than {MAX_LINE} bytes; not a manifest Ferry wrote"),
+            ));
+        }
         if n == 0 || line.last() != Some(&b'\n') {
             break;
         }
@@ -122,6 +142,7 @@ fn manifest_path(line: &[u8]) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
     use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
 
     #[test]
     fn manifest_paths_are_read_back_raw_or_unescaped() {
@@ -135,6 +156,33 @@ mod tests {
             Some(b"new\nline\\x".to_vec())
         );
         assert_eq!(manifest_path(b"not a manifest line"), None);
+    }
+
+    #[test]
+    fn a_planted_fifo_or_newline_less_file_is_refused_not_read_whole_or_waited_on() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let fifo = tmp.path().join("fifo");
+        let dir = File::open(tmp.path()).expect("open dir");
+        crate::sys::mknodat(
+            std::os::fd::AsFd::as_fd(&dir),
+            c"fifo",
+            libc::S_IFIFO | 0o600,
+            0,
+        )
+        .expect("mkfifo");
+        // As the engine opens one to resume from: O_NONBLOCK keeps the open from waiting.
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&fifo)
+            .expect("open fifo");
+        let err = read_manifest(&mut f).expect_err("a FIFO is no manifest");
+        assert!(err.to_string().contains("regular file"), "{err}");
+        let mut big = tempfile::tempfile().expect("tempfile");
+        big.write_all(&vec![b'a'; 1 << 20]).expect("write");
+        let err = read_manifest(&mut big).expect_err("no line is that long");
+        assert!(err.to_string().contains("longer than"), "{err}");
     }
 
     #[test]

@@ -181,11 +181,13 @@ pub(crate) fn run(
     let manifest = match &options.manifest {
         // A resumed copy adds the files it commits to those the interrupted run listed.
         Some(p) => {
+            // Never written through a link planted at its name; one to be read back must
+            // not hang the open (a FIFO planted there).
+            let nonblock = if options.resume { libc::O_NONBLOCK } else { 0 };
             let mut file = std::fs::OpenOptions::new()
                 .read(options.resume)
                 .write(true)
-                // Never written through a link planted at its name.
-                .custom_flags(libc::O_NOFOLLOW)
+                .custom_flags(libc::O_NOFOLLOW | nonblock)
                 .create(true)
                 .append(options.resume)
                 .truncate(!options.resume)

@@ -287,7 +287,15 @@ impl<'a> Ctx<'a> {
             }
         };
         let mut files = Vec::with_capacity(entries.len());
+        let reserved = self
+            .opts
+            .reserved_top
+            .as_deref()
+            .filter(|_| node.parent.is_none());
         for e in entries {
+            if reserved.is_some_and(|r| r == e.name.as_c_str()) {
+                continue;
+            }
             let is_dir = match e.dtype {
                 DType::Dir => true,
                 DType::Unknown => sys::lstatat(node.src.as_fd(), &e.name)

@@ -119,7 +119,16 @@ fn demo() -> Result<()> {
     );
     let copy = hosts.join("node-a/srv/demo/copy");
     assert_same_contents(&src, &copy)?;
-    println!("copy on node-a is identical to the source (diff -r); manifest: /srv/demo/.ferry/default-demo.xxh128");
+    let manifest = cp.kubectl_ok(&[
+        "get",
+        "copyjob",
+        "demo",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.status.manifest}",
+    ])?;
+    println!("copy on node-a is identical to the source (diff -r); manifest: /srv/demo/{manifest}");
     Ok(())
 }
 

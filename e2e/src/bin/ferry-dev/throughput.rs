@@ -305,7 +305,7 @@ impl Bench {
             "-n",
             "default",
             "-o",
-            "jsonpath={.spec.verify} {.status.shards[0].bytesDone} {.status.shards[0].bytesPerSecond}",
+            "jsonpath={.spec.verify} {.status.shards[0].bytesDone} {.status.shards[0].bytesPerSecond} {.status.manifest}",
         ])?;
         let fields: Vec<&str> = status.split_whitespace().collect();
         ensure!(
@@ -328,7 +328,8 @@ impl Bench {
         ])?;
         let dst = self.root.join(format!("out/{name}"));
         self.check(&dst)?;
-        let manifest = self.root.join(format!(".ferry/default-{name}.xxh128"));
+        // Named by the job's uid, as its status says.
+        let manifest = self.root.join(fields.get(3).copied().unwrap_or_default());
         Ok((
             secs,
             agent_secs,
