@@ -46,9 +46,15 @@ pub struct RunArgs {
     /// Namespace for the heartbeat Lease (the agent's own namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "ferry-system")]
     pub namespace: String,
-    /// Copy workers per shard unless the job sets parallelism.workersPerAgent (0: CPUs).
-    #[arg(long, default_value_t = 0)]
-    pub workers: usize,
+    /// Copy workers per shard unless the job sets parallelism.workersPerAgent (0: CPUs, at
+    /// most 64).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub workers: u16,
+    /// Shards this agent runs at once; more wait (Pending) for one to finish. With at most
+    /// 64 workers a shard and a 1 MiB buffer a worker, this bounds the copy buffers at
+    /// 64 MiB a shard.
+    #[arg(long, env = "FERRY_MAX_SHARDS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub max_shards: u16,
     /// Address for /metrics (Prometheus), /healthz and /readyz.
     #[arg(long, env = "FERRY_LISTEN", default_value = "0.0.0.0:9090")]
     pub listen: std::net::SocketAddr,

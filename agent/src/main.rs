@@ -18,7 +18,8 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         node: args.node,
         host_root: args.host_root,
         namespace: args.namespace,
-        workers: args.workers,
+        workers: args.workers.into(),
+        max_shards: args.max_shards.into(),
         listen: args.listen,
         lease_seconds: args.lease_seconds,
         file_delay: std::env::var("FERRY_FAULT_FILE_DELAY_MS")

@@ -46,9 +46,10 @@ pub struct Endpoint {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Parallelism {
-    /// Copy workers per agent (0: the node's CPU count).
+    /// Copy workers per agent, at most 64 (0: the node's CPU count, at most 64). Each holds a
+    /// 1 MiB buffer.
     #[serde(default)]
-    #[x_kube(validation = Rule::new("self >= 0 && self <= 256").message("workersPerAgent must be between 0 and 256"))]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("workersPerAgent must be between 0 and 64"))]
     pub workers_per_agent: i32,
     /// Agents that may share the work when both sides are shared (`shared: true`) roots.
     #[serde(default = "one")]

@@ -26,6 +26,10 @@ mod api;
 #[cfg(feature = "k8s")]
 pub use api::*;
 
+/// Most copy workers a shard runs (`parallelism.workersPerAgent`, the agent's `--workers`,
+/// a node's CPU count): each holds a 1 MiB buffer.
+pub const MAX_WORKERS: i32 = 64;
+
 /// API group of every Ferry resource.
 pub const GROUP: &str = "ferry.dev";
 /// API version served.

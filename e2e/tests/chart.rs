@@ -178,7 +178,9 @@ fn rendered_chart_is_accepted_by_the_apiserver_and_the_agent_pod_needs_a_privile
                 "--workers",
                 "0",
                 "--lease-seconds",
-                "30"
+                "30",
+                "--max-shards",
+                "4"
             ]),
         "agent args {}",
         c["args"]
@@ -1288,7 +1290,9 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
                 "--workers",
                 "8",
                 "--lease-seconds",
-                "30"
+                "30",
+                "--max-shards",
+                "4"
             ])
             && env(agent, "FERRY_LISTEN") == "[::]:9090"
             && pod.get("priorityClassName").is_none()

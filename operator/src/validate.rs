@@ -3,7 +3,7 @@
 //! must not open a hole) and adds what CEL cannot express. Each refusal has a stable
 //! reason for the `Accepted=False` condition and a message that says what to change.
 
-use ferry_crds::{CopyJobSpec, Endpoint, Reason, STATE_DIR};
+use ferry_crds::{CopyJobSpec, Endpoint, Reason, MAX_WORKERS, STATE_DIR};
 
 /// A refused spec: the condition reason (PathEscape: a path is absolute, climbs out with
 /// `..`, holds a NUL byte or reaches Ferry's state directory; InvalidEndpoint: neither or both of root and pvc;
@@ -85,10 +85,10 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
     check_endpoint("spec.source", &spec.source)?;
     check_endpoint("spec.destination", &spec.destination)?;
     let p = &spec.parallelism;
-    if !(0..=256).contains(&p.workers_per_agent) {
+    if !(0..=MAX_WORKERS).contains(&p.workers_per_agent) {
         return refuse(
             Reason::InvalidSpec,
-            "spec.parallelism.workersPerAgent must be between 0 and 256".into(),
+            format!("spec.parallelism.workersPerAgent must be between 0 and {MAX_WORKERS}"),
         );
     }
     if !(1..=64).contains(&p.max_agents) {
@@ -234,6 +234,18 @@ mod tests {
         let err = validate(&s).expect_err("refused");
         assert_eq!(err.reason, Reason::InvalidSpec);
         assert!(err.message.contains("between 1 and 64"));
+        // 64 workers of 1 MiB each is what one shard may hold; 256 was accepted before.
+        let mut s = spec(root("r", "a"), root("r", "b"));
+        s.parallelism.workers_per_agent = 65;
+        let err = validate(&s).expect_err("refused");
+        assert!(
+            err.message
+                .contains("workersPerAgent must be between 0 and 64"),
+            "{}",
+            err.message
+        );
+        s.parallelism.workers_per_agent = 64;
+        validate(&s).expect("64 is allowed");
     }
 
     #[test]

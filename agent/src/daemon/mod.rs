@@ -277,6 +277,12 @@ impl Agent {
                 if r.contains_key(&key) {
                     continue;
                 }
+                // At most max_shards at once (stopping ones too: they still hold their
+                // workers and buffers); the rest stay Pending until a rescan finds a slot.
+                if r.len() >= self.node.settings.max_shards {
+                    tracing::debug!(shard = %key, running = r.len(), "all shard slots taken: waiting");
+                    continue;
+                }
                 r.insert(key.clone(), active.clone());
             }
             let (agent, job, shard) = (self.clone(), job.clone(), shard.clone());

@@ -14,6 +14,8 @@ pub struct Settings {
     pub namespace: String,
     /// Copy workers per shard (0: CPUs).
     pub workers: usize,
+    /// Shards run at once; the others wait for a slot.
+    pub max_shards: usize,
     /// Test-only: sleep this long before each file (`FERRY_FAULT_FILE_DELAY_MS`), so
     /// end-to-end tests can act while a copy runs.
     pub file_delay: Option<Duration>,
