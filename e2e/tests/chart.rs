@@ -516,6 +516,42 @@ fn monitoring_render_is_accepted_by_the_prometheus_operator_crds_and_scrapes_the
     Ok(())
 }
 
+/// PATCH `patch` (a JSON patch) to the status of CopyJob `ns/name` with the token and server
+/// of kubeconfig `kc`, as the agent sends its progress: the HTTP status code and body.
+fn json_patch_status(kc: &Path, ns: &str, name: &str, patch: &str) -> Result<(String, String)> {
+    let config = std::fs::read_to_string(kc)?;
+    let field = |key: &str| {
+        config
+            .lines()
+            .find_map(|l| l.trim_start().strip_prefix(key))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (server, token) = (field("server:"), field("token:"));
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-k",
+            "-X",
+            "PATCH",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["-H", "Content-Type: application/json-patch+json"])
+        .args(["--data-binary", patch])
+        .arg(format!(
+            "{server}/apis/ferry.dev/v1alpha1/namespaces/{ns}/copyjobs/{name}/status"
+        ))
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or((&text, ""));
+    Ok((code.to_string(), body.to_string()))
+}
+
 /// The operator and one agent per node (made by `add_node`) as processes, each with a
 /// kubeconfig holding its own ServiceAccount's token. Returns the processes and the endpoint
 /// ports of the operator and of each agent.
@@ -665,6 +701,50 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: roots\n  namespace: team-a\nspec:\n  source: {root: team-data, path: src}\n  destination: {root: team-data, path: copy}\n")?;
     cp.wait_succeeded("team-a", "roots", 120)?;
     assert_same_tree(&tree, &hosts.join("node-b/srv/data/copy"))?;
+    // An agent's token may write only its own node's shards, only their progress: the
+    // chart's admission policy refuses the rest, which RBAC allows (the status is where
+    // the operator tells agents what to copy, and users read what happened).
+    let node_b = cp.dir().join("ferry-agent-node-b.kubeconfig");
+    ensure!(
+        cp.get("copyjob/roots", "team-a", "{.status.shards[0].node}")? == "node-b",
+        "the roots job's shard is on node-b"
+    );
+    let shard = "/status/shards/0";
+    for (kc, patch, says) in [
+        (
+            &node_a,
+            format!(r#"[{{"op":"replace","path":"{shard}/filesDone","value":1}}]"#),
+            "may write only the progress of shards assigned to node node-a",
+        ),
+        (
+            &node_b,
+            format!(r#"[{{"op":"replace","path":"{shard}/sourceRoot","value":"/"}}]"#),
+            "not their assignment",
+        ),
+        (
+            &node_b,
+            format!(r#"[{{"op":"replace","path":"{shard}/node","value":"node-a"}}]"#),
+            "not their assignment",
+        ),
+        (
+            &node_b,
+            r#"[{"op":"replace","path":"/status/phase","value":"Failed"}]"#.to_string(),
+            "not the job's phase",
+        ),
+        (
+            &unbound,
+            format!(r#"[{{"op":"replace","path":"{shard}/filesDone","value":1}}]"#),
+            "bound to its node",
+        ),
+    ] {
+        // As the agent sends it: a JSON patch, with no read first (which RBAC denies it).
+        let (code, body) = json_patch_status(kc, "team-a", "roots", &patch)?;
+        ensure!(
+            code == "403" && body.contains(says),
+            "{}: {patch}: {code} {body}",
+            kc.display()
+        );
+    }
     let finalizers = cp.get("copyjob/roots", "team-a", "{.metadata.finalizers}")?;
     ensure!(
         finalizers.contains("ferry.dev/cleanup"),
@@ -857,8 +937,8 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster ferry.dev/storageroots get",            // resolve_root
         "cluster core/namespaces get",                   // StorageRoot namespace selector
         "cluster core/nodes list",                       // eligible_nodes
-        "cluster core/persistentvolumeclaims get",       // resolve_pvc
-        "cluster core/persistentvolumes get",            // resolve_pvc
+        "cluster core/persistentvolumeclaims get",       // reach_pvc
+        "cluster core/persistentvolumes get",            // reach_pvc
         "cluster core/pods list",                        // CSI: a pod that mounts the claim
         "cluster events.k8s.io/events create",           // Recorder::publish
         "cluster events.k8s.io/events patch",            // Recorder::publish, a repeat
@@ -876,6 +956,11 @@ fn agent_permissions() -> BTreeSet<String> {
         "cluster ferry.dev/copyjobs list",                // watcher
         "cluster ferry.dev/copyjobs watch",               // watcher
         "cluster ferry.dev/copyjobs/status patch",        // shard progress
+        "cluster ferry.dev/storageroots get",             // own_roots: reach_both
+        "cluster core/namespaces get",                    // own_roots: namespace selector
+        "cluster core/persistentvolumeclaims get",        // own_roots: reach_both
+        "cluster core/persistentvolumes get",             // own_roots: reach_both
+        "cluster core/nodes get",                         // own_roots: its Node's labels
         "ferry-system coordination.k8s.io/leases create", // heartbeat apply, first time
         "ferry-system coordination.k8s.io/leases patch",  // heartbeat apply
     ])
@@ -994,7 +1079,15 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         (ag, &["list", "secrets", "-A"], false),
         (ag, &["patch", "copyjobs.ferry.dev", "-n", "team"], false),
         (ag, &["delete", "copyjobs.ferry.dev", "-n", "team"], false),
-        (ag, &["get", "storageroots.ferry.dev"], false),
+        // It resolves a shard's endpoints itself: reads, never writes.
+        (ag, &["get", "storageroots.ferry.dev"], true),
+        (ag, &["get", "persistentvolumeclaims", "-n", "team"], true),
+        (ag, &["get", "persistentvolumes"], true),
+        (ag, &["get", "nodes"], true),
+        (ag, &["get", "namespaces"], true),
+        (ag, &["update", "storageroots.ferry.dev"], false),
+        (ag, &["list", "pods", "-A"], false),
+        (ag, &["patch", "nodes"], false),
         (ag, &["patch", "leases", "-n", "kube-system"], false),
     ];
     let mut wrong = Vec::new();
@@ -1228,21 +1321,24 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "ServiceAccount/copier-operator",
         "ValidatingAdmissionPolicy/copier-agent-leases",
         "ValidatingAdmissionPolicyBinding/copier-agent-leases",
+        "ValidatingAdmissionPolicy/copier-agent-shards",
+        "ValidatingAdmissionPolicyBinding/copier-agent-shards",
     ]);
     ensure!(names == expected, "custom render has {names:?}");
-    // The lease policy is about the renamed agent account.
-    let policy = docs
+    // The policies are about the renamed agent account.
+    for policy in docs
         .iter()
-        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
-        .cloned()
-        .unwrap_or_default();
-    let matches = policy["spec"]["matchConditions"][0]["expression"]
-        .as_str()
-        .unwrap_or_default();
-    ensure!(
-        matches.contains(&format!("system:serviceaccount:{NS}:copier-agent")),
-        "the lease policy matches {matches:?}"
-    );
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
+    {
+        let matches = policy["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap_or_default();
+        ensure!(
+            matches.contains(&format!("system:serviceaccount:{NS}:copier-agent")),
+            "{} matches {matches:?}",
+            policy["metadata"]["name"]
+        );
+    }
     let find = |kind: &str| {
         docs.iter()
             .find(|d| d["kind"] == kind)

@@ -4,6 +4,8 @@
 //! outside the root stay as they were. Roots and claims a namespace may not use are refused
 //! by the operator before any agent is given the job.
 
+use std::time::Duration;
+
 use anyhow::{ensure, Result};
 use ferry_e2e::ControlPlane;
 
@@ -281,6 +283,67 @@ fn a_job_whose_root_stops_admitting_its_namespace_stops_and_fails_with_the_reaso
     ensure!(
         later == stopped && later < 400,
         "the agent went on copying after the job was refused: {stopped} then {later} of 400 entries"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_agent_opens_what_the_job_resolves_to_never_a_host_path_the_status_names() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    let (mut procs, hosts) = cp.start_ferry(&["node-a"])?;
+    let node = hosts.join("node-a");
+    // The node's secrets, and a tenant's root.
+    std::fs::create_dir_all(node.join("etc/secret/src"))?;
+    std::fs::write(node.join("etc/secret/src/key"), b"do not copy")?;
+    std::fs::create_dir_all(node.join("srv/data/src"))?;
+    std::fs::write(node.join("srv/data/src/ok"), b"tenant data")?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: aimed\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: out}\n  suspend: true\n")?;
+    cp.wait_until(
+        "copyjob/aimed",
+        "default",
+        "{.status.shards[0].node}",
+        Duration::from_secs(60),
+        |n| n == "node-a",
+    )?;
+    // What a stolen agent token can do where the chart's admission policy is not installed
+    // (and the operator, which would write the assignment back, is gone): aim the shard's
+    // source at the node's secrets.
+    drop(procs.remove(0));
+    cp.kubectl_ok(&[
+        "patch",
+        "copyjob",
+        "aimed",
+        "-n",
+        "default",
+        "--subresource=status",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/status/shards/0/sourceRoot","value":"/etc/secret"}]"#,
+    ])?;
+    cp.kubectl_ok(&ferry_e2e::merge_patch(
+        "copyjob/aimed",
+        "default",
+        false,
+        r#"{"spec":{"suspend":false}}"#,
+    ))?;
+    let state = cp.wait_until(
+        "copyjob/aimed",
+        "default",
+        "{.status.shards[0].state}",
+        Duration::from_secs(60),
+        |s| s == "Succeeded" || s == "Failed",
+    )?;
+    let out = node.join("srv/data/out");
+    ensure!(
+        !out.join("key").exists(),
+        "the agent copied the node's secret from the host path the status named"
+    );
+    ensure!(
+        state == "Succeeded" && std::fs::read(out.join("ok"))? == b"tenant data",
+        "the agent copied the job's own source (state {state})"
     );
     Ok(())
 }

@@ -12,11 +12,11 @@ pub mod decide;
 pub mod heartbeat;
 pub mod leader;
 pub mod metrics;
-pub mod resolve;
 pub mod schedule;
 pub mod status;
-pub mod validate;
-pub mod volume;
+
+/// The tenant rules and volume resolution, shared with the agents.
+pub use ferry_resolve::{self as resolve, validate, volume};
 
 /// Errors of a reconcile that are worth a retry (the API server, the network). A variant
 /// that wraps another error says only what failed and leaves the cause to `source()`, so

@@ -36,6 +36,24 @@ pub(super) enum ShardError {
         #[source]
         source: ferry_engine::Error,
     },
+    /// The job's endpoints could not be looked up (the API server): the run is tried again.
+    #[error("looking up the job's endpoints")]
+    Api(#[source] kube::Error),
+    /// The job's endpoints, resolved by this agent, refuse it (the operator should have).
+    #[error("{message}")]
+    Refused { reason: Reason, message: String },
+    /// The job's endpoint is not on this node by the rules of its StorageRoot or volume:
+    /// the shard's status assigned it here, which only a forged status does.
+    #[error("the {what} is not on node {node} by its StorageRoot's node selector or its volume's node affinity; this agent does not copy it here")]
+    NotOnThisNode { what: &'static str, node: String },
+    /// The shard's status names a path that is not the kubelet's mount of the claim's CSI
+    /// volume.
+    #[error("the shard's {what} path {path} is not the kubelet's mount of the claim's CSI volume {pv}; this agent does not open it")]
+    NotTheVolume {
+        what: &'static str,
+        path: String,
+        pv: String,
+    },
     /// A job's path names Ferry's state directory (the operator refuses such a job; an
     /// older operator, or a status edited by hand, must not get it through).
     #[error("{field} {path:?} is in .ferry, the directory where Ferry keeps its state at the top of every root and volume; choose another path")]
@@ -109,8 +127,12 @@ impl ShardError {
             Self::Root { source, .. } | Self::Engine(source) => engine_reason(source),
             Self::MemoryLimit { .. } => Reason::DestinationFull,
             Self::StatePath { .. } => Reason::PathEscape,
+            Self::Refused { reason, .. } => *reason,
             Self::Fenced
             | Self::RootHoldsAgentState { .. }
+            | Self::Api(_)
+            | Self::NotOnThisNode { .. }
+            | Self::NotTheVolume { .. }
             | Self::Journal { .. }
             | Self::Publish(_)
             | Self::HostRoot { .. }

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use ferry_crds::{CopyJobSpec, ManifestName, ManifestPart, Reason, ShardState, STATE_DIR};
 use ferry_engine::{Part, Summary};
-use kube::{Client, ResourceExt};
+use ferry_resolve::Reach;
+use kube::{Api, Client, ResourceExt};
 
 use super::error::{engine_reason, ShardError, MEMORY_MARGIN};
 use super::fence::Fence;
@@ -82,6 +83,11 @@ pub(super) async fn run(
         Ok(state) => Some(state),
         // Said where it was noticed.
         Err(ShardError::Fenced) => None,
+        // Not the job's fault: a rescan tries again (None, not fenced, is not finished).
+        Err(ShardError::Api(e)) => {
+            tracing::warn!(job = %job.name_any(), shard = %shard.id, error = %with_causes(&e), "looking up the job's endpoints failed; trying again");
+            None
+        }
         Err(ShardError::Publish(PublishError::Fenced(_))) => {
             tracing::warn!(job = %job.name_any(), shard = %shard.id, "the API server refused our update: the shard was given to another node or epoch");
             None
@@ -112,12 +118,12 @@ async fn run_shard(
             return Err(ShardError::StatePath { field, path });
         }
     }
+    let (src, dst) = own_roots(node, target).await?;
     // Opening a root can hang (an NFS server gone away): never on a runtime thread, where
     // it would stop the heartbeat and every other shard with it.
     let roots = {
         let (host, node_name) = (node.settings.host_root.clone(), node.settings.node.clone());
-        let shard = target.shard;
-        let (src, dst) = (shard.source_root.clone(), shard.destination_root.clone());
+        let (src, dst) = (src.clone(), dst.clone());
         let state = node.journals.state_dir().to_path_buf();
         tokio::task::spawn_blocking(move || {
             let roots = open_roots(&host, &node_name, &src, &dst)?;
@@ -142,7 +148,7 @@ async fn run_shard(
     if job.spec.dry_run {
         return dry_run(node, target, &roots).await;
     }
-    fits_in_memory(node, target, &roots).await?;
+    fits_in_memory(node, target, &roots, &dst).await?;
     // Nothing becomes visible once the shard is not ours (it moved, per the watch or the
     // API server) or may not be (the heartbeat lapsed since this run began).
     let state_dir = {
@@ -182,6 +188,73 @@ async fn run_shard(
     }
     node.publish(target, state, &live, None).await?;
     Ok(state)
+}
+
+/// The host paths of the shard's roots, as this agent resolves them itself from the job's
+/// spec and objects only admins (or Kubernetes) write: a StorageRoot this namespace may use
+/// and that selects this node, a claim bound to its volume whose affinity includes this
+/// node. Never from the job's status, which an agent token can write: the status's paths
+/// are only the operator's account of the same (a CSI volume's pod mount, which depends on
+/// a pod, is taken from it only if it is the kubelet's mount of that very volume).
+async fn own_roots(node: &Node, target: Target<'_>) -> Result<(String, String), ShardError> {
+    let (job, shard) = (target.job, target.shard);
+    let me = &node.settings.node;
+    let ns = job.namespace().unwrap_or_default();
+    let (src, dst) = match ferry_resolve::reach_both(&node.client, &ns, job).await {
+        Err(e) => return Err(ShardError::Api(e)),
+        Ok(Err(blocked)) => {
+            return Err(ShardError::Refused {
+                reason: blocked.reason,
+                message: blocked.message,
+            })
+        }
+        Ok(Ok(pair)) => pair,
+    };
+    let labels = Api::<k8s_openapi::api::core::v1::Node>::all(node.client.clone())
+        .get(me)
+        .await
+        .map_err(ShardError::Api)?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    let kubelet_dir = ferry_resolve::volume::kubelet_dir();
+    let pick = |what: &'static str, reach: &Reach, assigned: &str| match reach {
+        Reach::Direct(v) if v.nodes.matches(me, &labels) => {
+            if v.host_path != assigned {
+                tracing::warn!(job = %job.name_any(), %ns, shard = %shard.id, what, status = assigned, resolved = %v.host_path, "the shard's status names another root than the job resolves to; using the job's");
+            }
+            Ok(v.host_path.clone())
+        }
+        Reach::Direct(_) => Err(ShardError::NotOnThisNode {
+            what,
+            node: me.clone(),
+        }),
+        Reach::Csi { pv_name, .. } if is_csi_mount(assigned, &kubelet_dir, pv_name) => {
+            Ok(assigned.to_string())
+        }
+        Reach::Csi { pv_name, .. } => Err(ShardError::NotTheVolume {
+            what,
+            path: assigned.to_string(),
+            pv: pv_name.clone(),
+        }),
+    };
+    Ok((
+        pick("source", &src, &shard.source_root)?,
+        pick("destination", &dst, &shard.destination_root)?,
+    ))
+}
+
+/// Whether `path` is where the kubelet mounts CSI volume `pv` for some pod:
+/// `<kubelet dir>/pods/<pod uid>/volumes/kubernetes.io~csi/<pv>/mount`.
+fn is_csi_mount(path: &str, kubelet_dir: &str, pv: &str) -> bool {
+    let Some(uid) = path
+        .strip_prefix(kubelet_dir.trim_end_matches('/'))
+        .and_then(|p| p.strip_prefix("/pods/"))
+        .and_then(|p| p.strip_suffix(&format!("/volumes/kubernetes.io~csi/{pv}/mount")))
+    else {
+        return false;
+    };
+    uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
 }
 
 /// The shard's source and destination roots, opened inside the node's filesystem.
@@ -238,7 +311,12 @@ async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<Shard
 /// the pages stay charged to the pod). The source is counted only when the tmpfs could
 /// hold more than the limit allows. Counted as the whole copy: on a resumption, the
 /// part already copied is counted twice, which errs on the side of a clear refusal.
-async fn fits_in_memory(node: &Node, target: Target<'_>, roots: &Roots) -> Result<(), ShardError> {
+async fn fits_in_memory(
+    node: &Node,
+    target: Target<'_>,
+    roots: &Roots,
+    dst_root: &str,
+) -> Result<(), ShardError> {
     // On the blocking pool, as the roots were opened: a statfs of a dead NFS server hangs.
     let dst = roots.dst.clone();
     let probe = tokio::task::spawn_blocking(move || {
@@ -271,7 +349,7 @@ async fn fits_in_memory(node: &Node, target: Target<'_>, roots: &Roots) -> Resul
         return Ok(());
     }
     Err(ShardError::MemoryLimit {
-        root: target.shard.destination_root.clone(),
+        root: dst_root.to_string(),
         node: node.settings.node.clone(),
         need,
         memcg,

@@ -10,8 +10,10 @@ use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVo
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use crate::validate;
-use crate::volume::{self, Nodes, PvAccess, Volume};
+pub mod validate;
+pub mod volume;
+
+use volume::{Nodes, PvAccess, Volume};
 
 /// Why a job cannot proceed, as a condition reason and a message for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,16 +35,25 @@ pub enum Endpoints {
     Resolved { source: Volume, destination: Volume },
 }
 
-/// Resolve a PVC endpoint: a claim in the job's own namespace, bound to a `local` or
-/// `hostPath` PersistentVolume whose node affinity says where it lives, or to a CSI volume
-/// reached through the kubelet's mount for a pod that uses the claim, on that pod's node.
-async fn resolve_pvc(
+/// How an endpoint is reached, from objects only admins (or Kubernetes) write: a host path
+/// on the nodes that have it, or a CSI volume, reached through the kubelet's mount for a
+/// pod that uses it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reach {
+    Direct(Volume),
+    Csi { pv_name: String, claim: String },
+}
+
+/// Check a PVC endpoint: a claim in the job's own namespace, bound to its volume, which is
+/// a `local` or `hostPath` PersistentVolume (its node affinity says where it lives) or a
+/// CSI volume.
+async fn reach_pvc(
     client: &Client,
     ns: &str,
     field: &str,
     claim: &str,
     destination: bool,
-) -> Result<Result<Volume, Blocked>, kube::Error> {
+) -> Result<Result<Reach, Blocked>, kube::Error> {
     let unresolved = |reason: Reason, message: String| {
         Ok(Err(Blocked {
             condition: ConditionType::Resolved,
@@ -82,25 +93,39 @@ async fn resolve_pvc(
         }
     }
     match volume::from_pv(&pv) {
-        Ok(PvAccess::Direct(v)) => Ok(Ok(v)),
-        Ok(PvAccess::Csi) => {
-            // The claim's pods live in its namespace; the kubelet mounts the volume for them.
-            let pods = Api::<Pod>::namespaced(client.clone(), ns)
-                .list(&ListParams::default())
-                .await?;
-            match volume::from_csi_mount(&volume::kubelet_dir(), &pv_name, claim, &pods.items) {
-                Some(v) => Ok(Ok(v)),
-                None => unresolved(
-                    Reason::VolumeNotMounted,
-                    format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node"),
-                ),
-            }
-        }
+        Ok(PvAccess::Direct(v)) => Ok(Ok(Reach::Direct(v))),
+        Ok(PvAccess::Csi) => Ok(Ok(Reach::Csi {
+            pv_name,
+            claim: claim.to_string(),
+        })),
         Err(why) => unresolved(
             Reason::VolumeNotSupported,
             format!("{field}.pvc: volume {pv_name:?}: {why}"),
         ),
     }
+}
+
+/// A CSI volume is reached through the kubelet's mount for a running pod of the claim's
+/// namespace that uses it, on that pod's node.
+async fn through_a_pod(
+    client: &Client,
+    ns: &str,
+    field: &str,
+    pv_name: &str,
+    claim: &str,
+) -> Result<Result<Volume, Blocked>, kube::Error> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(
+        volume::from_csi_mount(&volume::kubelet_dir(), pv_name, claim, &pods.items).ok_or_else(
+            || Blocked {
+                condition: ConditionType::Resolved,
+                reason: Reason::VolumeNotMounted,
+                message: format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node"),
+            },
+        ),
+    )
 }
 
 /// A claim is the tenant's way to a volume only once Kubernetes has bound it: its phase is
@@ -193,6 +218,33 @@ fn writable(
     }
 }
 
+/// Check one endpoint and say how it is reached.
+async fn reach(
+    client: &Client,
+    ns: &str,
+    field: &str,
+    e: &Endpoint,
+    destination: bool,
+) -> Result<Result<Reach, Blocked>, kube::Error> {
+    if let Some(claim) = &e.pvc {
+        return reach_pvc(client, ns, field, claim, destination).await;
+    }
+    Ok(resolve_root(client, ns, field, e, destination)
+        .await?
+        .map(|root| {
+            Reach::Direct(Volume {
+                host_path: root.spec.path.clone(),
+                shared: root.spec.shared,
+                nodes: match (&root.spec.node_selector, root.spec.shared) {
+                    (Some(sel), _) => Nodes::Labels(sel.clone()),
+                    (None, true) => Nodes::All,
+                    // Admission refuses this; no node has it.
+                    (None, false) => Nodes::Terms(Vec::new()),
+                },
+            })
+        }))
+}
+
 /// Resolve one endpoint to a host path and the nodes that have it.
 async fn resolve(
     client: &Client,
@@ -201,21 +253,13 @@ async fn resolve(
     e: &Endpoint,
     destination: bool,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
-    if let Some(claim) = &e.pvc {
-        return resolve_pvc(client, ns, field, claim, destination).await;
+    match reach(client, ns, field, e, destination).await? {
+        Err(b) => Ok(Err(b)),
+        Ok(Reach::Direct(v)) => Ok(Ok(v)),
+        Ok(Reach::Csi { pv_name, claim }) => {
+            through_a_pod(client, ns, field, &pv_name, &claim).await
+        }
     }
-    Ok(resolve_root(client, ns, field, e, destination)
-        .await?
-        .map(|root| Volume {
-            host_path: root.spec.path.clone(),
-            shared: root.spec.shared,
-            nodes: match (&root.spec.node_selector, root.spec.shared) {
-                (Some(sel), _) => Nodes::Labels(sel.clone()),
-                (None, true) => Nodes::All,
-                // Admission refuses this; no node has it.
-                (None, false) => Nodes::Terms(Vec::new()),
-            },
-        }))
 }
 
 /// Resolve one `root` endpoint: the StorageRoot exists, this namespace may use it, and a
@@ -311,6 +355,31 @@ pub async fn eligible_nodes(
         .collect();
     out.sort();
     Ok(out)
+}
+
+/// The job's spec checked and how each endpoint is reached, without looking at pods: what
+/// an agent decides with, so that the host paths it opens follow from the job and from
+/// objects only admins write, never from the job's status (which an agent token can write).
+pub async fn reach_both(
+    client: &Client,
+    ns: &str,
+    job: &CopyJob,
+) -> Result<Result<(Reach, Reach), Blocked>, kube::Error> {
+    if let Err(refusal) = validate::validate(&job.spec) {
+        return Ok(Err(Blocked {
+            condition: ConditionType::Accepted,
+            reason: refusal.reason,
+            message: refusal.message,
+        }));
+    }
+    let source = match reach(client, ns, "spec.source", &job.spec.source, false).await? {
+        Err(b) => return Ok(Err(b)),
+        Ok(src) => src,
+    };
+    match reach(client, ns, "spec.destination", &job.spec.destination, true).await? {
+        Err(b) => Ok(Err(b)),
+        Ok(dst) => Ok(Ok((source, dst))),
+    }
 }
 
 /// Validate the spec and resolve both endpoints: [`Endpoints::Resolved`], or
