@@ -122,7 +122,10 @@ pub(crate) fn copy_xattrs(
     result
 }
 
-/// Apply owner, xattrs, mode and times from `st` (and `src`'s xattrs) to the open `dst`.
+/// Apply owner, xattrs and mode from `st` (and `src`'s xattrs) to the open `dst`; the
+/// times, which come last, are [`apply_times`]'s, so that a caller that finishes a file by
+/// its times can check it still owns the copy between the two (nothing after that check
+/// but the one syscall that finishes the file).
 /// Returns the name of the step that failed with its error.
 /// `mode_done`: the entry was created with its final mode (see [`Identity::creation_mode`]);
 /// otherwise it is set here, after owner and xattrs.
@@ -146,6 +149,15 @@ pub(crate) fn apply_fd(
     if !mode_done || had_xattrs {
         sys::fchmod(dst, who.final_mode(st, preserve)).map_err(|e| ("fchmod", e))?;
     }
+    Ok(())
+}
+
+/// The last step of [`apply_fd`]: `st`'s times on the open `dst`, when they are kept.
+pub(crate) fn apply_times(
+    dst: BorrowedFd<'_>,
+    st: &Stat,
+    preserve: &Preserve,
+) -> Result<(), (&'static str, io::Error)> {
     if preserve.timestamps {
         sys::futimens(dst, st).map_err(|e| ("futimens", e))?;
     }

@@ -151,7 +151,6 @@ impl<'a> Ctx<'a> {
         let result = match lock(&file.error).take() {
             Some(err) => Err(err),
             None => check_unchanged(file.src.as_fd(), &file.st)
-                .and_then(|()| self.may_finish())
                 .and_then(|()| {
                     meta::apply_fd(
                         file.src.as_fd(),
@@ -163,6 +162,9 @@ impl<'a> Ctx<'a> {
                         &mut local.xattrs,
                     )
                 })
+                // As for a whole file: ownership is checked right before the times.
+                .and_then(|()| self.may_finish())
+                .and_then(|()| meta::apply_times(staged.fd.as_fd(), &file.st, &self.opts.preserve))
                 .and_then(|()| self.commit_staged(dir, &mut staged, &file.dst_name)),
         };
         match result {

@@ -335,9 +335,6 @@ impl<'a> Ctx<'a> {
             }
             None => None,
         };
-        // A file named directly (inside a staging directory) is finished by its times,
-        // which come last: a copy that no longer owns the destination leaves it without.
-        self.may_finish()?;
         meta::apply_fd(
             src.as_fd(),
             dst,
@@ -347,6 +344,11 @@ impl<'a> Ctx<'a> {
             staged.mode_done,
             &mut local.xattrs,
         )?;
+        // A file named directly (inside a staging directory) is finished by its times,
+        // which come last: a copy that no longer owns the destination leaves it without.
+        // The check comes right before them, with no other step between.
+        self.may_finish()?;
+        meta::apply_times(dst, st, &opts.preserve)?;
         if !self.commit_staged(dir, staged, name)? {
             return Ok(FillOutcome::Kept);
         }

@@ -178,7 +178,9 @@ impl<'a> Ctx<'a> {
                     &self.who,
                     false,
                     &mut XattrBufs::default(),
-                ) {
+                )
+                .and_then(|()| meta::apply_times(node.dst.as_fd(), &st, &self.opts.preserve))
+                {
                     Ok(()) => {}
                     Err((op, e)) => self.fail(&node.rel, op, &e),
                 }
