@@ -354,6 +354,67 @@ fn a_suspended_job_stops_mid_copy_and_resumes_to_an_identical_tree() -> Result<(
     Ok(())
 }
 
+/// A suspend is heard inside one large file, not only between files: a job suspended
+/// while its agent hashes an 8 TiB sparse file (verify: Checksum hashes the holes as
+/// zeros) is Suspended within seconds, with nothing of that file visible. (Before, the
+/// agent finished the file first: hours.)
+#[test]
+fn a_job_suspended_inside_an_8_tib_sparse_file_stops_within_seconds() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    let (_ferry, hosts) = cp.start_ferry_with(&NODES, &[])?;
+    let root = hosts.join("node-a/srv/data");
+    let src = root.join("src");
+    std::fs::create_dir_all(&src)?;
+    let huge = std::fs::File::create(src.join("huge"))?;
+    {
+        use std::os::unix::fs::FileExt;
+        huge.write_all_at(&[7u8; 1 << 20], 0)?;
+        huge.set_len(8 << 40)?;
+    }
+    cp.apply(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: sparse\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n  verify: Checksum\n",
+    )?;
+    // The agent is inside the file once it exists in the copy's staging directory.
+    let inside = || {
+        std::fs::read_dir(&root).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with(".ferry-")
+                    && e.path().join("huge").exists()
+            })
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !inside() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the agent never started on the sparse file"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cp.kubectl_ok(&merge_patch(
+        "copyjob/sparse",
+        "default",
+        false,
+        r#"{"spec":{"suspend":true}}"#,
+    ))?;
+    cp.wait_until(
+        "copyjob/sparse",
+        "default",
+        "{.status.phase} {.status.shards[0].state}",
+        Duration::from_secs(30),
+        |v| v == "Suspended Suspended",
+    )
+    .context("the suspend was not heard inside the file")?;
+    ensure!(
+        !root.join("copy/huge").exists(),
+        "a partial copy of the sparse file is visible"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_job_deleted_mid_copy_stops_before_it_is_gone_and_leaves_only_whole_files() -> Result<()> {
     let Some(cp) = ControlPlane::start_or_skip()? else {

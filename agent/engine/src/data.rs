@@ -73,6 +73,53 @@ impl CapsCache {
     }
 }
 
+/// Whether the copy a file belongs to is stopping (cancelled, fenced, or stopped by a full
+/// destination).
+pub(crate) trait Stop {
+    fn should_stop(&self) -> bool;
+}
+
+/// What a file's data loops consult besides the file: the test faults, and the copy's stop
+/// signal, asked between blocks so that one large file (an 8 TiB sparse image being
+/// hashed, a source that never ends) never holds a suspend or a delete for its whole length.
+#[derive(Clone, Copy)]
+pub(crate) struct Guard<'a> {
+    pub faults: &'a Faults,
+    pub stop: &'a dyn Stop,
+}
+
+impl Guard<'_> {
+    /// `Err(Stopped)` once the copy is stopping.
+    fn check(&self) -> io::Result<()> {
+        match self.stop.should_stop() {
+            true => Err(io::Error::other(Stopped)),
+            false => Ok(()),
+        }
+    }
+}
+
+/// A file's copy was cut off because the whole copy is stopping: not a failure of that
+/// file (the copy's summary says why it stopped), and never retried.
+#[derive(Debug)]
+pub(crate) struct Stopped;
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the copy stopped before this file was complete")
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// Whether `err` is [`Stopped`].
+pub(crate) fn is_stopped(err: &io::Error) -> bool {
+    err.get_ref().is_some_and(|e| e.is::<Stopped>())
+}
+
+/// The most a source whose size reads as 0 (procfs, some FUSE files) may give before it is
+/// taken for a file that never ends and refused, rather than filling the destination.
+pub(crate) const UNSIZED_LIMIT: u64 = 1 << 30;
+
 /// The outcome of a `FICLONE` attempt.
 #[derive(Debug)]
 pub(crate) enum Clone {
@@ -136,20 +183,25 @@ pub(crate) fn copy_range(
     caps: &mut Caps,
     buf: &mut Vec<u8>,
     mut hasher: Option<&mut Xxh3>,
-    faults: &Faults,
+    guard: &Guard<'_>,
 ) -> io::Result<Moved> {
+    let faults = guard.faults;
     let mut done = 0u64;
     if caps.copy_file_range && hasher.is_none() {
-        // 1 GiB per call keeps clear of the 2 GiB glibc/NFS limits (coreutils 9.8,
-        // KarpelesLab/reflink#3); a small file takes one call.
-        const MAX_CALL: u64 = 1 << 30;
+        // 128 MiB per call: clear of the 2 GiB glibc/NFS limits (coreutils 9.8,
+        // KarpelesLab/reflink#3), and short enough that the stop signal, asked between
+        // calls, is heard within a second on a slow disk; a small file takes one call.
+        const MAX_CALL: u64 = 128 << 20;
         let mut fall_back = false;
         loop {
             let want = match r.len {
                 Some(len) if done >= len => break,
                 Some(len) => (len - done).min(MAX_CALL),
-                None => MAX_CALL,
+                None => unsized_room(done)?.min(MAX_CALL),
             };
+            if done > 0 {
+                guard.check()?;
+            }
             let res = if faults.copy_file_range_returns_zero {
                 Ok(0)
             } else if let Some(errno) = faults.copy_file_range_errno {
@@ -198,8 +250,11 @@ pub(crate) fn copy_range(
         let want = match r.len {
             Some(len) if done >= len => break,
             Some(len) => (len - done).min(buf.len() as u64) as usize,
-            None => buf.len(),
+            None => unsized_room(done)?.min(buf.len() as u64) as usize,
         };
+        if done > 0 {
+            guard.check()?;
+        }
         let n = match sys::pread(r.src, &mut buf[..want], r.off + done) {
             Ok(0) => break,
             Ok(n) => n,
@@ -220,6 +275,23 @@ pub(crate) fn copy_range(
 }
 
 pub(crate) const BUF_SIZE: usize = 1 << 20;
+
+/// How much more an unsized source may give after `done` bytes: up to [`UNSIZED_LIMIT`],
+/// and one byte past it, so that reaching the limit with more to come is seen (a source
+/// of exactly the limit ends there and is copied).
+fn unsized_room(done: u64) -> io::Result<u64> {
+    match UNSIZED_LIMIT.checked_sub(done) {
+        Some(room) => Ok(room + 1),
+        None => Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!(
+                "the source's size reads as 0 but it gave more than {} GiB without ending \
+                 (a file that never ends, as a FUSE or procfs file can); not copied",
+                UNSIZED_LIMIT >> 30
+            ),
+        )),
+    }
+}
 
 pub(crate) fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut off: u64) -> io::Result<()> {
     while !data.is_empty() {
@@ -246,13 +318,14 @@ pub(crate) fn copy_sparse(
     caps: &mut Caps,
     buf: &mut Vec<u8>,
     mut hasher: Option<&mut Xxh3>,
-    faults: &Faults,
+    guard: &Guard<'_>,
 ) -> io::Result<Moved> {
     let mut moved = Moved::default();
     let mut off = 0u64;
     // Each turn of the loop moves `off` forward or ends it (coreutils 9.10 fixed an
     // infinite loop here when SEEK_HOLE answered inconsistently).
     while off < size {
+        guard.check()?;
         let Some(data) = sys::seek_data_or_hole(src, off, true)? else {
             break;
         };
@@ -269,7 +342,7 @@ pub(crate) fn copy_sparse(
             ));
         }
         if let Some(h) = hasher.as_deref_mut() {
-            hash_zeros(h, data - off);
+            hash_zeros(h, data - off, guard)?;
         }
         let m = copy_range(
             Range {
@@ -281,7 +354,7 @@ pub(crate) fn copy_sparse(
             caps,
             buf,
             hasher.as_deref_mut(),
-            faults,
+            guard,
         )?;
         moved.bytes += m.bytes;
         moved.strategy = m.strategy.or(moved.strategy);
@@ -293,31 +366,87 @@ pub(crate) fn copy_sparse(
         off = hole;
     }
     if let Some(h) = hasher {
-        hash_zeros(h, size.saturating_sub(off));
+        hash_zeros(h, size.saturating_sub(off), guard)?;
     }
     sys::ftruncate(dst, size)?;
     Ok(moved)
 }
 
-fn hash_zeros(h: &mut Xxh3, mut n: u64) {
+/// Hash `n` zero bytes (a hole) without reading them, asking the stop signal every 64 MiB.
+fn hash_zeros(h: &mut Xxh3, mut n: u64, guard: &Guard<'_>) -> io::Result<()> {
     static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    let mut since_check = 0u64;
     while n > 0 {
         let k = n.min(ZEROS.len() as u64) as usize;
         h.update(&ZEROS[..k]);
         n -= k as u64;
+        since_check += k as u64;
+        if since_check >= 64 << 20 {
+            since_check = 0;
+            guard.check()?;
+        }
     }
+    Ok(())
 }
+
+/// Files at least this long are looked at for holes before they are hashed (one `fstat`,
+/// which small files are spared).
+const HOLE_CHECK_MIN: u64 = 1 << 20;
 
 /// xxHash3-128 of the first `len` bytes of `fd` (fewer if it ends sooner), and how many
 /// bytes that was. Reading exactly `len` saves the end-of-file read on every small file.
-pub(crate) fn hash_fd(fd: BorrowedFd<'_>, len: u64, buf: &mut Vec<u8>) -> io::Result<(u128, u64)> {
+/// A sparse file's holes, where the filesystem reports them (`SEEK_DATA`/`SEEK_HOLE`),
+/// are hashed as the zeros a reader sees without being read.
+pub(crate) fn hash_fd(
+    fd: BorrowedFd<'_>,
+    len: u64,
+    buf: &mut Vec<u8>,
+    guard: &Guard<'_>,
+) -> io::Result<(u128, u64)> {
     if buf.is_empty() {
         buf.resize(BUF_SIZE, 0);
     }
     let mut h = Xxh3::new();
+    // Holes are looked for only up to the file's size now: past it, a file that shrank
+    // must read short, not as a hole.
+    let holes_until = match len >= HOLE_CHECK_MIN {
+        true => {
+            let st = sys::fstat(fd)?;
+            let size = st.st_size as u64;
+            ((st.st_blocks as u64) * 512 < size).then_some(size.min(len))
+        }
+        false => None,
+    };
+    // The end of the data extent being read: past it, the next hole is hashed unread.
+    let mut data_end = match holes_until {
+        Some(_) => 0,
+        None => len,
+    };
     let mut off = 0u64;
     while off < len {
-        let want = (len - off).min(buf.len() as u64) as usize;
+        if off > 0 {
+            guard.check()?;
+        }
+        if off >= data_end {
+            let end = holes_until.unwrap_or(len);
+            data_end = len;
+            if off < end {
+                // Where the filesystem cannot say, everything is data (read it all).
+                if let Ok(found) = sys::seek_data_or_hole(fd, off, true) {
+                    let data = found.unwrap_or(end).min(end);
+                    hash_zeros(&mut h, data - off, guard)?;
+                    off = data;
+                    if off < end {
+                        data_end = match sys::seek_data_or_hole(fd, off, false) {
+                            Ok(hole) => hole.unwrap_or(end).clamp(off + 1, end),
+                            Err(_) => len,
+                        };
+                    }
+                }
+            }
+            continue;
+        }
+        let want = (data_end.min(len) - off).min(buf.len() as u64) as usize;
         match sys::pread(fd, &mut buf[..want], off) {
             Ok(0) => break,
             Ok(n) => {

@@ -38,7 +38,8 @@ pub struct Options {
     pub manifest: Option<PathBuf>,
     /// Which entries of the tree this run copies (all of them, or one part of a split copy).
     pub select: Part,
-    /// Set from another thread to stop the copy at the next file boundary. Files already
+    /// Set from another thread to stop the copy: between files, and inside a large one
+    /// between blocks (a file cut off is discarded, not reported failed). Files already
     /// committed stay; unfinished directories get their final names but not their metadata
     /// (a later run with `resume` finishes them); no partial file is ever visible.
     pub cancel: Option<Arc<AtomicBool>>,

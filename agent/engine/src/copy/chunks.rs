@@ -105,8 +105,7 @@ impl<'a> Ctx<'a> {
         while let Some(dst) = &dst {
             let i = file.next_chunk.fetch_add(1, Ordering::Relaxed);
             if self.abort.load(Ordering::Relaxed) {
-                let stopped = io::Error::other("copy stopped before this file was complete");
-                lock(&file.error).get_or_insert(("copy data", stopped));
+                lock(&file.error).get_or_insert(("copy data", io::Error::other(data::Stopped)));
             }
             if i >= file.chunks || lock(&file.error).is_some() {
                 break;
@@ -119,7 +118,7 @@ impl<'a> Ctx<'a> {
                 off,
                 len: Some(len),
             };
-            match data::copy_range(r, &mut caps, &mut local.buf, None, &self.opts.faults) {
+            match data::copy_range(r, &mut caps, &mut local.buf, None, &self.guard()) {
                 Ok(m) if m.bytes == len => {
                     if let Some(s) = m.strategy {
                         local.tally.by_strategy[s as usize] += m.bytes;

@@ -7,6 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
+use crate::data;
 use crate::error::Failure;
 use crate::Reason;
 
@@ -17,9 +18,12 @@ const MAX_FAILURES_KEPT: usize = 1000;
 
 impl<'a> Ctx<'a> {
     /// Record one failed entry. A full destination stops the whole copy: every later file
-    /// would fail the same way.
+    /// would fail the same way. An entry the stopping copy cut off is not a failure of its
+    /// own: the copy's summary says why it stopped.
     pub(super) fn fail(&self, path: &[u8], op: &'static str, err: &io::Error) {
-        self.fail_kind(path, op, kind_of(err), err.to_string());
+        if !data::is_stopped(err) {
+            self.fail_kind(path, op, kind_of(err), err.to_string());
+        }
     }
 
     fn fail_kind(&self, path: &[u8], op: &'static str, kind: Reason, message: String) {

@@ -166,9 +166,14 @@ impl<'a> Ctx<'a> {
                         .or_else(|_| sys::open_beneath(dir.dst.as_fd(), name, flags))
                         .map_err(|e| ("open destination", e))
                         .and_then(|fd| {
-                            data::hash_fd(fd.as_fd(), existing.st_size as u64, &mut local.buf)
-                                .map(|(h, _)| Some(h))
-                                .map_err(|e| ("read destination", e))
+                            data::hash_fd(
+                                fd.as_fd(),
+                                existing.st_size as u64,
+                                &mut local.buf,
+                                &self.guard(),
+                            )
+                            .map(|(h, _)| Some(h))
+                            .map_err(|e| ("read destination", e))
                         })
                 } else {
                     Ok(None)

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::data::CapsCache;
+use crate::data::{self, CapsCache, Guard};
 use crate::error::Failure;
 use crate::meta::{Identity, XattrBufs};
 use crate::options::{Options, Verify};
@@ -301,6 +301,14 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// What a file's data loops consult: the test faults and this copy's stop signal.
+    fn guard(&self) -> Guard<'_> {
+        Guard {
+            faults: &self.opts.faults,
+            stop: self,
+        }
+    }
+
     /// `owns`, as a step of a file's commit.
     fn may_finish(&self) -> Result<(), Fail> {
         match self.owns() {
@@ -375,5 +383,11 @@ impl<'a> Ctx<'a> {
     fn count_skipped(&self) {
         self.counters.skipped.fetch_add(1, Ordering::Relaxed);
         self.progress.skipped();
+    }
+}
+
+impl data::Stop for Ctx<'_> {
+    fn should_stop(&self) -> bool {
+        self.stopping()
     }
 }

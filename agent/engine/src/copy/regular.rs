@@ -252,7 +252,7 @@ impl<'a> Ctx<'a> {
         let src_hash = if cloned {
             match self.hash {
                 true => {
-                    let (hash, n) = data::hash_fd(src.as_fd(), size, &mut local.buf)
+                    let (hash, n) = data::hash_fd(src.as_fd(), size, &mut local.buf, &self.guard())
                         .map_err(|e| ("read source", e))?;
                     if n != size {
                         return Err((
@@ -287,7 +287,7 @@ impl<'a> Ctx<'a> {
                     caps,
                     &mut local.buf,
                     hasher.as_mut(),
-                    &opts.faults,
+                    &self.guard(),
                 )
             } else {
                 // Size 0 may be a procfs file that lies: read to EOF.
@@ -298,7 +298,7 @@ impl<'a> Ctx<'a> {
                     off: 0,
                     len,
                 };
-                data::copy_range(range, caps, &mut local.buf, hasher.as_mut(), &opts.faults)
+                data::copy_range(range, caps, &mut local.buf, hasher.as_mut(), &self.guard())
             }
             .map_err(|e| ("copy data", e))?;
             if moved.short {
@@ -377,7 +377,7 @@ impl<'a> Ctx<'a> {
             sys::fadvise_dontneed(dst).map_err(|e| ("fadvise", e))?;
         }
         if self.opts.verify != Verify::None {
-            let (got, n) = data::hash_fd(dst, len, &mut local.buf)
+            let (got, n) = data::hash_fd(dst, len, &mut local.buf, &self.guard())
                 .map_err(|e| ("read back destination", e))?;
             if got != expected || n != len {
                 return Err(("verify", checksum_mismatch(expected, got)));

@@ -161,9 +161,9 @@ impl<'a> Ctx<'a> {
             return Ok(None);
         }
         let size = st.st_size as u64;
-        let (want, n) =
-            data::hash_fd(src.as_fd(), size, &mut local.buf).map_err(|e| ("read source", e))?;
-        let (got, m) = data::hash_fd(dst.as_fd(), size, &mut local.buf)
+        let (want, n) = data::hash_fd(src.as_fd(), size, &mut local.buf, &self.guard())
+            .map_err(|e| ("read source", e))?;
+        let (got, m) = data::hash_fd(dst.as_fd(), size, &mut local.buf, &self.guard())
             .map_err(|e| ("read destination", e))?;
         Ok((n == size && m == size && got == want).then_some(want))
     }

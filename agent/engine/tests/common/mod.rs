@@ -1138,6 +1138,12 @@ impl FuseMount {
     /// be used here: not root, no /dev/fuse, no fusermount3, no python3-fusepy, or the
     /// mount refused.
     pub fn eiofs(root: &Path, dir: &Path) -> Result<Option<Self>> {
+        Self::eiofs_with(root, dir, false)
+    }
+
+    /// `eiofs`, with `direct_io`: reads bypass the page cache and reach eiofs even past a
+    /// file's size (its `endless-*` files then read as size 0 and never end).
+    pub fn eiofs_with(root: &Path, dir: &Path, direct_io: bool) -> Result<Option<Self>> {
         if !require_root("mounting a FUSE filesystem") || !require_tools(&["fusermount3"]) {
             return Ok(None);
         }
@@ -1165,6 +1171,7 @@ impl FuseMount {
             .arg(EIOFS)
             .arg(root)
             .arg(dir)
+            .args(direct_io.then_some("--direct-io"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(File::create(&log)?)

@@ -7,9 +7,13 @@ for Ferry's I/O-error tests (there is no device-mapper `error` target to hand).
     and succeed through every later one (a transient error a fresh open gets past);
   - looking up a name `hang-*` never answers (a server that went away: the caller blocks
     in the kernel until the filesystem is unmounted);
+  - a file named `endless-*` never ends: every read returns as many `x` bytes as asked, at
+    any offset. Its size reads as 1 EiB, or as 0 with --direct-io, where reads past the
+    size reach the filesystem (as procfs files and some FUSE filesystems behave);
   - everything else reads as ROOT has it. Times are passed in nanoseconds.
 
-Usage: /usr/bin/python3 eiofs.py ROOT MOUNTPOINT   (runs in the foreground until unmounted)
+Usage: /usr/bin/python3 eiofs.py ROOT MOUNTPOINT [--direct-io]
+(runs in the foreground until unmounted)
 """
 
 import errno
@@ -24,8 +28,9 @@ from fusepy import FUSE, FuseOSError, Operations
 class EioFS(Operations):
     use_ns = True
 
-    def __init__(self, root):
+    def __init__(self, root, direct_io):
         self.root = root
+        self.direct_io = direct_io
         self.mutex = threading.Lock()
         self.next_fh = 1
         self.fds = {}  # fh -> (fd, fails)
@@ -43,6 +48,9 @@ class EioFS(Operations):
             k: getattr(st, k)
             for k in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_rdev", "st_blocks")
         }
+        if os.path.basename(path).startswith("endless-"):
+            attrs["st_size"] = 0 if self.direct_io else 1 << 60
+            attrs["st_blocks"] = attrs["st_size"] // 512
         attrs["st_atime"] = st.st_atime_ns
         attrs["st_mtime"] = st.st_mtime_ns
         attrs["st_ctime"] = st.st_ctime_ns
@@ -74,6 +82,8 @@ class EioFS(Operations):
         return fh
 
     def read(self, path, size, offset, fh):
+        if os.path.basename(path).startswith("endless-"):
+            return b"x" * size
         with self.mutex:
             fd, fails = self.fds[fh]
         if fails:
@@ -94,6 +104,10 @@ class EioFS(Operations):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: eiofs.py ROOT MOUNTPOINT")
-    FUSE(EioFS(sys.argv[1]), sys.argv[2], foreground=True, ro=True, nothreads=False)
+    args = sys.argv[1:]
+    direct_io = "--direct-io" in args
+    args = [a for a in args if a != "--direct-io"]
+    if len(args) != 2:
+        sys.exit("usage: eiofs.py ROOT MOUNTPOINT [--direct-io]")
+    options = {"direct_io": True} if direct_io else {}
+    FUSE(EioFS(args[0], direct_io), args[1], foreground=True, ro=True, nothreads=False, **options)
