@@ -5,12 +5,12 @@
 //! each of which waits on the one below it, or a thousand finished directories whose files
 //! lead hard-link groups, cost a bounded number of descriptors rather than two apiece.
 //!
-//! A directory whose descriptors were closed is opened again when it is needed (a batch of
-//! its entries, its metadata when its last child is done, a staged child's rename, a link
-//! to a file in it), beneath its nearest open ancestor and down one name at a time, with
-//! `open_beneath` (`openat2` with `RESOLVE_BENEATH` and no symlinks, `O_NOFOLLOW`) exactly
-//! as it was first opened; and it must still be the directory it was on both sides (device
-//! and inode). A directory replaced or moved meanwhile is a failure, never followed, and
+//! A directory whose descriptors were closed is opened again when it is needed (a
+//! subdirectory of it to open, a batch of its entries, its metadata when its last child is
+//! done, a staged child's rename, a link to a file in it), beneath its nearest open
+//! ancestor and down one name at a time, with `open_beneath` (`openat2` with
+//! `RESOLVE_BENEATH` and no symlinks, `O_NOFOLLOW`) exactly as it was first opened; and it
+//! must still be the directory it was on both sides (device and inode). A directory replaced or moved meanwhile is a failure, never followed, and
 //! nothing is ever reached from outside the copy's two top directories.
 
 use std::ffi::CStr;
