@@ -1,6 +1,8 @@
-//! Directory listing through `getdents64` on a directory fd, parsed without `unsafe`.
+//! Directory listing through `getdents64` on a directory fd, parsed without `unsafe`, one
+//! buffer of records at a time: a directory is never held whole in memory, however many
+//! entries it has.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::BorrowedFd;
 
@@ -15,54 +17,77 @@ pub enum DType {
     Unknown,
 }
 
+/// An entry kept past its listing buffer (a batch handed to another worker).
 #[derive(Debug)]
 pub struct DirEntry {
     pub name: CString,
     pub dtype: DType,
 }
 
-/// All entries of `dir` except `.` and `..`, read with the caller's reusable buffer.
-pub fn read_all(dir: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Vec<DirEntry>> {
-    let mut out = Vec::new();
-    loop {
-        let n = sys::getdents64(dir, buf)?;
-        if n == 0 {
-            return Ok(out);
-        }
-        parse(&buf[..n], &mut out)?;
-    }
+/// `struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }`
+const HEADER: usize = 19;
+
+/// The entries of a directory, read with the caller's reusable buffer as they are needed:
+/// what is held at once is one `getdents64` buffer, whatever the directory's size.
+pub struct Listing<'a> {
+    dir: BorrowedFd<'a>,
+    buf: &'a mut [u8],
+    /// Bytes of records in `buf` from the last `getdents64`, and how far they are parsed.
+    len: usize,
+    pos: usize,
 }
 
-/// `struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }`
-fn parse(mut records: &[u8], out: &mut Vec<DirEntry>) -> io::Result<()> {
-    const HEADER: usize = 19;
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed getdents64 record");
-    while !records.is_empty() {
-        if records.len() < HEADER {
-            return Err(bad());
+impl<'a> Listing<'a> {
+    /// List `dir` from its current position (the start, for a directory just opened).
+    /// `buf` must hold the longest record (a few hundred bytes); 64 KiB takes ~1,000 names a call.
+    pub fn new(dir: BorrowedFd<'a>, buf: &'a mut [u8]) -> Self {
+        Self {
+            dir,
+            buf,
+            len: 0,
+            pos: 0,
         }
-        let reclen = u16::from_ne_bytes([records[16], records[17]]) as usize;
-        if reclen < HEADER || reclen > records.len() {
-            return Err(bad());
-        }
-        let dtype = match records[18] {
-            libc::DT_DIR => DType::Dir,
-            libc::DT_REG => DType::Regular,
-            libc::DT_UNKNOWN => DType::Unknown,
-            _ => DType::Other,
-        };
-        let name_field = &records[HEADER..reclen];
-        let len = name_field.iter().position(|&b| b == 0).ok_or_else(bad)?;
-        let name = &name_field[..len];
-        if name != b"." && name != b".." {
-            out.push(DirEntry {
-                name: CString::new(name).map_err(|_| bad())?,
-                dtype,
-            });
-        }
-        records = &records[reclen..];
     }
-    Ok(())
+
+    /// The next entry other than `.` and `..`, or `None` at the end of the directory. The
+    /// name lives in the buffer until the next call.
+    pub fn next_entry(&mut self) -> io::Result<Option<(&CStr, DType)>> {
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed getdents64 record");
+        // Where the next name is; the name is borrowed only once it is found.
+        let (start, end, dtype) = loop {
+            if self.pos >= self.len {
+                self.len = sys::getdents64(self.dir, self.buf)?;
+                self.pos = 0;
+                if self.len == 0 {
+                    return Ok(None);
+                }
+            }
+            let records = &self.buf[self.pos..self.len];
+            if records.len() < HEADER {
+                return Err(bad());
+            }
+            let reclen = u16::from_ne_bytes([records[16], records[17]]) as usize;
+            if reclen < HEADER || reclen > records.len() {
+                return Err(bad());
+            }
+            let dtype = match records[18] {
+                libc::DT_DIR => DType::Dir,
+                libc::DT_REG => DType::Regular,
+                libc::DT_UNKNOWN => DType::Unknown,
+                _ => DType::Other,
+            };
+            let name = &records[HEADER..reclen];
+            let len = name.iter().position(|&b| b == 0).ok_or_else(bad)?;
+            let dots = &name[..len] == b"." || &name[..len] == b"..";
+            let start = self.pos + HEADER;
+            self.pos += reclen;
+            if !dots {
+                break (start, start + len + 1, dtype);
+            }
+        };
+        let name = CStr::from_bytes_with_nul(&self.buf[start..end]).map_err(|_| bad())?;
+        Ok(Some((name, dtype)))
+    }
 }
 
 #[cfg(test)]
@@ -71,7 +96,7 @@ mod tests {
     use std::os::fd::AsFd;
 
     #[test]
-    fn lists_every_entry_but_dot_and_dotdot() -> io::Result<()> {
+    fn lists_every_entry_but_dot_and_dotdot_across_many_buffers() -> io::Result<()> {
         let tmp = tempfile::tempdir()?;
         for i in 0..500 {
             std::fs::write(tmp.path().join(format!("f{i}")), b"")?;
@@ -80,11 +105,17 @@ mod tests {
         let dir = std::fs::File::open(tmp.path())?;
         // A small buffer forces many getdents64 calls.
         let mut buf = vec![0u8; 1024];
-        let entries = read_all(dir.as_fd(), &mut buf)?;
-        assert_eq!(entries.len(), 501);
-        assert!(entries
-            .iter()
-            .any(|e| e.name.as_bytes() == b"d" && e.dtype != DType::Other));
+        let mut listing = Listing::new(dir.as_fd(), &mut buf);
+        let mut names = std::collections::BTreeSet::new();
+        let mut saw_dir = false;
+        while let Some((name, dtype)) = listing.next_entry()? {
+            saw_dir |= name.to_bytes() == b"d" && dtype != DType::Other;
+            assert!(names.insert(name.to_owned()), "{name:?} listed twice");
+        }
+        assert_eq!(names.len(), 501);
+        assert!(saw_dir);
+        // At the end it stays at the end.
+        assert!(listing.next_entry()?.is_none());
         Ok(())
     }
 }

@@ -1,7 +1,13 @@
-//! Counting what a copy would carry, without copying (dry runs, progress totals).
+//! Counting what a copy would carry, without copying (dry runs, progress totals), walking
+//! as the copy does: listings streamed, subdirectories opened when their turn comes, and
+//! hard-link groups forgotten with their last name, so a wide, deep or hard-linked tree
+//! costs no more memory or descriptors than it does the copy.
 
-use std::os::fd::AsFd;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use std::rc::Rc;
 
 use crate::copy::{cstring, open_source_dir, part_of};
 use crate::options::Part;
@@ -50,38 +56,54 @@ pub fn plan_part(src: &Path, select: Part, links: bool) -> Result<Totals, Error>
             part_of(rel, inode, count) == index
         }
     };
-    let mut stack = vec![(open_source_dir(src)?, Vec::new())];
+    // Subdirectories still to count, each opened when its turn comes beneath its parent's
+    // descriptor (shared by its waiting siblings): what is open at once does not grow with a
+    // directory's width. Paths are built only where a split copy's parts need them.
+    let paths = matches!(select, Part::Slice { .. });
+    let mut stack: Vec<(Rc<OwnedFd>, Option<CString>, Vec<u8>)> =
+        vec![(Rc::new(open_source_dir(src)?), None, Vec::new())];
     let mut buf = vec![0u8; 64 * 1024];
-    let mut seen = std::collections::HashSet::new();
-    while let Some((dir, rel)) = stack.pop() {
-        totals.dirs += 1;
-        let Ok(entries) = dirent::read_all(dir.as_fd(), &mut buf) else {
-            continue;
+    // Hard-linked files counted, with how many of their names are still to come: each is
+    // forgotten with its last name.
+    let mut linked: HashMap<(u64, u64), u64> = HashMap::new();
+    while let Some((parent, name, rel)) = stack.pop() {
+        let dir = match name {
+            None => parent,
+            Some(name) => {
+                // O_NOATIME as the copy does: a plan must not move the source's atimes
+                // (a copy running next to it preserves them).
+                let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+                let fd = sys::open_beneath(parent.as_fd(), &name, flags | libc::O_NOATIME)
+                    .or_else(|_| sys::open_beneath(parent.as_fd(), &name, flags));
+                match fd {
+                    Ok(fd) => Rc::new(fd),
+                    Err(_) => continue,
+                }
+            }
         };
-        for e in entries {
-            let Ok(est) = sys::lstatat(dir.as_fd(), &e.name) else {
+        totals.dirs += 1;
+        // A buffer of entries at a time: a directory is never held whole.
+        let mut listing = dirent::Listing::new(dir.as_fd(), &mut buf);
+        while let Ok(Some((name, _))) = listing.next_entry() {
+            let Ok(est) = sys::lstatat(dir.as_fd(), name) else {
                 continue;
             };
-            let mut path = rel.clone();
-            if !path.is_empty() {
-                path.push(b'/');
-            }
-            path.extend_from_slice(e.name.to_bytes());
-            match est.st_mode & libc::S_IFMT {
-                libc::S_IFDIR => {
-                    // O_NOATIME as the copy does: a plan must not move the source's atimes
-                    // (a copy running next to it preserves them).
-                    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-                    let fd = sys::open_beneath(dir.as_fd(), &e.name, flags | libc::O_NOATIME)
-                        .or_else(|_| sys::open_beneath(dir.as_fd(), &e.name, flags));
-                    if let Ok(fd) = fd {
-                        stack.push((fd, path));
-                    }
+            let mut path = Vec::new();
+            if paths {
+                path.extend_from_slice(&rel);
+                if !path.is_empty() {
+                    path.push(b'/');
                 }
+                path.extend_from_slice(name.to_bytes());
+            }
+            match est.st_mode & libc::S_IFMT {
+                libc::S_IFDIR => stack.push((dir.clone(), Some(name.to_owned()), path)),
                 _ if !owned(&path, &est) => {}
                 libc::S_IFREG => {
                     // A hard-linked file counts once, as the copy counts it.
-                    if !(links && est.st_nlink > 1) || seen.insert((est.st_dev, est.st_ino)) {
+                    if !(links && est.st_nlink > 1)
+                        || first_name(&mut linked, (est.st_dev, est.st_ino), est.st_nlink)
+                    {
                         totals.files += 1;
                         totals.bytes += est.st_size as u64;
                     }
@@ -91,4 +113,21 @@ pub fn plan_part(src: &Path, select: Part, links: bool) -> Result<Totals, Error>
         }
     }
     Ok(totals)
+}
+
+/// Whether this is the first name of hard-linked file `key` (of `nlink` names) to be seen.
+fn first_name(linked: &mut HashMap<(u64, u64), u64>, key: (u64, u64), nlink: u64) -> bool {
+    match linked.get_mut(&key) {
+        None => {
+            linked.insert(key, nlink.saturating_sub(1));
+            true
+        }
+        Some(left) => {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                linked.remove(&key);
+            }
+            false
+        }
+    }
 }

@@ -569,19 +569,27 @@ pub fn getegid() -> u32 {
     unsafe { libc::getegid() }
 }
 
-/// Raise the soft open-file limit to the hard limit; the pool bounds how many we use.
-pub fn raise_nofile_limit() {
+/// Raise the soft open-file limit to the hard limit, and return the limit now in force
+/// (1024, the usual default, if it cannot be read); the pool bounds how many we use.
+pub fn raise_nofile_limit() -> u64 {
     let mut lim = MaybeUninit::<libc::rlimit>::uninit();
     // SAFETY: `lim` is writable memory of the right size.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, lim.as_mut_ptr()) } == 0 {
-        // SAFETY: getrlimit succeeded.
-        let mut lim = unsafe { lim.assume_init() };
-        if lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            // SAFETY: `lim` is initialised. Failure only leaves the old limit in place.
-            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, lim.as_mut_ptr()) } != 0 {
+        return 1024;
+    }
+    // SAFETY: getrlimit succeeded.
+    let mut lim = unsafe { lim.assume_init() };
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: `raised` is initialised. Failure only leaves the old limit in place.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
         }
     }
+    lim.rlim_cur
 }
 
 /// The process umask, read without changing it (`umask(2)` would race other threads).

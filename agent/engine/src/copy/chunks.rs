@@ -16,7 +16,7 @@ use super::failure::source_changed;
 use super::regular::{check_unchanged, Tries};
 use super::stage::Staged;
 use super::walk::Task;
-use super::{lock, Ctx, DirNode, Local};
+use super::{lock, Ctx, Local, OpenDir};
 
 /// Chunk size: a multiple of every filesystem block size, so `copy_file_range` can still
 /// clone or offload each chunk (rsync#153: unaligned ranges are not cloned).
@@ -24,7 +24,7 @@ const CHUNK: u64 = 64 << 20;
 
 /// A file large enough to be copied in chunks by several workers.
 pub(super) struct LargeFile {
-    node: Arc<DirNode>,
+    node: Arc<OpenDir>,
     src_name: CString,
     dst_name: CString,
     src: OwnedFd,
@@ -47,7 +47,7 @@ impl<'a> Ctx<'a> {
     /// capabilities to copy with, when it was opened, and the attempts before this one.
     pub(super) fn start_chunks(
         &self,
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         src: &OwnedFd,
         staged: Staged,
         st: &Stat,
@@ -140,7 +140,7 @@ impl<'a> Ctx<'a> {
         drop(dst);
         if file.workers.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.finish_chunked(file, local);
-            self.release(file.node.clone());
+            self.release(&file.node.node);
         }
     }
 

@@ -1,7 +1,15 @@
 //! Hard-link groups: the first name of a multiply-linked inode is copied, the other names
 //! become links to it (waiting while it is copied); a resumed copy rejoins names an earlier
 //! run made to their group.
+//!
+//! A group is remembered only while names of it are still to come: each name that arrives
+//! counts down from the file's link count, and the group is forgotten with its last one.
+//! Names outside the tree (or outside this part of a split copy) never arrive, so a group
+//! may be remembered to the end; what a finished one holds is small: the leader's
+//! directory as a [`DirNode`] (its name and parents, no descriptor: see `dirs`, which opens
+//! it again for a late follower), the leader's name and its hash.
 
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -12,10 +20,18 @@ use crate::data;
 use crate::sys::{self, Stat};
 
 use super::failure::not_owner;
-use super::{is_type, lock, Ctx, DirNode, Fail, Local, Skip};
+use super::{is_type, lock, Ctx, DirNode, Fail, Local, OpenDir, Skip};
 
-/// What a finished hard-link group leader left for its followers.
-pub(super) enum Link {
+/// A hard-link group some of whose names have not arrived yet.
+pub(super) struct Group {
+    link: Link,
+    /// Names of the file not seen yet: its link count when the first arrived, less each
+    /// one since.
+    unseen: u64,
+}
+
+/// Where a hard-link group is.
+enum Link {
     /// The first path is being copied; these entries wait to be linked to it.
     /// (directory, name, replace): `replace` for a name a resumed copy adopted, which
     /// becomes a link to the leader in place of its own inode.
@@ -28,6 +44,55 @@ pub(super) enum Link {
     Failed(String),
 }
 
+/// What a name that arrives at its group does.
+enum Arrival {
+    /// It is the first: it leads the group (now recorded as being copied).
+    Leader,
+    /// The leader is being copied: it waits (queued), settled when the leader is.
+    Waits,
+    /// The leader is committed: link to it.
+    LinkTo(Arc<DirNode>, CString, Option<u128>),
+    /// The leader failed, for this reason.
+    Failed(String),
+}
+
+/// A name of group `key` (of a file with `nlink` names) arrives; `waiter` is how it waits
+/// if the leader is still being copied. The group is forgotten with its last name once it
+/// is settled (while it is copied, `finish_group` does that).
+fn arrive(
+    links: &mut HashMap<(u64, u64), Group>,
+    key: (u64, u64),
+    nlink: u64,
+    waiter: impl FnOnce() -> (Arc<DirNode>, CString, bool),
+) -> Arrival {
+    let Some(group) = links.get_mut(&key) else {
+        let link = Link::Copying(Vec::new());
+        let unseen = nlink.saturating_sub(1);
+        links.insert(key, Group { link, unseen });
+        return Arrival::Leader;
+    };
+    group.unseen = group.unseen.saturating_sub(1);
+    let arrival = match &mut group.link {
+        Link::Copying(waiters) => {
+            waiters.push(waiter());
+            return Arrival::Waits;
+        }
+        Link::Done { dir, name, hash } => Arrival::LinkTo(dir.clone(), name.clone(), *hash),
+        Link::Failed(why) => Arrival::Failed(why.clone()),
+    };
+    if group.unseen == 0 {
+        links.remove(&key);
+    }
+    arrival
+}
+
+fn leader_failed(why: &str) -> Fail {
+    (
+        "link",
+        io::Error::other(format!("first link of this file failed: {why}")),
+    )
+}
+
 impl<'a> Ctx<'a> {
     /// Copy an entry that may be one name of a hard-link group (regular file, symlink or
     /// special file, as `cp -a` keeps them all): the first name seen is copied by
@@ -35,7 +100,7 @@ impl<'a> Ctx<'a> {
     /// finish it); the other names become links to it, made as soon as it exists.
     pub(super) fn in_link_group(
         &self,
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         dst_name: &CStr,
         st: &Stat,
         copy_leader: impl FnOnce() -> Result<Option<Option<u128>>, Fail>,
@@ -44,35 +109,22 @@ impl<'a> Ctx<'a> {
             return copy_leader().map(|_| None);
         }
         let key = (st.st_dev, st.st_ino);
-        {
-            let mut links = lock(&self.links);
-            match links.get_mut(&key) {
-                None => {
-                    links.insert(key, Link::Copying(Vec::new()));
-                }
-                Some(Link::Copying(waiters)) => {
-                    dir.pending.fetch_add(1, Ordering::Relaxed);
-                    waiters.push((dir.clone(), dst_name.to_owned(), false));
-                    return Ok(Some(Skip::Deferred));
-                }
-                Some(Link::Done {
-                    dir: leader,
-                    name,
-                    hash,
-                }) => {
-                    let (leader, name, hash) = (leader.clone(), name.clone(), *hash);
-                    drop(links);
-                    return self
-                        .link_to(&leader, &name, dir, dst_name, hash, false)
-                        .map(|()| None);
-                }
-                Some(Link::Failed(why)) => {
-                    return Err((
-                        "link",
-                        io::Error::other(format!("first link of this file failed: {why}")),
-                    ));
-                }
+        let waiter = || {
+            dir.pending.fetch_add(1, Ordering::Relaxed);
+            (dir.node.clone(), dst_name.to_owned(), false)
+        };
+        // (Bound first: the lock is held only while the group is looked at.)
+        let arrival = arrive(&mut lock(&self.links), key, st.st_nlink, waiter);
+        match arrival {
+            Arrival::Leader => {}
+            Arrival::Waits => return Ok(Some(Skip::Deferred)),
+            Arrival::LinkTo(leader, name, hash) => {
+                let leader = self.open_dir(&leader)?;
+                return self
+                    .link_to(&leader, &name, dir, dst_name, hash, false)
+                    .map(|()| None);
             }
+            Arrival::Failed(why) => return Err(leader_failed(&why)),
         }
         let result = copy_leader();
         // Finish the hard-link group whatever happened to its leader.
@@ -91,31 +143,43 @@ impl<'a> Ctx<'a> {
     fn finish_group(
         &self,
         key: (u64, u64),
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         name: &CStr,
         outcome: Result<Option<u128>, String>,
     ) {
         let next = match &outcome {
             Ok(hash) => Link::Done {
-                dir: dir.clone(),
+                dir: dir.node.clone(),
                 name: name.to_owned(),
                 hash: *hash,
             },
             Err(why) => Link::Failed(why.clone()),
         };
-        let waiters = match lock(&self.links).insert(key, next) {
-            Some(Link::Copying(w)) => w,
-            _ => Vec::new(),
+        let waiters = {
+            let mut links = lock(&self.links);
+            let (was, forget) = match links.get_mut(&key) {
+                Some(group) => (std::mem::replace(&mut group.link, next), group.unseen == 0),
+                None => (Link::Copying(Vec::new()), false),
+            };
+            if forget {
+                links.remove(&key);
+            }
+            match was {
+                Link::Copying(w) => w,
+                _ => Vec::new(),
+            }
         };
         for (wdir, wname, replace) in waiters {
             let r = match &outcome {
-                Ok(hash) => self.link_to(dir, name, &wdir, &wname, *hash, replace),
+                Ok(hash) => self
+                    .open_dir(&wdir)
+                    .and_then(|w| self.link_to(dir, name, &w, &wname, *hash, replace)),
                 Err(_) => Err(("link", io::Error::other("first link of this file failed"))),
             };
             if let Err((op, e)) = r {
                 self.fail(&wdir.child_path(&wname), op, &e);
             }
-            self.release(wdir);
+            self.release(&wdir);
         }
     }
 
@@ -127,7 +191,7 @@ impl<'a> Ctx<'a> {
     /// list must also equal the source byte for byte (and is listed now).
     pub(super) fn adopt_linked(
         &self,
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         src: &OwnedFd,
         name: &CStr,
         st: &Stat,
@@ -149,12 +213,15 @@ impl<'a> Ctx<'a> {
             false => None,
         };
         let key = (st.st_dev, st.st_ino);
-        let mut links = lock(&self.links);
-        match links.get_mut(&key) {
-            None => {
-                // The leader. Other names that arrive meanwhile wait for it.
-                links.insert(key, Link::Copying(Vec::new()));
-                drop(links);
+        let waiter = || {
+            dir.pending.fetch_add(1, Ordering::Relaxed);
+            (dir.node.clone(), name.to_owned(), true)
+        };
+        // (Bound first: the lock is held only while the group is looked at.)
+        let arrival = arrive(&mut lock(&self.links), key, st.st_nlink, waiter);
+        match arrival {
+            // The leader. Other names that arrive meanwhile wait for it.
+            Arrival::Leader => {
                 // Hash what is there, so the other names get manifest lines.
                 let result = if let Some(hash) = proven {
                     self.manifest_line(hash, &path);
@@ -188,34 +255,22 @@ impl<'a> Ctx<'a> {
                 self.finish_group(key, dir, name, outcome);
                 result.map(|_| Some(Skip::Kept))
             }
-            Some(Link::Copying(waiters)) => {
-                dir.pending.fetch_add(1, Ordering::Relaxed);
-                waiters.push((dir.clone(), name.to_owned(), true));
-                Ok(Some(Skip::Deferred))
-            }
-            Some(Link::Done {
-                dir: leader,
-                name: leader_name,
-                hash,
-            }) => {
-                let (leader, leader_name, hash) = (leader.clone(), leader_name.clone(), *hash);
-                drop(links);
+            Arrival::Waits => Ok(Some(Skip::Deferred)),
+            Arrival::LinkTo(leader, leader_name, hash) => {
+                let leader = self.open_dir(&leader)?;
                 self.link_to(&leader, &leader_name, dir, name, hash, true)
                     .map(|()| None)
             }
-            Some(Link::Failed(why)) => Err((
-                "link",
-                io::Error::other(format!("first link of this file failed: {why}")),
-            )),
+            Arrival::Failed(why) => Err(leader_failed(&why)),
         }
     }
 
     /// Make `dst_dir/dst_name` a hard link to the already committed `leader_dir/leader`.
     fn link_to(
         &self,
-        leader_dir: &DirNode,
+        leader_dir: &OpenDir,
         leader: &CStr,
-        dst_dir: &DirNode,
+        dst_dir: &OpenDir,
         dst_name: &CStr,
         hash: Option<u128>,
         replace: bool,

@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 use crate::options::{Options, Overwrite, Part};
 use crate::sys::{self, Stat};
 
-use super::{is_type, Ctx, DirNode, Fail};
+use super::{is_type, Ctx, Fail, OpenDir};
 
 fn conflict(msg: &str) -> io::Error {
     io::Error::new(io::ErrorKind::AlreadyExists, msg.to_string())
@@ -34,7 +34,7 @@ impl<'a> Ctx<'a> {
     /// Under a merge, decide whether an existing destination entry stops this one.
     pub(super) fn keep_existing(
         &self,
-        dir: &DirNode,
+        dir: &OpenDir,
         name: &CStr,
         st: &Stat,
     ) -> Result<bool, Fail> {
@@ -72,7 +72,7 @@ impl<'a> Ctx<'a> {
     /// it is still what it wrote.
     pub(super) fn keep_existing_file(
         &self,
-        dir: &DirNode,
+        dir: &OpenDir,
         name: &CStr,
         st: &Stat,
     ) -> Result<bool, Fail> {
@@ -87,14 +87,14 @@ impl<'a> Ctx<'a> {
     /// Whether a commit into `dir` replaces an entry it finds at the name (it was judged
     /// replaceable by `keep_existing` first). In a directory this copy created, an entry at
     /// the name can only have been made by someone else meanwhile: never replaced.
-    pub(super) fn may_replace(&self, dir: &DirNode) -> bool {
+    pub(super) fn may_replace(&self, dir: &OpenDir) -> bool {
         !dir.fresh && self.opts.overwrite != Overwrite::Never
     }
 
     /// Whether an entry that appeared at a name in `dir` after `keep_existing` looked (the
     /// commit meets `EEXIST`) is kept and this entry skipped, rather than a failure: the
     /// policy keeps whatever it finds in a merge under never.
-    pub(super) fn keeps_newcomer(&self, dir: &DirNode) -> bool {
+    pub(super) fn keeps_newcomer(&self, dir: &OpenDir) -> bool {
         !dir.fresh && self.opts.overwrite == Overwrite::Never
     }
 }

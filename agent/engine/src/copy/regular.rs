@@ -20,7 +20,7 @@ use crate::Reason;
 
 use super::failure::{checksum_mismatch, kind_of, source_changed, ReflinkRefused};
 use super::stage::Staged;
-use super::{is_type, Ctx, DirNode, Fail, Local, Skip};
+use super::{is_type, Ctx, Fail, Local, OpenDir, Skip};
 
 /// Files at least this large (and not cloned, sparse or hashed) are copied in chunks by
 /// several workers.
@@ -56,7 +56,7 @@ enum FillOutcome {
 impl<'a> Ctx<'a> {
     pub(super) fn regular(
         &self,
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         src_name: &CStr,
         dst_name: &CStr,
         local: &mut Local,
@@ -110,7 +110,7 @@ impl<'a> Ctx<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn copy_regular(
         &self,
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         mut src: OwnedFd,
         src_name: &CStr,
         st: &Stat,
@@ -171,7 +171,7 @@ impl<'a> Ctx<'a> {
     /// dropped the pages it could not write, so the old fd is never flushed again.
     pub(super) fn retry(
         &self,
-        dir: &DirNode,
+        dir: &OpenDir,
         src_name: &CStr,
         tries: &mut Tries,
         (op, err): Fail,
@@ -214,7 +214,7 @@ impl<'a> Ctx<'a> {
     #[allow(clippy::too_many_arguments)]
     fn fill_regular(
         &self,
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         src: &OwnedFd,
         src_name: &CStr,
         staged: &mut Staged,
@@ -392,7 +392,7 @@ impl<'a> Ctx<'a> {
         &self,
         size: u64,
         moved: &Moved,
-        (dir, name): (&DirNode, &CStr),
+        (dir, name): (&OpenDir, &CStr),
         hash: Option<u128>,
         started: Instant,
         local: &mut Local,
@@ -431,7 +431,7 @@ pub(super) fn check_unchanged(src: BorrowedFd<'_>, st: &Stat) -> Result<(), Fail
 }
 
 /// The `change_source` fault: append a byte to source file `dir/name`, as a writer would.
-fn change_source(dir: &DirNode, name: &CStr) {
+fn change_source(dir: &OpenDir, name: &CStr) {
     let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW;
     if let Ok(fd) = sys::openat(dir.src.as_fd(), name, flags, 0) {
         let _ = sys::pwrite(fd.as_fd(), b"+", 0);

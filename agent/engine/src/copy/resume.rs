@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::data;
-use crate::dirent::{self, DType};
+use crate::dirent::{DType, Listing};
 use crate::sys::{self, Stat};
 
-use super::{is_type, Ctx, DirNode, Fail, Local};
+use super::{is_type, Ctx, Fail, Local, OpenDir};
 
 impl<'a> Ctx<'a> {
     /// The staging directory an interrupted run with this copy's tag left in `parent` for
@@ -39,33 +39,36 @@ impl<'a> Ctx<'a> {
     /// this copy's tag left in `node`, a directory that existed before this run (its
     /// staging directories are adopted by `open_subdir` instead). Names without our tag are
     /// never touched, whatever they look like: they may be a tenant's, or another copy's.
-    pub(super) fn sweep_leftovers(&self, node: &DirNode, local: &mut Local) {
+    pub(super) fn sweep_leftovers(&self, node: &OpenDir, local: &mut Local) {
         let Some(tag) = &self.opts.staging_tag else {
             return;
         };
         let prefix = format!(".ferry-{tag}-");
-        let entries = match dirent::read_all(node.dst.as_fd(), &mut local.dents) {
-            Ok(e) => e,
-            Err(e) => return self.fail(&node.rel, "read destination directory", &e),
-        };
-        for e in entries {
-            let n = e.name.to_bytes();
+        // A buffer at a time, removing as it goes: never the whole directory in memory.
+        let mut listing = Listing::new(node.dst.as_fd(), &mut local.dents);
+        loop {
+            let (name, dtype) = match listing.next_entry() {
+                Ok(Some(entry)) => entry,
+                Ok(None) => return,
+                Err(e) => return self.fail(&node.path(), "read destination directory", &e),
+            };
+            let n = name.to_bytes();
             if !(n.starts_with(prefix.as_bytes()) && n.ends_with(b".tmp")) {
                 continue;
             }
-            let is_dir = match e.dtype {
+            let is_dir = match dtype {
                 DType::Dir => true,
-                DType::Unknown => sys::lstatat(node.dst.as_fd(), &e.name)
+                DType::Unknown => sys::lstatat(node.dst.as_fd(), name)
                     .map_or(true, |st| is_type(&st, libc::S_IFDIR)),
                 _ => false,
             };
             if is_dir {
                 continue;
             }
-            match sys::unlinkat(node.dst.as_fd(), &e.name, false) {
+            match sys::unlinkat(node.dst.as_fd(), name, false) {
                 Ok(()) => {}
                 Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(err) => self.fail(&node.child_path(&e.name), "remove staging leftover", &err),
+                Err(err) => self.fail(&node.child_path(name), "remove staging leftover", &err),
             }
         }
     }
@@ -76,7 +79,7 @@ impl<'a> Ctx<'a> {
     /// neither yet.
     pub(super) fn may_be_finished(
         &self,
-        dir: &DirNode,
+        dir: &OpenDir,
         name: &CStr,
         st: &Stat,
     ) -> Result<bool, Fail> {
@@ -103,7 +106,7 @@ impl<'a> Ctx<'a> {
     /// once. Without a manifest there is nothing to tell them apart: every kept file counts.
     pub(super) fn committed_earlier(
         &self,
-        dir: &DirNode,
+        dir: &OpenDir,
         name: &CStr,
         src: &OwnedFd,
         st: &Stat,
@@ -139,7 +142,7 @@ impl<'a> Ctx<'a> {
     /// bytes as the source `src`, `None` if it is anything else.
     pub(super) fn same_as_source(
         &self,
-        dir: &DirNode,
+        dir: &OpenDir,
         name: &CStr,
         src: &OwnedFd,
         st: &Stat,

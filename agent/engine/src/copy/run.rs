@@ -15,7 +15,7 @@ use std::time::Instant;
 use super::manifest::read_manifest;
 use super::overwrite::takes_source_meta;
 use super::walk::Task;
-use super::{Ctx, DirNode, CANCELLED};
+use super::{Ctx, DirNode, OpenDir, CANCELLED};
 use crate::options::{Options, Part};
 use crate::progress::{Progress, Strategy};
 use crate::sys;
@@ -145,6 +145,58 @@ pub fn copy(
     run(src_at, dst_at, src, dst, options, progress)
 }
 
+/// The top of a copy into an existing directory (or the directories of a single file's copy).
+fn top(
+    ctx: &Ctx<'_>,
+    src: OwnedFd,
+    dst: OwnedFd,
+    meta: Option<sys::Stat>,
+    fresh: bool,
+) -> std::io::Result<Arc<OpenDir>> {
+    let (src_st, dst_st) = (sys::fstat(src.as_fd())?, sys::fstat(dst.as_fd())?);
+    let mut node = DirNode::new(CString::default(), None, &src_st, &dst_st, meta, fresh);
+    node.top = true;
+    Ok(ctx.pinned(node, src, dst))
+}
+
+/// The top of a new copy: built as `tmp` inside `parent` and renamed to `name` when
+/// everything under it is complete, so the destination appears whole. Not `fresh`: a
+/// resumed copy adopted the staging directory its interrupted run left.
+fn staged_top(
+    ctx: &Ctx<'_>,
+    (src, src_st): (OwnedFd, sys::Stat),
+    dst: OwnedFd,
+    parent: OwnedFd,
+    (tmp, name): (CString, CString),
+    fresh: bool,
+) -> std::io::Result<Arc<OpenDir>> {
+    // The parent only serves the final rename: a node whose release is a no-op.
+    let parent_st = sys::fstat(parent.as_fd())?;
+    let parent_node = DirNode::new(
+        CString::default(),
+        None,
+        &parent_st,
+        &parent_st,
+        None,
+        false,
+    );
+    let parent = ctx.pinned(parent_node, parent.try_clone()?, parent);
+    let dst_st = sys::fstat(dst.as_fd())?;
+    let mut node = DirNode::new(
+        name,
+        Some(parent.node.clone()),
+        &src_st,
+        &dst_st,
+        Some(src_st),
+        fresh,
+    );
+    node.top = true;
+    node.hidden = true;
+    node.ours = !fresh;
+    node.staged_as = Some(tmp);
+    Ok(ctx.pinned(node, src, dst))
+}
+
 /// A copy's source, opened.
 pub(crate) enum SrcAt {
     /// A directory, and its metadata.
@@ -176,7 +228,7 @@ pub(crate) fn run(
 ) -> Result<Summary, Error> {
     let started = Instant::now();
     options.check_staging_tag().map_err(Error::Usage)?;
-    sys::raise_nofile_limit();
+    let fd_limit = sys::raise_nofile_limit();
     let mut listed = HashSet::new();
     let manifest = match &options.manifest {
         // A resumed copy adds the files it commits to those the interrupted run listed.
@@ -208,7 +260,7 @@ pub(crate) fn run(
         ),
         (_, false) => None,
     };
-    let ctx = Ctx::new(options, progress, manifest, listed);
+    let ctx = Ctx::new(options, progress, manifest, listed, fd_limit);
     let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
     let first = match src_at {
@@ -258,13 +310,13 @@ pub(crate) fn run(
                             (fd, tmp, true)
                         }
                     };
-                    DirNode::staged_root(src_fd, fd, src_st, parent_fd, tmp, name, fresh)
+                    staged_top(&ctx, (src_fd, src_st), fd, parent_fd, (tmp, name), fresh)
                         .map_err(|e| Error::io("stat", dst, e))?
                 }
                 DstAt::Dir(fd) => {
                     check_not_inside(&src_st, &fd, src, dst)?;
                     let keep_meta = takes_source_meta(options, false);
-                    DirNode::new(src_fd, fd, keep_meta.then_some(src_st), false)
+                    top(&ctx, src_fd, fd, keep_meta.then_some(src_st), false)
                         .map_err(|e| Error::io("stat", dst, e))?
                 }
                 DstAt::Entry { exists: true, .. } => {
@@ -276,7 +328,7 @@ pub(crate) fn run(
                 }
             };
             ctx.counters.dirs.fetch_add(1, Ordering::Relaxed);
-            Task::List(Arc::new(root))
+            Task::List(root)
         }
         SrcAt::Entry {
             parent: src_parent,
@@ -291,10 +343,10 @@ pub(crate) fn run(
                     exists,
                 } => (parent, name, !exists),
             };
-            let parent = DirNode::new(src_parent, dst_parent, None, fresh)
+            let parent = top(&ctx, src_parent, dst_parent, None, fresh)
                 .map_err(|e| Error::io("stat", dst, e))?;
             Task::Entry {
-                dir: Arc::new(parent),
+                dir: parent,
                 src_name,
                 dst_name,
             }

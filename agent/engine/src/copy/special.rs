@@ -9,14 +9,14 @@ use std::sync::Arc;
 use crate::meta;
 use crate::sys::{self, Stat};
 
-use super::{is_type, Ctx, DirNode, Fail, Skip};
+use super::{is_type, Ctx, Fail, OpenDir, Skip};
 
 impl<'a> Ctx<'a> {
     /// Symlinks (copied verbatim, never followed), FIFOs, sockets and devices (recreated
     /// with mknod, never opened).
     pub(super) fn non_regular(
         &self,
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         src_name: &CStr,
         dst_name: &CStr,
         st: &Stat,
@@ -35,7 +35,7 @@ impl<'a> Ctx<'a> {
     /// Create a symlink or special file (the leader of its link group, if any).
     fn make_special(
         &self,
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         src_name: &CStr,
         dst_name: &CStr,
         st: &Stat,

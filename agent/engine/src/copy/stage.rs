@@ -10,7 +10,7 @@ use crate::data::Caps;
 use crate::sys::{self, Stat};
 
 use super::failure::not_owner;
-use super::{Ctx, DirNode, Fail};
+use super::{Ctx, Fail, OpenDir};
 
 /// Where a file being written lives until it is committed.
 enum StagedAt {
@@ -38,7 +38,7 @@ impl<'a> Ctx<'a> {
     /// staged directory nothing is visible yet, so one rename of the directory stands for
     /// all of them. (A resumed copy that adopts such a directory tells finished files from
     /// the one being written when it died: see `DirNode::ours`.)
-    pub(super) fn names_directly(&self, dir: &DirNode) -> bool {
+    pub(super) fn names_directly(&self, dir: &OpenDir) -> bool {
         dir.hidden
     }
 
@@ -47,7 +47,7 @@ impl<'a> Ctx<'a> {
     /// nothing behind; under a staging name otherwise.
     pub(super) fn stage(
         &self,
-        dir: &DirNode,
+        dir: &OpenDir,
         st: &Stat,
         name: &CStr,
         caps: &mut Caps,
@@ -98,7 +98,7 @@ impl<'a> Ctx<'a> {
 
     /// Move a finished staging entry to its final name. `Ok(false)` when an entry that
     /// appeared meanwhile is kept by the overwrite policy (the staging entry is removed).
-    pub(super) fn commit(&self, dir: &DirNode, tmp: &CStr, name: &CStr) -> Result<bool, Fail> {
+    pub(super) fn commit(&self, dir: &OpenDir, tmp: &CStr, name: &CStr) -> Result<bool, Fail> {
         if !self.owns() {
             let _ = sys::unlinkat(dir.dst.as_fd(), tmp, false);
             return Err(("rename into place", not_owner()));
@@ -121,7 +121,7 @@ impl<'a> Ctx<'a> {
     /// meanwhile is kept by the overwrite policy.
     pub(super) fn commit_staged(
         &self,
-        dir: &DirNode,
+        dir: &OpenDir,
         staged: &mut Staged,
         name: &CStr,
     ) -> Result<bool, Fail> {
@@ -154,7 +154,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// Remove a staged file that will not be committed.
-    pub(super) fn discard(&self, dir: &DirNode, staged: &mut Staged) {
+    pub(super) fn discard(&self, dir: &OpenDir, staged: &mut Staged) {
         match std::mem::replace(&mut staged.at, StagedAt::Committed) {
             // A fenced copy leaves a file it was writing under its final name (inside a
             // staging directory) to the new owner, who may already have adopted the

@@ -6,44 +6,56 @@
 //! serialises on that directory's lock (fuc); a large directory is cut into batches so a
 //! flat tree still uses every worker (fcp, xcp win there). Each worker runs its own tasks
 //! LIFO (rayon's deques) and an idle one steals the oldest: depth first, which keeps the
-//! number of open directories near depth × workers instead of the tree's width.
+//! directories in progress near depth × workers instead of the tree's width.
+//!
+//! A directory is listed a `getdents64` buffer at a time and its entries copied in batches
+//! as they come: a batch goes to the pool for an idle worker to steal while only a few wait
+//! there, and is copied by the listing worker itself otherwise, so a directory of millions
+//! of entries is never held whole (and still keeps every worker busy).
 //!
 //! A directory's metadata is applied when its last child is done (a pending counter per
 //! directory, released up the parent chain), so a 0555 directory gets its mode after its
-//! children exist and directory mtimes are not disturbed by later creates.
+//! children exist and directory mtimes are not disturbed by later creates. Tasks that wait
+//! in the pool hold a directory's [`DirNode`], never its descriptors, which are opened
+//! when the task runs (see `dirs`).
 
 use std::ffi::{CStr, CString};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::dirent::{self, DType};
+use crate::dirent::{DType, DirEntry, Listing};
 use crate::meta::{self, XattrBufs};
 use crate::options::Part;
 use crate::sys;
 
 use super::chunks::LargeFile;
 use super::overwrite::takes_source_meta;
-use super::{is_type, lock, part_of, Ctx, DirNode, Fail, Local, Skip, CANCELLED};
+use super::{is_type, lock, part_of, Ctx, DirNode, Fail, Local, OpenDir, Skip, CANCELLED};
 
 /// Entries per batch when a directory is split across workers.
 const BATCH: usize = 512;
 
+/// Batches of one directory waiting in the pool, per worker, before its listing worker
+/// copies the next batch itself: enough for idle workers to find one, few enough that a
+/// directory's names in memory stay a few batches' worth however many it has.
+const WAITING_PER_WORKER: usize = 2;
+
 pub(super) enum Task {
-    /// List a directory that is already open on both sides.
-    List(Arc<DirNode>),
+    /// List a directory that is already open on both sides (the copy's top).
+    List(Arc<OpenDir>),
     /// Open, create and list a subdirectory.
     Dir { parent: Arc<DirNode>, name: CString },
     /// Copy these entries of a (large) directory.
     Batch {
         dir: Arc<DirNode>,
-        entries: Vec<dirent::DirEntry>,
+        entries: Vec<DirEntry>,
     },
     /// Copy chunks of a large file.
     Chunks(Arc<LargeFile>),
     /// Copy one entry under a different destination name (the top-level file case).
     Entry {
-        dir: Arc<DirNode>,
+        dir: Arc<OpenDir>,
         src_name: CString,
         dst_name: CString,
     },
@@ -118,35 +130,45 @@ impl<'a> Ctx<'a> {
     /// pending count still reaches zero and staged directories get their final names.
     fn cancel(&self, task: Task, local: &mut Local) {
         match task {
-            Task::List(node) => self.release(node),
-            Task::Dir { parent, .. } => self.release(parent),
-            Task::Batch { dir, .. } | Task::Entry { dir, .. } => self.release(dir),
+            Task::List(dir) | Task::Entry { dir, .. } => self.release(&dir.node),
+            Task::Dir { parent, .. } => self.release(&parent),
+            Task::Batch { dir, .. } => {
+                dir.batches_waiting.fetch_sub(1, Ordering::Relaxed);
+                self.release(&dir);
+            }
             Task::Chunks(file) => self.chunks(&file, local),
         }
     }
 
     fn run_task(&self, task: Task, local: &mut Local) {
         match task {
-            Task::List(node) => self.list(node, local),
+            Task::List(dir) => self.list(dir, local),
             Task::Dir { parent, name } => {
                 // The parent's count for this child is released when the child directory
-                // completes (`release` walks up), or here if it could not be opened.
-                match self.open_subdir(&parent, &name) {
-                    Ok(node) => self.list(node, local),
+                // completes (`release` walks up), or here if it could not be opened. The
+                // parent's descriptors are only needed (and held) until the child is open.
+                match self
+                    .open_dir(&parent)
+                    .and_then(|p| self.open_subdir(&p, &name))
+                {
+                    Ok(dir) => self.list(dir, local),
                     Err((op, e)) => {
                         self.fail(&parent.child_path(&name), op, &e);
-                        self.release(parent);
+                        self.release(&parent);
                     }
                 }
             }
             Task::Batch { dir, entries } => {
-                for e in &entries {
-                    if self.stopping() {
-                        break;
+                dir.batches_waiting.fetch_sub(1, Ordering::Relaxed);
+                match self.open_dir(&dir) {
+                    Ok(open) => self.copy_entries(&open, &entries, local),
+                    Err((op, e)) => {
+                        for entry in &entries {
+                            self.fail(&dir.child_path(&entry.name), op, &e);
+                        }
                     }
-                    self.entry(&dir, &e.name, &e.name, e.dtype, local);
                 }
-                self.release(dir);
+                self.release(&dir);
             }
             Task::Chunks(file) => self.chunks(&file, local),
             Task::Entry {
@@ -155,57 +177,67 @@ impl<'a> Ctx<'a> {
                 dst_name,
             } => {
                 self.entry(&dir, &src_name, &dst_name, DType::Unknown, local);
-                self.release(dir);
+                self.release(&dir.node);
             }
         }
     }
 
     /// One unit of a directory's work is done; finish directories whose work is all done,
     /// walking up the parents.
-    pub(super) fn release(&self, mut node: Arc<DirNode>) {
+    pub(super) fn release(&self, node: &Arc<DirNode>) {
+        let mut node = node;
         loop {
             if node.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
                 return;
             }
-            // After an abort the directory still gets its final name (its finished entries
-            // are good), but its metadata is left: it is known to be incomplete.
-            if let Some(st) = node.meta.filter(|_| !self.abort.load(Ordering::Relaxed)) {
-                match meta::apply_fd(
-                    node.src.as_fd(),
-                    node.dst.as_fd(),
-                    &st,
-                    &self.opts.preserve,
-                    &self.who,
-                    false,
-                    &mut XattrBufs::default(),
-                )
-                .and_then(|()| meta::apply_times(node.dst.as_fd(), &st, &self.opts.preserve))
-                {
-                    Ok(()) => {}
-                    Err((op, e)) => self.fail(&node.rel, op, &e),
-                }
-            }
-            // A fenced copy leaves its staging directories for the new owner to adopt.
-            let staged = node
-                .staged_as
-                .as_ref()
-                .filter(|_| !self.fenced.load(Ordering::Relaxed));
-            if let (Some((tmp, name)), Some(parent)) = (staged, &node.parent) {
-                if let Err(e) =
-                    sys::renameat(parent.dst.as_fd(), tmp, parent.dst.as_fd(), name, true)
-                {
-                    self.fail(&node.rel, "rename directory into place", &e);
-                }
-            }
-            match node.parent.clone() {
+            self.finish_dir(node);
+            match &node.parent {
                 Some(p) => node = p,
                 None => return,
             }
         }
     }
 
+    /// Everything in `node` is done: its metadata, and for a staged one, its final name.
+    fn finish_dir(&self, node: &Arc<DirNode>) {
+        // After an abort the directory still gets its final name (its finished entries
+        // are good), but its metadata is left: it is known to be incomplete.
+        if let Some(st) = node.meta.filter(|_| !self.abort.load(Ordering::Relaxed)) {
+            let applied = self.open_dir(node).and_then(|dir| {
+                meta::apply_fd(
+                    dir.src.as_fd(),
+                    dir.dst.as_fd(),
+                    &st,
+                    &self.opts.preserve,
+                    &self.who,
+                    false,
+                    &mut XattrBufs::default(),
+                )
+                .and_then(|()| meta::apply_times(dir.dst.as_fd(), &st, &self.opts.preserve))
+            });
+            if let Err((op, e)) = applied {
+                self.fail(&node.path(), op, &e);
+            }
+        }
+        // A fenced copy leaves its staging directories for the new owner to adopt.
+        let staged = node
+            .staged_as
+            .as_ref()
+            .filter(|_| !self.fenced.load(Ordering::Relaxed));
+        if let (Some(tmp), Some(parent)) = (staged, &node.parent) {
+            let renamed = self.open_dir(parent).and_then(|p| {
+                sys::renameat(p.dst.as_fd(), tmp, p.dst.as_fd(), &node.name, true)
+                    .map_err(|e| ("rename directory into place", e))
+            });
+            match renamed {
+                Ok(()) => node.renamed.store(true, Ordering::Release),
+                Err((op, e)) => self.fail(&node.path(), op, &e),
+            }
+        }
+    }
+
     /// Open source subdirectory `name` and create (or, when merging, open) its twin.
-    fn open_subdir(&self, parent: &Arc<DirNode>, name: &CStr) -> Result<Arc<DirNode>, Fail> {
+    fn open_subdir(&self, parent: &Arc<OpenDir>, name: &CStr) -> Result<Arc<OpenDir>, Fail> {
         let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
         let src = self
             .open_source(parent, name, flags)
@@ -222,11 +254,11 @@ impl<'a> Ctx<'a> {
         };
         let ours = adopted.is_some() || parent.ours;
         let (dst, fresh, staged_as) = match adopted {
-            Some((dst, tmp)) => (dst, false, Some((tmp, name.to_owned()))),
+            Some((dst, tmp)) => (dst, false, Some(tmp)),
             None => {
-                let staged_as = (parent.fresh && !parent.hidden && !split)
-                    .then(|| (self.dir_tmp_name(name), name.to_owned()));
-                let create_as: &CStr = staged_as.as_ref().map_or(name, |(tmp, _)| tmp.as_c_str());
+                let staged_as =
+                    (parent.fresh && !parent.hidden && !split).then(|| self.dir_tmp_name(name));
+                let create_as: &CStr = staged_as.as_deref().unwrap_or(name);
                 // 0700 while we fill it; the final mode comes after the children.
                 let fresh = match sys::mkdirat(parent.dst.as_fd(), create_as, 0o700) {
                     Ok(()) => true,
@@ -244,100 +276,126 @@ impl<'a> Ctx<'a> {
             }
         };
         let keep_meta = takes_source_meta(self.opts, fresh);
-        let dst_dev = if fresh {
-            parent.dst_dev
-        } else {
-            sys::fstat(dst.as_fd())
-                .map_err(|e| ("stat destination directory", e))?
-                .st_dev
-        };
+        // Its inode, to know it again if it is reopened (see `dirs`).
+        let dst_st = sys::fstat(dst.as_fd()).map_err(|e| ("stat destination directory", e))?;
         self.counters.dirs.fetch_add(1, Ordering::Relaxed);
         if !matches!(self.opts.select, Part::Slice { .. }) {
             // Every part walks every directory; only one run counts them.
             self.progress.entry_done();
         }
-        Ok(Arc::new(DirNode {
-            src,
-            dst,
-            parent: Some(parent.clone()),
-            rel: parent.child_path(name),
-            meta: keep_meta.then_some(st),
-            pending: AtomicUsize::new(1),
+        let mut node = DirNode::new(
+            name.to_owned(),
+            Some(parent.node.clone()),
+            &st,
+            &dst_st,
+            keep_meta.then_some(st),
             fresh,
-            hidden: staged_as.is_some() || (fresh && parent.hidden),
-            staged_as,
-            ours,
-            src_dev: st.st_dev,
-            dst_dev,
-        }))
+        );
+        node.hidden = staged_as.is_some() || (fresh && parent.hidden);
+        node.staged_as = staged_as;
+        node.ours = ours;
+        Ok(self.opened(Arc::new(node), src, dst))
     }
 
-    fn list(&self, node: Arc<DirNode>, local: &mut Local) {
+    /// List `dir` and copy its entries: subdirectories become tasks as they are met, and
+    /// the other entries are copied in batches as the listing goes (see the module's doc).
+    fn list(&self, dir: Arc<OpenDir>, local: &mut Local) {
         if local.dents.is_empty() {
             local.dents.resize(64 * 1024, 0);
         }
         // Before this directory's own work starts, so none of this run's names are swept.
-        if self.opts.resume && !node.fresh {
-            self.sweep_leftovers(&node, local);
+        if self.opts.resume && !dir.fresh {
+            self.sweep_leftovers(&dir, local);
         }
-        let entries = match dirent::read_all(node.src.as_fd(), &mut local.dents) {
-            Ok(e) => e,
-            Err(e) => {
-                self.fail(&node.rel, "read directory", &e);
-                self.release(node);
-                return;
-            }
-        };
-        let mut files = Vec::with_capacity(entries.len());
         let reserved = self
             .opts
             .reserved_top
             .as_deref()
-            .filter(|_| node.parent.is_none());
-        for e in entries {
-            if reserved.is_some_and(|r| r == e.name.as_c_str()) {
+            .filter(|_| dir.parent.is_none());
+        // The listing buffer is this worker's; the entries copied meanwhile use the rest.
+        let mut dents = std::mem::take(&mut local.dents);
+        let mut listing = Listing::new(dir.src.as_fd(), &mut dents);
+        let mut batch = Vec::new();
+        let listed = loop {
+            let (name, dtype) = match listing.next_entry() {
+                Ok(Some(entry)) => entry,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            };
+            if reserved.is_some_and(|r| r == name) {
                 continue;
             }
-            let is_dir = match e.dtype {
+            let is_dir = match dtype {
                 DType::Dir => true,
-                DType::Unknown => sys::lstatat(node.src.as_fd(), &e.name)
+                DType::Unknown => sys::lstatat(dir.src.as_fd(), name)
                     .map(|st| is_type(&st, libc::S_IFDIR))
                     .unwrap_or(false),
                 _ => false,
             };
             if is_dir {
-                node.pending.fetch_add(1, Ordering::Relaxed);
+                dir.pending.fetch_add(1, Ordering::Relaxed);
                 local.push(Task::Dir {
-                    parent: node.clone(),
-                    name: e.name,
+                    parent: dir.node.clone(),
+                    name: name.to_owned(),
                 });
-            } else {
-                files.push(e);
+                continue;
             }
-        }
-        // Cut a large directory into batches for other workers; keep the first one.
-        while files.len() > BATCH {
-            let rest = files.split_off(files.len() - BATCH);
-            node.pending.fetch_add(1, Ordering::Relaxed);
-            local.push(Task::Batch {
-                dir: node.clone(),
-                entries: rest,
+            if batch.capacity() == 0 {
+                batch.reserve_exact(BATCH);
+            }
+            batch.push(DirEntry {
+                name: name.to_owned(),
+                dtype,
             });
+            if batch.len() == BATCH {
+                // (Checked per batch: `copy_entries` checks each entry.)
+                if self.stopping() {
+                    break Ok(());
+                }
+                let full = std::mem::take(&mut batch);
+                self.hand_out(&dir, full, local);
+            }
+        };
+        local.dents = dents;
+        if let Err(e) = listed {
+            // What was listed before the error is still copied.
+            self.fail(&dir.path(), "read directory", &e);
         }
-        for e in &files {
+        self.copy_entries(&dir, &batch, local);
+        self.release(&dir.node);
+    }
+
+    /// A full batch of `dir`'s entries: to the pool for an idle worker, unless enough of
+    /// its batches wait there already; then this worker copies it, and lists on after.
+    fn hand_out(&self, dir: &Arc<OpenDir>, batch: Vec<DirEntry>, local: &mut Local) {
+        // (`scratch` has a slot per worker.)
+        let most = WAITING_PER_WORKER * self.scratch.len();
+        if dir.batches_waiting.load(Ordering::Relaxed) >= most {
+            self.copy_entries(dir, &batch, local);
+            return;
+        }
+        dir.batches_waiting.fetch_add(1, Ordering::Relaxed);
+        dir.pending.fetch_add(1, Ordering::Relaxed);
+        local.push(Task::Batch {
+            dir: dir.node.clone(),
+            entries: batch,
+        });
+    }
+
+    fn copy_entries(&self, dir: &Arc<OpenDir>, entries: &[DirEntry], local: &mut Local) {
+        for e in entries {
             if self.stopping() {
                 break;
             }
-            self.entry(&node, &e.name, &e.name, e.dtype, local);
+            self.entry(dir, &e.name, &e.name, e.dtype, local);
         }
-        self.release(node);
     }
 
     /// Copy one non-directory entry. `dtype` is the listing's hint; the real type comes
     /// from `fstat` of what was opened (or `lstat` for things never opened).
     fn entry(
         &self,
-        dir: &Arc<DirNode>,
+        dir: &Arc<OpenDir>,
         src_name: &CStr,
         dst_name: &CStr,
         dtype: DType,
@@ -375,7 +433,7 @@ impl<'a> Ctx<'a> {
                 Ok(st) if is_type(&st, libc::S_IFDIR) => {
                     dir.pending.fetch_add(1, Ordering::Relaxed);
                     local.push(Task::Dir {
-                        parent: dir.clone(),
+                        parent: dir.node.clone(),
                         name: src_name.to_owned(),
                     });
                 }
@@ -395,7 +453,7 @@ impl<'a> Ctx<'a> {
                     // A directory appeared where the listing saw something else.
                     dir.pending.fetch_add(1, Ordering::Relaxed);
                     local.push(Task::Dir {
-                        parent: dir.clone(),
+                        parent: dir.node.clone(),
                         name: src_name.to_owned(),
                     });
                     return;
