@@ -1,6 +1,7 @@
 //! A file's bytes: the strategy ladder `FICLONE` → `copy_file_range` → sparse extents →
 //! `pread`/`pwrite`, with errno-driven fallbacks whose filesystem-level answers are cached
-//! per (source device, destination device) pair.
+//! per (source device, destination device) pair; and their xxHash3, holes hashed unread.
+//! Every loop asks the copy's stop signal ([`Guard`]) between blocks.
 
 use std::io;
 use std::os::fd::BorrowedFd;
