@@ -101,16 +101,9 @@ impl Guard<'_> {
 
 /// A file's copy was cut off because the whole copy is stopping: not a failure of that
 /// file (the copy's summary says why it stopped), and never retried.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("the copy stopped before this file was complete")]
 pub(crate) struct Stopped;
-
-impl std::fmt::Display for Stopped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the copy stopped before this file was complete")
-    }
-}
-
-impl std::error::Error for Stopped {}
 
 /// Whether `err` is [`Stopped`].
 pub(crate) fn is_stopped(err: &io::Error) -> bool {

@@ -84,28 +84,12 @@ pub(super) fn checksum_mismatch(expected: u128, got: u128) -> io::Error {
 }
 
 /// Marker payloads so [`Ctx::fail`] can tell these kinds from plain I/O errors.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub(super) struct SourceChanged(pub String);
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub(super) struct ChecksumMismatch(pub String);
-
-impl std::fmt::Display for SourceChanged {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for SourceChanged {}
-impl std::fmt::Display for ChecksumMismatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for ChecksumMismatch {}
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("reflink is `always` but this file cannot be cloned here (both sides must be on one XFS or btrfs filesystem); use `auto` to copy instead")]
 pub(super) struct ReflinkRefused;
-impl std::fmt::Display for ReflinkRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("reflink is `always` but this file cannot be cloned here (both sides must be on one XFS or btrfs filesystem); use `auto` to copy instead")
-    }
-}
-impl std::error::Error for ReflinkRefused {}
