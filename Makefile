@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release image kube-deps kube-up kube-down test lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput bench-throughput-kube deps clean generate check-generated fuzz
+.PHONY: all build release image kube-deps kube-up kube-down test score lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput bench-throughput-kube deps clean generate check-generated fuzz
 
 all: build
 
@@ -30,8 +30,9 @@ deps:
 kube-deps: deps
 	@./e2e/tools/install.sh --no-smoke --kube
 
-## Every check: format, lints, unit/integration tests (root-only ones run as root).
-test: kube-deps check-generated
+## Every check: format, lints, the chart scored by kube-score, unit/integration tests
+## (root-only ones run as root).
+test: kube-deps check-generated score
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
@@ -45,6 +46,11 @@ generate:
 ## Fail when a generated file differs from what its generator writes now.
 check-generated: generate
 	@git diff --exit-code -- charts/ferry/crds deploy || { echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; }
+
+## Score every render of the chart with kube-score (built by `make deps`); fails on a
+## CRITICAL finding that is not a documented exception (charts/ferry/README.md).
+score:
+	@./scripts/kube-score.sh
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

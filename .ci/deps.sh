@@ -23,6 +23,8 @@ have containerd || lean+=(containerd)
 have runc || lean+=(runc)
 [[ -x /usr/lib/cni/bridge ]] || lean+=(containernetworking-plugins)
 have iptables || lean+=(iptables)
+# ipset for kube-router, which enforces the chart's NetworkPolicies in that tier.
+have ipset || lean+=(ipset)
 have buildah || lean+=(buildah)
 if ((${#need[@]} + ${#lean[@]})); then
   if [[ $(id -u) -ne 0 ]]; then

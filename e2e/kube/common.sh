@@ -6,6 +6,7 @@ K8S_VERSION="${K8S_VERSION:-v1.35.4}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 K8S_BIN="$FERRY_TOOLS/k8s/$K8S_VERSION/bin"
 HELM="$FERRY_TOOLS/helm/$HELM_VERSION/bin/helm"
+KUBE_ROUTER="$FERRY_TOOLS/kube-router/${KUBE_ROUTER_VERSION:-v2.1.0}/bin/kube-router"
 
 STATE="${FERRY_KUBE_DIR:-/var/lib/ferry-kube}"
 RUN=/run/ferry-kube

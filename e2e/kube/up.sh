@@ -3,10 +3,11 @@
 # by its Helm chart from the image `make image` builds.
 #
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (+ runc, bridge
-# CNI), kubelet and kube-proxy all run inside the network namespace `ferry-kube`, which has
-# no route out: the host reaches it over one veth pair (host 10.251.0.1, node 10.251.0.2) and
-# drops anything the namespace would have it forward. Pods get 10.252.0.0/24 on a bridge
-# inside the namespace; Services 10.253.0.0/24 (kube-proxy, iptables mode, in the namespace).
+# CNI), kubelet, kube-proxy and kube-router (its NetworkPolicy firewall only) all run inside
+# the network namespace `ferry-kube`, which has no route out: the host reaches it over one
+# veth pair (host 10.251.0.1, node 10.251.0.2) and drops anything the namespace would have it
+# forward. Pods get 10.252.0.0/24 on a bridge inside the namespace; Services 10.253.0.0/24
+# (kube-proxy, iptables mode, in the namespace).
 # Every component authenticates with a static token; the cluster is for tests, not for use.
 #
 # Needs root. State: $FERRY_KUBE_DIR (default /var/lib/ferry-kube). `make kube-down`
@@ -23,15 +24,16 @@ source "$here/common.sh"
 preflight() {
     [[ $(id -u) -eq 0 ]] || die "needs root (it creates a network namespace, mounts and cgroups)"
     local missing=()
-    for c in containerd containerd-shim-runc-v2 runc ctr nsenter ip iptables openssl etcd; do
+    for c in containerd containerd-shim-runc-v2 runc ctr nsenter ip iptables ipset openssl etcd; do
         command -v "$c" >/dev/null || missing+=("$c")
     done
     [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || missing+=("/usr/lib/cni (containernetworking-plugins)")
-    ((${#missing[@]} == 0)) || die "missing: ${missing[*]}; run 'make kube-deps' (apt-get install containerd runc containernetworking-plugins iptables)"
+    ((${#missing[@]} == 0)) || die "missing: ${missing[*]}; run 'make kube-deps' (apt-get install containerd runc containernetworking-plugins iptables ipset)"
     for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
         [[ -x "$K8S_BIN/$b" ]] || die "$K8S_BIN/$b is missing; run 'make kube-deps' (e2e/tools/install.sh --kube builds it)"
     done
     [[ -x "$HELM" ]] || die "$HELM is missing; run 'make deps'"
+    [[ -x "$KUBE_ROUTER" ]] || die "$KUBE_ROUTER is missing; run 'make kube-deps' (e2e/tools/install.sh --kube builds it)"
     [[ -f "$IMAGE_ARCHIVE" ]] || die "$IMAGE_ARCHIVE is missing; run 'make image'"
     if [[ -e "$STATE" ]] || grep -qw "$NETNS" <<<"$(ip netns list)"; then
         die "a cluster is already up (or left over) at $STATE / netns $NETNS: run 'make kube-down' first"
@@ -241,6 +243,13 @@ conntrack:
   maxPerCore: 0
 EOF
     start kube-proxy "$K8S_BIN/kube-proxy" --config="$STATE/kube-proxy.yaml"
+    # The bridge plugin enforces no NetworkPolicy; kube-router's firewall does, with iptables
+    # and ipsets in this namespace (gone with it). Like most enforcing plugins it always
+    # admits the node's own traffic to its pods: the kubelet's probes, and Prometheus here.
+    start kube-router "$KUBE_ROUTER" --run-firewall=true --run-router=false \
+        --run-service-proxy=false --kubeconfig="$STATE/admin.kubeconfig" \
+        --hostname-override="$NODE" --service-cluster-ip-range="$SVC_CIDR" \
+        --health-port=0 --metrics-port=0
     wait_until "node $NODE Ready" 90 kc wait --for=condition=Ready "node/$NODE" --timeout=5s
     # Both accept a configuration with a misspelt field, ignoring it (and what it was to set).
     local f

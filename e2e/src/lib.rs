@@ -23,7 +23,9 @@ mod trees;
 pub use control_plane::ControlPlane;
 pub use ferry::{workspace_bin, Proc};
 pub use kubectl::Kubectl;
-pub use tools::{helm_or_skip, prometheus_k8s_or_skip, prometheus_operator_crds_or_skip};
+pub use tools::{
+    helm_or_skip, kube_score_or_skip, prometheus_k8s_or_skip, prometheus_operator_crds_or_skip,
+};
 pub use trees::{
     assert_same_contents, assert_same_tree, staging_leftovers, tree_meta, BindMount, Tmpfs,
 };

@@ -59,6 +59,15 @@ pub fn helm_or_skip() -> Result<Option<PathBuf>> {
     installed_or_skip("FERRY_HELM", tools_dir().join("helm/v3.22.0/bin/helm"))
 }
 
+/// kube-score, built from its Go module by `e2e/tools/install.sh`; `Ok(None)` with the reason
+/// printed when it is not installed and this is not CI.
+pub fn kube_score_or_skip() -> Result<Option<PathBuf>> {
+    installed_or_skip(
+        "FERRY_KUBE_SCORE",
+        tools_dir().join("kube-score/v1.19.0/bin/kube-score"),
+    )
+}
+
 /// Prometheus with Kubernetes service discovery, built from its Go module by
 /// `e2e/tools/install.sh` (Debian's is built without it); `Ok(None)` with the reason printed
 /// when it is not installed and this is not CI.

@@ -1312,6 +1312,8 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "ClusterRoleBinding/copier-operator",
         "DaemonSet/copier-agent",
         "Deployment/copier-operator",
+        "NetworkPolicy/copier-agent",
+        "NetworkPolicy/copier-operator",
         "Role/copier-agent",
         "Role/copier-operator",
         "RoleBinding/copier-agent",

@@ -10,6 +10,11 @@
 #   helm                         built from helm.sh/helm/v3 at $HELM_VERSION
 #   prometheus (with Kubernetes  built from github.com/prometheus/prometheus at $PROMETHEUS_VERSION
 #   service discovery)           (Debian's has none; the real-node tier's check uses it)
+#   kube-score                   built from github.com/zegl/kube-score at $KUBE_SCORE_VERSION (make test
+#                                scores the rendered chart with it: scripts/kube-score.sh)
+#   kube-router (--kube)         built from github.com/cloudnativelabs/kube-router/v2 at
+#                                $KUBE_ROUTER_VERSION; only its NetworkPolicy firewall runs, so the
+#                                real-node tier enforces the chart's NetworkPolicies
 #   prometheus-operator CRDs     ServiceMonitor, PodMonitor, PrometheusRule, copied from the Go
 #                                module github.com/prometheus-operator/prometheus-operator at
 #                                $PROMETHEUS_OPERATOR_VERSION (the chart test applies them)
@@ -18,6 +23,8 @@
 #   ${FERRY_TOOLS:-/var/cache/ferry-tools}/k8s/<version>/bin/{kube-apiserver,kubectl,kube-controller-manager,
 #                                                            kubelet,kube-scheduler,kube-proxy}
 #   ${FERRY_TOOLS:-/var/cache/ferry-tools}/helm/<version>/bin/helm
+#   ${FERRY_TOOLS:-/var/cache/ferry-tools}/kube-score/<version>/bin/kube-score
+#   ${FERRY_TOOLS:-/var/cache/ferry-tools}/kube-router/<version>/bin/kube-router
 # and ${FERRY_TOOLS}/env.sh exports PATH (those bins first) plus FERRY_* paths.
 #
 # Idempotent: a binary already in the cache is not rebuilt, so a second run takes seconds.
@@ -38,6 +45,9 @@ K8S_VERSION=${K8S_VERSION:-v1.35.4}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 PROMETHEUS_OPERATOR_VERSION=${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
+KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.19.0}
+# The only kube-router v2 release the Go module proxy serves (later tags answer 403).
+KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
 FERRY_TOOLS=${FERRY_TOOLS:-/var/cache/ferry-tools}
 export FERRY_TOOLS
 
@@ -66,7 +76,7 @@ fi
 
 built_any=0
 # Leftovers of an interrupted earlier run (we hold the lock, so nobody else is writing them).
-rm -rf "$FERRY_TOOLS"/k8s/*/bin/.*.tmp.* "$FERRY_TOOLS"/helm/*/.gobin.* "$FERRY_TOOLS"/prometheus/*/.gobin.* 2>/dev/null || true
+rm -rf "$FERRY_TOOLS"/k8s/*/bin/.*.tmp.* "$FERRY_TOOLS"/{helm,prometheus,kube-score,kube-router}/*/.gobin.* 2>/dev/null || true
 
 # ---------------------------------------------------------------------------
 # 1. Debian packages
@@ -257,6 +267,20 @@ if [[ $kube == yes && ! -x $prom_bin/prometheus ]]; then
   go_install "$prom_dir" "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" "-s -w"
 fi
 
+# --- kube-score: the outside linter make test runs on the rendered chart ---------------
+score_dir=$FERRY_TOOLS/kube-score/$KUBE_SCORE_VERSION
+if [[ ! -x $score_dir/bin/kube-score ]]; then
+  go_install "$score_dir" "github.com/zegl/kube-score/cmd/kube-score@$KUBE_SCORE_VERSION" "-s -w"
+fi
+
+# --- kube-router: a NetworkPolicy enforcer for the real-node tier ----------------------
+# The bridge CNI plugin enforces no NetworkPolicy; kube-router's firewall (iptables and
+# ipset, run with --run-router=false --run-service-proxy=false) does, beside it.
+router_dir=$FERRY_TOOLS/kube-router/$KUBE_ROUTER_VERSION
+if [[ $kube == yes && ! -x $router_dir/bin/kube-router ]]; then
+  go_install "$router_dir" "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION" "-s -w"
+fi
+
 # --- prometheus-operator CRDs (no binary: the YAML its module ships) -------
 promop_crds=$FERRY_TOOLS/prometheus-operator/$PROMETHEUS_OPERATOR_VERSION/crds
 promop_files=(monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_podmonitors.yaml
@@ -290,6 +314,8 @@ export FERRY_KUBECTL="$k8s_bin/kubectl"
 export FERRY_KUBE_CONTROLLER_MANAGER="$k8s_bin/kube-controller-manager"
 export FERRY_PROMETHEUS_OPERATOR_CRDS="$promop_crds"
 export FERRY_HELM="$helm_bin/helm"
+export FERRY_KUBE_SCORE="$score_dir/bin/kube-score"
+export FERRY_KUBE_ROUTER="$router_dir/bin/kube-router"
 export FERRY_ETCD="$etcd_path"
 export FERRY_PROMETHEUS="$prom_path"
 export FERRY_PROMTOOL="$promtool_path"
@@ -331,6 +357,7 @@ kubectl         $k8s_bin/kubectl  ($v_kubectl, $(size "$k8s_bin/kubectl"))
 kube-controller-manager $k8s_bin/kube-controller-manager  ($v_kcm, $(size "$k8s_bin/kube-controller-manager"))
 prometheus-operator CRDs $promop_crds ($PROMETHEUS_OPERATOR_VERSION)
 helm            $helm_bin/helm  ($v_helm, $(size "$helm_bin/helm"))
+kube-score      $score_dir/bin/kube-score  ($KUBE_SCORE_VERSION)
 etcd            $etcd_path  ($v_etcd)
 prometheus      $prom_path  ($v_prom)
 promtool        $promtool_path

@@ -82,3 +82,30 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "ferry.listen" -}}
 {{- printf "%s:%v" .ctx.Values.listenHost .port }}
 {{- end }}
+
+{{/* kube-score's checks that a component's values fail on purpose, comma-separated for its
+kube-score/ignore annotation; each is a documented exception (charts/ferry/README.md,
+"kube-score exceptions"), listed only while the values that cause it are set. Call with
+(dict "ctx" $ "values" .Values.agent). */}}
+{{- define "ferry.scoreExceptions" -}}
+{{- $v := .values }}
+{{- $ignore := list }}
+{{- $sc := $v.securityContext | default dict }}
+{{- if $sc.privileged }}
+{{- $ignore = append $ignore "container-security-context-privileged" }}
+{{- end }}
+{{- $psc := $v.podSecurityContext | default dict }}
+{{- $uid := ternary $sc.runAsUser $psc.runAsUser (hasKey $sc "runAsUser") }}
+{{- $gid := ternary $sc.runAsGroup $psc.runAsGroup (hasKey $sc "runAsGroup") }}
+{{- if or (lt (int (default 0 $uid)) 10000) (lt (int (default 0 $gid)) 10000) }}
+{{- $ignore = append $ignore "container-security-context-user-group-id" }}
+{{- end }}
+{{- $limits := ($v.resources | default dict).limits | default dict }}
+{{- if not (and $limits.cpu $limits.memory) }}
+{{- $ignore = append $ignore "container-resources" }}
+{{- end }}
+{{- if ne .ctx.Values.image.pullPolicy "Always" }}
+{{- $ignore = append $ignore "container-image-pull-policy" }}
+{{- end }}
+{{- join "," $ignore }}
+{{- end }}
