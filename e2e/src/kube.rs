@@ -98,6 +98,27 @@ impl KubeTier {
         c
     }
 
+    /// A command run in the network namespace of pod `ns/pod` (as the pod: its address, its
+    /// NetworkPolicies), found through a process in the pod's cgroup.
+    pub fn in_pod_netns(&self, ns: &str, pod: &str, program: &str) -> Result<Command> {
+        let uid = self.get(&format!("pod/{pod}"), ns, "{.metadata.uid}")?;
+        let needle = format!("/pod{uid}/");
+        for entry in std::fs::read_dir("/proc")? {
+            let path = entry?.path();
+            let Ok(cgroups) = std::fs::read_to_string(path.join("cgroup")) else {
+                continue;
+            };
+            if cgroups.contains(&needle) {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", path.join("ns/net").display()))
+                    .arg("--")
+                    .arg(program);
+                return Ok(c);
+            }
+        }
+        bail!("no process of pod {ns}/{pod} (uid {uid}) is running")
+    }
+
     /// Packets the host dropped instead of forwarding them out of the namespace (the counter
     /// of up.sh's `FORWARD -i fkube0 -j DROP` rule): anything but zero means something in
     /// the tier tried to reach beyond this machine.

@@ -26,7 +26,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 9] = [
+    let checks: [(&str, Check); 10] = [
         ("agent Ready by its probes", agent_ready),
         ("operator restricted, agent alone privileged", pod_security),
         ("identical copy on the node's disk", copy_on_the_node),
@@ -35,6 +35,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
             mounted_after_the_agent_started,
         ),
         ("nothing leaves the machine", nothing_leaves),
+        (
+            "NetworkPolicies: only named peers in, only the API server out",
+            network_policies,
+        ),
         ("one leader; its deletion hands over", leader_handover),
         (
             "Prometheus finds the pods as the monitors say",
@@ -261,6 +265,116 @@ fn nothing_leaves(tier: &KubeTier, _: &Path) -> Result<()> {
         "{dropped} packets tried to leave through the host"
     );
     Ok(())
+}
+
+/// The HTTP status a GET of `url` from inside pod `ns/pod` gets, or "000" when no connection
+/// is made within 3 s (a policy drops the packets).
+fn http_from_pod(tier: &KubeTier, (ns, pod): (&str, &str), url: &str) -> Result<String> {
+    let out = tier
+        .in_pod_netns(ns, pod, "curl")?
+        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args(["--connect-timeout", "3", url])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The chart's NetworkPolicies, enforced by kube-router's firewall in this tier: the metrics
+/// port admits only the Prometheus values.yaml names (pods labelled
+/// app.kubernetes.io/name=prometheus in namespace `monitoring`), not a pod with that label in
+/// another namespace nor any other pod; an agent connects to the API server and nothing
+/// else; the node (probes, the tier's Prometheus) still reaches both. With the policies
+/// turned off the same requests pass, so what refused them was the policies.
+fn network_policies(tier: &KubeTier, _: &Path) -> Result<()> {
+    let agent = pods(tier, "agent")?.remove(0);
+    let operator = pods(tier, "operator")?.remove(0);
+    let image = tier.get(&format!("pod/{agent}"), NS, "{.spec.containers[0].image}")?;
+    tier.kubectl_ok(&["create", "namespace", "monitoring"])?;
+    let clients = [
+        (
+            "monitoring",
+            "prometheus",
+            "app.kubernetes.io/name: prometheus",
+        ),
+        (
+            "default",
+            "prometheus",
+            "app.kubernetes.io/name: prometheus",
+        ),
+        ("default", "tenant", "app: tenant"),
+    ];
+    for (ns, name, label) in clients {
+        tier.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {{{label}}}}}\nspec:\n  containers: [{{name: c, image: {image}, imagePullPolicy: Never, command: [ferry-agent, pause]}}]\n"
+        ))?;
+    }
+    for (ns, name, _) in clients {
+        tier.kubectl_ok(&[
+            "wait",
+            "--for=condition=Ready",
+            &format!("pod/{name}"),
+            "-n",
+            ns,
+            "--timeout=60s",
+        ])?;
+    }
+    let ip = |ns: &str, pod: &str| tier.get(&format!("pod/{pod}"), ns, "{.status.podIP}");
+    let agent_metrics = format!("http://{}:9090/metrics", ip(NS, &agent)?);
+    let operator_metrics = format!("http://{}:9090/metrics", ip(NS, &operator)?);
+    // A listener in the tenant's pod (no policy selects it), for the agent's egress.
+    let mut listener = tier
+        .in_pod_netns("default", "tenant", "python3")?
+        .args(["-m", "http.server", "8080", "--bind", "0.0.0.0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let tenant_web = format!("http://{}:8080/", ip("default", "tenant")?);
+    let result = (|| -> Result<()> {
+        let prometheus = ("monitoring", "prometheus");
+        let impostor = ("default", "prometheus");
+        let tenant = ("default", "tenant");
+        let from_agent = (NS, agent.as_str());
+        wait_for("the tenant's listener", Duration::from_secs(10), || {
+            http_from_pod(tier, impostor, &tenant_web).is_ok_and(|c| c == "200")
+        })?;
+        let mut wrong = Vec::new();
+        let mut expect = |who: (&str, &str), url: &str, want: &str| -> Result<()> {
+            let got = http_from_pod(tier, who, url)?;
+            if got != want {
+                wrong.push(format!("{}/{} GET {url}: {got}, want {want}", who.0, who.1));
+            }
+            Ok(())
+        };
+        expect(prometheus, &agent_metrics, "200")?;
+        expect(prometheus, &operator_metrics, "200")?;
+        expect(impostor, &agent_metrics, "000")?;
+        expect(impostor, &operator_metrics, "000")?;
+        expect(tenant, &agent_metrics, "000")?;
+        expect(from_agent, &tenant_web, "000")?;
+        expect(from_agent, &operator_metrics, "000")?;
+        // The API server answers (its status is about authentication, not the network).
+        let api = http_from_pod(tier, from_agent, "https://10.253.0.1:443/readyz")?;
+        if api == "000" {
+            wrong.push("the agent cannot reach the API server through its Service".into());
+        }
+        ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+        // The node still reaches both (the kubelet's probes; this tier's Prometheus).
+        agent_ready(tier, Path::new(""))?;
+
+        // Without the policies, the refused requests pass.
+        upgrade(tier, &["--set", "networkPolicy.enabled=false"])?;
+        let opened = wait_for("the policies to be lifted", Duration::from_secs(30), || {
+            http_from_pod(tier, impostor, &agent_metrics).is_ok_and(|c| c == "200")
+                && http_from_pod(tier, from_agent, &tenant_web).is_ok_and(|c| c == "200")
+        });
+        upgrade(tier, &["--set", "networkPolicy.enabled=true"])?;
+        opened
+    })();
+    let _ = listener.kill();
+    let _ = listener.wait();
+    for (ns, name, _) in clients {
+        let _ = tier.kubectl(&["delete", "pod", name, "-n", ns, "--wait=false"]);
+    }
+    result
 }
 
 fn leader_handover(tier: &KubeTier, _: &Path) -> Result<()> {
