@@ -243,14 +243,17 @@ conntrack:
   maxPerCore: 0
 EOF
     start kube-proxy "$K8S_BIN/kube-proxy" --config="$STATE/kube-proxy.yaml"
+    wait_until "node $NODE Ready" 90 kc wait --for=condition=Ready "node/$NODE" --timeout=5s
     # The bridge plugin enforces no NetworkPolicy; kube-router's firewall does, with iptables
     # and ipsets in this namespace (gone with it). Like most enforcing plugins it always
     # admits the node's own traffic to its pods: the kubelet's probes, and Prometheus here.
+    # It starts once the Node exists (it exits when it cannot find its node by name), and
+    # Ferry is installed once its chains are in place, so no pod runs unguarded.
     start kube-router "$KUBE_ROUTER" --run-firewall=true --run-router=false \
         --run-service-proxy=false --kubeconfig="$STATE/admin.kubeconfig" \
         --hostname-override="$NODE" --service-cluster-ip-range="$SVC_CIDR" \
         --health-port=0 --metrics-port=0
-    wait_until "node $NODE Ready" 90 kc wait --for=condition=Ready "node/$NODE" --timeout=5s
+    wait_until "kube-router's firewall chains" 60 in_ns iptables -S KUBE-ROUTER-FORWARD
     # Both accept a configuration with a misspelt field, ignoring it (and what it was to set).
     local f
     for f in kubelet kube-proxy; do
