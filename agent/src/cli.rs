@@ -113,6 +113,15 @@ pub struct CopyArgs {
     /// relative to DST; check with `cd DST && xxh128sum -c FILE`).
     #[arg(long, value_name = "FILE")]
     pub manifest: Option<PathBuf>,
+    /// Copy only what matches PATTERN (repeatable): gitignore syntax, relative to SRC; a
+    /// file is copied when it or a parent directory matches. Directories are still walked
+    /// and made. See the README's "include and exclude".
+    #[arg(long, value_name = "PATTERN")]
+    pub include: Vec<String>,
+    /// Skip what matches PATTERN (repeatable; gitignore syntax, relative to SRC): a
+    /// matching directory is not entered. Wins over --include.
+    #[arg(long, value_name = "PATTERN")]
+    pub exclude: Vec<String>,
     /// No progress bar, even on a terminal.
     #[arg(long)]
     pub no_progress: bool,

@@ -32,7 +32,10 @@ pub fn options(args: &CopyArgs) -> Result<Options, String> {
             format!("--no-preserve: unknown metadata kind '{name}'; use a comma-separated list of {}, or all (or the short names mode, links, sparse)", Preserve::NAMES.join(", "))
         })?;
     }
+    let filter =
+        ferry_engine::Filter::new(&args.include, &args.exclude).map_err(|e| format!("--{e}"))?;
     Ok(Options {
+        filter,
         workers: args.workers,
         reflink: args.reflink,
         verify: args.verify,

@@ -691,3 +691,48 @@ fn after_a_full_destination_a_rerun_with_if_changed_finishes_a_faithful_copy() -
     compare(&before, &dst, check).context("the resumed copy is not the copy a single run makes")?;
     Ok(())
 }
+
+#[test]
+fn include_and_exclude_flags_select_what_is_copied_and_a_bad_pattern_exits_2() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    mkdir(&src.join("cache"))?;
+    for f in ["a.csv", "b.txt", "cache/c.csv", ".d.csv"] {
+        std::fs::write(src.join(f), f)?;
+    }
+    let dst = tmp.path().join("dst");
+    let out = copy([
+        "--json".as_ref(),
+        "--include".as_ref(),
+        "*.csv".as_ref(),
+        "--exclude".as_ref(),
+        "cache/".as_ref(),
+        "--exclude".as_ref(),
+        ".*".as_ref(),
+        src.as_os_str(),
+        dst.as_os_str(),
+    ])?;
+    out.expect_code(0)?;
+    ensure!(num(&out.json()?, "files") == 1, "{out}");
+    let mut names: Vec<_> = std::fs::read_dir(&dst)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    ensure!(names == ["a.csv"], "copied {names:?}");
+
+    let out = copy([
+        "--exclude".as_ref(),
+        "#notes".as_ref(),
+        src.as_os_str(),
+        tmp.path().join("bad").as_os_str(),
+    ])?;
+    out.expect_code(2)?;
+    ensure!(
+        out.stderr
+            .contains("--exclude: pattern \"#notes\" would be a comment"),
+        "{out}"
+    );
+    ensure!(!tmp.path().join("bad").exists());
+    Ok(())
+}

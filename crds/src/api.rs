@@ -115,13 +115,18 @@ pub struct CopyJobSpec {
     /// Metadata to keep.
     #[serde(default)]
     pub preserve: Preserve,
-    /// Only paths matching one of these globs (relative to the source path) are copied.
-    /// At most 256 patterns of at most 4096 bytes each.
+    /// Copy only files, symlinks and special files that match one of these patterns, or
+    /// whose parent directory does (gitignore syntax, relative to the source path: `*.csv`
+    /// at any depth, `/top.txt` anchored, `data/**/*.bin`, `keep/` for a directory).
+    /// Directories are walked and made whatever this says. Empty: everything. At most 256
+    /// patterns of at most 4096 bytes each.
     #[serde(default)]
     #[schemars(length(max = 256), inner(length(max = 4096)))]
     pub include: Vec<String>,
-    /// Paths matching one of these globs are skipped. At most 256 patterns of at most 4096
-    /// bytes each.
+    /// Skip what matches one of these patterns (gitignore syntax, relative to the source
+    /// path; `cache/` a directory, `*.tmp` at any depth, `!keep.tmp` takes an earlier one
+    /// back); a matching directory is not entered. Wins over include. At most 256 patterns
+    /// of at most 4096 bytes each.
     #[serde(default)]
     #[schemars(length(max = 256), inner(length(max = 4096)))]
     pub exclude: Vec<String>,

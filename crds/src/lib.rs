@@ -5,6 +5,7 @@
 //!   defaults, shared by the CopyJob, the CLI and the engine;
 //! - [`shard`]: a shard's state and part, and the names it leaves on the destination;
 //! - [`reason`]: every failure and condition reason;
+//! - [`filter`]: `include`/`exclude`, compiled once for the operator, agent and engine;
 //! - `api` (feature `k8s`, on by default): the `CopyJob` and `StorageRoot` resources.
 //!
 //! The engine depends on this crate without `k8s`, so it shares the contract's types
@@ -13,10 +14,12 @@
 #[macro_use]
 mod wire;
 
+pub mod filter;
 pub mod policy;
 pub mod reason;
 pub mod shard;
 
+pub use filter::Filter;
 pub use policy::{Overwrite, Policy, Preserve, Reflink, Verify};
 pub use reason::{ConditionType, Reason};
 pub use shard::{in_state_dir, ManifestName, Part, ShardState, STATE_DIR};

@@ -103,33 +103,11 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
             "spec.ttlSecondsAfterFinished cannot be negative".into(),
         );
     }
-    for (field, globs) in [
-        ("spec.include", &spec.include),
-        ("spec.exclude", &spec.exclude),
-    ] {
-        // The CRD's schema says the same (maxItems, maxLength); checked again for a job
-        // that reached the operator without it.
-        if globs.len() > 256 {
-            return refuse(
-                Reason::InvalidSpec,
-                format!(
-                    "{field} has {} patterns; at most 256 are allowed",
-                    globs.len()
-                ),
-            );
-        }
-        for g in globs {
-            if g.len() > 4096 {
-                return refuse(
-                    Reason::InvalidSpec,
-                    format!(
-                        "{field}: a pattern of {} bytes; at most 4096 are allowed",
-                        g.len()
-                    ),
-                );
-            }
-            check_relative_path(field, g)?;
-        }
+    // Patterns only ever match names the walk meets beneath the source path (they open
+    // nothing), so a leading `/` anchors and is fine; what does not compile, or would not
+    // mean what it says in gitignore syntax, is refused with the pattern and the fix.
+    if let Err(e) = ferry_crds::Filter::new(&spec.include, &spec.exclude) {
+        return refuse(Reason::InvalidSpec, format!("spec.{e}"));
     }
     Ok(())
 }
@@ -255,8 +233,26 @@ mod tests {
         many.exclude = vec!["a".into(); 257];
         let mut long = ok.clone();
         long.include = vec!["a".repeat(4097)];
-        for (bad, says) in [(many, "257 patterns"), (long, "4097 bytes")] {
-            let refused = validate(&bad).expect_err("an unbounded filter list was accepted");
+        let mut invalid = ok.clone();
+        invalid.exclude = vec!["cache/".into(), "a[z-a]".into()];
+        let mut comment = ok.clone();
+        comment.include = vec!["#draft".into()];
+        let mut anchored = ok.clone();
+        anchored.include = vec!["/top.txt".into(), "data/**/*.csv".into(), "!*.tmp".into()];
+        assert!(validate(&anchored).is_ok(), "{:?}", validate(&anchored));
+        for (bad, says) in [
+            (many, "spec.exclude: has 257 patterns; at most 256"),
+            (long, "4097 bytes"),
+            (
+                invalid,
+                "spec.exclude: pattern \"a[z-a]\" is not a valid glob",
+            ),
+            (
+                comment,
+                "spec.include: pattern \"#draft\" would be a comment",
+            ),
+        ] {
+            let refused = validate(&bad).expect_err("a bad filter list was accepted");
             assert_eq!(refused.reason, Reason::InvalidSpec);
             assert!(refused.message.contains(says), "{}", refused.message);
         }

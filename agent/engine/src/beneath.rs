@@ -329,13 +329,14 @@ fn dst_entry(parent: OwnedFd, name: CString, shown: &Path) -> Result<DstAt, Erro
     }
 }
 
-/// What a copy of `path` inside `root` would carry (the files of `select`, hard links kept
-/// or not), resolved as the copy resolves it.
+/// What a copy of `path` inside `root` would carry (the files of `select` that `filter`
+/// selects, hard links kept or not), resolved as the copy resolves it.
 pub fn plan_beneath(
     root: BorrowedFd<'_>,
     path: &Path,
     select: crate::Part,
     links: bool,
+    filter: &crate::Filter,
 ) -> Result<crate::Totals, Error> {
     let fd = resolve_beneath(root, path, libc::O_PATH)?;
     let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io("stat", path, e))?;
@@ -345,6 +346,7 @@ pub fn plan_beneath(
             Path::new(&format!("/proc/self/fd/{}/.", fd.as_raw_fd())),
             select,
             links,
+            filter,
         ),
         libc::S_IFREG if select == crate::Part::All => Ok(crate::Totals {
             files: 1,

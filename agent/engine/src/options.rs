@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-pub use ferry_crds::{Overwrite, Part, Preserve, Reflink, Verify};
+pub use ferry_crds::{Filter, Overwrite, Part, Preserve, Reflink, Verify};
 
 /// Asked before anything becomes visible under a final name (a file linked or renamed
 /// into place, a staged directory renamed, the manifest's buffered lines written).
@@ -38,6 +38,9 @@ pub struct Options {
     pub manifest: Option<PathBuf>,
     /// Which entries of the tree this run copies (all of them, or one part of a split copy).
     pub select: Part,
+    /// `include`/`exclude` (see [`ferry_crds::filter`]): what is not selected is neither
+    /// copied nor counted, and an excluded directory is not entered.
+    pub filter: Filter,
     /// Set from another thread to stop the copy: between files, and inside a large one
     /// between blocks (a file cut off is discarded, not reported failed). Files already
     /// committed stay; unfinished directories get their final names but not their metadata
@@ -84,6 +87,7 @@ impl Default for Options {
             preserve: Preserve::default(),
             manifest: None,
             select: Part::All,
+            filter: Filter::default(),
             cancel: None,
             resume: false,
             staging_tag: None,

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use crate::copy::{cstring, open_source_dir, part_of};
-use crate::options::Part;
+use crate::options::{Filter, Part};
 use crate::{dirent, sys, Error};
 
 /// What a copy of `src` would carry: regular files, their bytes, and directories.
@@ -27,12 +27,12 @@ pub struct Totals {
 /// Walks through directory fds like the copy does, never following a symlink; entries
 /// that cannot be read are skipped, so the totals are a lower bound.
 pub fn plan(src: &Path) -> Result<Totals, Error> {
-    plan_part(src, Part::All, true)
+    plan_part(src, Part::All, true, &Filter::default())
 }
 
-/// [`plan`] for the entries a copy with this `select` (and hard links kept or not) would
-/// carry: one part of a split copy counts the files it owns.
-pub fn plan_part(src: &Path, select: Part, links: bool) -> Result<Totals, Error> {
+/// [`plan`] for the entries a copy with this `select`, hard links kept or not, and this
+/// `filter` would carry: one part of a split copy counts the files it owns.
+pub fn plan_part(src: &Path, select: Part, links: bool, filter: &Filter) -> Result<Totals, Error> {
     let src_c = cstring(src)?;
     let st = sys::stat_path(&src_c, false).map_err(|e| Error::io("stat source", src, e))?;
     let mut totals = Totals::default();
@@ -59,7 +59,7 @@ pub fn plan_part(src: &Path, select: Part, links: bool) -> Result<Totals, Error>
     // Subdirectories still to count, each opened when its turn comes beneath its parent's
     // descriptor (shared by its waiting siblings): what is open at once does not grow with a
     // directory's width. Paths are built only where a split copy's parts need them.
-    let paths = matches!(select, Part::Slice { .. });
+    let paths = matches!(select, Part::Slice { .. }) || !filter.is_all();
     let mut stack: Vec<(Rc<OwnedFd>, Option<CString>, Vec<u8>)> =
         vec![(Rc::new(open_source_dir(src)?), None, Vec::new())];
     let mut buf = vec![0u8; 64 * 1024];
@@ -95,6 +95,16 @@ pub fn plan_part(src: &Path, select: Part, links: bool) -> Result<Totals, Error>
                     path.push(b'/');
                 }
                 path.extend_from_slice(name.to_bytes());
+            }
+            let is_dir = est.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            if !filter.is_all()
+                && !(if is_dir {
+                    filter.enters(&path)
+                } else {
+                    filter.selects(&path)
+                })
+            {
+                continue;
             }
             match est.st_mode & libc::S_IFMT {
                 libc::S_IFDIR => stack.push((dir.clone(), Some(name.to_owned()), path)),

@@ -131,6 +131,7 @@ fn a_tree_copied_in_four_concurrent_parts_then_a_directory_pass_equals_the_sourc
                 count,
             },
             true,
+            &Default::default(),
         )?;
         ensure!(
             (planned.files, planned.bytes) == (s.files, s.bytes),

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_crds::{CopyJobSpec, ManifestName, ManifestPart, Reason, ShardState, STATE_DIR};
+use ferry_crds::{CopyJobSpec, Filter, ManifestName, ManifestPart, Reason, ShardState, STATE_DIR};
 use ferry_engine::{Part, Summary};
 use ferry_resolve::Reach;
 use kube::{Api, Client, ResourceExt};
@@ -298,7 +298,7 @@ fn open_roots(
 async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<ShardState, ShardError> {
     let spec = &target.job.spec;
     let path = Path::new(&spec.source.path);
-    let totals = plan(&roots.src, path, Part::All, spec.preserve.hard_links).await??;
+    let totals = plan(&roots.src, path, Part::All, spec).await?;
     let planned = Some((totals.files as i64, totals.bytes as i64));
     node.publish(target, ShardState::Succeeded, &Live::default(), planned)
         .await?;
@@ -337,14 +337,7 @@ async fn fits_in_memory(
     }
     let spec = &target.job.spec;
     let path = Path::new(&spec.source.path);
-    let need = plan(
-        &roots.src,
-        path,
-        target.shard.part,
-        spec.preserve.hard_links,
-    )
-    .await??
-    .bytes;
+    let need = plan(&roots.src, path, target.shard.part, spec).await?.bytes;
     if need.saturating_add(MEMORY_MARGIN) <= memcg.headroom() {
         return Ok(());
     }
@@ -416,6 +409,7 @@ fn options(
             .as_ref()
             .is_some_and(|m| std::fs::symlink_metadata(m).is_ok());
     let mut opts = engine_options(&job.spec, settings.workers, manifest);
+    opts.filter = filter_of(&job.spec)?;
     opts.select = select;
     opts.resume = resume;
     // Ferry's state at the top of a root is neither read nor written as data.
@@ -467,19 +461,41 @@ fn engine_options(
     }
 }
 
-/// What a copy of `path` inside `root` carries (`select`'s files, hard links kept or not),
-/// counted on a blocking thread: for a dry run, the ETA, and a full destination's message.
+/// What a copy of `path` inside `root` carries (`select`'s files that the job's
+/// include/exclude select, hard links kept or not), counted on a blocking thread: for a dry
+/// run, the ETA, and a full destination's message.
 async fn plan(
     root: &Arc<OwnedFd>,
     path: &Path,
     select: Part,
+    spec: &CopyJobSpec,
+) -> Result<ferry_engine::Totals, ShardError> {
+    let filter = filter_of(spec)?;
+    count(root, path, select, spec.preserve.hard_links, filter).await
+}
+
+async fn count(
+    root: &Arc<OwnedFd>,
+    path: &Path,
+    select: Part,
     links: bool,
-) -> Result<Result<ferry_engine::Totals, ferry_engine::Error>, tokio::task::JoinError> {
+    filter: Filter,
+) -> Result<ferry_engine::Totals, ShardError> {
     let (root, path) = (root.clone(), path.to_path_buf());
-    tokio::task::spawn_blocking(move || {
-        ferry_engine::plan_beneath(root.as_fd(), &path, select, links)
+    let totals = tokio::task::spawn_blocking(move || {
+        ferry_engine::plan_beneath(root.as_fd(), &path, select, links, &filter)
     })
-    .await
+    .await??;
+    Ok(totals)
+}
+
+/// The job's include/exclude, compiled (the operator refuses a job whose patterns do not
+/// compile; one that reached the agent anyway fails InvalidSpec, never copies everything).
+fn filter_of(spec: &CopyJobSpec) -> Result<Filter, ShardError> {
+    Filter::new(&spec.include, &spec.exclude).map_err(|e| ShardError::Refused {
+        reason: Reason::InvalidSpec,
+        message: format!("spec.{e}"),
+    })
 }
 
 /// Totals for the job's PROGRESS and ETA: counted next to a copy that outlasts a few
@@ -489,12 +505,16 @@ fn count_later(live: &Arc<Live>, done: &Arc<AtomicBool>, roots: &Roots, target: 
     let spec = &target.job.spec;
     let (select, links) = (target.shard.part, spec.preserve.hard_links);
     let (root, path) = (roots.src.clone(), PathBuf::from(&spec.source.path));
+    // (The copy itself compiled it already and would have failed.)
+    let Ok(filter) = filter_of(spec) else {
+        return;
+    };
     tokio::spawn(async move {
         tokio::time::sleep(PLAN_AFTER).await;
         if done.load(Ordering::Relaxed) {
             return;
         }
-        if let Ok(Ok(t)) = plan(&root, &path, select, links).await {
+        if let Ok(t) = count(&root, &path, select, links, filter).await {
             live.set_planned(t.files as i64, t.bytes as i64);
         }
     });
@@ -608,9 +628,7 @@ async fn settle(
         Err(_) => false,
     };
     if full {
-        let src_path = PathBuf::from(&job.spec.source.path);
-        let links = job.spec.preserve.hard_links;
-        let message = destination_full(live, roots, &src_path, select, links).await;
+        let message = destination_full(live, roots, select, &job.spec).await;
         live.set_start_error(Reason::DestinationFull, message);
     }
     if state == ShardState::Succeeded {
@@ -717,13 +735,7 @@ async fn flush(node: &Node, target: Target<'_>, live: &Live, roots: &Roots) -> S
 
 /// What a user whose destination filled up needs to know: how much was copied, about how
 /// much more is needed, and how much is free.
-async fn destination_full(
-    live: &Live,
-    roots: &Roots,
-    src_path: &Path,
-    select: Part,
-    links: bool,
-) -> String {
+async fn destination_full(live: &Live, roots: &Roots, select: Part, spec: &CopyJobSpec) -> String {
     let done = live.bytes.load(Ordering::Relaxed);
     let files = live.files.load(Ordering::Relaxed);
     let planned = live.planned();
@@ -731,10 +743,9 @@ async fn destination_full(
         Some((_, bytes)) => Some(bytes.max(0) as u64),
         // Not counted while copying (a short copy): count it now, the walk is cheap next
         // to the copy that filled a volume.
-        None => plan(&roots.src, src_path, select, links)
+        None => plan(&roots.src, Path::new(&spec.source.path), select, spec)
             .await
             .ok()
-            .and_then(|t| t.ok())
             .map(|t| t.bytes),
     };
     let free = ferry_engine::volume::free_bytes(roots.dst.as_fd()).unwrap_or(0);

@@ -332,6 +332,18 @@ impl<'a> Ctx<'a> {
                     .unwrap_or(false),
                 _ => false,
             };
+            // include/exclude: an excluded directory is not entered, an unselected entry
+            // not copied (nor counted, nor in the manifest).
+            if !self.opts.filter.is_all() {
+                let rel = dir.child_path(name);
+                let wanted = match is_dir {
+                    true => self.opts.filter.enters(&rel),
+                    false => self.opts.filter.selects(&rel),
+                };
+                if !wanted {
+                    continue;
+                }
+            }
             if is_dir {
                 dir.pending.fetch_add(1, Ordering::Relaxed);
                 local.push(Task::Dir {
@@ -451,6 +463,9 @@ impl<'a> Ctx<'a> {
                 }
                 Ok(st) if is_type(&st, libc::S_IFDIR) => {
                     // A directory appeared where the listing saw something else.
+                    if !self.opts.filter.enters(&dir.child_path(src_name)) {
+                        return;
+                    }
                     dir.pending.fetch_add(1, Ordering::Relaxed);
                     local.push(Task::Dir {
                         parent: dir.node.clone(),
