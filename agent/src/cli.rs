@@ -122,6 +122,14 @@ pub struct CopyArgs {
     /// matching directory is not entered. Wins over --include.
     #[arg(long, value_name = "PATTERN")]
     pub exclude: Vec<String>,
+    /// Mirror: after a copy without failures, remove from DST what SRC (a directory) does
+    /// not have: only beneath DST, never through a symlink, never `.ferry/` at the top or a
+    /// staging name, never what --include/--exclude leave out (unless --delete-excluded).
+    #[arg(long)]
+    pub delete: bool,
+    /// With --delete: also remove what --include/--exclude leave out, even where SRC has it.
+    #[arg(long, requires = "delete")]
+    pub delete_excluded: bool,
     /// No progress bar, even on a terminal.
     #[arg(long)]
     pub no_progress: bool,

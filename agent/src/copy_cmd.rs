@@ -85,11 +85,29 @@ pub fn run(args: &CopyArgs) -> ExitCode {
     if let Some(bar) = bar {
         bar.finish();
     }
-    let summary = match result {
+    let mut summary = match result {
         Ok(s) => s,
         Err(e) => return usage(&crate::with_causes(&e)),
     };
-    report(&summary, args.json);
+    // The mirror, after a copy without failures (as rsync skips deletions after errors).
+    let mut deleted = 0;
+    if args.delete && summary.failed == 0 && summary.aborted.is_none() && args.src.is_dir() {
+        let prune = ferry_engine::PruneOptions {
+            filter: opts.filter.clone(),
+            delete_excluded: args.delete_excluded,
+            reserved_top: std::ffi::CString::new(ferry_crds::STATE_DIR).ok(),
+            ..ferry_engine::PruneOptions::default()
+        };
+        match ferry_engine::prune(&args.src, &args.dst, &prune) {
+            Ok(p) => {
+                deleted = p.deleted;
+                summary.failed += p.failed;
+                summary.failures.extend(p.failures);
+            }
+            Err(e) => return usage(&crate::with_causes(&e)),
+        }
+    }
+    report(&summary, deleted, args.json);
     if summary.failed == 0 && summary.aborted.is_none() {
         ExitCode::SUCCESS
     } else {
@@ -244,6 +262,7 @@ struct JsonSummary<'a> {
     specials: u64,
     hardlinks: u64,
     skipped: u64,
+    deleted: u64,
     files_resumed: u64,
     bytes_resumed: u64,
     verified: u64,
@@ -258,7 +277,7 @@ struct JsonSummary<'a> {
     aborted: Option<&'a str>,
 }
 
-fn report(s: &Summary, json: bool) {
+fn report(s: &Summary, deleted: u64, json: bool) {
     let secs = s.elapsed.as_secs_f64();
     let rate = s.bytes as f64 / secs.max(1e-9);
     if json {
@@ -270,6 +289,7 @@ fn report(s: &Summary, json: bool) {
             specials: s.specials,
             hardlinks: s.hardlinks,
             skipped: s.skipped,
+            deleted,
             files_resumed: s.files_resumed,
             bytes_resumed: s.bytes_resumed,
             verified: s.verified,
@@ -310,6 +330,9 @@ fn report(s: &Summary, json: bool) {
         }
         if s.verified > 0 {
             extra.push_str(&format!(", {} verified", s.verified));
+        }
+        if deleted > 0 {
+            extra.push_str(&format!(", {deleted} removed from DST (not in SRC)"));
         }
         eprintln!(
             "copied {} files, {} dirs, {} symlinks, {} special, {} hard links: {} ({} reflinked) in {:.2}s, {}/s{extra}",

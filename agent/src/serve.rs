@@ -44,6 +44,7 @@ pub struct Metrics {
     files_copied: IntCounter,
     files_skipped: IntCounter,
     files_failed: IntCounter,
+    files_deleted: IntCounter,
     /// `ferry_agent_failures_total{reason}`.
     pub failures: IntCounterVec,
     /// `ferry_agent_bytes_verified_total`.
@@ -92,7 +93,7 @@ impl Metrics {
         let files = IntCounterVec::new(
             Opts::new(
                 "ferry_agent_files_total",
-                "Source entries by result: copied (regular files committed under their final names), skipped (kept as the destination has them), failed (see ferry_agent_failures_total)",
+                "Entries by result: copied (regular files committed under their final names), skipped (kept as the destination has them), failed (see ferry_agent_failures_total), deleted (removed from a destination by a mirror, deleteExtraneous)",
             ),
             &["result"],
         )?;
@@ -170,6 +171,7 @@ impl Metrics {
             files_copied: files.with_label_values(&["copied"]),
             files_skipped: files.with_label_values(&["skipped"]),
             files_failed: files.with_label_values(&["failed"]),
+            files_deleted: files.with_label_values(&["deleted"]),
             bytes,
             files,
             failures,
@@ -196,6 +198,11 @@ impl Metrics {
     /// An entry was kept as the destination has it.
     pub fn file_skipped(&self) {
         self.files_skipped.inc();
+    }
+
+    /// A mirror removed this many entries from a destination.
+    pub fn entries_deleted(&self, n: u64) {
+        self.files_deleted.inc_by(n);
     }
 
     /// An entry failed.
@@ -380,6 +387,7 @@ mod tests {
             ("ferry_agent_failures_total", Some(("reason", "IOError"))),
             ("ferry_agent_files_total", Some(("result", "skipped"))),
             ("ferry_agent_files_total", Some(("result", "failed"))),
+            ("ferry_agent_files_total", Some(("result", "deleted"))),
             ("ferry_agent_bytes_verified_total", None),
             ("ferry_agent_checksum_mismatches_total", None),
             ("ferry_agent_file_copy_duration_seconds_count", None),

@@ -736,3 +736,41 @@ fn include_and_exclude_flags_select_what_is_copied_and_a_bad_pattern_exits_2() -
     ensure!(!tmp.path().join("bad").exists());
     Ok(())
 }
+
+#[test]
+fn delete_mirrors_the_source_and_keeps_what_exclude_leaves_out() -> Result<()> {
+    let tmp = tempdir()?;
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    for d in [&src, &dst] {
+        mkdir(d)?;
+        std::fs::write(d.join("same"), "same")?;
+    }
+    std::fs::write(dst.join("extra"), "not in src")?;
+    std::fs::write(dst.join("mine.local"), "excluded")?;
+    mkdir(&dst.join("gone"))?;
+    std::fs::write(dst.join("gone/f"), "f")?;
+    let run = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "--json".as_ref(),
+            "--overwrite".as_ref(),
+            "if-changed".as_ref(),
+        ];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        args.extend([src.as_os_str(), dst.as_os_str()]);
+        copy(args)
+    };
+    let out = run(&["--delete", "--exclude", "*.local"])?;
+    out.expect_code(0)?;
+    ensure!(num(&out.json()?, "deleted") == 3, "{out}");
+    ensure!(!dst.join("extra").exists() && !dst.join("gone").exists());
+    ensure!(dst.join("mine.local").exists() && dst.join("same").exists());
+    // --delete-excluded: the excluded entry goes too; it needs --delete.
+    let out = run(&["--delete", "--delete-excluded", "--exclude", "*.local"])?;
+    out.expect_code(0)?;
+    ensure!(
+        num(&out.json()?, "deleted") == 1 && !dst.join("mine.local").exists(),
+        "{out}"
+    );
+    run(&["--delete-excluded"])?.expect_code(2)?;
+    Ok(())
+}

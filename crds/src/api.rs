@@ -93,6 +93,7 @@ impl Default for Parallelism {
           self.spec.reflink == oldSelf.spec.reflink && self.spec.verify == oldSelf.spec.verify && \
           self.spec.overwrite == oldSelf.spec.overwrite && self.spec.preserve == oldSelf.spec.preserve && \
           self.spec.include == oldSelf.spec.include && self.spec.exclude == oldSelf.spec.exclude && \
+          self.spec.deleteExtraneous == oldSelf.spec.deleteExtraneous && self.spec.deleteExcluded == oldSelf.spec.deleteExcluded && \
           self.spec.dryRun == oldSelf.spec.dryRun)"
     ).message("a started CopyJob's spec cannot change except suspend, parallelism and ttlSecondsAfterFinished; create a new CopyJob instead"),
 )]
@@ -130,6 +131,17 @@ pub struct CopyJobSpec {
     #[serde(default)]
     #[schemars(length(max = 256), inner(length(max = 4096)))]
     pub exclude: Vec<String>,
+    /// Mirror: after a copy without failures, remove from the destination path what the
+    /// source path lacks (rsync's `--delete-after`). Only beneath the destination path,
+    /// never through a symlink (a link is removed as a link), never `.ferry/` or a staging
+    /// name `.ferry-*.tmp`, never what include/exclude leave out (unless deleteExcluded).
+    /// A dry run lists what it would remove.
+    #[serde(default)]
+    pub delete_extraneous: bool,
+    /// With deleteExtraneous: also remove what include/exclude leave out, even where the
+    /// source has it (rsync's `--delete-excluded`).
+    #[serde(default)]
+    pub delete_excluded: bool,
     /// Workers and agents.
     #[serde(default)]
     pub parallelism: Parallelism,
@@ -174,6 +186,9 @@ pub struct Progress {
     /// not verified by this job.
     #[serde(default)]
     pub skipped: i64,
+    /// Entries removed from the destination (deleteExtraneous).
+    #[serde(default)]
+    pub deleted: i64,
     /// Files in the plan, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_total: Option<i64>,
@@ -240,6 +255,16 @@ pub struct ShardStatus {
     pub failed: i64,
     /// Average throughput of this shard so far, in bytes per second.
     pub bytes_per_second: i64,
+    /// Entries this shard removed from the destination (deleteExtraneous), those inside a
+    /// removed directory included.
+    pub deleted: i64,
+    /// Dry run with deleteExtraneous: entries this shard would remove.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_deletions: Option<i64>,
+    /// Dry run with deleteExtraneous: the first 20 paths it would remove (a directory once,
+    /// with a trailing `/`), relative to the destination path.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub to_delete: Vec<String>,
     /// Dry run: regular files this shard would copy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub planned_files: Option<i64>,
@@ -354,6 +379,12 @@ pub struct Plan {
     pub nodes: Vec<String>,
     /// Shards it would be cut into.
     pub shards: i64,
+    /// With deleteExtraneous: entries the mirror would remove from the destination.
+    #[serde(default)]
+    pub deletions: i64,
+    /// With deleteExtraneous: the first 20 paths it would remove.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to_delete: Vec<String>,
 }
 
 /// Observed state of a CopyJob.

@@ -73,6 +73,7 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     for s in shards {
         p.files_done += s.files_done;
         p.skipped += s.skipped;
+        p.deleted += s.deleted.max(0);
         p.bytes_done += s.bytes_done;
         p.bytes_reflinked += s.bytes_reflinked;
         p.bytes_per_second += s.bytes_per_second;
@@ -202,6 +203,12 @@ fn copied_message(p: &Progress, verify: Verify, overwrite: Overwrite) -> String 
             overwrite.as_str()
         ));
     }
+    if p.deleted > 0 {
+        msg.push_str(&format!(
+            "; {} entries the source does not have were removed from the destination (deleteExtraneous)",
+            p.deleted
+        ));
+    }
     msg
 }
 
@@ -240,17 +247,35 @@ pub fn summarize(
             bytes: shards.iter().filter_map(|s| s.planned_bytes).sum(),
             nodes,
             shards: count,
+            deletions: shards
+                .iter()
+                .filter_map(|s| s.planned_deletions)
+                .map(|n| n.max(0))
+                .sum(),
+            // Agents wrote them: bounded again, in number and length.
+            to_delete: shards
+                .iter()
+                .flat_map(|s| &s.to_delete)
+                .take(20)
+                .map(|p| ferry_crds::shorten(p, FailedPath::ENTRY_BYTES))
+                .collect(),
         }
     });
     match phase {
         Phase::Succeeded if job.spec.dry_run => {
             let p = plan.clone().unwrap_or_default();
-            let msg = format!(
+            let mut msg = format!(
                 "dry run: {} files, {} bytes would be copied on {}",
                 p.files,
                 p.bytes,
                 p.nodes.join(", ")
             );
+            if job.spec.delete_extraneous {
+                msg.push_str(&format!(
+                    "; {} entries would be removed from the destination (status.plan.toDelete names the first)",
+                    p.deletions
+                ));
+            }
             conditions.push(condition(
                 ConditionType::Complete,
                 true,

@@ -103,6 +103,12 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
             "spec.ttlSecondsAfterFinished cannot be negative".into(),
         );
     }
+    if spec.delete_excluded && !spec.delete_extraneous {
+        return refuse(
+            Reason::InvalidSpec,
+            "spec.deleteExcluded removes excluded entries as part of a mirror: set spec.deleteExtraneous: true as well, or remove deleteExcluded".into(),
+        );
+    }
     // Patterns only ever match names the walk meets beneath the source path (they open
     // nothing), so a leading `/` anchors and is fine; what does not compile, or would not
     // mean what it says in gitignore syntax, is refused with the pattern and the fix.
@@ -127,6 +133,8 @@ mod tests {
             preserve: Preserve::default(),
             include: vec![],
             exclude: vec![],
+            delete_extraneous: false,
+            delete_excluded: false,
             parallelism: Parallelism::default(),
             suspend: false,
             ttl_seconds_after_finished: None,
@@ -237,6 +245,14 @@ mod tests {
         invalid.exclude = vec!["cache/".into(), "a[z-a]".into()];
         let mut comment = ok.clone();
         comment.include = vec!["#draft".into()];
+        let mut excluded_alone = ok.clone();
+        excluded_alone.delete_excluded = true;
+        let refused = validate(&excluded_alone).expect_err("deleteExcluded alone");
+        assert!(
+            refused.message.contains("set spec.deleteExtraneous: true"),
+            "{}",
+            refused.message
+        );
         let mut anchored = ok.clone();
         anchored.include = vec!["/top.txt".into(), "data/**/*.csv".into(), "!*.tmp".into()];
         assert!(validate(&anchored).is_ok(), "{:?}", validate(&anchored));

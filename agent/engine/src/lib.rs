@@ -21,6 +21,7 @@ mod meta;
 mod options;
 mod plan;
 mod progress;
+mod prune;
 mod sys;
 pub mod volume;
 
@@ -35,6 +36,7 @@ pub use ferry_crds::Reason;
 pub use options::{Faults, Fence, Filter, Options, Overwrite, Part, Preserve, Reflink, Verify};
 pub use plan::{plan, plan_part, Totals};
 pub use progress::{NoProgress, Progress, Strategy};
+pub use prune::{prune, prune_beneath, PruneOptions, Pruned};
 
 /// What a copy did.
 #[derive(Debug, Clone, Default)]

@@ -36,6 +36,10 @@ pub(super) struct Live {
     resumed_bytes: AtomicU64,
     /// What this shard carries in all (files, bytes), once a plan has counted it.
     planned: Mutex<Option<(i64, i64)>>,
+    /// Entries the mirror pass removed (deleteExtraneous).
+    pub(super) deleted: AtomicU64,
+    /// A dry run's mirror: entries it would remove, and the first paths.
+    planned_deletions: Mutex<Option<(u64, Vec<String>)>>,
 }
 
 impl Default for Live {
@@ -53,6 +57,8 @@ impl Default for Live {
             start_error: Mutex::default(),
             resumed_bytes: AtomicU64::default(),
             planned: Mutex::default(),
+            deleted: AtomicU64::default(),
+            planned_deletions: Mutex::default(),
         }
     }
 }
@@ -90,6 +96,10 @@ impl Live {
 
     pub(super) fn set_planned(&self, files: i64, bytes: i64) {
         *lock(&self.planned) = Some((files, bytes));
+    }
+
+    pub(super) fn set_planned_deletions(&self, count: u64, paths: Vec<String>) {
+        *lock(&self.planned_deletions) = Some((count, paths));
     }
 
     /// The summary's failures, if none were reported while the copy ran.
@@ -226,6 +236,15 @@ pub(super) async fn publish(
     if let Some((files, bytes)) = planned {
         set("plannedFiles", files.into());
         set("plannedBytes", bytes.into());
+    }
+    set("deleted", live.deleted.load(Ordering::Relaxed).into());
+    if let Some((count, paths)) = &*lock(&live.planned_deletions) {
+        set("plannedDeletions", (*count).into());
+        let paths: Vec<String> = paths
+            .iter()
+            .map(|p| ferry_crds::shorten(p, FailedPath::ENTRY_BYTES))
+            .collect();
+        set("toDelete", paths.into());
     }
     let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))?;
     let ns = job.namespace().unwrap_or_default();

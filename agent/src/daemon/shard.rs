@@ -170,10 +170,12 @@ async fn run_shard(
         .await?;
     count_later(&live, &done, &roots, target);
     let journal = opts.manifest.clone();
+    let fence = opts.fence.clone();
     let result = copy(node, target, active, &live, &done, &roots, opts).await?;
     let settled = Settled {
         result: &result,
         journal: journal.as_deref(),
+        fence,
     };
     let state = settle(node, target, active, &live, &roots, &state_dir, settled).await;
     tracing::info!(job = %base, shard = %shard.id, %state, "shard finished");
@@ -300,7 +302,21 @@ async fn dry_run(node: &Node, target: Target<'_>, roots: &Roots) -> Result<Shard
     let path = Path::new(&spec.source.path);
     let totals = plan(&roots.src, path, Part::All, spec).await?;
     let planned = Some((totals.files as i64, totals.bytes as i64));
-    node.publish(target, ShardState::Succeeded, &Live::default(), planned)
+    let live = Live::default();
+    if spec.delete_extraneous {
+        let opts = ferry_engine::PruneOptions {
+            dry_run: true,
+            ..prune_options(spec)?
+        };
+        let pruned = mirror(roots, spec, opts).await?;
+        let paths = pruned
+            .listed
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        live.set_planned_deletions(pruned.deleted, paths);
+    }
+    node.publish(target, ShardState::Succeeded, &live, planned)
         .await?;
     Ok(ShardState::Succeeded)
 }
@@ -498,6 +514,43 @@ fn filter_of(spec: &CopyJobSpec) -> Result<Filter, ShardError> {
     })
 }
 
+/// What the mirror pass of this job may remove (deleteExtraneous): its filter, and never
+/// Ferry's state directory at the top of the destination.
+fn prune_options(spec: &CopyJobSpec) -> Result<ferry_engine::PruneOptions, ShardError> {
+    Ok(ferry_engine::PruneOptions {
+        filter: filter_of(spec)?,
+        delete_excluded: spec.delete_excluded,
+        reserved_top: std::ffi::CString::new(STATE_DIR).ok(),
+        ..ferry_engine::PruneOptions::default()
+    })
+}
+
+/// Mirror the job's source path onto its destination path, on the blocking pool. A source
+/// that is a single file, or a destination not made yet (a dry run), has nothing to mirror.
+async fn mirror(
+    roots: &Roots,
+    spec: &CopyJobSpec,
+    opts: ferry_engine::PruneOptions,
+) -> Result<ferry_engine::Pruned, ShardError> {
+    let (src, dst) = (roots.src.clone(), roots.dst.clone());
+    let (src_path, dst_path) = (
+        PathBuf::from(&spec.source.path),
+        PathBuf::from(&spec.destination.path),
+    );
+    let pruned = tokio::task::spawn_blocking(move || {
+        ferry_engine::prune_beneath(src.as_fd(), &src_path, dst.as_fd(), &dst_path, &opts)
+    })
+    .await?;
+    match pruned {
+        Err(ferry_engine::Error::Io { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::ENOTDIR | libc::ENOENT)) =>
+        {
+            Ok(ferry_engine::Pruned::default())
+        }
+        other => Ok(other?),
+    }
+}
+
 /// Totals for the job's PROGRESS and ETA: counted next to a copy that outlasts a few
 /// seconds (a short one needs no estimate, and would pay for the extra walk).
 fn count_later(live: &Arc<Live>, done: &Arc<AtomicBool>, roots: &Roots, target: Target<'_>) {
@@ -581,6 +634,8 @@ async fn copy(
 struct Settled<'a> {
     result: &'a Result<Summary, ferry_engine::Error>,
     journal: Option<&'a Path>,
+    /// The copy's fence, which the mirror pass asks before each removal.
+    fence: Option<ferry_engine::Fence>,
 }
 
 /// How the copy ended, as the shard's state: a full destination explained, the manifest
@@ -649,10 +704,67 @@ async fn settle(
         // Final numbers from the summary, not the live counters.
         live.set_final(summary);
     }
+    // The mirror, after a copy without failures (as rsync skips deletions after an I/O
+    // error): by the one shard that sees the whole tree (a split job's directories pass).
+    let whole = matches!(select, Part::All | Part::Directories);
+    if state == ShardState::Succeeded && job.spec.delete_extraneous && whole {
+        state = prune_after(target, active, live, roots, settled.fence).await;
+    }
     if state == ShardState::Succeeded {
         state = flush(node, target, live, roots).await;
     }
     state
+}
+
+/// Remove what the destination has and the source lacks; a removal that fails is the
+/// shard's failure (PartiallyFailed, with the path), the rest are still removed.
+async fn prune_after(
+    target: Target<'_>,
+    active: &Active,
+    live: &Live,
+    roots: &Roots,
+    fence: Option<ferry_engine::Fence>,
+) -> ShardState {
+    let spec = &target.job.spec;
+    let opts = match prune_options(spec) {
+        Ok(o) => ferry_engine::PruneOptions {
+            fence,
+            cancel: Some(active.cancel.clone()),
+            ..o
+        },
+        Err(e) => {
+            live.set_start_error(Reason::InvalidSpec, e.to_string());
+            return ShardState::Failed;
+        }
+    };
+    match mirror(roots, spec, opts).await {
+        Ok(pruned) => {
+            live.deleted.store(pruned.deleted, Ordering::Relaxed);
+            crate::serve::metrics().entries_deleted(pruned.deleted);
+            for f in &pruned.failures {
+                ferry_engine::Progress::failed(live, f);
+            }
+            if pruned.failed > 0 {
+                ShardState::Failed
+            } else if pruned.stopped {
+                // Stopped by suspend or deletion, or fenced: the next run mirrors again.
+                if active.deleting.load(Ordering::Relaxed) {
+                    ShardState::Stopped
+                } else {
+                    ShardState::Suspended
+                }
+            } else {
+                ShardState::Succeeded
+            }
+        }
+        Err(e) => {
+            live.set_start_error(
+                Reason::CannotStart,
+                format!("mirroring the destination: {}", with_causes(&e)),
+            );
+            ShardState::Failed
+        }
+    }
 }
 
 /// The tenant's copy of the manifest, on the blocking pool (it writes to the volume): the

@@ -289,6 +289,7 @@ fn a_dry_run_of_a_splittable_job_reports_the_split_it_would_make() {
             bytes: 50,
             nodes: shape.1,
             shards: shape.0,
+            ..Plan::default()
         })
     );
     assert_eq!(cond(&done, ConditionType::Complete).1, "Planned");
