@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::builder::PossibleValue;
 use clap::{Parser, Subcommand};
-use ferry_crds::{Overwrite, Policy, Reflink, Verify};
+use ferry_crds::{Compare, Overwrite, Policy, Reflink, Verify};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -105,6 +105,10 @@ pub struct CopyArgs {
     /// them unless size and mtime match (`if-changed`), or replace them (`always`).
     #[arg(long, value_parser = policy::<Overwrite>(), default_value = Overwrite::default().cli_name())]
     pub overwrite: Overwrite,
+    /// How `--overwrite if-changed` tells a changed file: `size-and-time` (reads no data)
+    /// or `checksum` (reads files of equal size on both sides and compares their bytes).
+    #[arg(long, value_parser = policy::<Compare>(), default_value = Compare::default().cli_name())]
+    pub compare: Compare,
     /// Metadata NOT to keep, comma-separated: permissions, ownership, timestamps, xattrs,
     /// hard-links, sparseness, or all (the short names mode, links and sparse work too).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]

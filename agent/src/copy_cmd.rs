@@ -34,12 +34,18 @@ pub fn options(args: &CopyArgs) -> Result<Options, String> {
     }
     let filter =
         ferry_engine::Filter::new(&args.include, &args.exclude).map_err(|e| format!("--{e}"))?;
+    if args.compare == ferry_engine::Compare::Checksum
+        && args.overwrite != ferry_engine::Overwrite::IfChanged
+    {
+        return Err("--compare checksum decides what --overwrite if-changed replaces: add --overwrite if-changed, or drop --compare".into());
+    }
     Ok(Options {
         filter,
         workers: args.workers,
         reflink: args.reflink,
         verify: args.verify,
         overwrite: args.overwrite,
+        compare: args.compare,
         preserve,
         manifest: args.manifest.clone(),
         resume: args.resume,

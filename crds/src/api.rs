@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, T
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::{Overwrite, Part, Preserve, Reason, Reflink, ShardState, Verify};
+use crate::{Compare, Overwrite, Part, Preserve, Reason, Reflink, ShardState, Verify};
 
 /// A relative path inside a root or volume: never absolute, never `..`, never NUL.
 /// (The same rules are checked again by the operator and by the agent at open time.)
@@ -91,7 +91,7 @@ impl Default for Parallelism {
         "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Pending' || \
          (self.spec.source == oldSelf.spec.source && self.spec.destination == oldSelf.spec.destination && \
           self.spec.reflink == oldSelf.spec.reflink && self.spec.verify == oldSelf.spec.verify && \
-          self.spec.overwrite == oldSelf.spec.overwrite && self.spec.preserve == oldSelf.spec.preserve && \
+          self.spec.overwrite == oldSelf.spec.overwrite && self.spec.compare == oldSelf.spec.compare && self.spec.preserve == oldSelf.spec.preserve && \
           self.spec.include == oldSelf.spec.include && self.spec.exclude == oldSelf.spec.exclude && \
           self.spec.deleteExtraneous == oldSelf.spec.deleteExtraneous && self.spec.deleteExcluded == oldSelf.spec.deleteExcluded && \
           self.spec.dryRun == oldSelf.spec.dryRun)"
@@ -113,6 +113,10 @@ pub struct CopyJobSpec {
     /// What to do with entries the destination already has.
     #[serde(default)]
     pub overwrite: Overwrite,
+    /// How overwrite IfChanged tells a changed file: SizeAndTime (the default: reads no
+    /// data) or Checksum (reads files of equal size on both sides; only with IfChanged).
+    #[serde(default)]
+    pub compare: Compare,
     /// Metadata to keep.
     #[serde(default)]
     pub preserve: Preserve,

@@ -88,6 +88,23 @@ wire_enum! {
 }
 policy!(Overwrite { Never => "never", IfChanged => "if-changed", Always => "always" });
 
+wire_enum! {
+    /// How `overwrite: IfChanged` tells that an entry the destination has is not the
+    /// source's.
+    #[derive(Default)]
+    pub enum Compare {
+        /// Type, size and mtime (rsync's quick check): reads no data.
+        #[default]
+        SizeAndTime,
+        /// Regular files of the source's size are read on both sides and compared by
+        /// xxHash3-128 (rsync's `--checksum`): a change that kept size and mtime is copied;
+        /// a file found equal is kept, listed in the manifest, and given the source's
+        /// mode, owner and times where they differ. Other entries: the quick check.
+        Checksum,
+    }
+}
+policy!(Compare { SizeAndTime => "size-and-time", Checksum => "checksum" });
+
 fn yes() -> bool {
     true
 }

@@ -103,6 +103,14 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
             "spec.ttlSecondsAfterFinished cannot be negative".into(),
         );
     }
+    if spec.compare == ferry_crds::Compare::Checksum
+        && spec.overwrite != ferry_crds::Overwrite::IfChanged
+    {
+        return refuse(
+            Reason::InvalidSpec,
+            format!("spec.compare: Checksum decides what overwrite IfChanged replaces, and overwrite is {}: set spec.overwrite: IfChanged, or remove compare", spec.overwrite.as_str()),
+        );
+    }
     if spec.delete_excluded && !spec.delete_extraneous {
         return refuse(
             Reason::InvalidSpec,
@@ -130,6 +138,7 @@ mod tests {
             reflink: Default::default(),
             verify: Default::default(),
             overwrite: Default::default(),
+            compare: Default::default(),
             preserve: Preserve::default(),
             include: vec![],
             exclude: vec![],

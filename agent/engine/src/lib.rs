@@ -33,7 +33,9 @@ pub use beneath::{
 pub use copy::copy;
 pub use error::{reason_of_io, Error, Failure};
 pub use ferry_crds::Reason;
-pub use options::{Faults, Fence, Filter, Options, Overwrite, Part, Preserve, Reflink, Verify};
+pub use options::{
+    Compare, Faults, Fence, Filter, Options, Overwrite, Part, Preserve, Reflink, Verify,
+};
 pub use plan::{plan, plan_part, Totals};
 pub use progress::{NoProgress, Progress, Strategy};
 pub use prune::{prune, prune_beneath, PruneOptions, Pruned};

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-pub use ferry_crds::{Filter, Overwrite, Part, Preserve, Reflink, Verify};
+pub use ferry_crds::{Compare, Filter, Overwrite, Part, Preserve, Reflink, Verify};
 
 /// Asked before anything becomes visible under a final name (a file linked or renamed
 /// into place, a staged directory renamed, the manifest's buffered lines written).
@@ -31,6 +31,8 @@ pub struct Options {
     pub reflink: Reflink,
     pub verify: Verify,
     pub overwrite: Overwrite,
+    /// How `Overwrite::IfChanged` tells a changed file (see [`Compare`]).
+    pub compare: Compare,
     pub preserve: Preserve,
     /// Write an `xxh128sum -c` compatible manifest here (paths relative to the destination).
     /// Requires `verify` other than `None` for the hashes to exist; the engine forces
@@ -84,6 +86,7 @@ impl Default for Options {
             reflink: Reflink::default(),
             verify: Verify::default(),
             overwrite: Overwrite::default(),
+            compare: Compare::default(),
             preserve: Preserve::default(),
             manifest: None,
             select: Part::All,

@@ -471,6 +471,7 @@ fn engine_options(
         reflink: spec.reflink,
         verify: spec.verify,
         overwrite: spec.overwrite,
+        compare: spec.compare,
         preserve: spec.preserve,
         manifest,
         ..ferry_engine::Options::default()

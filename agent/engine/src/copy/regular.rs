@@ -77,7 +77,14 @@ impl<'a> Ctx<'a> {
             drop(src);
             return self.non_regular(dir, src_name, dst_name, &st);
         }
-        if self.keep_existing_file(dir, dst_name, &st)? {
+        if self.compares_content(dir) {
+            if self.kept_if_same(dir, dst_name, &src, &st, local)? {
+                return Ok(Some(Skip::Kept));
+            }
+            // Not the same: replaced below. (Asked for its refusals only: a directory at
+            // the name is a conflict, as under the quick check.)
+            self.keep_existing(dir, dst_name, &st)?;
+        } else if self.keep_existing_file(dir, dst_name, &st)? {
             let resumed_ours = self.opts.resume && dir.ours;
             let partial = resumed_ours && !self.may_be_finished(dir, dst_name, &st)?;
             if !partial {

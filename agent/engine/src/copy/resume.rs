@@ -8,9 +8,10 @@ use std::sync::atomic::Ordering;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::data;
 use crate::dirent::{DType, Listing};
+use crate::options::{Compare, Overwrite};
 use crate::sys::{self, Stat};
+use crate::{data, meta};
 
 use super::{is_type, Ctx, Fail, Local, OpenDir};
 
@@ -128,6 +129,60 @@ impl<'a> Ctx<'a> {
             self.count_resumed(st.st_size as u64);
         }
         Ok(ours)
+    }
+
+    /// `compare: Checksum` under if-changed, in a directory that existed: files are told
+    /// apart by their bytes.
+    pub(super) fn compares_content(&self, dir: &OpenDir) -> bool {
+        self.opts.compare == Compare::Checksum
+            && self.opts.overwrite == Overwrite::IfChanged
+            && !dir.fresh
+    }
+
+    /// Under `compare: Checksum`: whether destination file `dir/name` has the source's
+    /// bytes, and is then kept: listed in the manifest with the hash both sides gave (or,
+    /// resumed, already listed by this copy), and given the source's mode, owner and times
+    /// where they differ (xattrs are not compared).
+    pub(super) fn kept_if_same(
+        &self,
+        dir: &OpenDir,
+        name: &CStr,
+        src: &OwnedFd,
+        st: &Stat,
+        local: &mut Local,
+    ) -> Result<bool, Fail> {
+        let path = dir.child_path(name);
+        if self.opts.resume && self.is_listed(&path) && self.may_be_finished(dir, name, st)? {
+            self.count_resumed(st.st_size as u64);
+            return Ok(true);
+        }
+        let Some(hash) = self.same_as_source(dir, name, src, st, local)? else {
+            return Ok(false);
+        };
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let dst =
+            sys::open_beneath(dir.dst.as_fd(), name, flags).map_err(|e| ("open destination", e))?;
+        let d = sys::fstat(dst.as_fd()).map_err(|e| ("stat destination", e))?;
+        let p = &self.opts.preserve;
+        let differs = (p.permissions && d.st_mode != st.st_mode)
+            || (p.ownership && (d.st_uid, d.st_gid) != (st.st_uid, st.st_gid))
+            || (p.timestamps && (d.st_mtime, d.st_mtime_nsec) != (st.st_mtime, st.st_mtime_nsec));
+        if differs {
+            // A copy that no longer owns the destination changes nothing more in it.
+            self.may_finish()?;
+            meta::apply_fd(
+                src.as_fd(),
+                dst.as_fd(),
+                st,
+                p,
+                &self.who,
+                false,
+                &mut local.xattrs,
+            )?;
+            meta::apply_times(dst.as_fd(), st, p)?;
+        }
+        self.manifest_line(hash, &path);
+        Ok(true)
     }
 
     pub(super) fn count_resumed(&self, size: u64) {
