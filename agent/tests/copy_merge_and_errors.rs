@@ -774,3 +774,20 @@ fn delete_mirrors_the_source_and_keeps_what_exclude_leaves_out() -> Result<()> {
     run(&["--delete-excluded"])?.expect_code(2)?;
     Ok(())
 }
+
+#[test]
+fn compare_checksum_without_overwrite_if_changed_exits_2() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    let out = copy([
+        "--compare".as_ref(),
+        "checksum".as_ref(),
+        src.as_os_str(),
+        tmp.path().join("dst").as_os_str(),
+    ])?;
+    out.expect_code(2)?;
+    ensure!(out.stderr.contains("add --overwrite if-changed"), "{out}");
+    ensure!(!tmp.path().join("dst").exists());
+    Ok(())
+}

@@ -254,6 +254,16 @@ mod tests {
         invalid.exclude = vec!["cache/".into(), "a[z-a]".into()];
         let mut comment = ok.clone();
         comment.include = vec!["#draft".into()];
+        let mut compare_alone = ok.clone();
+        compare_alone.compare = ferry_crds::Compare::Checksum;
+        let refused = validate(&compare_alone).expect_err("compare Checksum under Never");
+        assert!(
+            refused.message.contains("set spec.overwrite: IfChanged"),
+            "{}",
+            refused.message
+        );
+        compare_alone.overwrite = ferry_crds::Overwrite::IfChanged;
+        assert!(validate(&compare_alone).is_ok());
         let mut excluded_alone = ok.clone();
         excluded_alone.delete_excluded = true;
         let refused = validate(&excluded_alone).expect_err("deleteExcluded alone");
