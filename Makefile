@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release image kube-deps kube-up kube-down test score lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput bench-throughput-kube deps clean generate check-generated fuzz
+.PHONY: all build release image kube-deps kube-up kube-down test score lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput bench-throughput-kube bench-rerun deps clean generate check-generated fuzz
 
 all: build
 
@@ -96,6 +96,14 @@ bench-control-plane: deps
 	  $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench 20 500 && \
 	  if grep -q '^## Throughput' bench/CONTROL-PLANE.md 2>/dev/null; then echo; sed -n '/^## Throughput/,$$p' bench/CONTROL-PLANE.md; fi; } \
 	  > bench/CONTROL-PLANE.md.tmp && mv bench/CONTROL-PLANE.md.tmp bench/CONTROL-PLANE.md && cat bench/CONTROL-PLANE.md
+
+## Re-runs over a destination that has the 100k-file tree (overwrite IfChanged), Ferry's CLI
+## and a CopyJob against rsync -a, no change and 1% touched; writes bench/RERUN.md.
+## RERUN_RUNS=5 rounds of each.
+RERUN_RUNS ?= 5
+bench-rerun: deps
+	@./bench/install-tools.sh
+	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-rerun $(RERUN_RUNS) bench/RERUN.md
 
 ## Throughput of a CopyJob against `ferry-agent copy` on bench/run.sh's 100k-file tree (release
 ## builds, a tmpfs; root needed; a few minutes): replaces the "Throughput" section of

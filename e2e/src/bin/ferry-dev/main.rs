@@ -10,6 +10,8 @@
 //! - `bench-throughput [RUNS [FILE]]`: a CopyJob against `ferry-agent copy` on the 100k-file
 //!   tree of `bench/run.sh`, release builds, on a tmpfs (`make bench-throughput`); prints a
 //!   Markdown section and, given FILE, puts it into FILE in place of the previous one.
+//! - `bench-rerun [RUNS [FILE]]`: re-runs over a destination that has the tree, Ferry (CLI
+//!   and CopyJob) against `rsync -a`, no change and 1% touched (`make bench-rerun`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,6 +21,7 @@ use ferry_e2e::{assert_same_contents, repo_root, ControlPlane, Proc};
 
 mod control_plane;
 mod machine;
+mod rerun;
 mod throughput;
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
@@ -225,11 +228,20 @@ fn main() -> Result<()> {
             let out = std::env::args().nth(3).map(PathBuf::from);
             throughput::bench_throughput(tier, runs, out.as_deref())
         }
+        Some("bench-rerun") => {
+            let runs = std::env::args()
+                .nth(2)
+                .map_or(Ok(5), |v| v.parse::<usize>())
+                .context("bench-rerun RUNS must be a number")?;
+            ensure!(runs > 0, "bench-rerun RUNS must be at least 1");
+            let out = std::env::args().nth(3).map(PathBuf::from);
+            rerun::bench_rerun(runs, out.as_deref())
+        }
         Some("demo") => demo(),
         Some("up") => up(),
         Some("down") => down(),
         _ => bail!(
-            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube] [RUNS [FILE]]"
+            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]"
         ),
     }
 }

@@ -18,7 +18,8 @@ use crate::machine::{
 };
 
 /// `bench/run.sh`'s 100k-file tree (`many`): `ftzz -e` with these arguments.
-const TREE_100K: [&str; 8] = ["-n", "100000", "-b", "500000000", "-d", "5", "--seed", "1"];
+pub(crate) const TREE_100K: [&str; 8] =
+    ["-n", "100000", "-b", "500000000", "-d", "5", "--seed", "1"];
 
 /// The heading of the throughput section of `bench/CONTROL-PLANE.md`; everything from it to
 /// the end of the file is that section (`make bench-control-plane` keeps it).
@@ -81,7 +82,7 @@ pub fn bench_throughput(tier: Tier, runs: usize, out: Option<&Path>) -> Result<(
 
 /// The running benchmark: a control plane with the operator and agents, and the tree on a
 /// tmpfs at node-a's `/srv/throughput`.
-struct Bench {
+pub(crate) struct Bench {
     // Fields drop in order: the tmpfs is unmounted before the processes stop.
     _tmpfs: Tmpfs,
     cp: Cluster,
@@ -114,7 +115,7 @@ struct Timed {
 }
 
 impl Bench {
-    fn set_up(tier: Tier) -> Result<Self> {
+    pub(crate) fn set_up(tier: Tier) -> Result<Self> {
         // Release builds of ferry-agent and ferry-operator (ferry_e2e::workspace_bin).
         if std::env::var_os("FERRY_E2E_RELEASE").is_none_or(|v| v != "1") {
             std::env::set_var("FERRY_E2E_RELEASE", "1");
@@ -242,7 +243,7 @@ impl Bench {
         Ok(())
     }
 
-    fn remove(dst: &Path, manifest: &Path) -> Result<()> {
+    pub(crate) fn remove(dst: &Path, manifest: &Path) -> Result<()> {
         std::fs::remove_dir_all(dst)?;
         std::fs::remove_file(manifest)?;
         Ok(())
@@ -252,7 +253,7 @@ impl Bench {
     /// default) and a manifest; workers, reflink, overwrite, preserve at their defaults, as
     /// the agent's (`run --workers 0` = CPUs). Also the CPU seconds, during the run, of the
     /// copying process and of everything else.
-    fn cli(&self, tag: &str) -> Result<(f64, RunCpu, PathBuf, PathBuf)> {
+    pub(crate) fn cli(&self, tag: &str) -> Result<(f64, RunCpu, PathBuf, PathBuf)> {
         let dst = self.root.join(format!("out/cli-{tag}"));
         let manifest = self.root.join(format!(".ferry/cli-{tag}.xxh128"));
         let before = self.cpu();
@@ -284,6 +285,69 @@ impl Bench {
             kubectl: 0.0,
         };
         Ok((secs, used, dst, manifest))
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub(crate) fn src(&self) -> &Path {
+        &self.src
+    }
+
+    pub(crate) fn tree(&self) -> &TreeCount {
+        &self.tree
+    }
+
+    pub(crate) fn agent(&self) -> &Path {
+        &self.agent
+    }
+
+    /// A CopyJob into `dest` (a path in the StorageRoot) with `extra` spec lines, kept
+    /// there: its destination, the wall time from apply to Succeeded, and the files it
+    /// copied (`progress.filesDone`). The job is deleted after.
+    pub(crate) fn job_into(
+        &self,
+        tag: &str,
+        dest: &str,
+        extra: &str,
+    ) -> Result<(PathBuf, f64, u64)> {
+        let cp = &self.cp;
+        let name = format!("rerun-{tag}");
+        let yaml = format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {{root: throughput, path: src}}\n  destination: {{root: throughput, path: {dest}}}\n{extra}");
+        let start = Instant::now();
+        cp.apply(&yaml)?;
+        cp.wait_succeeded("default", &name, 300)?;
+        let secs = start.elapsed().as_secs_f64();
+        let done = cp.get(
+            &format!("copyjob/{name}"),
+            "default",
+            "{.status.progress.filesDone}",
+        )?;
+        cp.kubectl_ok(&[
+            "delete",
+            "copyjob",
+            &name,
+            "-n",
+            "default",
+            "--wait=true",
+            "--timeout=120s",
+        ])?;
+        let files = done
+            .parse()
+            .with_context(|| format!("{name}: filesDone {done:?}"))?;
+        Ok((self.root.join(dest), secs, files))
+    }
+
+    /// `dst` equals the source: contents, modes, owners, mtimes (bench/check.py).
+    pub(crate) fn check_same(&self, dst: &Path) -> Result<()> {
+        let checked = self.check_byte_for_byte(&[dst.to_path_buf()])?;
+        ensure!(
+            checked.iter().all(|kept| *kept),
+            "{}: metadata not kept",
+            dst.display()
+        );
+        Ok(())
     }
 
     /// A CopyJob at the CRD's defaults: apply -> Succeeded (kubectl wait) wall time, and the
