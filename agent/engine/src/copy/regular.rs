@@ -13,7 +13,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::data::{self, Caps, Clone, Moved, Range};
 use crate::meta;
-use crate::options::{Reflink, Verify};
+use crate::options::{Overwrite, Reflink, Verify};
 use crate::progress::Strategy;
 use crate::sys::{self, Stat};
 use crate::Reason;
@@ -63,6 +63,21 @@ impl<'a> Ctx<'a> {
     ) -> Result<Option<Skip>, Fail> {
         // One clock read per file, for the copy-time histogram; the commit reads it again.
         let started = Instant::now();
+        // A merge that keeps what the destination has (never; if-changed by the quick
+        // check) decides from two stats, without opening the source: a re-run over an
+        // unchanged tree is a metadata walk. (A resumed copy, and compare: Checksum, need
+        // the open file; whatever is not kept here is opened and decided below.)
+        if !dir.fresh
+            && !self.opts.resume
+            && self.opts.overwrite != Overwrite::Always
+            && !self.compares_content(dir)
+        {
+            if let Ok(st) = sys::lstatat(dir.src.as_fd(), src_name) {
+                if is_type(&st, libc::S_IFREG) && self.keep_existing(dir, dst_name, &st)? {
+                    return Ok(Some(Skip::Kept));
+                }
+            }
+        }
         let src = match self.open_source(dir, src_name, SOURCE_FLAGS) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
