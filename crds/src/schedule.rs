@@ -107,12 +107,12 @@ pub struct CopyScheduleSpec {
     #[x_kube(validation = Rule::new("self.startsWith('@') || self.split(' ').filter(f, f != '').size() == 5").message("schedule must have 5 fields separated by spaces (minute hour day-of-month month day-of-week), or be @hourly, @daily, @weekly, @monthly or @yearly"))]
     #[x_kube(validation = Rule::new("!self.startsWith('TZ=') && !self.startsWith('CRON_TZ=')").message("a time zone goes in spec.timeZone, not in spec.schedule"))]
     pub schedule: String,
-    /// IANA time zone the schedule is read in (`Europe/Berlin`, `America/New_York`); unset:
-    /// UTC. Across a daylight-saving change, a time the clocks skip runs at the first minute
-    /// after the gap and a time they repeat runs once, at its first occurrence.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// IANA time zone the schedule is read in (`Europe/Berlin`, `America/New_York`; default
+    /// `UTC`). Across a daylight-saving change, a time the clocks skip runs at the first
+    /// minute after the gap and a time they repeat runs once, at its first occurrence.
+    #[serde(default = "utc")]
     #[schemars(length(min = 1, max = 64))]
-    pub time_zone: Option<String>,
+    pub time_zone: String,
     /// The CopyJob each run creates.
     pub job_template: CopyJobTemplate,
     /// When a run comes due while a CopyJob of this schedule is unfinished: Forbid (the
@@ -139,6 +139,10 @@ pub struct CopyScheduleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0").message("startingDeadlineSeconds cannot be negative"))]
     pub starting_deadline_seconds: Option<i64>,
+}
+
+fn utc() -> String {
+    "UTC".into()
 }
 
 fn three() -> i32 {
@@ -201,8 +205,12 @@ mod tests {
             ["properties"];
         assert_eq!(spec["schedule"]["maxLength"], 256);
         let rules = spec["schedule"]["x-kubernetes-validations"].to_string();
-        assert!(rules.contains("5 fields") && rules.contains("spec.timeZone"), "{rules}");
+        assert!(
+            rules.contains("5 fields") && rules.contains("spec.timeZone"),
+            "{rules}"
+        );
         assert_eq!(spec["timeZone"]["maxLength"], 64);
+        assert_eq!(spec["timeZone"]["default"], "UTC");
         assert_eq!(
             spec["concurrencyPolicy"]["enum"],
             serde_json::json!(["Forbid", "Replace"])
@@ -255,6 +263,7 @@ mod tests {
             (s.successful_jobs_history_limit, s.failed_jobs_history_limit),
             (3, 1)
         );
-        assert!(!s.suspend && s.time_zone.is_none() && s.starting_deadline_seconds.is_none());
+        assert_eq!(s.time_zone, "UTC");
+        assert!(!s.suspend && s.starting_deadline_seconds.is_none());
     }
 }

@@ -42,17 +42,14 @@ fn invalid(message: String) -> Refusal {
 const FIELDS: &str = "write 5 fields, minute hour day-of-month month day-of-week (e.g. \"30 2 * * *\" for 02:30 every day, \"*/15 * * * *\" for every 15 minutes), or one of @hourly, @daily, @weekly, @monthly, @yearly";
 
 impl Schedule {
-    /// `expression` (spec.schedule) in `zone` (spec.timeZone; `None`: UTC), or why not, as
+    /// `expression` (spec.schedule) in `zone` (spec.timeZone, an IANA name), or why not, as
     /// an `InvalidSpec` refusal whose message names the field and the fix.
-    pub fn new(expression: &str, zone: Option<&str>) -> Result<Self, Refusal> {
-        let zone = match zone {
-            None => TimeZone::UTC,
-            Some(name) => TimeZone::get(name).map_err(|_| {
-                invalid(format!(
-                    "spec.timeZone {name:?} is not a time zone of the IANA database; name one such as \"Europe/Berlin\", \"America/New_York\" or \"UTC\", or remove spec.timeZone for UTC"
-                ))
-            })?,
-        };
+    pub fn new(expression: &str, zone: &str) -> Result<Self, Refusal> {
+        let zone = TimeZone::get(zone).map_err(|_| {
+            invalid(format!(
+                "spec.timeZone {zone:?} is not a time zone of the IANA database; name one such as \"Europe/Berlin\", \"America/New_York\" or \"UTC\" (the default)"
+            ))
+        })?;
         let trimmed = expression.trim();
         // CronJob refuses these too: the zone has its own field, which is validated.
         if let Some(tz) = ["CRON_TZ=", "TZ="]
@@ -137,13 +134,13 @@ mod tests {
         s.parse().expect("an RFC 3339 time")
     }
 
-    fn schedule(expression: &str, zone: Option<&str>) -> Schedule {
+    fn schedule(expression: &str, zone: &str) -> Schedule {
         Schedule::new(expression, zone).expect("a valid schedule")
     }
 
     #[test]
     fn every_minute_runs_at_each_minute_and_not_between() {
-        let s = schedule("* * * * *", None);
+        let s = schedule("* * * * *", "UTC");
         assert_eq!(
             s.most_recent(at("2026-05-04T10:17:42Z")),
             Some(at("2026-05-04T10:17:00Z"))
@@ -166,7 +163,7 @@ mod tests {
     #[test]
     fn hourly_and_its_macro_run_on_the_hour() {
         for e in ["0 * * * *", "@hourly", "@HOURLY"] {
-            let s = schedule(e, None);
+            let s = schedule(e, "UTC");
             assert_eq!(
                 s.most_recent(at("2026-05-04T10:59:59Z")),
                 Some(at("2026-05-04T10:00:00Z")),
@@ -182,7 +179,7 @@ mod tests {
                 Some(Duration::from_secs(3600))
             );
         }
-        let daily = schedule("@midnight", None);
+        let daily = schedule("@midnight", "UTC");
         assert_eq!(
             daily.next_after(at("2026-05-04T10:00:00Z")),
             Some(at("2026-05-05T00:00:00Z"))
@@ -191,7 +188,7 @@ mod tests {
 
     #[test]
     fn a_weekday_schedule_has_the_weekend_as_its_interval() {
-        let s = schedule("0 9 * * MON-FRI", None);
+        let s = schedule("0 9 * * MON-FRI", "UTC");
         assert_eq!(
             s.interval(at("2026-05-04T10:00:00Z")),
             Some(Duration::from_secs(3 * 24 * 3600))
@@ -202,7 +199,7 @@ mod tests {
     fn a_time_zone_moves_the_runs_and_spring_forward_runs_a_skipped_time_after_the_gap() {
         // Europe/Berlin springs forward on 2026-03-29 at 02:00 CET to 03:00 CEST: 02:30
         // does not exist that day. The run comes at 03:00 CEST (01:00 UTC), once.
-        let s = schedule("30 2 * * *", Some("Europe/Berlin"));
+        let s = schedule("30 2 * * *", "Europe/Berlin");
         assert_eq!(
             s.next_after(at("2026-03-28T12:00:00Z")),
             Some(at("2026-03-29T01:00:00Z"))
@@ -236,7 +233,7 @@ mod tests {
         );
         // The same expression in UTC.
         assert_eq!(
-            schedule("30 2 * * *", None).next_after(at("2026-03-28T12:00:00Z")),
+            schedule("30 2 * * *", "UTC").next_after(at("2026-03-28T12:00:00Z")),
             Some(at("2026-03-29T02:30:00Z"))
         );
     }
@@ -246,30 +243,27 @@ mod tests {
         for (expression, zone, says) in [
             (
                 "61 * * * *",
-                None,
+                "UTC",
                 "spec.schedule \"61 * * * *\" is not a cron expression",
             ),
-            ("* * * *", None, "has 4 fields: write 5 fields"),
-            ("0 * * * * *", None, "has 6 fields"),
-            ("every day", None, "has 2 fields"),
-            ("@fortnightly", None, "is not a cron expression"),
-            ("", None, "has 0 fields"),
-            ("0 0 30 2 *", None, "never comes due"),
+            ("* * * *", "UTC", "has 4 fields: write 5 fields"),
+            ("0 * * * * *", "UTC", "has 6 fields"),
+            ("every day", "UTC", "has 2 fields"),
+            ("@fortnightly", "UTC", "is not a cron expression"),
+            ("", "UTC", "has 0 fields"),
+            ("0 0 30 2 *", "UTC", "never comes due"),
             (
                 "TZ=Europe/Berlin 0 3 * * *",
-                None,
+                "UTC",
                 "set spec.timeZone: Europe/Berlin",
             ),
             (
                 "0 3 * * *",
-                Some("Mars/Olympus_Mons"),
+                "Mars/Olympus_Mons",
                 "spec.timeZone \"Mars/Olympus_Mons\" is not a time zone",
             ),
-            (
-                "0 3 * * *",
-                Some("Local"),
-                "or remove spec.timeZone for UTC",
-            ),
+            ("0 3 * * *", "Local", "(the default)"),
+            ("0 3 * * *", "", "spec.timeZone \"\" is not a time zone"),
         ] {
             let refused = Schedule::new(expression, zone).expect_err(expression);
             assert_eq!(refused.reason, Reason::InvalidSpec);
@@ -281,12 +275,12 @@ mod tests {
         }
         // Names croner takes, and a zone by its IANA name.
         for (expression, zone) in [
-            ("0 3 * * SUN", None),
-            ("0 3 1 JAN *", None),
-            ("0 3 L * *", None),
-            ("0 3 * * 5#2", None),
-            ("*/5 1-3 * * 1,3,5", Some("America/New_York")),
-            ("0 0 * * 7", Some("UTC")),
+            ("0 3 * * SUN", "UTC"),
+            ("0 3 1 JAN *", "UTC"),
+            ("0 3 L * *", "UTC"),
+            ("0 3 * * 5#2", "UTC"),
+            ("*/5 1-3 * * 1,3,5", "America/New_York"),
+            ("0 0 * * 7", "UTC"),
         ] {
             assert!(
                 Schedule::new(expression, zone).is_ok(),

@@ -254,10 +254,9 @@ impl Metrics {
             if s.spec.suspend || refused {
                 continue;
             }
-            let interval =
-                crate::cron::Schedule::new(&s.spec.schedule, s.spec.time_zone.as_deref())
-                    .ok()
-                    .and_then(|c| c.interval(now));
+            let interval = crate::cron::Schedule::new(&s.spec.schedule, &s.spec.time_zone)
+                .ok()
+                .and_then(|c| c.interval(now));
             if let Some(i) = interval {
                 self.schedule_interval
                     .with_label_values(&labels)

@@ -146,7 +146,7 @@ pub fn owned_by(schedule: &CopySchedule, job: &CopyJob) -> bool {
 /// named where they are in a CopySchedule.
 pub fn validate(schedule: &CopySchedule) -> Result<Schedule, Refusal> {
     let spec = &schedule.spec;
-    let timing = Schedule::new(&spec.schedule, spec.time_zone.as_deref())?;
+    let timing = Schedule::new(&spec.schedule, &spec.time_zone)?;
     for (field, value) in [
         (
             "successfulJobsHistoryLimit",
