@@ -113,14 +113,14 @@ async fn apply(
             ..Default::default()
         };
         match jobs.create(&params, &run.job).await {
-            Ok(_) => decision.ran(),
+            Ok(_) => decision.ran(true),
             // Created before (a restart, a new leader, a cache behind our own write): the
             // name is the run's, so this is the same run, never a second one, as long as
             // the job is this schedule's.
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 let existing = jobs.get_opt(&name).await?;
                 match existing {
-                    Some(j) if decide::owned_by(schedule, &j) => decision.ran(),
+                    Some(j) if decide::owned_by(schedule, &j) => decision.ran(false),
                     Some(j) => decision.name_taken(&controller_of(&j)),
                     // Deleted meanwhile: the next reconcile decides again.
                     None => return Ok(()),

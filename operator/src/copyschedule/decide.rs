@@ -79,8 +79,9 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// `run`'s CopyJob now exists (created, or found: created by an earlier reconcile).
-    pub fn ran(&mut self) {
+    /// `run`'s CopyJob now exists: `created` by this reconcile, or found, created by an
+    /// earlier one (which said so).
+    pub fn ran(&mut self, created: bool) {
         let Some(run) = self.run.take() else {
             return;
         };
@@ -90,11 +91,13 @@ impl Decision {
             self.status.active.push(name.clone());
             self.status.active_count = self.status.active.len() as i32;
         }
-        self.events.push(event(
-            EventType::Normal,
-            ScheduleEvent::Created,
-            format!("created CopyJob {name} for the run of {}", run.time),
-        ));
+        if created {
+            self.events.push(event(
+                EventType::Normal,
+                ScheduleEvent::Created,
+                format!("created CopyJob {name} for the run of {}", run.time),
+            ));
+        }
     }
 
     /// Another object has `run`'s name (`owner`: what it names as its controller): nothing

@@ -73,7 +73,7 @@ fn reasons(d: &Decision) -> Vec<String> {
 
 /// The decision's status as the next reconcile reads it, once its run was created.
 fn after(mut s: CopySchedule, mut d: Decision) -> CopySchedule {
-    d.ran();
+    d.ran(true);
     s.status = Some(d.status);
     s
 }
@@ -115,7 +115,7 @@ fn every_minute_runs_once_per_minute_from_the_first_minute_after_creation() {
     );
     assert_eq!(run.job.spec, s.spec.job_template.spec);
     assert_eq!(d.requeue, Some(Duration::from_secs(58)));
-    d.ran();
+    d.ran(true);
     assert_eq!(reasons(&d), ["Created"]);
     assert_eq!(
         d.status.last_schedule_time,
@@ -191,7 +191,7 @@ fn runs_missed_while_the_operator_was_down_run_once_for_the_most_recent_time() {
         Some(at("2026-05-04T10:20:00Z"))
     );
     assert_eq!(d.requeue, Some(Duration::from_secs(7 * 60).min(MAX_WAIT)));
-    d.ran();
+    d.ran(true);
     let s = after(s, d);
     let jobs = [job(&s, "2026-05-04T10:20:00Z", Some(Phase::Running), None)];
     // Looking again before 10:30 runs nothing more.
