@@ -215,7 +215,12 @@ pub fn job_prefix(schedule: &str) -> String {
     let hash = schedule.bytes().fold(0x811c_9dc5_u32, |h, b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     });
-    let mut head = &schedule[..room - 9];
+    // Names are ASCII; a cut inside a character could not be a name anyway.
+    let mut cut = room - 9;
+    while !schedule.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut head = &schedule[..cut];
     // A name is lowercase letters, digits, '-' and '.', and each dot-separated part must
     // end in a letter or digit.
     while head.ends_with(['-', '.']) {
