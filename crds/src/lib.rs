@@ -6,7 +6,8 @@
 //! - [`shard`]: a shard's state and part, and the names it leaves on the destination;
 //! - [`reason`]: every failure and condition reason;
 //! - [`filter`]: `include`/`exclude`, compiled once for the operator, agent and engine;
-//! - `api` (feature `k8s`, on by default): the `CopyJob` and `StorageRoot` resources.
+//! - `api` (feature `k8s`, on by default): the `CopyJob` and `StorageRoot` resources;
+//! - `schedule` (feature `k8s`): the `CopySchedule` resource.
 //!
 //! The engine depends on this crate without `k8s`, so it shares the contract's types
 //! without knowing anything of Kubernetes.
@@ -28,6 +29,10 @@ pub use shard::{in_state_dir, ManifestName, Part, ShardState, STATE_DIR};
 mod api;
 #[cfg(feature = "k8s")]
 pub use api::*;
+#[cfg(feature = "k8s")]
+mod schedule;
+#[cfg(feature = "k8s")]
+pub use schedule::*;
 
 /// Most copy workers a shard runs (`parallelism.workersPerAgent`, the agent's `--workers`,
 /// a node's CPU count): each holds a 1 MiB buffer.

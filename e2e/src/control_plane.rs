@@ -168,7 +168,11 @@ impl ControlPlane {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        for crd in ["crd/copyjobs.ferry.dev", "crd/storageroots.ferry.dev"] {
+        for crd in [
+            "crd/copyjobs.ferry.dev",
+            "crd/storageroots.ferry.dev",
+            "crd/copyschedules.ferry.dev",
+        ] {
             let out =
                 self.kubectl(&["wait", "--for=condition=Established", "--timeout=60s", crd])?;
             if !out.status.success() {

@@ -54,6 +54,7 @@ fn install(cp: &ControlPlane, file: &str) -> Result<()> {
         "--timeout=60s",
         "crd/copyjobs.ferry.dev",
         "crd/storageroots.ferry.dev",
+        "crd/copyschedules.ferry.dev",
     ])?;
     Ok(())
 }
@@ -696,6 +697,11 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
         }
     }
 
+    // A CopySchedule, every minute, keeping no succeeded run: its first run is created
+    // (create), reported (its status, by server-side apply; events) and deleted as history
+    // (delete) while the steps below run.
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopySchedule\nmetadata:\n  name: every\n  namespace: team-a\nspec:\n  schedule: '* * * * *'\n  successfulJobsHistoryLimit: 0\n  jobTemplate:\n    spec:\n      source: {root: team-data, path: src}\n      destination: {root: team-data, path: scheduled}\n")?;
+
     // A copy between roots: nodes, StorageRoots, the namespace, the shard written into the
     // status (operator) and its progress (agent).
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: roots\n  namespace: team-a\nspec:\n  source: {root: team-data, path: src}\n  destination: {root: team-data, path: copy}\n")?;
@@ -833,6 +839,26 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
     )?;
     assert_same_tree(&tree, &hosts.join("node-b/srv/data/short-lived"))?;
 
+    // The schedule's first run succeeded and, beyond its history limit of 0, was deleted.
+    cp.wait_until(
+        "copyschedule/every",
+        "team-a",
+        "{.status.lastSuccessfulTime}",
+        Duration::from_secs(120),
+        // An unset time is written as null.
+        |t| !t.is_empty() && t != "null",
+    )?;
+    assert_same_tree(&tree, &hosts.join("node-b/srv/data/scheduled"))?;
+    wait_for(
+        "the schedule's Deleted event",
+        Duration::from_secs(60),
+        || {
+            cp.event_reasons("team-a", "every")
+                .is_ok_and(|r| r.contains("Created") && r.contains("Deleted"))
+        },
+    )
+    .with_context(|| format!("events: {:?}", cp.event_reasons("team-a", "every")))?;
+
     // Leader election renewed its Lease (update) while all this ran.
     cp.wait_until(
         "lease/ferry-operator",
@@ -929,20 +955,26 @@ fn set(lines: &[&str]) -> BTreeSet<String> {
 /// Every permission the operator's ServiceAccount has, each a call in operator/src.
 fn operator_permissions() -> BTreeSet<String> {
     set(&[
-        "cluster ferry.dev/copyjobs list",               // Controller watch
-        "cluster ferry.dev/copyjobs watch",              // Controller watch
-        "cluster ferry.dev/copyjobs patch",              // finalizer add/remove
-        "cluster ferry.dev/copyjobs delete",             // ttlSecondsAfterFinished
-        "cluster ferry.dev/copyjobs/status patch",       // status by server-side apply
-        "cluster ferry.dev/storageroots get",            // resolve_root
-        "cluster core/namespaces get",                   // StorageRoot namespace selector
-        "cluster core/nodes list",                       // eligible_nodes
-        "cluster core/persistentvolumeclaims get",       // reach_pvc
-        "cluster core/persistentvolumes get",            // reach_pvc
-        "cluster core/pods list",                        // CSI: a pod that mounts the claim
-        "cluster events.k8s.io/events create",           // Recorder::publish
-        "cluster events.k8s.io/events patch",            // Recorder::publish, a repeat
-        "ferry-system coordination.k8s.io/leases list",  // heartbeats reflector
+        "cluster ferry.dev/copyjobs list", // Controller watch; schedules' reflector
+        "cluster ferry.dev/copyjobs watch", // Controller watch; schedules' reflector
+        "cluster ferry.dev/copyjobs patch", // finalizer add/remove
+        "cluster ferry.dev/copyjobs delete", // ttlSecondsAfterFinished; schedule history, Replace
+        "cluster ferry.dev/copyjobs create", // a CopySchedule's run
+        "cluster ferry.dev/copyjobs get",  // a run's name taken: is it the schedule's own?
+        "cluster ferry.dev/copyjobs/status patch", // status by server-side apply
+        "cluster ferry.dev/copyschedules list", // schedule Controller watch
+        "cluster ferry.dev/copyschedules watch", // schedule Controller watch
+        "cluster ferry.dev/copyschedules/status patch", // schedule status by server-side apply
+        "cluster ferry.dev/copyschedules/finalizers update", // blockOwnerDeletion on a run's job
+        "cluster ferry.dev/storageroots get", // resolve_root
+        "cluster core/namespaces get",     // StorageRoot namespace selector
+        "cluster core/nodes list",         // eligible_nodes
+        "cluster core/persistentvolumeclaims get", // reach_pvc
+        "cluster core/persistentvolumes get", // reach_pvc
+        "cluster core/pods list",          // CSI: a pod that mounts the claim
+        "cluster events.k8s.io/events create", // Recorder::publish
+        "cluster events.k8s.io/events patch", // Recorder::publish, a repeat
+        "ferry-system coordination.k8s.io/leases list", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases watch", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases create", // leader: first claim
         "ferry-system coordination.k8s.io/leases get ferry-operator", // leader
@@ -967,7 +999,7 @@ fn agent_permissions() -> BTreeSet<String> {
 }
 
 #[test]
-fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_get_copyjobs(
+fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_get_copyjobs_and_copyschedules(
 ) -> Result<()> {
     // The rendered roles, read from the file: every permission is listed here, so a new
     // one shows up as a diff of this test. Each line is a call in operator/src or agent/src.
@@ -1017,7 +1049,7 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         );
         let rules = serde_json::json!([{
             "apiGroups": ["ferry.dev"],
-            "resources": ["copyjobs"],
+            "resources": ["copyjobs", "copyschedules"],
             "verbs": verbs.split(' ').collect::<Vec<_>>(),
         }]);
         ensure!(role["rules"] == rules, "{name} rules {}", role["rules"]);
@@ -1051,7 +1083,36 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         (op, &["get", "secrets", "-n", NS], false),
         (op, &["list", "secrets", "-A"], false),
         (op, &["create", "pods", "-n", "team"], false),
-        (op, &["create", "copyjobs.ferry.dev", "-n", "team"], false),
+        // A CopySchedule's runs: the operator creates CopyJobs (in the schedule's own
+        // namespace, from its template), but never CopySchedules, nor changes their spec.
+        (op, &["create", "copyjobs.ferry.dev", "-n", "team"], true),
+        (
+            op,
+            &["create", "copyschedules.ferry.dev", "-n", "team"],
+            false,
+        ),
+        (
+            op,
+            &["patch", "copyschedules.ferry.dev", "-n", "team"],
+            false,
+        ),
+        (
+            op,
+            &["delete", "copyschedules.ferry.dev", "-n", "team"],
+            false,
+        ),
+        (
+            op,
+            &[
+                "patch",
+                "copyschedules.ferry.dev",
+                "--subresource=status",
+                "-n",
+                "team",
+            ],
+            true,
+        ),
+        (ag, &["list", "copyschedules.ferry.dev", "-A"], false),
         (op, &["update", "storageroots.ferry.dev"], false),
         (
             op,
@@ -1157,6 +1218,14 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         || {
             can_i(&cp, alice, &["create", "copyjobs.ferry.dev", "-n", "team"]).unwrap_or(false)
                 && can_i(&cp, bob, &["list", "copyjobs.ferry.dev", "-n", "team"]).unwrap_or(false)
+                && can_i(
+                    &cp,
+                    alice,
+                    &["create", "copyschedules.ferry.dev", "-n", "team"],
+                )
+                .unwrap_or(false)
+                && can_i(&cp, bob, &["list", "copyschedules.ferry.dev", "-n", "team"])
+                    .unwrap_or(false)
         },
     );
     if let Err(e) = aggregated {
@@ -1217,6 +1286,32 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         (
             bob,
             &["patch", "copyjobs.ferry.dev", "-n", "team"][..],
+            false,
+        ),
+        (
+            alice,
+            &["delete", "copyschedules.ferry.dev", "-n", "team"][..],
+            true,
+        ),
+        (
+            alice,
+            &[
+                "patch",
+                "copyschedules.ferry.dev",
+                "--subresource=status",
+                "-n",
+                "team",
+            ][..],
+            false,
+        ),
+        (
+            bob,
+            &["watch", "copyschedules.ferry.dev", "-n", "team"][..],
+            true,
+        ),
+        (
+            bob,
+            &["create", "copyschedules.ferry.dev", "-n", "team"][..],
             false,
         ),
     ] {

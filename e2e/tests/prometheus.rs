@@ -14,9 +14,11 @@
 //! - Every alert's condition is made true and its expression then returns the expected
 //!   series (and none before): a job that fails on a checksum mismatch (FerryCopyJobFailed
 //!   and FerryChecksumMismatch, also seen firing by Prometheus itself), a job whose agent
-//!   commits nothing (FerryCopyJobStalled, its 15-minute window shortened to 10 s), an
-//!   agent and the operator killed (FerryAgentDown, FerryOperatorDown). Prometheus reports
-//!   every rule healthy, and `promtool check rules` accepts the file.
+//!   commits nothing (FerryCopyJobStalled, its 15-minute window shortened to 10 s), a
+//!   CopySchedule whose runs never finish (FerryScheduleLate, three intervals of a minute
+//!   shortened to a tenth of one; its gauges gone once it is deleted), an agent and the
+//!   operator killed (FerryAgentDown, FerryOperatorDown). Prometheus reports every rule
+//!   healthy, and `promtool check rules` accepts the file.
 //!
 //! Every wait polls the API (or the job's status); none is a fixed sleep.
 
@@ -386,11 +388,20 @@ fn dashboards_and_alerts_work_against_a_real_prometheus_and_its_throughput_match
     );
     // The same expression over 10 s instead of 15 minutes, so the test can wait for it.
     let stall_probe = stall_probe.replace("[15m]", "[10s]");
+    let late_probe = rules
+        .get("FerryScheduleLate")
+        .context("no FerryScheduleLate")?;
+    ensure!(
+        late_probe.contains("> 3 * ferry_operator_schedule_interval_seconds"),
+        "the lateness threshold changed: {late_probe}"
+    );
+    // Late after a tenth of an interval (6 s of a minute) instead of three.
+    let late_probe = late_probe.replace("> 3 *", "> 0.1 *");
     for (name, expr) in &rules {
-        let expr = if name == "FerryCopyJobStalled" {
-            &stall_probe
-        } else {
-            expr
+        let expr = match name.as_str() {
+            "FerryCopyJobStalled" => &stall_probe,
+            "FerryScheduleLate" => &late_probe,
+            _ => expr,
         };
         let r = prom.query(expr, None)?;
         ensure!(r.is_empty(), "{name} holds on a healthy cluster: {r:?}");
@@ -530,6 +541,60 @@ fn dashboards_and_alerts_work_against_a_real_prometheus_and_its_throughput_match
     )
     .with_context(|| format!("{stall_probe}: {:?}", prom.query(&stall_probe, None)))?;
 
+    // 3b. A CopySchedule whose runs (on node-c) never finish: FerryScheduleLate, which
+    // counts from its creation while it has never succeeded. The real threshold (three
+    // minutes) does not hold yet; the shortened one holds for it alone.
+    cp.apply(
+        "apiVersion: ferry.dev/v1alpha1\nkind: CopySchedule\nmetadata:\n  name: late\n  namespace: default\nspec:\n  schedule: '* * * * *'\n  jobTemplate:\n    spec:\n      source: {root: slow, path: src}\n      destination: {root: slow, path: late}\n"
+    )?;
+    let late = r#"{copyschedule_namespace="default", copyschedule="late"}"#;
+    wait_for(
+        "the late schedule's interval and creation in Prometheus",
+        Duration::from_secs(30),
+        || {
+            prom.scalar(
+                &format!("ferry_operator_schedule_interval_seconds{late}"),
+                None,
+            )
+            .is_ok_and(|v| v == 60.0)
+                && prom
+                    .scalar(
+                        &format!("ferry_operator_schedule_created_timestamp_seconds{late}"),
+                        None,
+                    )
+                    .is_ok_and(|v| (now() - v).abs() < 60.0)
+        },
+    )?;
+    let late_expr = &rules["FerryScheduleLate"];
+    let r = prom.query(late_expr, None)?;
+    ensure!(r.is_empty(), "{late_expr} holds for a new schedule: {r:?}");
+    wait_for(
+        "the lateness condition to hold for the late schedule only",
+        Duration::from_secs(30),
+        || {
+            prom.query(&late_probe, None).is_ok_and(|r| {
+                label_values(&r, "copyschedule") == BTreeSet::from(["late".to_string()])
+            })
+        },
+    )
+    .with_context(|| format!("{late_probe}: {:?}", prom.query(&late_probe, None)))?;
+    ensure!(
+        prom.query(
+            &format!("ferry_operator_schedule_last_success_timestamp_seconds{late}"),
+            None
+        )?
+        .is_empty(),
+        "a schedule that never succeeded has a last success"
+    );
+    cp.kubectl_ok(&["delete", "copyschedule", "late", "-n", "default"])?;
+    let late_series = r#"{__name__=~"ferry_operator_schedule_.*", copyschedule="late"}"#;
+    wait_for(
+        "the deleted schedule's series to go",
+        Duration::from_secs(30),
+        || prom.query(late_series, None).is_ok_and(|r| r.is_empty()),
+    )
+    .with_context(|| format!("{:?}", prom.query(late_series, None)))?;
+
     // 4. Every dashboard query over the whole run: data, and a non-zero value somewhere.
     let end = now();
     let start = started - 5.0;
@@ -652,6 +717,7 @@ fn dashboards_and_alerts_work_against_a_real_prometheus_and_its_throughput_match
         "FerryCopyJobFailed",
         "FerryCopyJobStalled",
         "FerryOperatorDown",
+        "FerryScheduleLate",
     ]);
     let in_file: BTreeSet<&str> = rules.keys().map(String::as_str).collect();
     ensure!(

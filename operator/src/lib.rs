@@ -1,13 +1,18 @@
 //! The Ferry operator: validation (the second of three checks: CRD rules at admission,
 //! this, the agent at open time), volume resolution, shard scheduling, the CopyJob
-//! reconciler, leader election, and the metrics and readiness served on `--listen`.
+//! reconciler, the CopySchedule controller, leader election, and the metrics and readiness
+//! served on `--listen`.
 //!
 //! Modules depend one way: `controller` (wiring) on `apply` (the finalizer's two sides),
-//! which uses `resolve`, `decide`, `status`, `schedule` and `heartbeat`; `metrics` and
-//! `leader` know nothing of the controller (`main` passes what they need in).
+//! which uses `resolve`, `decide`, `status`, `schedule` and `heartbeat`; `copyschedule`
+//! (its own wiring and I/O) on `copyschedule::decide`, which uses `cron`, `status` and
+//! `validate`; `metrics` (which reads schedules with `cron`) and `leader` know nothing of
+//! the controllers (`main` passes what they need in).
 
 pub mod apply;
 pub mod controller;
+pub mod copyschedule;
+pub mod cron;
 pub mod decide;
 pub mod heartbeat;
 pub mod leader;

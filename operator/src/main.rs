@@ -1,4 +1,5 @@
-//! `ferry-operator`: reconciles CopyJobs. Uses the in-cluster config, or KUBECONFIG.
+//! `ferry-operator`: reconciles CopyJobs and CopySchedules (the leading replica only).
+//! Uses the in-cluster config, or KUBECONFIG.
 //! Serves `/metrics`, `/healthz` and `/readyz` on `--listen` from the start, leader or not.
 
 use std::net::SocketAddr;
@@ -60,12 +61,15 @@ async fn main() -> anyhow::Result<()> {
         move |leading| health.lease_checked(leading)
     })
     .await;
-    ferry_operator::controller::run(
-        client,
-        metrics,
-        &health,
-        std::time::Duration::from_secs(args.node_unavailable_after),
-    )
-    .await;
+    // Both controllers stop on SIGTERM; the process ends when both have.
+    tokio::join!(
+        ferry_operator::controller::run(
+            client.clone(),
+            metrics,
+            &health,
+            std::time::Duration::from_secs(args.node_unavailable_after),
+        ),
+        ferry_operator::copyschedule::run(client, &health),
+    );
     Ok(())
 }

@@ -5,16 +5,17 @@
 //! its CopyJob watch has delivered its first list; a standby is ready while it reaches the
 //! API server (its last look at the leader Lease succeeded within the lease's duration),
 //! so a rolling update of a two-replica Deployment is not held up by the replica that
-//! waits. Only the leader watches CopyJobs, so only the leader exports the job gauges
-//! (`ferry_operator_jobs`, `ferry_operator_job_phase`): a sum over replicas counts each
-//! job once.
+//! waits. Only the leader watches CopyJobs and CopySchedules, so only the leader exports
+//! the job and schedule gauges (`ferry_operator_jobs`, `ferry_operator_job_phase`,
+//! `ferry_operator_schedule_*`): a sum over replicas counts each once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_crds::{CopyJob, Phase};
+use ferry_crds::{CopyJob, CopySchedule, Phase};
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::Store;
 use kube::ResourceExt;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
@@ -65,6 +66,16 @@ pub struct Metrics {
     /// `ferry_operator_job_phase{copyjob_namespace, copyjob, phase}`: 1 for the job's
     /// phase, 0 for the others (leader only, set at each scrape).
     pub job_phase: IntGaugeVec,
+    /// `ferry_operator_schedule_last_success_timestamp_seconds{copyschedule_namespace,
+    /// copyschedule}`: when the schedule's newest Succeeded CopyJob finished (absent
+    /// until one has).
+    pub schedule_last_success: IntGaugeVec,
+    /// `ferry_operator_schedule_created_timestamp_seconds{...}`: when the schedule was
+    /// created (what "late" counts from before a first success).
+    pub schedule_created: IntGaugeVec,
+    /// `ferry_operator_schedule_interval_seconds{...}`: the nominal time between two runs
+    /// (absent while suspended or refused: such a schedule is never late).
+    pub schedule_interval: IntGaugeVec,
     /// `ferry_operator_leader`: 1 while this replica leads.
     pub leader: IntGauge,
     /// `ferry_operator_ready`: what `/readyz` answers, as 1 or 0.
@@ -104,6 +115,28 @@ impl Metrics {
             ),
             &["copyjob_namespace", "copyjob", "phase"],
         )?;
+        let schedule_labels = ["copyschedule_namespace", "copyschedule"];
+        let schedule_last_success = IntGaugeVec::new(
+            Opts::new(
+                "ferry_operator_schedule_last_success_timestamp_seconds",
+                "When the CopySchedule's newest Succeeded CopyJob finished, in Unix seconds (exported by the leading replica)",
+            ),
+            &schedule_labels,
+        )?;
+        let schedule_created = IntGaugeVec::new(
+            Opts::new(
+                "ferry_operator_schedule_created_timestamp_seconds",
+                "When the CopySchedule was created, in Unix seconds (exported by the leading replica)",
+            ),
+            &schedule_labels,
+        )?;
+        let schedule_interval = IntGaugeVec::new(
+            Opts::new(
+                "ferry_operator_schedule_interval_seconds",
+                "Nominal seconds between two runs of the CopySchedule: the longest gap among its next runs (absent while suspended or refused; exported by the leading replica)",
+            ),
+            &schedule_labels,
+        )?;
         let leader = IntGauge::new(
             "ferry_operator_leader",
             "1 while this replica holds the leader Lease",
@@ -117,6 +150,9 @@ impl Metrics {
             Box::new(reconcile_errors.clone()),
             Box::new(jobs.clone()),
             Box::new(job_phase.clone()),
+            Box::new(schedule_last_success.clone()),
+            Box::new(schedule_created.clone()),
+            Box::new(schedule_interval.clone()),
             Box::new(leader.clone()),
             Box::new(ready.clone()),
         ] {
@@ -131,6 +167,9 @@ impl Metrics {
             reconcile_errors,
             jobs,
             job_phase,
+            schedule_last_success,
+            schedule_created,
+            schedule_interval,
             leader,
             ready,
             scrape: Mutex::new(()),
@@ -174,6 +213,59 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// Set the schedule gauges from the schedule controller's cache at `now` (the
+    /// schedules that exist now; a deleted schedule's series go).
+    pub fn observe_schedules(&self, schedules: &[Arc<CopySchedule>], now: Timestamp) {
+        let _one = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        for g in [
+            &self.schedule_last_success,
+            &self.schedule_created,
+            &self.schedule_interval,
+        ] {
+            g.reset();
+        }
+        for s in schedules {
+            let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
+            let labels = [ns.as_str(), name.as_str()];
+            if let Some(t) = &s.metadata.creation_timestamp {
+                self.schedule_created
+                    .with_label_values(&labels)
+                    .set(t.0.as_second());
+            }
+            if let Some(t) = s
+                .status
+                .as_ref()
+                .and_then(|st| st.last_successful_time.as_ref())
+            {
+                self.schedule_last_success
+                    .with_label_values(&labels)
+                    .set(t.0.as_second());
+            }
+            // Only a schedule the controller accepted is read again here: finding out that
+            // one never comes due ("0 0 30 2 *") takes a search to the year 5000.
+            let refused = s.status.as_ref().is_none_or(|st| {
+                !st.conditions.iter().any(|c| {
+                    c.type_ == "Accepted"
+                        && c.status == "True"
+                        && c.observed_generation == s.metadata.generation
+                })
+            });
+            if s.spec.suspend || refused {
+                continue;
+            }
+            let interval = crate::cron::Schedule::new(&s.spec.schedule, &s.spec.time_zone)
+                .ok()
+                .and_then(|c| c.interval(now));
+            if let Some(i) = interval {
+                self.schedule_interval
+                    .with_label_values(&labels)
+                    .set(i64::try_from(i.as_secs()).unwrap_or(i64::MAX));
+            }
+        }
+    }
+}
+
 /// This replica's part, for `/readyz` (0: has not looked at the lease yet).
 const STANDBY: u8 = 1;
 const LEADER: u8 = 2;
@@ -190,6 +282,8 @@ pub struct Health {
     watching: Arc<AtomicBool>,
     /// The leader's CopyJob cache (the controller's).
     store: Mutex<Option<Store<CopyJob>>>,
+    /// The leader's CopySchedule cache (the schedule controller's).
+    schedules: Mutex<Option<Store<CopySchedule>>>,
 }
 
 fn unix_now() -> i64 {
@@ -221,6 +315,18 @@ impl Health {
 
     fn store(&self) -> Option<Store<CopyJob>> {
         self.store.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The schedule controller's cache, which scrapes read the schedule gauges from.
+    pub fn set_schedule_store(&self, store: Store<CopySchedule>) {
+        *self.schedules.lock().unwrap_or_else(|e| e.into_inner()) = Some(store);
+    }
+
+    fn schedules(&self) -> Option<Store<CopySchedule>> {
+        self.schedules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// `Ok` when ready, or why not.
@@ -261,6 +367,9 @@ impl ferry_serve::Endpoints for OperatorEndpoints {
         m.leader.set(i64::from(self.health.leading()));
         if let Some(store) = self.health.store() {
             m.observe_jobs(&store.state());
+        }
+        if let Some(store) = self.health.schedules() {
+            m.observe_schedules(&store.state(), Timestamp::now());
         }
         ferry_serve::render(&m.registry)
     }
@@ -318,6 +427,80 @@ mod tests {
         assert!(!text.contains("three"), "{text}");
         assert_eq!(get("Running"), 0);
         assert_eq!(get("Succeeded"), 1);
+    }
+
+    fn schedule(name: &str, expression: &str, suspend: bool, accepted: bool) -> Arc<CopySchedule> {
+        let mut s: CopySchedule = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1",
+            "kind": "CopySchedule",
+            "metadata": {"name": name, "namespace": "team", "generation": 2, "creationTimestamp": "2026-05-04T10:00:00Z"},
+            "spec": {
+                "schedule": expression,
+                "suspend": suspend,
+                "jobTemplate": {"spec": {"source": {"root": "r", "path": "a"}, "destination": {"root": "r", "path": "b"}}},
+            },
+            "status": {
+                "lastSuccessfulTime": "2026-05-04T11:00:07Z",
+                "conditions": [{"type": "Accepted", "status": if accepted { "True" } else { "False" }, "reason": "Valid", "message": "", "observedGeneration": 2, "lastTransitionTime": "2026-05-04T10:00:00Z"}],
+            },
+        }))
+        .expect("a CopySchedule");
+        if name == "new" {
+            s.status = None;
+        }
+        Arc::new(s)
+    }
+
+    #[test]
+    fn schedules_export_their_last_success_creation_and_interval_until_deleted() {
+        let m = Metrics::new().expect("metrics");
+        let now: Timestamp = "2026-05-04T12:00:00Z".parse().expect("a time");
+        m.observe_schedules(
+            &[
+                schedule("hourly", "@hourly", false, true),
+                schedule("paused", "@hourly", true, true),
+                schedule("refused", "0 0 30 2 *", false, false),
+                schedule("new", "*/5 * * * *", false, true),
+            ],
+            now,
+        );
+        assert_eq!(
+            m.schedule_interval
+                .with_label_values(&["team", "hourly"])
+                .get(),
+            3600
+        );
+        assert_eq!(
+            m.schedule_last_success
+                .with_label_values(&["team", "hourly"])
+                .get(),
+            1_777_892_407
+        );
+        assert_eq!(
+            m.schedule_created
+                .with_label_values(&["team", "hourly"])
+                .get(),
+            1_777_888_800
+        );
+        // Suspended or refused: never late, so no interval; not yet accepted either.
+        let text = ferry_serve::render(&m.registry);
+        for name in ["paused", "refused", "new"] {
+            assert!(
+                !text.contains(&format!(
+                    "ferry_operator_schedule_interval_seconds{{copyschedule=\"{name}\""
+                )),
+                "{name}: {text}"
+            );
+        }
+        // A schedule that never succeeded has no last success.
+        assert!(!text.contains(
+            "ferry_operator_schedule_last_success_timestamp_seconds{copyschedule=\"new\""
+        ));
+        // Deleted: its series go.
+        m.observe_schedules(&[schedule("paused", "@hourly", true, true)], now);
+        let text = ferry_serve::render(&m.registry);
+        assert!(!text.contains("\"hourly\""), "{text}");
+        assert!(text.contains("ferry_operator_schedule_created_timestamp_seconds{copyschedule=\"paused\",copyschedule_namespace=\"team\"}"), "{text}");
     }
 
     #[test]
