@@ -6,9 +6,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 
 use anyhow::{ensure, Result};
 use common::*;
@@ -17,27 +15,6 @@ use ferry_engine::{Filter, NoProgress, Options, Part, Verify};
 fn filter(include: &[&str], exclude: &[&str]) -> Filter {
     let s = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
     Filter::new(&s(include), &s(exclude)).expect("valid patterns")
-}
-
-/// Every path beneath `root` (relative, `/`-separated; directories end with `/`).
-fn listing(root: &Path) -> Result<BTreeSet<String>> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) -> Result<()> {
-        for e in std::fs::read_dir(dir)? {
-            let path = e?.path();
-            let rel = path.strip_prefix(root)?.as_os_str().as_bytes().to_vec();
-            let rel = String::from_utf8_lossy(&rel).into_owned();
-            if path.symlink_metadata()?.is_dir() {
-                out.insert(format!("{rel}/"));
-                walk(root, &path, out)?;
-            } else {
-                out.insert(rel);
-            }
-        }
-        Ok(())
-    }
-    let mut out = BTreeSet::new();
-    walk(root, root, &mut out)?;
-    Ok(out)
 }
 
 fn set(items: &[&str]) -> BTreeSet<String> {
@@ -93,7 +70,7 @@ fn include_and_exclude_select_what_they_say_and_plan_and_manifest_count_only_tha
     };
     let s = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
     ensure!(s.failures.is_empty(), "{:?}", s.failures);
-    let copied = listing(&dst)?;
+    let copied = names_beneath(&dst)?;
     let want = set(&[
         "a.csv",
         "data/",
@@ -215,7 +192,7 @@ fn hard_links_whose_names_a_filter_splits_stay_linked_among_the_selected() -> Re
     let s = ferry_engine::copy(&src, &dst, &opts, &NoProgress)?;
     ensure!(s.failures.is_empty(), "{:?}", s.failures);
     ensure!(std::fs::metadata(dst.join("a/f"))?.nlink() == 1);
-    ensure!(listing(&dst)? == set(&["a/", "a/f", "b/", "c/"]));
+    ensure!(names_beneath(&dst)? == set(&["a/", "a/f", "b/", "c/"]));
     Ok(())
 }
 
@@ -236,7 +213,11 @@ fn a_filter_that_excludes_everything_copies_an_empty_top_directory() -> Result<(
         s.failures.is_empty() && s.files == 0 && s.dirs == 1,
         "{s:?}"
     );
-    ensure!(listing(&dst)?.is_empty(), "{:?}", listing(&dst)?);
+    ensure!(
+        names_beneath(&dst)?.is_empty(),
+        "{:?}",
+        names_beneath(&dst)?
+    );
     let plan = ferry_engine::plan_part(&src, Part::All, true, &opts.filter)?;
     ensure!(
         plan.files == 0 && plan.bytes == 0 && plan.dirs == 1,
@@ -279,7 +260,7 @@ fn the_parts_of_a_split_copy_with_a_filter_copy_the_selection_once() -> Result<(
         );
         files += s.files;
     }
-    let copied = listing(&dst)?;
+    let copied = names_beneath(&dst)?;
     ensure!(files == 5 * 13, "copied {files} files");
     ensure!(copied
         .iter()

@@ -12,25 +12,6 @@ use anyhow::{ensure, Result};
 use common::*;
 use ferry_engine::{prune, Filter, PruneOptions};
 
-fn names(root: &Path) -> Result<BTreeSet<String>> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) -> Result<()> {
-        for e in std::fs::read_dir(dir)? {
-            let path = e?.path();
-            let rel = path.strip_prefix(root)?.to_string_lossy().into_owned();
-            if path.symlink_metadata()?.is_dir() {
-                out.insert(format!("{rel}/"));
-                walk(root, &path, out)?;
-            } else {
-                out.insert(rel);
-            }
-        }
-        Ok(())
-    }
-    let mut out = BTreeSet::new();
-    walk(root, root, &mut out)?;
-    Ok(out)
-}
-
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
@@ -81,7 +62,7 @@ fn what_the_source_lacks_is_removed_and_nothing_outside_or_of_ferrys_is_touched(
     let tmp = tempdir()?;
     let (src, dst, outside) = fixture(tmp.path())?;
     // A dry run first: it names and counts what the real run removes, and removes nothing.
-    let before = names(&dst)?;
+    let before = names_beneath(&dst)?;
     let dry = prune(
         &src,
         &dst,
@@ -90,11 +71,14 @@ fn what_the_source_lacks_is_removed_and_nothing_outside_or_of_ferrys_is_touched(
             ..opts()
         },
     )?;
-    ensure!(names(&dst)? == before, "a dry run removed something");
+    ensure!(
+        names_beneath(&dst)? == before,
+        "a dry run removed something"
+    );
     let real = prune(&src, &dst, &opts())?;
     ensure!(real.failures.is_empty(), "{:?}", real.failures);
     ensure!(
-        names(&dst)?
+        names_beneath(&dst)?
             == set(&[
                 ".ferry/",
                 ".ferry/job.xxh128",
@@ -107,7 +91,7 @@ fn what_the_source_lacks_is_removed_and_nothing_outside_or_of_ferrys_is_touched(
                 "linked",
             ]),
         "left {:#?}",
-        names(&dst)?
+        names_beneath(&dst)?
     );
     // old.txt, gone/ (+ deeper/, x, to-outside), a/outlink, a/pipe, a/b/dangling.
     ensure!(real.deleted == 8, "deleted {}", real.deleted);
@@ -125,7 +109,10 @@ fn what_the_source_lacks_is_removed_and_nothing_outside_or_of_ferrys_is_touched(
         listed == set(&["old.txt", "gone/", "a/outlink", "a/pipe", "a/b/dangling"]),
         "dry run listed {listed:?}"
     );
-    ensure!(names(&outside)? == set(&["precious"]), "outside changed");
+    ensure!(
+        names_beneath(&outside)? == set(&["precious"]),
+        "outside changed"
+    );
     ensure!(std::fs::read(outside.join("precious"))? == b"p");
     Ok(())
 }
@@ -144,7 +131,7 @@ fn excluded_entries_are_kept_unless_delete_excluded() -> Result<()> {
         },
     )?;
     ensure!(kept.failures.is_empty(), "{:?}", kept.failures);
-    let left = names(&dst)?;
+    let left = names_beneath(&dst)?;
     ensure!(
         left.contains("old.txt") && left.contains("gone/deeper/x") && left.contains("keep.txt"),
         "an excluded entry was removed: {left:#?}"
@@ -164,7 +151,7 @@ fn excluded_entries_are_kept_unless_delete_excluded() -> Result<()> {
         },
     )?;
     ensure!(all.failures.is_empty(), "{:?}", all.failures);
-    let left = names(&dst)?;
+    let left = names_beneath(&dst)?;
     ensure!(
         !left.contains("old.txt") && !left.contains("gone/") && !left.contains("keep.txt"),
         "{left:#?}"

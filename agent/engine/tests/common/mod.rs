@@ -701,6 +701,29 @@ pub fn show(p: &[u8]) -> String {
 
 /// Snapshot a directory tree (the root must be a directory). Reads no file contents and
 /// opens only directories, with `O_NOATIME` where allowed, so atimes stay put.
+/// Every path beneath `root`, relative and `/`-separated (lossy for names that are not
+/// UTF-8), directories with a trailing `/`: what a test of which entries a copy made or
+/// removed compares.
+pub fn names_beneath(root: &Path) -> Result<BTreeSet<String>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) -> Result<()> {
+        for e in std::fs::read_dir(dir)? {
+            let path = e?.path();
+            let rel = String::from_utf8_lossy(path.strip_prefix(root)?.as_os_str().as_bytes())
+                .into_owned();
+            if path.symlink_metadata()?.is_dir() {
+                out.insert(format!("{rel}/"));
+                walk(root, &path, out)?;
+            } else {
+                out.insert(rel);
+            }
+        }
+        Ok(())
+    }
+    let mut out = BTreeSet::new();
+    walk(root, root, &mut out)?;
+    Ok(out)
+}
+
 pub fn snapshot(root: &Path) -> Result<Tree> {
     let fd = open_dir(root)?;
     let st = fstat(fd.as_fd())?;
