@@ -85,3 +85,73 @@ fn a_mirror_removes_what_the_source_lacks_only_beneath_the_destination_and_its_d
     );
     Ok(())
 }
+
+#[test]
+fn a_job_split_across_two_agents_mirrors_once_in_its_directories_pass() -> Result<()> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    if !ferry_e2e::is_root() {
+        eprintln!(
+            "skipped: a shared root is a bind mount into both nodes' host roots (needs root)"
+        );
+        return Ok(());
+    }
+    cp.install_crds()?;
+    let nodes = ["node-a", "node-b"];
+    let (_ferry, hosts) = cp.start_ferry(&nodes)?;
+    // One filesystem, mounted at /srv/shared on both nodes (NFS on a real cluster).
+    let shared = cp.dir().join("nfs");
+    let (src, dst) = (shared.join("src"), shared.join("copy"));
+    for d in 0..8 {
+        for root in [&src, &dst] {
+            std::fs::create_dir_all(root.join(format!("d{d}")))?;
+        }
+        for f in 0..10 {
+            std::fs::write(src.join(format!("d{d}/f{f}")), format!("{d}/{f}"))?;
+        }
+        // Extraneous in every directory of the destination, and one directory more.
+        std::fs::write(dst.join(format!("d{d}/stale")), "not in the source")?;
+    }
+    std::fs::create_dir_all(dst.join("gone/deeper"))?;
+    std::fs::write(dst.join("gone/deeper/x"), "x")?;
+    let _mounts: Vec<ferry_e2e::BindMount> = nodes
+        .iter()
+        .map(|n| ferry_e2e::BindMount::new(&shared, &hosts.join(n).join("srv/shared")))
+        .collect::<Result<_>>()?;
+    cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: nfs\nspec:\n  path: /srv/shared\n  shared: true\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: split-mirror\n  namespace: default\nspec:\n  source: {root: nfs, path: src}\n  destination: {root: nfs, path: copy}\n  overwrite: IfChanged\n  deleteExtraneous: true\n  parallelism: {maxAgents: 2, workersPerAgent: 1}\n")?;
+    cp.wait_succeeded("default", "split-mirror", 120)?;
+    let shards = cp.get(
+        "copyjob/split-mirror",
+        "default",
+        "{.status.shards[*].part}",
+    )?;
+    ensure!(
+        shards.contains("directories") && shards.split_whitespace().count() > 2,
+        "the job was not split: parts {shards}"
+    );
+    // 8 stale files + gone/, deeper/, x: removed once, by the directories pass alone.
+    let deleted = cp.get(
+        "copyjob/split-mirror",
+        "default",
+        "{.status.progress.deleted}",
+    )?;
+    ensure!(deleted == "11", "progress.deleted is {deleted}");
+    let by_part = cp.get(
+        "copyjob/split-mirror",
+        "default",
+        "{range .status.shards[*]}{.part}={.deleted} {end}",
+    )?;
+    ensure!(
+        by_part
+            .split_whitespace()
+            .filter(|p| !p.ends_with("=0"))
+            .count()
+            == 1
+            && by_part.contains("directories=11"),
+        "removals by part: {by_part}"
+    );
+    ensure!(!dst.join("gone").exists() && !dst.join("d3/stale").exists());
+    ensure!(std::fs::read_to_string(dst.join("d3/f4"))? == "3/4");
+    Ok(())
+}
