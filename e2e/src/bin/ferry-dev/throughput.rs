@@ -324,19 +324,25 @@ impl Bench {
             "default",
             "{.status.progress.filesDone}",
         )?;
-        cp.kubectl_ok(&[
+        self.delete_job(&name)?;
+        let files = done
+            .parse()
+            .with_context(|| format!("{name}: filesDone {done:?}"))?;
+        Ok((self.root.join(dest), secs, files))
+    }
+
+    /// Delete CopyJob `name` and wait until it is gone.
+    fn delete_job(&self, name: &str) -> Result<()> {
+        self.cp.kubectl_ok(&[
             "delete",
             "copyjob",
-            &name,
+            name,
             "-n",
             "default",
             "--wait=true",
             "--timeout=120s",
         ])?;
-        let files = done
-            .parse()
-            .with_context(|| format!("{name}: filesDone {done:?}"))?;
-        Ok((self.root.join(dest), secs, files))
+        Ok(())
     }
 
     /// `dst` equals the source: contents, modes, owners, mtimes (bench/check.py).
@@ -381,15 +387,7 @@ impl Bench {
             (Some(bytes), Some(rate)) if rate > 0.0 => bytes / rate,
             _ => f64::NAN,
         };
-        cp.kubectl_ok(&[
-            "delete",
-            "copyjob",
-            &name,
-            "-n",
-            "default",
-            "--wait=true",
-            "--timeout=120s",
-        ])?;
+        self.delete_job(&name)?;
         let dst = self.root.join(format!("out/{name}"));
         self.check(&dst)?;
         // Named by the job's uid, as its status says.
