@@ -117,6 +117,12 @@ pub struct CopyArgs {
     /// relative to DST; check with `cd DST && xxh128sum -c FILE`).
     #[arg(long, value_name = "FILE")]
     pub manifest: Option<PathBuf>,
+    /// Keep records of the files the manifest lists in FILE (read first, replaced when
+    /// the copy ends), so that a re-run with `--overwrite if-changed` lists the files it
+    /// keeps unchanged without reading them. Needs --manifest. Keep FILE where only you
+    /// can write: its hashes are believed.
+    #[arg(long, value_name = "FILE", requires = "manifest")]
+    pub records: Option<PathBuf>,
     /// Copy only what matches PATTERN (repeatable): gitignore syntax, relative to SRC; a
     /// file is copied when it or a parent directory matches. Directories are still walked
     /// and made. See the README's "include and exclude".

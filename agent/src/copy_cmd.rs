@@ -48,6 +48,14 @@ pub fn options(args: &CopyArgs) -> Result<Options, String> {
         compare: args.compare,
         preserve,
         manifest: args.manifest.clone(),
+        records: args.records.as_ref().map(|r| ferry_engine::Records {
+            earlier: r.clone(),
+            write: {
+                let mut w = r.clone().into_os_string();
+                w.push(format!(".{}.tmp", std::process::id()));
+                w.into()
+            },
+        }),
         resume: args.resume,
         staging_tag: args.staging_tag.clone(),
         sync: args.sync,
@@ -95,6 +103,19 @@ pub fn run(args: &CopyArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(&crate::with_causes(&e)),
     };
+    // A copy that ran to its end recorded every file it listed.
+    if let Some(r) = &opts.records {
+        let kept = match summary.aborted.is_none() {
+            true => std::fs::rename(&r.write, &r.earlier),
+            false => std::fs::remove_file(&r.write),
+        };
+        if let Err(e) = kept {
+            eprintln!(
+                "ferry-agent copy: keeping the records in {}: {e}",
+                r.earlier.display()
+            );
+        }
+    }
     // The mirror, after a copy without failures (as rsync skips deletions after errors).
     let mut deleted = 0;
     if args.delete && summary.failed == 0 && summary.aborted.is_none() && args.src.is_dir() {
@@ -268,6 +289,8 @@ struct JsonSummary<'a> {
     specials: u64,
     hardlinks: u64,
     skipped: u64,
+    listed_from_records: u64,
+    unlisted: u64,
     deleted: u64,
     files_resumed: u64,
     bytes_resumed: u64,
@@ -295,6 +318,8 @@ fn report(s: &Summary, deleted: u64, json: bool) {
             specials: s.specials,
             hardlinks: s.hardlinks,
             skipped: s.skipped,
+            listed_from_records: s.listed_from_records,
+            unlisted: s.unlisted,
             deleted,
             files_resumed: s.files_resumed,
             bytes_resumed: s.bytes_resumed,
@@ -326,6 +351,12 @@ fn report(s: &Summary, deleted: u64, json: bool) {
         let mut extra = String::new();
         if s.skipped > 0 {
             extra.push_str(&format!(", {} kept (already in destination)", s.skipped));
+        }
+        if s.unlisted > 0 {
+            extra.push_str(&format!(
+                ", {} of the kept files not in the manifest (no record of them: --records, or --compare checksum)",
+                s.unlisted
+            ));
         }
         if s.files_resumed > 0 {
             extra.push_str(&format!(

@@ -791,3 +791,65 @@ fn compare_checksum_without_overwrite_if_changed_exits_2() -> Result<()> {
     ensure!(!tmp.path().join("dst").exists());
     Ok(())
 }
+
+#[test]
+fn rerun_with_records_lists_the_files_it_keeps_in_its_manifest() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src.join("a"))?;
+    for i in 0..30u64 {
+        write(&src.join(format!("a/f{i}")), &pattern(i, 100 + i as usize))?;
+    }
+    let (dst, records) = (tmp.path().join("dst"), tmp.path().join("records"));
+    let run = |manifest: &Path| {
+        copy_ok([
+            "--overwrite".as_ref(),
+            "if-changed".as_ref(),
+            "--manifest".as_ref(),
+            manifest.as_os_str(),
+            "--records".as_ref(),
+            records.as_os_str(),
+            src.as_os_str(),
+            dst.as_os_str(),
+        ])
+    };
+    let first = run(&tmp.path().join("m1"))?;
+    ensure!(num(&first, "files") == 30, "{first}");
+    write(&src.join("a/f4"), b"changed")?;
+    let second = run(&tmp.path().join("m2"))?;
+    ensure!(
+        num(&second, "files") == 1
+            && num(&second, "listed_from_records") == 29
+            && num(&second, "unlisted") == 0,
+        "{second}"
+    );
+    let lines = std::fs::read_to_string(tmp.path().join("m2"))?;
+    ensure!(lines.lines().count() == 30, "{lines}");
+    if which("xxh128sum").is_some() {
+        let check = Command::new("xxh128sum")
+            .args(["--quiet", "-c"])
+            .arg(tmp.path().join("m2"))
+            .current_dir(&dst)
+            .status()?;
+        ensure!(check.success(), "the re-run's manifest does not check");
+    }
+    // Without the records, the kept files are counted, not listed.
+    let third = copy_ok([
+        "--overwrite".as_ref(),
+        "if-changed".as_ref(),
+        "--manifest".as_ref(),
+        tmp.path().join("m3").as_os_str(),
+        src.as_os_str(),
+        dst.as_os_str(),
+    ])?;
+    ensure!(num(&third, "unlisted") == 30, "{third}");
+    // --records alone is refused: it records manifest lines.
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry-agent"))
+        .args(["copy", "--records"])
+        .arg(&records)
+        .arg(&src)
+        .arg(tmp.path().join("dst2"))
+        .output()?;
+    ensure!(out.status.code() == Some(2), "{out:?}");
+    Ok(())
+}

@@ -193,6 +193,11 @@ pub struct Progress {
     /// Entries removed from the destination (deleteExtraneous).
     #[serde(default)]
     pub deleted: i64,
+    /// Files kept by the quick check (overwrite IfChanged) that the manifest does not list:
+    /// no record on the node says Ferry wrote them as they are (another tool wrote them, or
+    /// they changed since). `compare: Checksum` reads them and lists them.
+    #[serde(default)]
+    pub unlisted: i64,
     /// Files in the plan, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_total: Option<i64>,
@@ -257,6 +262,9 @@ pub struct ShardStatus {
     pub skipped: i64,
     /// Entries that failed.
     pub failed: i64,
+    /// Files this shard kept by the quick check that its manifest does not list (see
+    /// `progress.unlisted`).
+    pub unlisted: i64,
     /// Average throughput of this shard so far, in bytes per second.
     pub bytes_per_second: i64,
     /// Entries this shard removed from the destination (deleteExtraneous), those inside a

@@ -200,6 +200,11 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        // FERRY_E2E_KEEP=1 keeps the logs and state for a look after the run.
+        if std::env::var_os("FERRY_E2E_KEEP").is_some_and(|v| v == "1") {
+            self.dir.disable_cleanup(true);
+            eprintln!("kept {} (FERRY_E2E_KEEP=1)", self.dir.path().display());
+        }
         for child in [&mut self.apiserver, &mut self.etcd] {
             let _ = child.kill();
             let _ = child.wait();

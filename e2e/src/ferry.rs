@@ -225,7 +225,10 @@ impl ControlPlane {
         let child = Command::new(bin)
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("FERRY_E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(envs.iter().copied())
             .stdout(file.try_clone()?)
             .stderr(file)

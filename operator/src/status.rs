@@ -74,6 +74,7 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
         p.files_done += s.files_done;
         p.skipped += s.skipped;
         p.deleted += s.deleted.max(0);
+        p.unlisted += s.unlisted.max(0);
         p.bytes_done += s.bytes_done;
         p.bytes_reflinked += s.bytes_reflinked;
         p.bytes_per_second += s.bytes_per_second;
@@ -207,6 +208,12 @@ fn copied_message(p: &Progress, verify: Verify, overwrite: Overwrite) -> String 
         msg.push_str(&format!(
             "; {} entries the source does not have were removed from the destination (deleteExtraneous)",
             p.deleted
+        ));
+    }
+    if p.unlisted > 0 {
+        msg.push_str(&format!(
+            "; the manifest does not list {} of the kept files: no record says Ferry wrote them as they are (compare: Checksum reads and lists them)",
+            p.unlisted
         ));
     }
     msg
@@ -355,6 +362,13 @@ mod tests {
         assert!(
             msg.starts_with("3 files (3.0 MiB) copied; 2 entries")
                 && msg.contains("(overwrite: IfChanged), not copied or verified"),
+            "{msg}"
+        );
+        assert!(!msg.contains("manifest"), "{msg}");
+        p.unlisted = 1;
+        let msg = copied_message(&p, Verify::Checksum, Overwrite::IfChanged);
+        assert!(
+            msg.ends_with("the manifest does not list 1 of the kept files: no record says Ferry wrote them as they are (compare: Checksum reads and lists them)"),
             "{msg}"
         );
     }

@@ -31,10 +31,11 @@ pub use beneath::{
     check_relative, copy_beneath, open_host_path, plan_beneath, resolve_beneath, state_dir,
 };
 pub use copy::copy;
+pub use copy::MAX_RECORDS;
 pub use error::{reason_of_io, Error, Failure};
 pub use ferry_crds::Reason;
 pub use options::{
-    Compare, Faults, Fence, Filter, Options, Overwrite, Part, Preserve, Reflink, Verify,
+    Compare, Faults, Fence, Filter, Options, Overwrite, Part, Preserve, Records, Reflink, Verify,
 };
 pub use plan::{plan, plan_part, Totals};
 pub use progress::{NoProgress, Progress, Strategy};
@@ -54,6 +55,13 @@ pub struct Summary {
     pub hardlinks: u64,
     /// Entries left alone because the destination had them (overwrite policy).
     pub skipped: u64,
+    /// Regular files kept by the quick check (`overwrite: IfChanged`) and listed in the
+    /// manifest from the record of an earlier copy (see `Options::records`). In `skipped`.
+    pub listed_from_records: u64,
+    /// Regular files kept by the quick check with a manifest requested, that it does not
+    /// list: no record says Ferry wrote them as they are (another tool did, or they changed
+    /// since). `compare: Checksum` reads and lists them. In `skipped`.
+    pub unlisted: u64,
     /// Regular files (counted once per link group) that a resumed copy found committed by
     /// an earlier attempt: listed in the manifest, or verified equal to the source and
     /// listed now; without a manifest, every regular file it kept. Included in `skipped`.

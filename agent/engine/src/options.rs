@@ -38,6 +38,9 @@ pub struct Options {
     /// Requires `verify` other than `None` for the hashes to exist; the engine forces
     /// hashing on when a manifest is requested.
     pub manifest: Option<PathBuf>,
+    /// Records of the files copies into this destination listed (see [`Records`]). Needs
+    /// `manifest` and kept timestamps; without them it is ignored.
+    pub records: Option<Records>,
     /// Which entries of the tree this run copies (all of them, or one part of a split copy).
     pub select: Part,
     /// `include`/`exclude` (see [`ferry_crds::filter`]): what is not selected is neither
@@ -89,6 +92,7 @@ impl Default for Options {
             compare: Compare::default(),
             preserve: Preserve::default(),
             manifest: None,
+            records: None,
             select: Part::All,
             filter: Filter::default(),
             cancel: None,
@@ -100,6 +104,22 @@ impl Default for Options {
             faults: Faults::default(),
         }
     }
+}
+
+/// Records of what copies into one destination wrote and verified: a re-run that keeps a
+/// file by the quick check (`Overwrite::IfChanged` with `Compare::SizeAndTime`: type, size
+/// and mtime equal, the source not opened) lists it in the manifest with the hash the
+/// record has, when the record has the file's size and mtime. So the manifest of a re-run
+/// covers the whole tree at the cost of a stat walk. The records are believed: keep them
+/// where the destination's owner cannot write (the agent keeps them on the node, never in
+/// a tenant's volume).
+#[derive(Debug, Clone)]
+pub struct Records {
+    /// Read at the start (missing: no records). Only a file `write` was renamed to.
+    pub earlier: PathBuf,
+    /// This copy's records, one per manifest line: created, or appended to by a resumed
+    /// copy. Rename it over `earlier` once the copy has ended without being cancelled.
+    pub write: PathBuf,
 }
 
 /// Kernel misbehaviour that tests cannot summon on demand, injected at the `sys` seam.

@@ -118,3 +118,140 @@ fn compare_checksum_finds_a_change_that_kept_size_and_mtime_and_lists_equal_file
     }
     Ok(())
 }
+
+/// A copy with a manifest and records, the records renamed into place afterwards as the
+/// agent does: what one run of a job into `dst` does.
+fn with_records(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    state: &std::path::Path,
+    manifest: &std::path::Path,
+) -> Result<ferry_engine::Summary> {
+    let opts = Options {
+        records: Some(ferry_engine::Records {
+            earlier: state.join("records"),
+            write: state.join("records.next"),
+        }),
+        ..rerun(Compare::SizeAndTime, Some(manifest.to_path_buf()))
+    };
+    let summary = ferry_engine::copy(src, dst, &opts, &NoProgress)?;
+    std::fs::rename(state.join("records.next"), state.join("records"))?;
+    Ok(summary)
+}
+
+/// `xxh128sum -c` of `manifest` in `dst`: the names of the lines that fail.
+fn failing_lines(dst: &std::path::Path, manifest: &std::path::Path) -> Result<Vec<String>> {
+    let out = std::process::Command::new("xxh128sum")
+        .args(["--quiet", "-c"])
+        .arg(manifest)
+        .current_dir(dst)
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": FAILED").map(str::to_string))
+        .collect())
+}
+
+#[test]
+fn a_rerun_lists_the_files_it_keeps_from_the_records_of_earlier_runs() -> Result<()> {
+    if !require_tools(&["xxh128sum"]) {
+        return Ok(());
+    }
+    let tmp = tempdir()?;
+    let (src, dst, state) = (
+        tmp.path().join("src"),
+        tmp.path().join("dst"),
+        tmp.path().join("state"),
+    );
+    mkdir(&state)?;
+    for d in 0..4 {
+        mkdir(&src.join(format!("d{d}")))?;
+        for f in 0..25 {
+            write(
+                &src.join(format!("d{d}/f{f}")),
+                format!("{d}/{f}").as_bytes(),
+            )?;
+        }
+    }
+    // A hard link across directories, and a name with a newline (an escaped line).
+    std::fs::hard_link(src.join("d0/f0"), src.join("d1/link"))?;
+    write(&src.join("d2/new\nline"), b"nl")?;
+    let all = 102;
+    let manifest = |i: u32| tmp.path().join(format!("manifest-{i}"));
+
+    let first = with_records(&src, &dst, &state, &manifest(1))?;
+    ensure!(first.files == all - 1 && first.hardlinks == 1, "{first:?}");
+    ensure!(manifest_lines(&manifest(1))?.len() == all as usize);
+
+    // Nothing changed: nothing copied, every file listed from the records, and the
+    // manifest checks.
+    let second = with_records(&src, &dst, &state, &manifest(2))?;
+    ensure!(
+        second.files == 0 && second.listed_from_records == all && second.unlisted == 0,
+        "{second:?}"
+    );
+    let mut first_lines = manifest_lines(&manifest(1))?;
+    let mut second_lines = manifest_lines(&manifest(2))?;
+    first_lines.sort();
+    second_lines.sort();
+    ensure!(
+        first_lines == second_lines,
+        "the re-run's manifest is not the first's"
+    );
+    ensure!(failing_lines(&dst, &manifest(2))?.is_empty());
+
+    // One file changed at the source: copied, listed with its new hash; the rest carried.
+    write(&src.join("d3/f7"), b"changed, and longer")?;
+    let third = with_records(&src, &dst, &state, &manifest(3))?;
+    ensure!(
+        third.files == 1 && third.listed_from_records == all - 1,
+        "{third:?}"
+    );
+    ensure!(manifest_lines(&manifest(3))?.len() == all as usize);
+    ensure!(failing_lines(&dst, &manifest(3))?.is_empty());
+
+    // A destination file changed in place with its size and mtime put back: the quick
+    // check keeps it (as rsync's does), and its carried line shows the change.
+    let victim = dst.join("d1/f3");
+    let m = std::fs::metadata(&victim)?;
+    let (atime, mtime) = ((m.atime(), m.atime_nsec()), (m.mtime(), m.mtime_nsec()));
+    write(&victim, b"X/3")?;
+    set_times(&victim, atime, mtime)?;
+    let fourth = with_records(&src, &dst, &state, &manifest(4))?;
+    ensure!(fourth.files == 0, "{fourth:?}");
+    ensure!(
+        failing_lines(&dst, &manifest(4))? == ["d1/f3"],
+        "the changed file must fail the check: {:?}",
+        failing_lines(&dst, &manifest(4))?
+    );
+
+    // A file whose source and destination both changed behind Ferry's back (another tool
+    // synced it): equal by the quick check, but no record of that size and mtime: kept,
+    // not listed, and counted.
+    write(&src.join("d0/f9"), b"both sides")?;
+    write(&dst.join("d0/f9"), b"both sides")?;
+    let s = std::fs::metadata(src.join("d0/f9"))?;
+    set_times(
+        &dst.join("d0/f9"),
+        (s.atime(), s.atime_nsec()),
+        (s.mtime(), s.mtime_nsec()),
+    )?;
+    let fifth = with_records(&src, &dst, &state, &manifest(5))?;
+    ensure!(
+        fifth.files == 0 && fifth.unlisted == 1 && fifth.listed_from_records == all - 1,
+        "{fifth:?}"
+    );
+    ensure!(!manifest_lines(&manifest(5))?
+        .iter()
+        .any(|l| l.ends_with("  d0/f9")));
+
+    // Without records (a destination another tool filled): every kept file is counted as
+    // not listed, none is listed.
+    std::fs::remove_file(state.join("records"))?;
+    let sixth = with_records(&src, &dst, &state, &manifest(6))?;
+    ensure!(
+        sixth.files == 0 && sixth.unlisted == all && manifest_lines(&manifest(6))?.is_empty(),
+        "{sixth:?}"
+    );
+    Ok(())
+}

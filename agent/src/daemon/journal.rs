@@ -7,6 +7,13 @@
 //!
 //! Layout: `<host-root>/var/lib/ferry/agent/jobs/<job uid>/<manifest name>`. A job's
 //! directory goes when the job is finished or deleted ([`Journals::retain`]).
+//!
+//! Beside the journals, the records of what jobs listed in each destination
+//! (`<host-root>/var/lib/ferry/agent/records/<key>`, see `ferry_engine::Records`), which
+//! outlive the jobs: the next job into the same destination lists the files it keeps from
+//! them. A job writes its records beside its journal (`<manifest name>.records`) and they
+//! replace the destination's once its copy has run to the end. Records not written for
+//! [`RECORDS_KEPT`] go.
 
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
@@ -19,21 +26,59 @@ use ferry_crds::{ManifestName, ManifestPart};
 /// Where the agent keeps its state, below the node's filesystem.
 pub(super) const STATE_UNDER_HOST: &str = "var/lib/ferry/agent";
 
+/// Records no job has written for this long are removed (a destination copied into less
+/// often than that lists the files its next job keeps only if it compares them).
+pub(super) const RECORDS_KEPT: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
+
 /// The journals of every job this node has run shards of.
 #[derive(Debug)]
 pub(super) struct Journals {
     jobs: PathBuf,
+    records: PathBuf,
 }
 
 impl Journals {
     /// Create (0700, root's) `<host-root>/var/lib/ferry/agent/jobs`.
     pub(super) fn open(host_root: &Path) -> io::Result<Self> {
         let jobs = host_root.join(STATE_UNDER_HOST).join("jobs");
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&jobs)?;
-        Ok(Self { jobs })
+        let records = host_root.join(STATE_UNDER_HOST).join("records");
+        for dir in [&jobs, &records] {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+        }
+        Ok(Self { jobs, records })
+    }
+
+    /// The records of the destination `path` beneath the host directory `root` (as this
+    /// agent resolved it: no tenant names it), for part `part` of a job (a split job's
+    /// slices each have their own): named by a hash of the three.
+    pub(super) fn records(&self, root: &str, path: &str, part: &str) -> PathBuf {
+        // `a//b/./c/` and `a/b/c` are one destination.
+        let path: Vec<&str> = path
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect();
+        let key = format!("{root}\0{}\0{part}", path.join("/"));
+        self.records.join(format!(
+            "{:032x}",
+            xxhash_rust::xxh3::xxh3_128(key.as_bytes())
+        ))
+    }
+
+    /// Remove the records no job has written for `older` (by their mtime).
+    pub(super) fn forget_records(&self, older: std::time::Duration) -> io::Result<usize> {
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&self.records)? {
+            let entry = entry?;
+            let age = entry.metadata()?.modified()?.elapsed().unwrap_or_default();
+            if age > older {
+                std::fs::remove_file(entry.path())?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// The agent's state directory (`jobs`' parent), which no root may contain.

@@ -199,6 +199,16 @@ async fn forget_finished(journals: &Arc<journal::Journals>, jobs: &[Arc<CopyJob>
         .filter_map(|j| j.uid())
         .collect();
     let journals = journals.clone();
+    let forgotten = tokio::task::spawn_blocking({
+        let journals = journals.clone();
+        move || journals.forget_records(journal::RECORDS_KEPT)
+    });
+    match forgotten.await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => tracing::info!(destinations = n, "removed records no job wrote for 90 days"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "removing old records failed"),
+        Err(e) => tracing::warn!(error = %e, "removing old records failed"),
+    }
     match tokio::task::spawn_blocking(move || journals.retain(&keep)).await {
         Ok(Ok(0)) => {}
         Ok(Ok(n)) => tracing::info!(jobs = n, "removed the journals of finished or deleted jobs"),

@@ -27,6 +27,8 @@ pub(super) struct Live {
     kept: AtomicU64,
     /// Files an earlier run of this shard committed: done, not skipped.
     resumed_files: AtomicU64,
+    /// Files kept by the quick check that the manifest does not list.
+    unlisted: AtomicU64,
     /// A slice's part of the manifest, once exported (see journal::export).
     pub(super) manifest_part: Mutex<Option<ManifestPart>>,
     failures: Mutex<Vec<Failure>>,
@@ -52,6 +54,7 @@ impl Default for Live {
             failed: AtomicU64::default(),
             kept: AtomicU64::default(),
             resumed_files: AtomicU64::default(),
+            unlisted: AtomicU64::default(),
             manifest_part: Mutex::default(),
             failures: Mutex::default(),
             start_error: Mutex::default(),
@@ -88,6 +91,7 @@ impl Live {
         self.kept.store(summary.skipped, Ordering::Relaxed);
         self.resumed_files
             .store(summary.files_resumed, Ordering::Relaxed);
+        self.unlisted.store(summary.unlisted, Ordering::Relaxed);
     }
 
     pub(super) fn planned(&self) -> Option<(i64, i64)> {
@@ -228,6 +232,7 @@ pub(super) async fn publish(
     );
     set("skipped", live.skipped().into());
     set("failed", live.failed.load(Ordering::Relaxed).into());
+    set("unlisted", live.unlisted.load(Ordering::Relaxed).into());
     set("bytesPerSecond", (rate as i64).into());
     set("failures", serde_json::to_value(failures)?);
     if let Some(part) = &*lock(&live.manifest_part) {

@@ -157,7 +157,7 @@ async fn run_shard(
         tokio::task::spawn_blocking(move || StateDir::open(&dst, names)).await??
     };
     let lapses = node.fence.lapses();
-    let opts = options(node, target, active, &state_dir, lapses)?;
+    let opts = options(node, target, active, (&state_dir, &dst), lapses)?;
     let live = Arc::new(Live::default());
     let resume = opts.resume;
     let (uid, base) = (
@@ -170,6 +170,7 @@ async fn run_shard(
         .await?;
     count_later(&live, &done, &roots, target);
     let journal = opts.manifest.clone();
+    let records = opts.records.clone();
     let fence = opts.fence.clone();
     let result = copy(node, target, active, &live, &done, &roots, opts).await?;
     let settled = Settled {
@@ -188,8 +189,29 @@ async fn run_shard(
         tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the heartbeat not renewed in time while the shard ran (another agent may be given it)");
         return Err(ShardError::Fenced);
     }
+    keep_records(records, &result).await;
     node.publish(target, state, &live, None).await?;
     Ok(state)
+}
+
+/// A copy that ran to its end (failures or not, but not cancelled or stopped) recorded
+/// every file it listed: its records become the destination's, for the next job into it.
+/// Records are only ever a help: failing to keep them is logged, not the job's failure.
+async fn keep_records(
+    records: Option<ferry_engine::Records>,
+    result: &Result<ferry_engine::Summary, ferry_engine::Error>,
+) {
+    let Some(r) = records else { return };
+    let ended = matches!(result, Ok(s) if !s.cancelled && s.aborted.is_none());
+    let kept = tokio::task::spawn_blocking(move || match ended {
+        true => std::fs::rename(&r.write, &r.earlier),
+        false => Ok(()),
+    })
+    .await
+    .map_err(std::io::Error::other);
+    if let Err(e) | Ok(Err(e)) = kept {
+        tracing::warn!(error = %e, "keeping the records of this copy failed");
+    }
 }
 
 /// The host paths of the shard's roots, as this agent resolves them itself from the job's
@@ -394,7 +416,7 @@ fn options(
     node: &Node,
     target: Target<'_>,
     active: &Arc<Active>,
-    state_dir: &StateDir,
+    (state_dir, dst_root): (&StateDir, &str),
     lapses: u64,
 ) -> Result<ferry_engine::Options, ShardError> {
     let (settings, job, shard) = (&node.settings, target.job, target.shard);
@@ -424,7 +446,16 @@ fn options(
         || manifest
             .as_ref()
             .is_some_and(|m| std::fs::symlink_metadata(m).is_ok());
+    // What this job lists, recorded on the node for the next job into this destination,
+    // which then lists the files it keeps without reading them (see journal.rs).
+    let records = manifest.as_ref().map(|m| ferry_engine::Records {
+        earlier: node
+            .journals
+            .records(dst_root, &job.spec.destination.path, &select.to_string()),
+        write: m.with_extension("records"),
+    });
     let mut opts = engine_options(&job.spec, settings.workers, manifest);
+    opts.records = records;
     opts.filter = filter_of(&job.spec)?;
     opts.select = select;
     opts.resume = resume;

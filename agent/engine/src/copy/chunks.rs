@@ -169,7 +169,7 @@ impl<'a> Ctx<'a> {
         match result {
             // Its bytes were counted by strategy chunk by chunk; no hash, so no manifest line.
             Ok(true) => self.count_file(
-                file.st.st_size as u64,
+                &file.st,
                 &Moved::default(),
                 (dir, &file.dst_name),
                 None,

@@ -249,7 +249,14 @@ mod tests {
         }
         std::fs::create_dir(tmp.path().join("outside"))?;
         let opts = Options::default();
-        let ctx = Ctx::new(&opts, &NoProgress, None, HashSet::new(), 32);
+        let ctx = Ctx::new(
+            &opts,
+            &NoProgress,
+            None,
+            HashSet::new(),
+            Default::default(),
+            32,
+        );
         assert_eq!(ctx.dirs.capacity, 2);
         let ((s, sst), (d, dst_st)) = (open_path(&src)?, open_path(&dst)?);
         let mut top = DirNode::new(CString::default(), None, &sst, &dst_st, None, false);

@@ -224,7 +224,7 @@ impl<'a> Ctx<'a> {
             Arrival::Leader => {
                 // Hash what is there, so the other names get manifest lines.
                 let result = if let Some(hash) = proven {
-                    self.manifest_line(hash, &path);
+                    self.manifest_line(hash, &path, Some(st));
                     Ok(Some(hash))
                 } else if self.hash {
                     // O_NOATIME: reading it must not undo the atime it was given.
@@ -304,7 +304,12 @@ impl<'a> Ctx<'a> {
         // was lost with that run's process.
         let path = dst_dir.child_path(dst_name);
         if let Some(h) = hash.filter(|_| !replace || !self.is_listed(&path)) {
-            self.manifest_line(h, &path);
+            // The link has the leader's size and mtime: recorded from what it is.
+            let st = match self.records_on() {
+                true => sys::lstatat(dst_dir.dst.as_fd(), dst_name).ok(),
+                false => None,
+            };
+            self.manifest_line(h, &path, st.as_ref());
         }
         self.progress.entry_done();
         Ok(())

@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::records::Record;
 use super::{lock, Ctx};
+use crate::sys::Stat;
 
 impl<'a> Ctx<'a> {
     /// Flush the manifest (its lines were written as files committed).
@@ -24,17 +26,39 @@ impl<'a> Ctx<'a> {
             // buffered lines; the new owner verifies those files and lists them itself.
             let file = m.get_ref().try_clone()?;
             let (_, _unwritten) = std::mem::replace(&mut *m, BufWriter::new(file)).into_parts();
+            if let Some(r) = &self.records {
+                let mut r = lock(r);
+                let file = r.get_ref().try_clone()?;
+                let (_, _unwritten) = std::mem::replace(&mut *r, BufWriter::new(file)).into_parts();
+            }
             return Ok(());
         }
         m.flush()?;
+        if let Some(r) = &self.records {
+            let mut r = lock(r);
+            r.flush()?;
+            if self.opts.sync {
+                r.get_ref().sync_data()?;
+            }
+        }
         match self.opts.sync {
             true => m.get_ref().sync_data(),
             false => Ok(()),
         }
     }
 
-    pub(super) fn manifest_line(&self, hash: u128, path: &[u8]) {
+    /// Whether this copy writes records of what it lists (see `records`).
+    pub(super) fn records_on(&self) -> bool {
+        self.records.is_some()
+    }
+
+    /// List `path` with `hash` in the manifest, and record it with the size and mtime of
+    /// `st` (the source's, which the destination file was given) when records are kept.
+    pub(super) fn manifest_line(&self, hash: u128, path: &[u8], st: Option<&Stat>) {
         let Some(m) = &self.manifest else { return };
+        if let (Some(r), Some(st)) = (&self.records, st) {
+            let _ = lock(r).write_all(&Record::of(path, hash, st).bytes());
+        }
         // A newline would end the line: such names are escaped GNU-style (a leading
         // backslash marks the line; `\\` and `\n` inside), which xxhsum 0.8.2+ and the
         // coreutils *sum tools read. Other names are written raw, which is what xxhsum

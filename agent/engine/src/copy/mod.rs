@@ -11,6 +11,7 @@ mod failure;
 mod links;
 mod manifest;
 mod overwrite;
+mod records;
 mod regular;
 mod resume;
 mod run;
@@ -18,6 +19,7 @@ mod special;
 mod stage;
 mod walk;
 
+pub use records::MAX_RECORDS;
 pub use run::copy;
 pub(crate) use run::{cstring, open_source_dir, run, DstAt, SrcAt};
 
@@ -201,6 +203,10 @@ struct Counters {
     specials: AtomicU64,
     hardlinks: AtomicU64,
     skipped: AtomicU64,
+    /// Kept by the quick check and listed from an earlier copy's record.
+    listed_from_records: AtomicU64,
+    /// Kept by the quick check, and not listed: no record says Ferry wrote them as they are.
+    unlisted: AtomicU64,
     files_resumed: AtomicU64,
     bytes_resumed: AtomicU64,
     verified: AtomicU64,
@@ -273,6 +279,10 @@ struct Ctx<'a> {
     manifest: Option<Mutex<BufWriter<File>>>,
     /// xxh3-64 of every path an interrupted run's manifest lists (resume only).
     listed: HashSet<u64>,
+    /// What earlier copies into this destination recorded (see `records`).
+    earlier: records::Earlier,
+    /// Where this copy records what it lists.
+    records: Option<Mutex<BufWriter<File>>>,
     counters: Counters,
     failures: Mutex<Vec<Failure>>,
     aborted: Mutex<Option<String>>,
@@ -299,6 +309,7 @@ impl<'a> Ctx<'a> {
         progress: &'a dyn Progress,
         manifest: Option<File>,
         listed: HashSet<u64>,
+        (earlier, records): (records::Earlier, Option<File>),
         fd_limit: u64,
     ) -> Self {
         // With a tag, staging names must not repeat those of an earlier attempt in the
@@ -321,6 +332,8 @@ impl<'a> Ctx<'a> {
             dirs: OpenDirs::new(fd_limit),
             manifest: manifest.map(|f| Mutex::new(BufWriter::with_capacity(1 << 16, f))),
             listed,
+            earlier,
+            records: records.map(|f| Mutex::new(BufWriter::with_capacity(1 << 16, f))),
             counters: Counters::default(),
             failures: Mutex::new(Vec::new()),
             aborted: Mutex::new(None),

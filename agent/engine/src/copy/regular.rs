@@ -74,6 +74,7 @@ impl<'a> Ctx<'a> {
         {
             if let Ok(st) = sys::lstatat(dir.src.as_fd(), src_name) {
                 if is_type(&st, libc::S_IFREG) && self.keep_existing(dir, dst_name, &st)? {
+                    self.list_kept(dir, dst_name, &st);
                     return Ok(Some(Skip::Kept));
                 }
             }
@@ -122,6 +123,27 @@ impl<'a> Ctx<'a> {
             let first = Tries::default();
             self.copy_regular(dir, src, src_name, &st, dst_name, started, local, first)
         })
+    }
+
+    /// A regular file the quick check kept, in a copy that writes a manifest: listed with
+    /// the hash an earlier copy recorded for it at its size and mtime, or counted as not
+    /// listed. (Under `overwrite: Never` the destination was not compared: never listed.)
+    fn list_kept(&self, dir: &OpenDir, name: &CStr, st: &Stat) {
+        if self.manifest.is_none() || self.opts.overwrite != Overwrite::IfChanged {
+            return;
+        }
+        let path = dir.child_path(name);
+        match self.earlier.hash_of(&path, st) {
+            Some(hash) => {
+                self.manifest_line(hash, &path, Some(st));
+                self.counters
+                    .listed_from_records
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.counters.unlisted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Copy a regular file's data and metadata to a staged file, verify, and commit it.
@@ -374,7 +396,7 @@ impl<'a> Ctx<'a> {
         if !self.commit_staged(dir, staged, name)? {
             return Ok(FillOutcome::Kept);
         }
-        self.count_file(size, &moved, (dir, name), hash, started, local);
+        self.count_file(st, &moved, (dir, name), hash, started, local);
         Ok(FillOutcome::Committed(hash))
     }
 
@@ -412,13 +434,14 @@ impl<'a> Ctx<'a> {
 
     pub(super) fn count_file(
         &self,
-        size: u64,
+        st: &Stat,
         moved: &Moved,
         (dir, name): (&OpenDir, &CStr),
         hash: Option<u128>,
         started: Instant,
         local: &mut Local,
     ) {
+        let size = st.st_size as u64;
         local.tally.files += 1;
         local.tally.bytes += size;
         if let Some(s) = moved.strategy {
@@ -426,7 +449,7 @@ impl<'a> Ctx<'a> {
             self.progress.bytes_copied(moved.bytes, s);
         }
         if let Some(h) = hash {
-            self.manifest_line(h, &dir.child_path(name));
+            self.manifest_line(h, &dir.child_path(name), Some(st));
         }
         self.progress.file_done(size, started.elapsed());
         self.progress.entry_done();

@@ -119,7 +119,7 @@ impl<'a> Ctx<'a> {
         } else {
             match self.same_as_source(dir, name, src, st, local)? {
                 Some(hash) => {
-                    self.manifest_line(hash, &path);
+                    self.manifest_line(hash, &path, Some(st));
                     true
                 }
                 None => false,
@@ -181,7 +181,7 @@ impl<'a> Ctx<'a> {
             )?;
             meta::apply_times(dst.as_fd(), st, p)?;
         }
-        self.manifest_line(hash, &path);
+        self.manifest_line(hash, &path, Some(st));
         Ok(true)
     }
 

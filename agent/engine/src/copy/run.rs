@@ -14,9 +14,10 @@ use std::time::Instant;
 
 use super::manifest::read_manifest;
 use super::overwrite::takes_source_meta;
+use super::records::{self, Earlier};
 use super::walk::Task;
 use super::{Ctx, DirNode, OpenDir, CANCELLED};
-use crate::options::{Options, Part};
+use crate::options::{Compare, Options, Overwrite, Part};
 use crate::progress::{Progress, Strategy};
 use crate::sys;
 use crate::{Error, Summary};
@@ -260,7 +261,26 @@ pub(crate) fn run(
         ),
         (_, false) => None,
     };
-    let ctx = Ctx::new(options, progress, manifest, listed, fd_limit);
+    let records = match (&options.records, &manifest) {
+        // Records need a manifest (their hashes are its lines) and kept times (a record
+        // is matched by mtime).
+        (Some(r), Some(_)) if options.preserve.timestamps => {
+            // Read only by a run that keeps files by the quick check without opening them.
+            let quick = options.overwrite == Overwrite::IfChanged
+                && options.compare == Compare::SizeAndTime
+                && !options.resume;
+            let earlier = match quick {
+                true => Earlier::read(&r.earlier)
+                    .map_err(|e| Error::io("read the records of earlier copies", &r.earlier, e))?,
+                false => Earlier::default(),
+            };
+            let file = records::create(&r.write, options.resume)
+                .map_err(|e| Error::io("create records", &r.write, e))?;
+            (earlier, Some(file))
+        }
+        _ => (Earlier::default(), None),
+    };
+    let ctx = Ctx::new(options, progress, manifest, listed, records, fd_limit);
     let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
     let first = match src_at {
@@ -383,6 +403,8 @@ pub(crate) fn run(
         specials: get(&c.specials),
         hardlinks: get(&c.hardlinks),
         skipped: get(&c.skipped),
+        listed_from_records: get(&c.listed_from_records),
+        unlisted: get(&c.unlisted),
         files_resumed: get(&c.files_resumed),
         bytes_resumed: get(&c.bytes_resumed),
         verified: get(&c.verified),
