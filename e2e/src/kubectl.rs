@@ -183,6 +183,35 @@ impl Kubectl {
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
+
+    /// Watch one object (`kubectl get KIND NAME -w`, events included), each event's
+    /// `jsonpath` line timestamped as it arrives: when its changes reach a watcher, with
+    /// kubectl's own start-up outside the timing. Give it half a second to start watching
+    /// before the object is made.
+    pub fn watch(&self, kind: &str, ns: &str, name: &str, jsonpath: &str) -> Result<Watch> {
+        let mut child = Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["get", kind, "-n", ns, "-w", "--output-watch-events"])
+            .arg(format!("--field-selector=metadata.name={name}"))
+            .arg(format!("-o=jsonpath={jsonpath}{{\"\\n\"}}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("run kubectl get -w")?;
+        let out = child.stdout.take().context("kubectl stdout")?;
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                if tx.send((Instant::now(), line)).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Watch { child, lines })
+    }
 }
 
 /// The stdout of `program args` that ran as `out`, or an error with its stderr if it failed.
@@ -195,4 +224,42 @@ pub(crate) fn stdout_of(program: &str, args: &[&str], out: Output) -> Result<Str
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A running `kubectl get -w` (see [`Kubectl::watch`]); stopped when dropped.
+#[derive(Debug)]
+pub struct Watch {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<(Instant, String)>,
+}
+
+impl Watch {
+    /// The events up to and including the first whose line satisfies `done`.
+    pub fn until(
+        &self,
+        done: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> Result<Vec<(Instant, String)>> {
+        let deadline = Instant::now() + timeout;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (at, line) = self
+                .lines
+                .recv_timeout(left)
+                .with_context(|| format!("no such event within {timeout:?}; saw {seen:?}"))?;
+            let finished = done(&line);
+            seen.push((at, line));
+            if finished {
+                return Ok(seen);
+            }
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

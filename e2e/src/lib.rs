@@ -22,7 +22,7 @@ mod trees;
 
 pub use control_plane::ControlPlane;
 pub use ferry::{workspace_bin, Proc};
-pub use kubectl::Kubectl;
+pub use kubectl::{Kubectl, Watch};
 pub use tools::{
     helm_or_skip, kube_score_or_skip, prometheus_k8s_or_skip, prometheus_operator_crds_or_skip,
 };

@@ -166,8 +166,10 @@ async fn run_shard(
     );
     tracing::info!(job = %base, %uid, shard = %shard.id, epoch = shard.epoch, part = %shard.part, resume, "starting shard");
     let done = Arc::new(AtomicBool::new(false));
+    let began = std::time::Instant::now();
     node.publish(target, ShardState::Running, &live, None)
         .await?;
+    let published = began.elapsed();
     count_later(&live, &done, &roots, target);
     let journal = opts.manifest.clone();
     let records = opts.records.clone();
@@ -178,8 +180,20 @@ async fn run_shard(
         journal: journal.as_deref(),
         fence,
     };
+    let copied = began.elapsed();
     let state = settle(node, target, active, &live, &roots, &state_dir, settled).await;
-    tracing::info!(job = %base, shard = %shard.id, %state, "shard finished");
+    // Where a shard's time went: publishing Running, the copy, then the manifest, the
+    // mirror and the flush.
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    tracing::info!(
+        job = %base,
+        shard = %shard.id,
+        %state,
+        start_ms = ms(published),
+        copy_ms = ms(copied - published),
+        settle_ms = ms(began.elapsed() - copied),
+        "shard finished"
+    );
     // Another agent (or epoch) owns the shard now, or may: say nothing more.
     if active.fenced.load(Ordering::Relaxed) {
         tracing::warn!(job = %base, shard = %shard.id, epoch = shard.epoch, "stopped: the shard was given to another node or epoch");

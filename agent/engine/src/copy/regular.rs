@@ -132,6 +132,10 @@ impl<'a> Ctx<'a> {
         if self.manifest.is_none() || self.opts.overwrite != Overwrite::IfChanged {
             return;
         }
+        if self.earlier.is_empty() {
+            self.counters.unlisted.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let path = dir.child_path(name);
         match self.earlier.hash_of(&path, st) {
             Some(hash) => {

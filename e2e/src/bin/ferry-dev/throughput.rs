@@ -306,29 +306,63 @@ impl Bench {
     /// A CopyJob into `dest` (a path in the StorageRoot) with `extra` spec lines, kept
     /// there: its destination, the wall time from apply to Succeeded, and the files it
     /// copied (`progress.filesDone`). The job is deleted after.
+    /// A CopyJob of the source into `dest` (with `extra` spec lines): its destination,
+    /// its time from creation to `Succeeded` as a watcher sees them, the same from the start
+    /// of `kubectl apply` (kubectl's start-up and discovery included), and the files it
+    /// copied.
     pub(crate) fn job_into(
         &self,
         tag: &str,
         dest: &str,
         extra: &str,
-    ) -> Result<(PathBuf, f64, u64)> {
+    ) -> Result<(PathBuf, JobTimes, u64)> {
         let cp = &self.cp;
         let name = format!("rerun-{tag}");
         let yaml = format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {{root: throughput, path: src}}\n  destination: {{root: throughput, path: {dest}}}\n{extra}");
+        let watch = cp.watch(
+            "copyjobs",
+            "default",
+            &name,
+            "{.type} {.object.status.phase} {.object.status.shards[*].state}",
+        )?;
+        std::thread::sleep(std::time::Duration::from_millis(500));
         let start = Instant::now();
         cp.apply(&yaml)?;
-        cp.wait_succeeded("default", &name, 300)?;
-        let secs = start.elapsed().as_secs_f64();
-        let done = cp.get(
+        let phase = |l: &str| l.split(' ').nth(1).unwrap_or_default().to_string();
+        let finished = |l: &str| matches!(phase(l).as_str(), "Succeeded" | "Failed");
+        let events = watch.until(finished, std::time::Duration::from_secs(300))?;
+        let (created, (done, last)) = match (events.first(), events.last()) {
+            (Some((c, first)), Some(last)) if first.starts_with("ADDED") => (*c, last),
+            _ => anyhow::bail!("{name}: events {events:?}"),
+        };
+        ensure!(phase(last) == "Succeeded", "{name}: {last}");
+        // The job's timeline (phase, then each shard's state), for a look at where the
+        // time goes: each change as a watcher saw it, from the job's creation.
+        let timeline: Vec<String> = events
+            .iter()
+            .map(|(at, l)| format!("+{:.3} {l}", at.duration_since(created).as_secs_f64()))
+            .collect();
+        eprintln!("{name}: {}", timeline.join(" | "));
+        let times = JobTimes {
+            created_to_done: done.duration_since(created).as_secs_f64(),
+            apply_to_done: done.duration_since(start).as_secs_f64(),
+        };
+        let progress = cp.get(
             &format!("copyjob/{name}"),
             "default",
-            "{.status.progress.filesDone}",
+            "{.status.progress.filesDone} {.status.progress.unlisted}",
         )?;
         self.delete_job(&name)?;
-        let files = done
+        let (done_files, unlisted) = progress.split_once(' ').unwrap_or((&progress, ""));
+        // Its manifest lists every file, those it kept included (from the node's records).
+        ensure!(
+            matches!(unlisted, "" | "0"),
+            "{name}: the manifest does not list {unlisted} kept files"
+        );
+        let files = done_files
             .parse()
-            .with_context(|| format!("{name}: filesDone {done:?}"))?;
-        Ok((self.root.join(dest), secs, files))
+            .with_context(|| format!("{name}: filesDone {done_files:?}"))?;
+        Ok((self.root.join(dest), times, files))
     }
 
     /// Delete CopyJob `name` and wait until it is gone.
@@ -681,4 +715,13 @@ fn splice_section(file: &Path, section: &str) -> Result<()> {
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, file)?;
     Ok(())
+}
+
+/// How long one CopyJob took (see [`Bench::job_into`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobTimes {
+    /// From the watcher seeing it created to seeing it `Succeeded`: the job's own time.
+    pub created_to_done: f64,
+    /// From the start of `kubectl apply` to the watcher seeing it `Succeeded`.
+    pub apply_to_done: f64,
 }
