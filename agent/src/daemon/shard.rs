@@ -864,17 +864,24 @@ async fn manifest_out(
 
 /// Succeeded means on stable storage: a syncfs of the destination volume, shared with
 /// the shards that finish on it at the same time (see flush.rs), never retried. The
-/// flush can take a while after a large copy, so the final counts are shown first.
+/// flush can take a while after a large copy: the final counts are then shown meanwhile.
 async fn flush(node: &Node, target: Target<'_>, live: &Live, roots: &Roots) -> ShardState {
-    if let Err(e) = node.publish(target, ShardState::Running, live, None).await {
-        tracing::warn!(error = %e, "progress update failed");
-    }
     let (flushes, volume) = (node.flushes.clone(), roots.dst.clone());
-    let flushed = tokio::task::spawn_blocking(move || {
+    let mut flushing = tokio::task::spawn_blocking(move || {
         let dev = ferry_engine::volume::device(volume.as_fd()).map_err(|e| e.to_string())?;
         flushes.flush(dev, || ferry_engine::volume::syncfs(volume.as_fd()))
-    })
-    .await
+    });
+    // Most flushes take milliseconds (and the final publish follows at once); a long one
+    // shows the final counts while it runs.
+    let flushed = tokio::select! {
+        r = &mut flushing => r,
+        _ = tokio::time::sleep(PUBLISH_EVERY) => {
+            if let Err(e) = node.publish(target, ShardState::Running, live, None).await {
+                tracing::warn!(error = %e, "progress update failed");
+            }
+            flushing.await
+        }
+    }
     .unwrap_or_else(|e| Err(e.to_string()));
     match flushed {
         Ok(()) => ShardState::Succeeded,

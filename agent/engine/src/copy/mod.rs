@@ -280,7 +280,7 @@ struct Ctx<'a> {
     /// xxh3-64 of every path an interrupted run's manifest lists (resume only).
     listed: HashSet<u64>,
     /// What earlier copies into this destination recorded (see `records`).
-    earlier: records::Earlier,
+    earlier: records::Lazy,
     /// Where this copy records what it lists.
     records: Option<Mutex<BufWriter<File>>>,
     counters: Counters,
@@ -309,7 +309,7 @@ impl<'a> Ctx<'a> {
         progress: &'a dyn Progress,
         manifest: Option<File>,
         listed: HashSet<u64>,
-        (earlier, records): (records::Earlier, Option<File>),
+        (earlier, records): (records::Lazy, Option<File>),
         fd_limit: u64,
     ) -> Self {
         // With a tag, staging names must not repeat those of an earlier attempt in the

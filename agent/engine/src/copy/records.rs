@@ -13,16 +13,20 @@
 //! mtime. A destination file changed in place since, with its size and mtime put back, fails
 //! `xxh128sum -c` on that line: the manifest shows the change rather than hiding it.
 //!
-//! The file: an 8-byte magic, then fixed 56-byte records, little-endian: xxh3-128 of the
-//! path, xxh3-128 of the data, size, mtime seconds, mtime nanoseconds and 4 bytes of zero.
-//! Paths are not stored: the re-run knows the path of the file it keeps.
+//! The file: an 8-byte magic, then fixed 56-byte records, little-endian: the path's key
+//! (xxh3-64 of its directory's path, then xxh3-64 of its name: so the records of one
+//! directory sit together in memory, and a walk that looks up a directory's files one
+//! after another finds them in the cache), xxh3-128 of the data, size, mtime seconds,
+//! mtime nanoseconds and 4 bytes of zero. Paths are not stored: the re-run knows the path
+//! of the file it keeps.
 
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::{Mutex, OnceLock};
 
-use xxhash_rust::xxh3::xxh3_128;
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::sys::Stat;
 
@@ -34,6 +38,15 @@ const RECORD: usize = 56;
 /// destination with more files lists the rest of the files it keeps only when they are
 /// copied again or compared (`compare: Checksum`); nothing else changes.
 pub const MAX_RECORDS: usize = 4 << 20;
+
+/// The key of `path` (from the copy's top): its directory's hash, then its name's.
+fn key(path: &[u8]) -> u128 {
+    let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&b""[..], path),
+    };
+    (u128::from(xxh3_64(dir)) << 64) | u128::from(xxh3_64(name))
+}
 
 /// One file as an earlier copy left it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +62,7 @@ impl Record {
     /// mtime the destination was given from source stat `st`.
     pub(super) fn of(path: &[u8], hash: u128, st: &Stat) -> Self {
         Self {
-            path: xxh3_128(path),
+            path: key(path),
             hash,
             size: st.st_size,
             mtime: (st.st_mtime, st.st_mtime_nsec),
@@ -82,29 +95,35 @@ impl Record {
     }
 }
 
-/// The records an earlier copy left, sorted by path, with an index of where each value
-/// of the path hash's top bits starts: a lookup is one or two cache misses, where a binary
-/// search of 100k records is 17 (measured: a third of the cost of listing kept files).
+/// The records an earlier copy left, by key, with an index of where each value of the
+/// key's top bits starts. A walk looks up one directory's files one after another: they are
+/// one bucket, in the cache after the first, where a binary search over all the records
+/// missed the cache at most of its 17 steps on 100k records (measured: the largest user-side
+/// cost of a re-run's walk).
 #[derive(Debug, Default)]
 pub(super) struct Earlier {
-    records: Vec<Record>,
-    /// `starts[b]..starts[b + 1]` are the records whose path hash's top `bits` bits are b.
+    /// The records as read.
+    bytes: Vec<u8>,
+    /// Record numbers, by bucket and by key within one.
+    order: Vec<u32>,
+    /// `order[starts[b]..starts[b + 1]]` are the records whose key's top `bits` bits are b.
     starts: Vec<u32>,
     bits: u32,
 }
 
 impl Earlier {
-    /// Read `path`: nothing when it does not exist. Only a regular file written by
-    /// [`Records`] is read (opened without following a link, without waiting on a FIFO),
-    /// and at most [`MAX_RECORDS`] of it; a cut-short last record is ignored.
-    pub(super) fn read(path: &Path) -> io::Result<Self> {
-        let file = match std::fs::OpenOptions::new()
+    /// Open `path` and check it is records (nothing when it does not exist): only a
+    /// regular file that starts as [`Records`] write them (opened without following a
+    /// link, without waiting on a FIFO). The bulk is read by [`Lazy::get`], at most
+    /// [`MAX_RECORDS`] of it; a cut-short last record is ignored.
+    pub(super) fn open(path: &Path) -> io::Result<Lazy> {
+        let mut file = match std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)
         {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Lazy::none()),
             Err(e) => return Err(e),
         };
         let meta = file.metadata()?;
@@ -114,19 +133,30 @@ impl Earlier {
                 "not a regular file; records are one",
             ));
         }
-        let count = ((meta.len().saturating_sub(8)) as usize / RECORD).min(MAX_RECORDS);
-        // Read whole (at most MAX_RECORDS of it): one read, no per-record call.
-        let mut bytes = Vec::with_capacity(8 + count * RECORD);
-        file.take((8 + count * RECORD) as u64)
-            .read_to_end(&mut bytes)?;
-        if bytes.get(..8) != Some(MAGIC.as_slice()) {
+        let mut magic = [0u8; 8];
+        file.read_exact(&mut magic)?;
+        if &magic != MAGIC {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "not records Ferry wrote (wrong magic)",
             ));
         }
-        let mut records = Vec::with_capacity(count);
-        for chunk in bytes[8..].chunks_exact(RECORD) {
+        let count = ((meta.len().saturating_sub(8)) as usize / RECORD).min(MAX_RECORDS);
+        Ok(Lazy {
+            cell: OnceLock::new(),
+            file: Mutex::new(Some((file, count))),
+        })
+    }
+
+    /// Read `count` records from `file` (past the magic) in one read, and index them.
+    fn load(file: File, count: usize) -> io::Result<Self> {
+        let mut bytes = Vec::with_capacity(count * RECORD);
+        file.take((count * RECORD) as u64).read_to_end(&mut bytes)?;
+        let n = bytes.len() / RECORD;
+        // Each checked once; kept as read (a copy of 100k records, or of an index, is
+        // thousands of page faults: the better part of the cost, measured).
+        let mut keys = Vec::with_capacity(n);
+        for chunk in bytes.chunks_exact(RECORD) {
             let parsed = chunk.try_into().ok().and_then(Record::parse);
             let Some(r) = parsed else {
                 return Err(io::Error::new(
@@ -134,60 +164,98 @@ impl Earlier {
                     "a malformed record; not records Ferry wrote",
                 ));
             };
-            records.push(r);
+            keys.push(r.path);
         }
-        Ok(Self::indexed(records))
-    }
-
-    /// Placed by bucket (the path hash's top bits; about one record per bucket, at most
-    /// 2^22 buckets: 16 MiB of index) in two passes, in the order written within a bucket.
-    fn indexed(records: Vec<Record>) -> Self {
-        let bits = (records.len().max(1).ilog2() + 1).clamp(1, 22);
+        let bits = (n.max(1).ilog2() + 1).clamp(1, 22);
         let buckets = 1usize << bits;
         let mut starts = vec![0u32; buckets + 1];
-        for r in &records {
-            starts[Self::bucket(r.path, bits) + 1] += 1;
+        for &k in &keys {
+            starts[Self::bucket(k, bits) + 1] += 1;
         }
         for b in 0..buckets {
             starts[b + 1] += starts[b];
         }
+        // Record numbers by bucket, in the order written within one (a counting sort).
         let mut next = starts.clone();
-        let mut placed = vec![None; records.len()];
-        for r in records {
-            let b = Self::bucket(r.path, bits);
-            placed[next[b] as usize] = Some(r);
+        let mut order = vec![0u32; n];
+        for (i, &k) in keys.iter().enumerate() {
+            let b = Self::bucket(k, bits);
+            order[next[b] as usize] = i as u32;
             next[b] += 1;
         }
-        Self {
-            records: placed.into_iter().flatten().collect(),
+        // A bucket is about one directory's records (the key's top bits are its
+        // directory's), which the walk wrote near each other: sorted by key (stably: the
+        // last written of equal keys stays last), for a binary search inside it.
+        for b in 0..buckets {
+            order[starts[b] as usize..starts[b + 1] as usize].sort_by_key(|&i| keys[i as usize]);
+        }
+        Ok(Self {
+            bytes,
+            order,
             starts,
             bits,
-        }
+        })
     }
 
     fn bucket(path: u128, bits: u32) -> usize {
         (path >> (128 - bits)) as usize
     }
 
+    /// Record number `i`, checked when read.
+    fn record(&self, i: u32) -> Option<Record> {
+        let at = i as usize * RECORD;
+        Record::parse(self.bytes.get(at..at + RECORD)?.try_into().ok()?)
+    }
+
     /// The hash recorded for `path`, if its record has the size and mtime of `st` (the
     /// source's, which the kept destination file has too).
     pub(super) fn hash_of(&self, path: &[u8], st: &Stat) -> Option<u128> {
-        if self.records.is_empty() {
+        if self.order.is_empty() {
             return None;
         }
         let want = Record::of(path, 0, st);
         let b = Self::bucket(want.path, self.bits);
         let (from, to) = (self.starts[b] as usize, self.starts[b + 1] as usize);
-        // The last one written wins (a resumed run may have recorded a file twice).
-        let r = self.records[from..to]
-            .iter()
-            .rev()
-            .find(|r| r.path == want.path)?;
-        (r.size == want.size && r.mtime == want.mtime).then_some(r.hash)
+        // The last one written wins (a resumed run may have recorded a file twice): the
+        // last of the equal keys.
+        let bucket = &self.order[from..to];
+        let key = |i: u32| self.record(i).map_or(0, |r| r.path);
+        let after = bucket.partition_point(|&i| key(i) <= want.path);
+        let r = self.record(*bucket[..after].last()?)?;
+        (r.path == want.path && r.size == want.size && r.mtime == want.mtime).then_some(r.hash)
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.order.is_empty()
+    }
+}
+
+/// Records read on another thread while the walk starts (reading and indexing 100k of
+/// them is a few tens of milliseconds the walk need not wait for): the first lookup waits
+/// until they are in.
+#[derive(Debug, Default)]
+pub(super) struct Lazy {
+    cell: OnceLock<Earlier>,
+    file: Mutex<Option<(File, usize)>>,
+}
+
+impl Lazy {
+    /// No records.
+    pub(super) fn none() -> Self {
+        Self::default()
+    }
+
+    /// The records, read now by whichever thread asks first (the others wait). Records that
+    /// turn out malformed past their magic count as none: every kept file is then reported
+    /// as not listed, never listed from a bad record.
+    pub(super) fn get(&self) -> &Earlier {
+        self.cell.get_or_init(|| {
+            let taken = self.file.lock().map(|mut f| f.take()).unwrap_or(None);
+            match taken {
+                Some((file, count)) => Earlier::load(file, count).unwrap_or_default(),
+                None => Earlier::default(),
+            }
+        })
     }
 }
 
@@ -226,6 +294,19 @@ fn append_from(file: File, at: u64) -> io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Earlier {
+        fn read(path: &Path) -> io::Result<Self> {
+            let lazy = Self::open(path)?;
+            let (file, count) = lazy
+                .file
+                .lock()
+                .expect("lock")
+                .take()
+                .unwrap_or_else(|| (tempfile::tempfile().expect("tempfile"), 0));
+            Self::load(file, count)
+        }
+    }
     use std::io::Write;
 
     /// A real file's stat with the size and mtime a record looks at set.

@@ -132,12 +132,13 @@ impl<'a> Ctx<'a> {
         if self.manifest.is_none() || self.opts.overwrite != Overwrite::IfChanged {
             return;
         }
-        if self.earlier.is_empty() {
+        let earlier = self.earlier.get();
+        if earlier.is_empty() {
             self.counters.unlisted.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let path = dir.child_path(name);
-        match self.earlier.hash_of(&path, st) {
+        match earlier.hash_of(&path, st) {
             Some(hash) => {
                 self.manifest_line(hash, &path, Some(st));
                 self.counters

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use super::manifest::read_manifest;
 use super::overwrite::takes_source_meta;
-use super::records::{self, Earlier};
+use super::records::{self, Earlier, Lazy};
 use super::walk::Task;
 use super::{Ctx, DirNode, OpenDir, CANCELLED};
 use crate::options::{Compare, Options, Overwrite, Part};
@@ -270,15 +270,15 @@ pub(crate) fn run(
                 && options.compare == Compare::SizeAndTime
                 && !options.resume;
             let earlier = match quick {
-                true => Earlier::read(&r.earlier)
+                true => Earlier::open(&r.earlier)
                     .map_err(|e| Error::io("read the records of earlier copies", &r.earlier, e))?,
-                false => Earlier::default(),
+                false => Lazy::none(),
             };
             let file = records::create(&r.write, options.resume)
                 .map_err(|e| Error::io("create records", &r.write, e))?;
             (earlier, Some(file))
         }
-        _ => (Earlier::default(), None),
+        _ => (Lazy::none(), None),
     };
     let ctx = Ctx::new(options, progress, manifest, listed, records, fd_limit);
     let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
@@ -373,8 +373,12 @@ pub(crate) fn run(
         }
     };
 
-    ctx.run(options.workers_resolved(), first)
-        .map_err(|e| Error::io("start copy threads", src, std::io::Error::other(e)))?;
+    // The records are read beside the walk's start, not before it.
+    std::thread::scope(|s| {
+        s.spawn(|| ctx.earlier.get());
+        ctx.run(options.workers_resolved(), first)
+    })
+    .map_err(|e| Error::io("start copy threads", src, std::io::Error::other(e)))?;
     let manifest_written = ctx.finish_manifest().map_err(|e| {
         Error::io(
             "write manifest",
