@@ -13,17 +13,21 @@ use super::{lock, Ctx};
 use crate::sys::Stat;
 
 impl<'a> Ctx<'a> {
-    /// Flush the manifest (its lines were written as files committed).
-    /// With `Options::sync` it is also flushed to stable storage: it may live on another
-    /// filesystem than the destination's.
+    /// Flush the manifest (its lines were written as files committed): the workers'
+    /// pending lines, then the file. With `Options::sync` it is also flushed to stable
+    /// storage: it may live on another filesystem than the destination's.
     pub(super) fn finish_manifest(&self) -> io::Result<()> {
         let Some(m) = &self.manifest else {
             return Ok(());
         };
-        let mut m = lock(m);
         if self.fenced.load(Ordering::Relaxed) {
             // Not ours to write any more (the new owner may be appending): drop the
-            // buffered lines; the new owner verifies those files and lists them itself.
+            // pending and buffered lines; the new owner verifies those files and lists
+            // them itself.
+            for slot in &self.pending {
+                *lock(slot) = Pending::default();
+            }
+            let mut m = lock(m);
             let file = m.get_ref().try_clone()?;
             let (_, _unwritten) = std::mem::replace(&mut *m, BufWriter::new(file)).into_parts();
             if let Some(r) = &self.records {
@@ -33,6 +37,10 @@ impl<'a> Ctx<'a> {
             }
             return Ok(());
         }
+        for slot in &self.pending {
+            self.write_pending(&mut lock(slot))?;
+        }
+        let mut m = lock(m);
         m.flush()?;
         if let Some(r) = &self.records {
             let mut r = lock(r);
@@ -54,39 +62,83 @@ impl<'a> Ctx<'a> {
 
     /// List `path` with `hash` in the manifest, and record it with the size and mtime of
     /// `st` (the source's, which the destination file was given) when records are kept.
+    /// A worker gathers its lines and records in its own buffers and writes them out a
+    /// [`PENDING`] at a time: one shared buffer written per file by every worker was a
+    /// measurable part of listing 100k kept files (its lock and cache lines went back and
+    /// forth between the cores).
     pub(super) fn manifest_line(&self, hash: u128, path: &[u8], st: Option<&Stat>) {
-        let Some(m) = &self.manifest else { return };
-        if let (Some(r), Some(st)) = (&self.records, st) {
-            let _ = lock(r).write_all(&Record::of(path, hash, st).bytes());
+        if self.manifest.is_none() {
+            return;
         }
-        // A newline would end the line: such names are escaped GNU-style (a leading
-        // backslash marks the line; `\\` and `\n` inside), which xxhsum 0.8.2+ and the
-        // coreutils *sum tools read. Other names are written raw, which is what xxhsum
-        // 0.8.1 (Debian 12) expects even for backslashes.
-        let needs_escape = path.contains(&b'\n');
-        let mut line = Vec::with_capacity(path.len() + 36);
-        if needs_escape {
-            line.push(b'\\');
+        let slot = rayon::current_thread_index().and_then(|i| self.pending.get(i));
+        let mut own = Pending::default();
+        let mut guard = slot.map(lock);
+        let p = guard.as_deref_mut().unwrap_or(&mut own);
+        if let (Some(_), Some(st)) = (&self.records, st) {
+            p.records
+                .extend_from_slice(&Record::of(path, hash, st).bytes());
         }
-        // The hash as 32 lowercase hex digits (by hand: a formatter call per line was a
-        // measurable part of listing 100k kept files).
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        line.extend(
-            (0..32)
-                .rev()
-                .map(|i| HEX[((hash >> (4 * i)) & 0xf) as usize]),
-        );
-        line.extend_from_slice(b"  ");
-        for &b in path {
-            match b {
-                b'\n' if needs_escape => line.extend_from_slice(b"\\n"),
-                b'\\' if needs_escape => line.extend_from_slice(b"\\\\"),
-                _ => line.push(b),
+        push_line(&mut p.lines, hash, path);
+        if p.lines.len() >= PENDING || slot.is_none() {
+            let _ = self.write_pending(p);
+        }
+    }
+
+    /// Write out what a worker gathered (see [`Ctx::manifest_line`]).
+    fn write_pending(&self, p: &mut Pending) -> io::Result<()> {
+        if let Some(m) = &self.manifest {
+            if !p.lines.is_empty() {
+                lock(m).write_all(&p.lines)?;
+                p.lines.clear();
             }
         }
-        line.push(b'\n');
-        let _ = lock(m).write_all(&line);
+        if let Some(r) = &self.records {
+            if !p.records.is_empty() {
+                lock(r).write_all(&p.records)?;
+                p.records.clear();
+            }
+        }
+        Ok(())
     }
+}
+
+/// A worker's manifest lines and records not written yet, written out at this size.
+pub(super) const PENDING: usize = 64 << 10;
+
+/// What one worker has gathered for the manifest and the records.
+#[derive(Debug, Default)]
+pub(super) struct Pending {
+    lines: Vec<u8>,
+    records: Vec<u8>,
+}
+
+/// Append the manifest line of `path` with `hash` to `line`.
+fn push_line(line: &mut Vec<u8>, hash: u128, path: &[u8]) {
+    // A newline would end the line: such names are escaped GNU-style (a leading
+    // backslash marks the line; `\\` and `\n` inside), which xxhsum 0.8.2+ and the
+    // coreutils *sum tools read. Other names are written raw, which is what xxhsum
+    // 0.8.1 (Debian 12) expects even for backslashes.
+    let needs_escape = path.contains(&b'\n');
+    if needs_escape {
+        line.push(b'\\');
+    }
+    // The hash as 32 lowercase hex digits (by hand: a formatter call per line was a
+    // measurable part of listing 100k kept files).
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    line.extend(
+        (0..32)
+            .rev()
+            .map(|i| HEX[((hash >> (4 * i)) & 0xf) as usize]),
+    );
+    line.extend_from_slice(b"  ");
+    for &b in path {
+        match b {
+            b'\n' if needs_escape => line.extend_from_slice(b"\\n"),
+            b'\\' if needs_escape => line.extend_from_slice(b"\\\\"),
+            _ => line.push(b),
+        }
+    }
+    line.push(b'\n');
 }
 
 /// The longest line a manifest has: the hash, its separator and a path of PATH_MAX bytes

@@ -283,6 +283,8 @@ struct Ctx<'a> {
     earlier: records::Lazy,
     /// Where this copy records what it lists.
     records: Option<Mutex<BufWriter<File>>>,
+    /// Manifest lines and records each worker has not written out yet.
+    pending: Vec<Mutex<manifest::Pending>>,
     counters: Counters,
     failures: Mutex<Vec<Failure>>,
     aborted: Mutex<Option<String>>,
@@ -334,6 +336,9 @@ impl<'a> Ctx<'a> {
             listed,
             earlier,
             records: records.map(|f| Mutex::new(BufWriter::with_capacity(1 << 16, f))),
+            pending: (0..opts.workers_resolved())
+                .map(|_| Mutex::default())
+                .collect(),
             counters: Counters::default(),
             failures: Mutex::new(Vec::new()),
             aborted: Mutex::new(None),
