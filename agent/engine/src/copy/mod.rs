@@ -107,6 +107,9 @@ struct DirNode {
     ours: bool,
     src_dev: u64,
     dst_dev: u64,
+    /// The copy's permission bits when it was opened (a merged directory that has its final
+    /// mode already is not given it again).
+    dst_mode: u32,
     /// Inodes of the source directory and of its copy: a directory opened again must still
     /// be the one it was (see `dirs`).
     src_ino: u64,
@@ -142,6 +145,7 @@ impl DirNode {
             ours: false,
             src_dev: src.st_dev,
             dst_dev: dst.st_dev,
+            dst_mode: dst.st_mode & 0o7777,
             src_ino: src.st_ino,
             dst_ino: dst.st_ino,
             open: Mutex::new(Weak::new()),

@@ -203,6 +203,10 @@ impl<'a> Ctx<'a> {
         // After an abort the directory still gets its final name (its finished entries
         // are good), but its metadata is left: it is known to be incomplete.
         if let Some(st) = node.meta.filter(|_| !self.abort.load(Ordering::Relaxed)) {
+            // A directory merged into that has its final mode already keeps it (apply_fd
+            // still sets it again after xattrs, which can change it).
+            let mode_done =
+                !node.fresh && node.dst_mode == self.who.final_mode(&st, &self.opts.preserve);
             let applied = self.open_dir(node).and_then(|dir| {
                 meta::apply_fd(
                     dir.src.as_fd(),
@@ -210,7 +214,7 @@ impl<'a> Ctx<'a> {
                     &st,
                     &self.opts.preserve,
                     &self.who,
-                    false,
+                    mode_done,
                     &mut XattrBufs::default(),
                 )
                 .and_then(|()| meta::apply_times(dir.dst.as_fd(), &st, &self.opts.preserve))
@@ -259,20 +263,33 @@ impl<'a> Ctx<'a> {
                 let staged_as =
                     (parent.fresh && !parent.hidden && !split).then(|| self.dir_tmp_name(name));
                 let create_as: &CStr = staged_as.as_deref().unwrap_or(name);
-                // 0700 while we fill it; the final mode comes after the children.
-                let fresh = match sys::mkdirat(parent.dst.as_fd(), create_as, 0o700) {
-                    Ok(()) => true,
-                    Err(e)
-                        if e.raw_os_error() == Some(libc::EEXIST) && (!parent.fresh || split) =>
-                    {
-                        false
-                    }
-                    Err(e) => return Err(("create directory", e)),
+                // Merging, the directory is most likely there already (a re-run): opened
+                // first, made only when missing (a failed mkdirat per directory was 1 in 70
+                // of a re-run's syscalls).
+                let merging = !parent.fresh || split;
+                let existing = match merging {
+                    // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
+                    true => match sys::open_beneath(parent.dst.as_fd(), create_as, flags) {
+                        Ok(fd) => Some(fd),
+                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                        Err(e) => return Err(("open destination directory", e)),
+                    },
+                    false => None,
                 };
-                // O_NOFOLLOW: a symlink planted at this name is refused, never entered.
-                let dst = sys::open_beneath(parent.dst.as_fd(), create_as, flags)
-                    .map_err(|e| ("open destination directory", e))?;
-                (dst, fresh, staged_as)
+                match existing {
+                    Some(dst) => (dst, false, staged_as),
+                    None => {
+                        // 0700 while we fill it; the final mode comes after the children.
+                        let fresh = match sys::mkdirat(parent.dst.as_fd(), create_as, 0o700) {
+                            Ok(()) => true,
+                            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && merging => false,
+                            Err(e) => return Err(("create directory", e)),
+                        };
+                        let dst = sys::open_beneath(parent.dst.as_fd(), create_as, flags)
+                            .map_err(|e| ("open destination directory", e))?;
+                        (dst, fresh, staged_as)
+                    }
+                }
             }
         };
         let keep_meta = takes_source_meta(self.opts, fresh);
