@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release image kube-deps kube-up kube-down test score lint fmt demo demo-copy dev-up dev-down bench bench-control-plane bench-throughput bench-throughput-kube bench-rerun deps clean generate check-generated fuzz
+.PHONY: all build release image kube-deps kube-up kube-down test score lint fmt demo demo-copy dev-up dev-down bench bench-cold bench-control-plane bench-throughput bench-throughput-kube bench-rerun deps clean generate check-generated fuzz
 
 all: build
 
@@ -87,6 +87,12 @@ demo-copy: release
 ## Benchmarks against cp, xcp, cpz, fcp; writes bench/RESULTS.md.
 bench:
 	@./bench/run.sh
+
+## Cold page cache (caches dropped before every run) on the disk and an XFS image: ferry
+## against xcp, cpz, fcp, cp -a and rsync -a on 20k files, 100k files and 2 x 1 GiB;
+## writes bench/COLD.md and its charts. Root needed.
+bench-cold:
+	@BENCH_COLD=1 ./bench/run.sh
 
 ## Control-plane benchmark (operator issue): apply->Succeeded latency, 500 jobs at once,
 ## status writes per job, operator RSS; writes bench/CONTROL-PLANE.md (keeping the section

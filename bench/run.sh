@@ -3,6 +3,10 @@
 # and vs cp --reflink=always on a loop-mounted XFS (reflink=1).
 # See bench/README.md for the protocol. Usage (from the repo root): make bench, or bench/run.sh
 #   bench/run.sh clean    unmount the tmpfs and the XFS image, delete bench/work (trees, results)
+#   BENCH_COLD=1 bench/run.sh   (make bench-cold) cold page cache: `sync; echo 3 >
+#                        /proc/sys/vm/drop_caches` before every run, on the disk and the XFS
+#                        image (ferry and cp with reflink off there), 5 runs, no warmup; the
+#                        20k-file, 100k-file and 2 x 1 GiB trees; report to bench/COLD.md
 #
 # Environment (all optional):
 #   BENCH_QUICK=1        tiny trees, 0 warmup, 1 run; report to bench/work/RESULTS-quick.md
@@ -34,10 +38,24 @@ set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$BENCH_DIR")"
 QUICK="${BENCH_QUICK:-0}"
+COLD="${BENCH_COLD:-0}"
 WORK="${BENCH_WORK:-$BENCH_DIR/work}"
 FERRY_TOOLS="${FERRY_TOOLS:-/var/cache/ferry-tools}"
 TOOLS_BIN="$FERRY_TOOLS/cargo/bin"
 FERRY="${FERRY_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/ferry-agent}"
+if [[ "$COLD" == 1 ]]; then
+    # Data that is not in the page cache, as a data mover meets it (the seed report's method).
+    BENCH_FS="${BENCH_FS:-disk xfs}"
+    BENCH_TREES="${BENCH_TREES:-small many large}"
+    BENCH_TOOLS="${BENCH_TOOLS:-ferry xcp cpz fcp cp-a rsync-a}"
+    BENCH_XFS_TREES="${BENCH_XFS_TREES:-$BENCH_TREES}"
+    BENCH_XFS_TOOLS="${BENCH_XFS_TOOLS:-$BENCH_TOOLS}"
+    BENCH_RUNS_DISK="${BENCH_RUNS_DISK:-5}"
+    BENCH_RUNS_XFS="${BENCH_RUNS_XFS:-5}"
+    BENCH_WARMUP="${BENCH_WARMUP:-0}"
+    BENCH_SKIP_1M=1
+    BENCH_FERRY_REVS=""
+fi
 FILESYSTEMS="${BENCH_FS:-tmpfs disk xfs}"
 TREES="${BENCH_TREES:-many flat large sparse}"
 TOOLS="${BENCH_TOOLS:-ferry ferry-verify cp-r cp-a rsync-a xcp cpz fcp}"
@@ -69,6 +87,14 @@ else
     XFS_SIZE="${BENCH_XFS_SIZE:-12G}"
     RESULTS_MD="${BENCH_RESULTS:-$BENCH_DIR/RESULTS.md}"
 fi
+if [[ "$COLD" == 1 ]]; then
+    MODE="cold-$MODE"
+    if [[ "$QUICK" == 1 ]]; then
+        RESULTS_MD="${BENCH_RESULTS:-$WORK/COLD-quick.md}"
+    else
+        RESULTS_MD="${BENCH_RESULTS:-$BENCH_DIR/COLD.md}"
+    fi
+fi
 RES="$WORK/results/$MODE"
 
 log() { printf '\n[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
@@ -80,7 +106,9 @@ die() { printf '[bench] error: %s\n' "$*" >&2; exit 1; }
 # ---------------------------------------------------------------------------------------
 GiB=$((1 << 30)) MiB=$((1 << 20))
 declare -A SPEC DESC
-if [[ "$MODE" == full ]]; then
+if [[ "$MODE" == *full ]]; then
+    SPEC[small]="ftzz -n 20000 -b 200000000 --seed 5"
+    DESC[small]="about 20,000 files, 200 MB total, ftzz default depth, seed 5 (the seed report's tree)"
     SPEC[many]="ftzz -n 100000 -b 500000000 -d 5 --seed 1"
     DESC[many]="100,000 files, 500 MB total, ftzz depth 5 (about 1,000 dirs), seed 1"
     SPEC[flat]="ftzz -n 20000 -b 40000000 -d 0 --seed 2"
@@ -92,6 +120,8 @@ if [[ "$MODE" == full ]]; then
     SPEC[rss]="ftzz -n 1000000 -b 0 -d 5 --seed 5"
     DESC[rss]="1,000,000 empty files, ftzz depth 5, seed 5"
 else
+    SPEC[small]="ftzz -n 500 -b 5000000 --seed 5"
+    DESC[small]="quick: 500 files, 5 MB, seed 5"
     SPEC[many]="ftzz -n 2000 -b 10000000 -d 5 --seed 1"
     DESC[many]="quick: 2,000 files, 10 MB, ftzz depth 5, seed 1"
     SPEC[flat]="ftzz -n 2000 -b 4000000 -d 0 --seed 2"
@@ -106,17 +136,19 @@ fi
 
 # Command line of TOOL copying $1 to $2, as one string for hyperfine -N (shell-word split).
 tool_cmd() {
-    local tool="$1" src="$2" dst="$3"
+    local tool="$1" src="$2" dst="$3" fs="${4:-}" never=""
+    # Cold on XFS: data is read and written, not cloned (where the tool can be told).
+    [[ "$COLD" == 1 && "$fs" == xfs ]] && never=1
     case "$tool" in
-        ferry) echo "$FERRY copy --no-progress --verify none $src $dst" ;;
+        ferry) echo "$FERRY copy --no-progress --verify none ${never:+--reflink never }$src $dst" ;;
         ferry-verify) echo "$FERRY copy --no-progress --verify checksum $src $dst" ;;
         cp-r) echo "cp -r $src $dst" ;;
-        cp-a) echo "cp -a $src $dst" ;;
+        cp-a) echo "cp -a ${never:+--reflink=never }$src $dst" ;;
         cp-reflink) echo "cp -a --reflink=always $src $dst" ;;
         # What VolSync's and pv-migrate's rsync movers run at heart (the trailing slash
         # copies the contents, so DST becomes a copy of SRC as with the others).
         rsync-a) echo "rsync -a $src/ $dst" ;;
-        xcp) echo "$TOOLS_BIN/xcp -r --no-progress $src $dst" ;;
+        xcp) echo "$TOOLS_BIN/xcp -r --no-progress ${never:+--reflink never }$src $dst" ;;
         cpz) echo "$TOOLS_BIN/cpz $src $dst" ;;
         fcp) echo "$TOOLS_BIN/fcp $src $dst" ;;
         *) die "unknown tool $tool" ;;
@@ -283,11 +315,13 @@ bench_one() {
     src="$root/src/$tree"
     dst="$root/dst"
     base="$RES/$fs--$tree--$tool"
-    cmd="$(tool_cmd "$tool" "$src" "$dst")"
+    cmd="$(tool_cmd "$tool" "$src" "$dst" "$fs")"
     rm -rf "$dst"
     log "$fs/$tree: $tool: $cmd"
+    local prepare="rm -rf $dst && sync"
+    [[ "$COLD" != 1 ]] || prepare="$prepare && echo 3 > /proc/sys/vm/drop_caches"
     if hyperfine -N --warmup "$WARMUP" --runs "$(fs_runs "$fs")" \
-        --prepare "sh -c 'rm -rf $dst && sync'" \
+        --prepare "sh -c '$prepare'" \
         --command-name "$tool" --export-json "$base.json" "$cmd"; then
         if [[ "$CHECK" == 1 ]]; then
             # On xfs, also count the bytes of DST that share blocks (reflinked) with SRC.
@@ -384,6 +418,7 @@ write_meta() {
     {
         printf 'date\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
         printf 'mode\t%s\n' "$MODE"
+        printf 'cold\t%s\n' "$COLD"
         printf 'runs\t%s\n' "$RUNS"
         printf 'runs_disk\t%s\n' "$RUNS_DISK"
         printf 'runs_xfs\t%s\n' "$RUNS_XFS"
@@ -412,9 +447,25 @@ write_meta() {
             printf 'cmd:%s\t%s\n' "$tool" "$(tool_cmd "$tool" SRC DST | sed "s#$TOOLS_BIN/##; s#$FERRY#ferry-agent#; s#$FERRY_TOOLS/ferry-revs/\([0-9a-f]*\)/ferry-agent#ferry-agent@\1#")"
         done
         for tree in $(all_of fs_trees) rss; do
+            [[ -n "${DESC[$tree]:-}" ]] || continue
             printf 'tree:%s\t%s\n' "$tree" "${DESC[$tree]}"
         done
     } >"$m"
+}
+
+# How noisy the disk is, so a reader can judge the cold ratios: 5 direct (uncached) reads
+# of one 1 GiB file of the large tree, MB/s each (dd's own figure).
+disk_noise() {
+    local f speeds=()
+    f="$(find "$(fs_root disk)/src/large" -type f 2>/dev/null | sort | head -n1)"
+    [[ -n "$f" ]] || return 0
+    for _ in 1 2 3 4 5; do
+        sync
+        echo 3 >/proc/sys/vm/drop_caches
+        speeds+=("$(dd if="$f" of=/dev/null bs=1M iflag=direct 2>&1 | awk -F', ' '/copied/ {print $NF}')")
+    done
+    log "disk read (dd iflag=direct, $f): ${speeds[*]}"
+    printf 'disk_read\t%s\n' "$(IFS=';'; echo "${speeds[*]}")" >>"$RES/meta.tsv"
 }
 
 clean() {
@@ -442,6 +493,9 @@ main() {
             done
         done
     done
+    if [[ "$COLD" == 1 ]] && has_fs disk; then
+        disk_noise
+    fi
     if [[ -n "$FERRY_REVS" ]] && has_fs tmpfs; then
         bench_revs
     fi
@@ -453,7 +507,13 @@ main() {
         printf 'xfs_img_alloc\t%s\n' "$(du -h "$XFS_IMG" | cut -f1)" >>"$RES/meta.tsv"
     fi
     local rc=0
-    python3 "$BENCH_DIR/report.py" "$RES" "$RESULTS_MD" || rc=$?
+    # Debian's python3 has the charts' matplotlib (install-tools.sh); another python3 first
+    # on PATH (pyenv) may not.
+    local py=python3
+    if ! python3 -c 'import matplotlib' 2>/dev/null && /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+        py=/usr/bin/python3
+    fi
+    "$py" "$BENCH_DIR/report.py" "$RES" "$RESULTS_MD" || rc=$?
     cat "$RESULTS_MD"
     log "done in $((SECONDS - start))s; report: $RESULTS_MD; raw hyperfine JSON: $RES"
     if ((rc == 3)); then
