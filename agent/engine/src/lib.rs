@@ -34,6 +34,7 @@ pub use copy::copy;
 pub use copy::MAX_RECORDS;
 pub use error::{reason_of_io, Error, Failure};
 pub use ferry_crds::Reason;
+pub use options::{default_workers, IO_WORKERS};
 pub use options::{
     Compare, Faults, Fence, Filter, Options, Overwrite, Part, Preserve, Records, Reflink, Verify,
 };
