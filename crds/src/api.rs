@@ -46,7 +46,7 @@ pub struct Endpoint {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Parallelism {
-    /// Copy workers per agent, at most 64 (0: 16, or the node's CPU count if more). Each holds a
+    /// Copy workers per agent, at most 64 (0: the node's CPU count, at most 64). Each holds a
     /// 1 MiB buffer.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("workersPerAgent must be between 0 and 64"))]
