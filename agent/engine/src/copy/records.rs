@@ -276,18 +276,12 @@ pub(super) fn create(path: &Path, resume: bool) -> io::Result<File> {
             // Drop a record cut short by the process that died writing it.
             let keep = 8 + (len - 8) / RECORD as u64 * RECORD as u64;
             file.set_len(keep)?;
-            return append_from(file, keep);
+            io::Seek::seek(&mut file, io::SeekFrom::Start(keep))?;
+            return Ok(file);
         }
     }
     file.set_len(0)?;
     io::Write::write_all(&mut file, MAGIC)?;
-    Ok(file)
-}
-
-fn append_from(file: File, at: u64) -> io::Result<File> {
-    use std::io::Seek;
-    let mut file = file;
-    file.seek(io::SeekFrom::Start(at))?;
     Ok(file)
 }
 
