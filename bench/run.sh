@@ -457,7 +457,7 @@ write_meta() {
 # of one 1 GiB file of the large tree, MB/s each (dd's own figure).
 disk_noise() {
     local f speeds=()
-    f="$(find "$(fs_root disk)/src/large" -type f 2>/dev/null | sort | head -n1)"
+    f="$(find "$(fs_root disk)/src/large" -type f 2>/dev/null | sort | head -n1 || true)"
     [[ -n "$f" ]] || return 0
     for _ in 1 2 3 4 5; do
         sync
