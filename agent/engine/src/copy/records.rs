@@ -207,6 +207,16 @@ impl Earlier {
         Record::parse(self.bytes.get(at..at + RECORD)?.try_into().ok()?)
     }
 
+    /// The key of record number `i` alone (its first 16 bytes; every record was checked when
+    /// read): what a binary search step needs.
+    fn key_at(&self, i: u32) -> u128 {
+        let at = i as usize * RECORD;
+        self.bytes
+            .get(at..at + 16)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u128::from_le_bytes)
+    }
+
     /// The hash recorded for `path`, if its record has the size and mtime of `st` (the
     /// source's, which the kept destination file has too).
     pub(super) fn hash_of(&self, path: &[u8], st: &Stat) -> Option<u128> {
@@ -219,8 +229,7 @@ impl Earlier {
         // The last one written wins (a resumed run may have recorded a file twice): the
         // last of the equal keys.
         let bucket = &self.order[from..to];
-        let key = |i: u32| self.record(i).map_or(0, |r| r.path);
-        let after = bucket.partition_point(|&i| key(i) <= want.path);
+        let after = bucket.partition_point(|&i| self.key_at(i) <= want.path);
         let r = self.record(*bucket[..after].last()?)?;
         (r.path == want.path && r.size == want.size && r.mtime == want.mtime).then_some(r.hash)
     }
