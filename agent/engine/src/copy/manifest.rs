@@ -20,6 +20,7 @@ impl<'a> Ctx<'a> {
         let Some(m) = &self.manifest else {
             return Ok(());
         };
+        let files = std::iter::once(m).chain(&self.records);
         if self.fenced.load(Ordering::Relaxed) {
             // Not ours to write any more (the new owner may be appending): drop the
             // pending and buffered lines; the new owner verifies those files and lists
@@ -27,32 +28,24 @@ impl<'a> Ctx<'a> {
             for slot in &self.pending {
                 *lock(slot) = Pending::default();
             }
-            let mut m = lock(m);
-            let file = m.get_ref().try_clone()?;
-            let (_, _unwritten) = std::mem::replace(&mut *m, BufWriter::new(file)).into_parts();
-            if let Some(r) = &self.records {
-                let mut r = lock(r);
-                let file = r.get_ref().try_clone()?;
-                let (_, _unwritten) = std::mem::replace(&mut *r, BufWriter::new(file)).into_parts();
+            for w in files {
+                let mut w = lock(w);
+                let file = w.get_ref().try_clone()?;
+                let (_, _unwritten) = std::mem::replace(&mut *w, BufWriter::new(file)).into_parts();
             }
             return Ok(());
         }
         for slot in &self.pending {
             self.write_pending(&mut lock(slot))?;
         }
-        let mut m = lock(m);
-        m.flush()?;
-        if let Some(r) = &self.records {
-            let mut r = lock(r);
-            r.flush()?;
+        for w in files {
+            let mut w = lock(w);
+            w.flush()?;
             if self.opts.sync {
-                r.get_ref().sync_data()?;
+                w.get_ref().sync_data()?;
             }
         }
-        match self.opts.sync {
-            true => m.get_ref().sync_data(),
-            false => Ok(()),
-        }
+        Ok(())
     }
 
     /// Whether this copy writes records of what it lists (see `records`).

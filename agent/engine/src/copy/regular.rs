@@ -133,13 +133,10 @@ impl<'a> Ctx<'a> {
             return;
         }
         let earlier = self.earlier.get();
-        if earlier.is_empty() {
-            self.counters.unlisted.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let path = dir.child_path(name);
-        match earlier.hash_of(&path, st) {
-            Some(hash) => {
+        // (Without records, no path is built.)
+        let path = (!earlier.is_empty()).then(|| dir.child_path(name));
+        match path.and_then(|p| Some((earlier.hash_of(&p, st)?, p))) {
+            Some((hash, path)) => {
                 self.manifest_line(hash, &path, Some(st));
                 self.counters
                     .listed_from_records
