@@ -46,9 +46,9 @@ pub struct RunArgs {
     /// Namespace for the heartbeat Lease (the agent's own namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "ferry-system")]
     pub namespace: String,
-    /// Copy workers per shard unless the job sets parallelism.workersPerAgent (0: CPUs, at
-    /// most 64).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
+    /// Copy workers per shard unless the job sets parallelism.workersPerAgent (0: 16, or the
+    /// CPUs if more, at most 64: a worker waits in every read of uncached data).
+    #[arg(long, env = "FERRY_WORKERS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub workers: u16,
     /// Shards this agent runs at once; more wait (Pending) for one to finish. With at most
     /// 64 workers a shard and a 1 MiB buffer a worker, this bounds the copy buffers at

@@ -8,6 +8,11 @@ use anyhow::{bail, Context, Result};
 
 use crate::{free_port, repo_root, ControlPlane};
 
+/// Agent environment that pins a shard's workers at 2. A test that slows a copy with the
+/// per-file `FERRY_FAULT_FILE_DELAY_MS` to act on it mid-way sizes its tree for this many
+/// files in flight; at the agent's default (16 workers) the same copy ends 8x sooner.
+pub const PACED: (&str, &str) = ("FERRY_WORKERS", "2");
+
 impl ControlPlane {
     /// The loopback port of a simulated node's agent endpoints (/metrics, /healthz, /readyz).
     pub fn agent_port(&self, node: &str) -> Result<u16> {

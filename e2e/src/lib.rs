@@ -21,7 +21,7 @@ mod tools;
 mod trees;
 
 pub use control_plane::ControlPlane;
-pub use ferry::{workspace_bin, Proc};
+pub use ferry::{workspace_bin, Proc, PACED};
 pub use kubectl::{Kubectl, Watch};
 pub use tools::{
     helm_or_skip, kube_score_or_skip, prometheus_k8s_or_skip, prometheus_operator_crds_or_skip,

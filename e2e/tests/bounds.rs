@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use ferry_e2e::ControlPlane;
+use ferry_e2e::{ControlPlane, PACED};
 
 #[test]
 fn an_agent_runs_at_most_max_shards_at_once_and_the_rest_wait_their_turn() -> Result<()> {
@@ -17,6 +17,7 @@ fn an_agent_runs_at_most_max_shards_at_once_and_the_rest_wait_their_turn() -> Re
     let env = [
         ("FERRY_MAX_SHARDS", "1"),
         ("FERRY_FAULT_FILE_DELAY_MS", "100"),
+        PACED,
     ];
     let (_ferry, hosts) = cp.start_ferry_with(&["node-a"], &env)?;
     let src = hosts.join("node-a/srv/data/src");

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{assert_same_tree, staging_leftovers, BindMount, ControlPlane, Proc};
+use ferry_e2e::{assert_same_tree, staging_leftovers, BindMount, ControlPlane, Proc, PACED};
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
 const FILES: usize = 3000;
@@ -76,9 +76,10 @@ struct Cluster<'a> {
     written: u64,
 }
 
-const AGENT_ENV: [(&str, &str); 2] = [
+const AGENT_ENV: [(&str, &str); 3] = [
     ("FERRY_LEASE_SECONDS", "3"),
     ("FERRY_FAULT_FILE_DELAY_MS", "15"),
+    PACED,
 ];
 
 impl Cluster<'_> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use ferry_e2e::{
-    assert_same_tree, http_get, metric, staging_leftovers, BindMount, ControlPlane, Tmpfs,
+    assert_same_tree, http_get, metric, staging_leftovers, BindMount, ControlPlane, Tmpfs, PACED,
 };
 
 /// Agents renew every second and lose their work after 3 s without renewal.
@@ -114,7 +114,7 @@ fn a_lost_agents_shared_work_moves_to_another_agent_and_the_stale_agent_commits_
     // before each file, so that until it is restarted, every file that appears was
     // committed by node-a.
     let slow = ("FERRY_FAULT_FILE_DELAY_MS", "20");
-    let mut agent_a = cp.spawn_agent("node-a", &[LEASE, slow])?;
+    let mut agent_a = cp.spawn_agent("node-a", &[LEASE, slow, PACED])?;
     let mut agent_b = cp.spawn_agent("node-b", &[LEASE, ("FERRY_FAULT_FILE_DELAY_MS", "60000")])?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: nfs\nspec:\n  path: /srv/shared\n  shared: true\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: moving\n  namespace: default\nspec:\n  source: {root: nfs, path: src}\n  destination: {root: nfs, path: copy}\n  verify: Checksum\n  parallelism: {workersPerAgent: 2}\n")?;
     cp.wait_until(
@@ -233,7 +233,7 @@ fn node_local_work_waits_for_its_node_then_fails_node_unavailable() -> Result<()
     make_tree(&root.join("src"), 4, 200, 100)?;
     let _operator = cp.spawn_operator("operator", &[("FERRY_NODE_UNAVAILABLE_AFTER", "4")])?;
     let slow = ("FERRY_FAULT_FILE_DELAY_MS", "50");
-    let mut agent = cp.spawn_agent("node-a", &[LEASE, slow])?;
+    let mut agent = cp.spawn_agent("node-a", &[LEASE, slow, PACED])?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: stranded\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n")?;
     cp.wait_until(
         "copyjob/stranded",

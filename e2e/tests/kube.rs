@@ -584,10 +584,12 @@ fn upgrade_and_roll(tier: &KubeTier, sets: &[&str]) -> Result<()> {
 }
 
 fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
-    // 30 ms per file: a 400-file copy takes long enough to act on mid-way.
+    // 30 ms per file at 2 workers: a 400-file copy takes long enough to act on mid-way.
     upgrade_and_roll(
         tier,
         &[
+            "--set",
+            "agent.workers=2",
             "--set",
             "agent.extraEnv[0].name=FERRY_FAULT_FILE_DELAY_MS",
             "--set-string",
@@ -642,7 +644,10 @@ fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
         Ok(())
     })();
     // Back to full speed for whatever runs next.
-    upgrade(tier, &["--set", "agent.extraEnv=null"])?;
+    upgrade(
+        tier,
+        &["--set", "agent.extraEnv=null", "--set", "agent.workers=0"],
+    )?;
     result
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use ferry_e2e::{
-    assert_same_tree, http_get, is_root, merge_patch, metric, BindMount, ControlPlane,
+    assert_same_tree, http_get, is_root, merge_patch, metric, BindMount, ControlPlane, PACED,
 };
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
@@ -139,7 +139,8 @@ fn a_tree_on_a_shared_root_is_split_across_two_agents_and_equals_the_source() ->
         return Ok(());
     }
     cp.install_crds()?;
-    let (_ferry, hosts) = cp.start_ferry_with(&NODES, &[("FERRY_FAULT_FILE_DELAY_MS", "5")])?;
+    let (_ferry, hosts) =
+        cp.start_ferry_with(&NODES, &[("FERRY_FAULT_FILE_DELAY_MS", "5"), PACED])?;
     // One filesystem, mounted at /srv/shared on both nodes (NFS on a real cluster).
     let shared = cp.dir().join("nfs");
     std::fs::create_dir_all(&shared)?;
@@ -273,7 +274,8 @@ fn a_suspended_job_stops_mid_copy_and_resumes_to_an_identical_tree() -> Result<(
         return Ok(());
     };
     cp.install_crds()?;
-    let (_ferry, hosts) = cp.start_ferry_with(&NODES, &[("FERRY_FAULT_FILE_DELAY_MS", "25")])?;
+    let (_ferry, hosts) =
+        cp.start_ferry_with(&NODES, &[("FERRY_FAULT_FILE_DELAY_MS", "25"), PACED])?;
     let root = hosts.join("node-a/srv/data");
     let names = make_tree(&root.join("src"), 10, 40)?;
     cp.apply(
@@ -421,7 +423,8 @@ fn a_job_deleted_mid_copy_stops_before_it_is_gone_and_leaves_only_whole_files() 
         return Ok(());
     };
     cp.install_crds()?;
-    let (_ferry, hosts) = cp.start_ferry_with(&NODES, &[("FERRY_FAULT_FILE_DELAY_MS", "10")])?;
+    let (_ferry, hosts) =
+        cp.start_ferry_with(&NODES, &[("FERRY_FAULT_FILE_DELAY_MS", "10"), PACED])?;
     let root = hosts.join("node-b/srv/data");
     let names = make_tree(&root.join("src"), 10, 40)?;
     // The destination exists and holds a user's file that is not in the source.

@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, ensure, Context, Result};
-use ferry_e2e::{http_get, repo_root, wait_for, ControlPlane, Proc};
+use ferry_e2e::{http_get, repo_root, wait_for, ControlPlane, Proc, PACED};
 use serde_json::Value;
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
@@ -356,6 +356,7 @@ fn dashboards_and_alerts_work_against_a_real_prometheus_and_its_throughput_match
         &NODES,
         &[
             ("FERRY_FAULT_FILE_DELAY_MS", "6"),
+            PACED,
             ("FERRY_FAULT_CORRUPT_FILE", CORRUPT),
         ],
     )?;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use ferry_e2e::ControlPlane;
+use ferry_e2e::{ControlPlane, PACED};
 
 #[test]
 fn symlinks_planted_in_a_root_fail_the_job_with_symlink_rejected_and_touch_nothing_outside(
@@ -229,7 +229,7 @@ fn a_job_whose_root_stops_admitting_its_namespace_stops_and_fails_with_the_reaso
     };
     cp.install_crds()?;
     let (_ferry, hosts) =
-        cp.start_ferry_with(&["node-a"], &[("FERRY_FAULT_FILE_DELAY_MS", "30")])?;
+        cp.start_ferry_with(&["node-a"], &[("FERRY_FAULT_FILE_DELAY_MS", "30"), PACED])?;
     let root = hosts.join("node-a/srv/data");
     for i in 0..400 {
         let dir = root.join(format!("src/d{}", i % 10));

@@ -505,11 +505,10 @@ fn engine_options(
 ) -> ferry_engine::Options {
     // At most MAX_WORKERS whatever asks (a job the operator let through, a node with more
     // CPUs): with 1 MiB of buffer a worker, that bounds a shard's buffers.
-    let cpus = || std::thread::available_parallelism().map_or(1, usize::from);
     ferry_engine::Options {
         workers: match (spec.parallelism.workers_per_agent, workers) {
             (n, _) if n > 0 => n as usize,
-            (_, 0) => cpus(),
+            (_, 0) => ferry_engine::default_workers(),
             (_, w) => w,
         }
         .min(ferry_crds::MAX_WORKERS as usize),
