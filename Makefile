@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release image kube-deps kube-up kube-down test score lint fmt demo demo-copy dev-up dev-down bench bench-cold bench-control-plane bench-throughput bench-throughput-kube bench-rerun deps clean generate check-generated fuzz
+.PHONY: all build release image kube-deps kube-up kube-down test score lint fmt demo demo-copy dev-up dev-down bench bench-cold bench-control-plane bench-throughput bench-throughput-cold bench-throughput-kube bench-rerun deps clean generate check-generated fuzz
 
 all: build
 
@@ -118,6 +118,12 @@ THROUGHPUT_RUNS ?= 5
 bench-throughput: deps
 	@./bench/install-tools.sh
 	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-throughput $(THROUGHPUT_RUNS) bench/CONTROL-PLANE.md
+
+## The same on cold data: the tree on the disk, caches dropped before every run (root); writes
+## bench/COLD-COPYJOB.md.
+bench-throughput-cold: deps
+	@./bench/install-tools.sh
+	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-throughput-cold $(THROUGHPUT_RUNS) bench/COLD-COPYJOB.md
 
 ## The same through the real agent pod (the real one-node tier, built and brought up for it,
 ## removed after); writes bench/REAL-NODE.md. Root.

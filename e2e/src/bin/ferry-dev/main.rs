@@ -10,6 +10,8 @@
 //! - `bench-throughput [RUNS [FILE]]`: a CopyJob against `ferry-agent copy` on the 100k-file
 //!   tree of `bench/run.sh`, release builds, on a tmpfs (`make bench-throughput`); prints a
 //!   Markdown section and, given FILE, puts it into FILE in place of the previous one.
+//! - `bench-throughput-cold [RUNS [FILE]]`: the same on the disk, caches dropped before every
+//!   run (`make bench-throughput-cold`, into `bench/COLD-COPYJOB.md`).
 //! - `bench-rerun [RUNS [FILE]]`: re-runs over a destination that has the tree, Ferry (CLI
 //!   and CopyJob) against `rsync -a`, no change and 1% touched (`make bench-rerun`).
 
@@ -214,11 +216,11 @@ fn main() -> Result<()> {
             };
             control_plane::bench(arg(2, 20), arg(3, 500))
         }
-        Some(cmd @ ("bench-throughput" | "bench-throughput-kube")) => {
-            let tier = if cmd == "bench-throughput" {
-                throughput::Tier::Process
-            } else {
-                throughput::Tier::Kube
+        Some(cmd @ ("bench-throughput" | "bench-throughput-kube" | "bench-throughput-cold")) => {
+            let (tier, cache) = match cmd {
+                "bench-throughput" => (throughput::Tier::Process, throughput::Cache::Warm),
+                "bench-throughput-cold" => (throughput::Tier::Process, throughput::Cache::Cold),
+                _ => (throughput::Tier::Kube, throughput::Cache::Warm),
             };
             let runs = std::env::args()
                 .nth(2)
@@ -226,7 +228,7 @@ fn main() -> Result<()> {
                 .with_context(|| format!("{cmd} RUNS must be a number"))?;
             ensure!(runs > 0, "{cmd} RUNS must be at least 1");
             let out = std::env::args().nth(3).map(PathBuf::from);
-            throughput::bench_throughput(tier, runs, out.as_deref())
+            throughput::bench_throughput(tier, cache, runs, out.as_deref())
         }
         Some("bench-rerun") => {
             let runs = std::env::args()
@@ -241,7 +243,7 @@ fn main() -> Result<()> {
         Some("up") => up(),
         Some("down") => down(),
         _ => bail!(
-            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]"
+            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube|-cold] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]"
         ),
     }
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{ensure, Context, Result};
 
 use crate::machine::{median, shell_line};
-use crate::throughput::{Bench, Tier, TREE_100K};
+use crate::throughput::{Bench, Cache, Tier, TREE_100K};
 
 /// One timed command: wall seconds.
 fn timed(mut cmd: Command, what: &str) -> Result<(f64, String)> {
@@ -69,7 +69,7 @@ struct Rows {
 /// Re-runs against rsync; `runs` rounds of each kind. Prints a Markdown report; with
 /// `out`, also writes it there.
 pub fn bench_rerun(runs: usize, out: Option<&Path>) -> Result<()> {
-    let bench = Bench::set_up(Tier::Process)?;
+    let bench = Bench::set_up(Tier::Process, Cache::Warm)?;
     let rsync = "rsync";
     // First full copies: Ferry's timed (the reference a re-run is compared with), then the
     // destinations every re-run goes into.

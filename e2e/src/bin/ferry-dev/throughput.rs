@@ -28,6 +28,17 @@ const THROUGHPUT_HEADING: &str = "## Throughput";
 /// Mount options of the benchmark's tmpfs.
 const TMPFS_OPTIONS: &str = "size=4G,nr_inodes=1M,mode=0755";
 
+/// Whether the source is in the page cache when a run starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Cache {
+    /// The tree on a tmpfs: always in memory.
+    Warm,
+    /// The tree on the disk (the control plane's directory, on `/`), with `sync` and
+    /// `echo 3 > /proc/sys/vm/drop_caches` before every run, untimed: the data, the inodes
+    /// and the directories are read from the device.
+    Cold,
+}
+
 /// Where the CopyJob runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
@@ -59,8 +70,8 @@ impl std::ops::Deref for Cluster {
 /// release builds of the agent and the operator, the same engine options (verify Checksum,
 /// the CRD default; a manifest; workers = CPUs). One untimed warmup each, then `runs`
 /// alternating pairs. Prints a Markdown section; with `out`, also puts it into that file.
-pub fn bench_throughput(tier: Tier, runs: usize, out: Option<&Path>) -> Result<()> {
-    let bench = Bench::set_up(tier)?;
+pub fn bench_throughput(tier: Tier, cache: Cache, runs: usize, out: Option<&Path>) -> Result<()> {
+    let bench = Bench::set_up(tier, cache)?;
     eprintln!("warmup: one ferry-agent copy and one CopyJob, untimed ...");
     let (_, _, dst, manifest) = bench.cli("warmup")?;
     Bench::remove(&dst, &manifest)?;
@@ -68,11 +79,14 @@ pub fn bench_throughput(tier: Tier, runs: usize, out: Option<&Path>) -> Result<(
     Bench::remove(&dst, &manifest)?;
     let timed = bench.timed_runs(runs)?;
     let checked = bench.check_byte_for_byte(&timed.last)?;
-    let md = report(tier, &bench.tree, runs, &timed, &checked)?;
+    let md = report(tier, cache, &bench.tree, runs, &timed, &checked)?;
     print!("{md}");
     if let Some(file) = out {
         if tier == Tier::Kube && !file.exists() {
             std::fs::write(file, "# Throughput through the real agent pod\n\nWhat the agent as a pod of the chart's DaemonSet (the real one-node tier, `make kube-up`) costs next to the same binary run on the host; the process tier's figures are in `CONTROL-PLANE.md`.\n")?;
+        }
+        if cache == Cache::Cold && !file.exists() {
+            std::fs::write(file, "# A CopyJob on cold data\n\nA CopyJob through the agent next to `ferry-agent copy`, on a tree read from the disk with the page cache dropped before every run; the warm (tmpfs) figures are in `CONTROL-PLANE.md`, the CLI against the other tools cold in `COLD.md`.\n")?;
         }
         splice_section(file, &md)?;
         eprintln!("wrote the section into {}", file.display());
@@ -84,7 +98,8 @@ pub fn bench_throughput(tier: Tier, runs: usize, out: Option<&Path>) -> Result<(
 /// tmpfs at node-a's `/srv/throughput`.
 pub(crate) struct Bench {
     // Fields drop in order: the tmpfs is unmounted before the processes stop.
-    _tmpfs: Tmpfs,
+    _tmpfs: Option<Tmpfs>,
+    cache: Cache,
     cp: Cluster,
     agent: PathBuf,
     agent_pid: u32,
@@ -115,7 +130,11 @@ struct Timed {
 }
 
 impl Bench {
-    pub(crate) fn set_up(tier: Tier) -> Result<Self> {
+    pub(crate) fn set_up(tier: Tier, cache: Cache) -> Result<Self> {
+        ensure!(
+            cache == Cache::Warm || tier == Tier::Process,
+            "the cold throughput benchmark runs in the process tier only"
+        );
         // Release builds of ferry-agent and ferry-operator (ferry_e2e::workspace_bin).
         if std::env::var_os("FERRY_E2E_RELEASE").is_none_or(|v| v != "1") {
             std::env::set_var("FERRY_E2E_RELEASE", "1");
@@ -191,9 +210,15 @@ impl Bench {
                 )
             }
         };
-        let tmpfs = Tmpfs::mount(&root, TMPFS_OPTIONS)?;
+        let tmpfs = match cache {
+            Cache::Warm => Some(Tmpfs::mount(&root, TMPFS_OPTIONS)?),
+            Cache::Cold => None,
+        };
         let src = root.join("src");
-        eprintln!("generating the 100k-file tree on the tmpfs (ftzz) ...");
+        eprintln!(
+            "generating the 100k-file tree at {} (ftzz) ...",
+            root.display()
+        );
         let generated = std::process::Command::new(&ftzz)
             .stdout(std::io::stderr())
             .args(["-q", "-e"])
@@ -208,6 +233,7 @@ impl Bench {
         cp.apply(&format!("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: throughput\nspec:\n  path: /srv/throughput\n  nodeSelector: {{{selector}}}\n  namespaces: {{names: [default]}}\n"))?;
         Ok(Self {
             _tmpfs: tmpfs,
+            cache,
             cp,
             agent,
             agent_pid,
@@ -216,6 +242,20 @@ impl Bench {
             src,
             tree,
         })
+    }
+
+    /// Cold: write back and drop the page cache, dentries and inodes, so that the run reads
+    /// the tree from the device. Warm: nothing.
+    fn drop_caches(&self) -> Result<()> {
+        if self.cache == Cache::Cold {
+            let synced = std::process::Command::new("sync")
+                .status()
+                .context("run sync")?;
+            ensure!(synced.success(), "sync failed");
+            std::fs::write("/proc/sys/vm/drop_caches", "3")
+                .context("drop the page cache (root needed)")?;
+        }
+        Ok(())
     }
 
     fn cpu(&self) -> CpuSnapshot {
@@ -256,6 +296,7 @@ impl Bench {
     pub(crate) fn cli(&self, tag: &str) -> Result<(f64, RunCpu, PathBuf, PathBuf)> {
         let dst = self.root.join(format!("out/cli-{tag}"));
         let manifest = self.root.join(format!(".ferry/cli-{tag}.xxh128"));
+        self.drop_caches()?;
         let before = self.cpu();
         let start = Instant::now();
         let run = std::process::Command::new(&self.agent)
@@ -396,6 +437,7 @@ impl Bench {
         let cp = &self.cp;
         let name = format!("tput-{tag}");
         let yaml = format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {{root: throughput, path: src}}\n  destination: {{root: throughput, path: out/{name}}}\n");
+        self.drop_caches()?;
         let before = self.cpu();
         let start = Instant::now();
         cp.apply(&yaml)?;
@@ -531,6 +573,7 @@ impl Bench {
 /// The Markdown section for `bench/CONTROL-PLANE.md`.
 fn report(
     tier: Tier,
+    cache: Cache,
     tree: &TreeCount,
     runs: usize,
     t: &Timed,
@@ -573,7 +616,10 @@ fn report(
     // What differs between the tiers, as the report says it.
     let (make, setting, at, agent, cli, cluster) = match tier {
         Tier::Process => (
-            "make bench-throughput",
+            match cache {
+                Cache::Warm => "make bench-throughput",
+                Cache::Cold => "make bench-throughput-cold",
+            },
             "local etcd + kube-apiserver 1.35.4, the operator and two agents as for the rest of this file",
             "node-a's host path `/srv/throughput`",
             "node-a's agent",
@@ -606,17 +652,33 @@ fn report(
     };
     let mut md = String::new();
     use std::fmt::Write as _;
+    let cold = cache == Cache::Cold;
     writeln!(
         md,
-        "{THROUGHPUT_HEADING}: a CopyJob against `ferry-agent copy` on the 100k-file tree\n"
+        "{THROUGHPUT_HEADING}: a CopyJob against `ferry-agent copy` on the 100k-file tree{}\n",
+        if cold { ", cold" } else { "" }
     )?;
     writeln!(md, "Generated by `{make}` on {date}; nproc {nproc} ({cpu}); **release** builds of ferry-agent and ferry-operator; {setting}. Load: {load_note}.\n")?;
     writeln!(md, "Target: a CopyJob's throughput within 10% of `ferry-agent copy` on the same tree, i.e. CopyJob wall time / CLI wall time <= 1.10.\n")?;
-    writeln!(md, "- Tree: `ftzz -e {}`, `bench/run.sh`'s `many` tree: {} files, {} directories, {} bytes, generated for the run on a tmpfs (`{tmpfs_options}`) mounted at {at} (the StorageRoot `throughput`) and unmounted after. Source and every destination are on that tmpfs.", TREE_100K.join(" "), tree.files, tree.dirs, tree.bytes)?;
+    let place = if cold {
+        let fs = shell_line("findmnt -no SOURCE,FSTYPE,OPTIONS -T /tmp");
+        let disk = shell_line(
+            "lsblk -dno NAME,ROTA,MODEL,SIZE $(findmnt -no SOURCE -T /tmp) 2>/dev/null || true",
+        );
+        format!("on the disk, in {at} (the StorageRoot `throughput`, a directory of the control plane's temporary directory under `/tmp`; `{fs}`, device `{disk}`), removed after. Source and every destination are there")
+    } else {
+        format!("on a tmpfs (`{tmpfs_options}`) mounted at {at} (the StorageRoot `throughput`) and unmounted after. Source and every destination are on that tmpfs")
+    };
+    writeln!(md, "- Tree: `ftzz -e {}`, `bench/run.sh`'s `many` tree: {} files, {} directories, {} bytes, generated for the run {place}.", TREE_100K.join(" "), tree.files, tree.dirs, tree.bytes)?;
     writeln!(md, "- CLI: {cli}: `ferry-agent copy --no-progress --verify checksum --manifest /srv/throughput/.ferry/cli-N.xxh128 SRC DST`, wall time of the process as started by the harness.")?;
     writeln!(md, "- CopyJob: `source: {{root: throughput, path: src}}`, `destination: {{root: throughput, path: out/tput-N}}`, everything else at the CRD defaults, so the agent copies with verify Checksum and writes its manifest to `/srv/throughput/.ferry/`. Wall time from `kubectl apply` to `Succeeded` observed by `kubectl wait` (what a user sees; it includes the two kubectl processes, the operator's reconcile and the agent's watch and status writes). Agent copy time: the shard's `bytesDone / bytesPerSecond`, i.e. from the agent picking up the shard to its final status write.")?;
-    writeln!(md, "- Same engine options both ways: verify Checksum, manifest, reflink auto, overwrite never, all metadata kept, workers = CPUs ({nproc}: `copy --workers` and `run --workers` both default to 0 = nproc).")?;
-    writeln!(md, "- Protocol: one untimed warmup of each, then {runs} runs alternating CLI and CopyJob (a new job and a new destination each time); the destination, its manifest and the job are removed, untimed, between runs. The page cache needs no dropping on tmpfs.\n")?;
+    writeln!(md, "- Same engine options both ways: verify Checksum, manifest, reflink auto, overwrite never, all metadata kept, workers at the default of both (`copy --workers` and `run --workers` unset: 16, or the CPUs if more).")?;
+    let caches = if cold {
+        "Before every run, untimed: `sync` and `echo 3 > /proc/sys/vm/drop_caches` (the source's data, inodes and directories are read from the device)"
+    } else {
+        "The page cache needs no dropping on tmpfs"
+    };
+    writeln!(md, "- Protocol: one untimed warmup of each, then {runs} runs alternating CLI and CopyJob (a new job and a new destination each time); the destination, its manifest and the job are removed, untimed, between runs. {caches}.\n")?;
     writeln!(
         md,
         "| measurement | median (s) | min (s) | max (s) | runs |\n|---|---:|---:|---:|---:|"
