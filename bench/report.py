@@ -16,13 +16,15 @@ import os
 import statistics
 import sys
 
-FS_ORDER = ["tmpfs", "disk", "xfs"]
+FS_ORDER = ["tmpfs", "disk", "ext4", "xfs"]
 TREE_ORDER = ["small", "many", "flat", "large", "sparse"]
 TOOL_ORDER = ["ferry", "ferry-verify", "cp-reflink", "cp-r", "cp-a", "rsync-a", "xcp", "cpz", "fcp"]
 # One line per filesystem, above its tables and in the Machine section.
 FS_ABOUT = {
     "tmpfs": "tmpfs (RAM): pure CPU and syscall cost.",
     "disk": "`bench/work/disk` on the host disk (see Disk filesystem above).",
+    "ext4": "a loop-mounted ext4 image made with `mkfs.ext4`'s defaults (a journal, as on a node's "
+            "disk), stored on the host disk (see ext4 filesystem above).",
     "xfs": "a loop-mounted XFS image made with `mkfs.xfs -m reflink=1`, stored on the host disk "
            "(see XFS filesystem above). Every tool can clone here, so a copy costs metadata, not "
            "data: `cp-reflink` is `cp -a --reflink=always`, ferry uses its default `--reflink auto`. "
@@ -237,7 +239,7 @@ def render(d, out_md=None):
     w("")
     for k, label in (("nproc", "nproc"), ("cpu", "CPU"), ("memory", "Memory"), ("kernel", "Kernel"),
                      ("disk", "Disk filesystem"), ("tmpfs", "tmpfs options"),
-                     ("xfs", "XFS filesystem"), ("xfs_img_alloc", "XFS image allocated on the host disk after the run"),
+                     ("ext4", "ext4 filesystem"), ("xfs", "XFS filesystem"), ("xfs_img_alloc", "XFS image allocated on the host disk after the run"),
                      ("ferry_rev", "Ferry revision"), ("elapsed_s", "Harness wall time (s)")):
         if k in meta:
             w(f"- {label}: {meta[k]}")

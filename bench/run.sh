@@ -4,9 +4,10 @@
 # See bench/README.md for the protocol. Usage (from the repo root): make bench, or bench/run.sh
 #   bench/run.sh clean    unmount the tmpfs and the XFS image, delete bench/work (trees, results)
 #   BENCH_COLD=1 bench/run.sh   (make bench-cold) cold page cache: `sync; echo 3 >
-#                        /proc/sys/vm/drop_caches` before every run, on the disk and the XFS
-#                        image (ferry and cp with reflink off there), 5 runs, no warmup; the
-#                        20k-file, 100k-file and 2 x 1 GiB trees; report to bench/COLD.md
+#                        /proc/sys/vm/drop_caches` before every run, on the disk, a journalled
+#                        ext4 image and the XFS image (ferry and cp with reflink off there), 5
+#                        runs, no warmup; the 20k-file, 100k-file and 2 x 1 GiB trees; report
+#                        to bench/COLD.md
 #
 # Environment (all optional):
 #   BENCH_QUICK=1        tiny trees, 0 warmup, 1 run; report to bench/work/RESULTS-quick.md
@@ -16,7 +17,8 @@
 #   BENCH_CHECK=0        skip the correctness gate after each tool (bench/check.py)
 #   BENCH_RUNS, BENCH_WARMUP          hyperfine --runs / --warmup (default 5 / 1; quick 1 / 0)
 #   BENCH_RUNS_DISK, BENCH_RUNS_XFS   --runs on the disk and on xfs (default 3 / 3; quick 1 / 1)
-#   BENCH_FS="tmpfs disk xfs"         filesystems to run on (drop xfs to skip the XFS image)
+#   BENCH_FS="tmpfs disk xfs"         filesystems to run on (drop xfs to skip the XFS image;
+#                                     cold: "disk ext4 xfs", ext4 a journalled ext4 image)
 #   BENCH_TREES="many flat large sparse"              trees on tmpfs (and disk, by default)
 #   BENCH_DISK_TREES="$BENCH_TREES"   trees on disk (the 100k-file tree takes ~1 min a copy on a slow VM disk)
 #   BENCH_TOOLS="ferry ferry-verify cp-r cp-a rsync-a xcp cpz fcp"   tools on tmpfs and disk
@@ -45,7 +47,7 @@ TOOLS_BIN="$FERRY_TOOLS/cargo/bin"
 FERRY="${FERRY_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/ferry-agent}"
 if [[ "$COLD" == 1 ]]; then
     # Data that is not in the page cache, as a data mover meets it (the seed report's method).
-    BENCH_FS="${BENCH_FS:-disk xfs}"
+    BENCH_FS="${BENCH_FS:-disk ext4 xfs}"
     BENCH_TREES="${BENCH_TREES:-small many large}"
     BENCH_TOOLS="${BENCH_TOOLS:-ferry xcp cpz fcp cp-a rsync-a}"
     BENCH_XFS_TREES="${BENCH_XFS_TREES:-$BENCH_TREES}"
@@ -64,6 +66,7 @@ XFS_TREES="${BENCH_XFS_TREES:-large many}"
 DISK_TREES="${BENCH_DISK_TREES:-$TREES}"
 XFS_TOOLS="${BENCH_XFS_TOOLS:-ferry cp-reflink cp-r xcp cpz fcp}"
 XFS_IMG="$WORK/xfs.img"
+EXT4_IMG="$WORK/ext4.img"
 RSS_TOOLS="${BENCH_RSS_TOOLS:-ferry}"
 CHECK="${BENCH_CHECK:-1}"
 TMPFS_SIZE="${BENCH_TMPFS_SIZE:-10G}"
@@ -200,14 +203,14 @@ build_rev() {
 fs_trees() {
   case "$1" in
     xfs) echo "$XFS_TREES" ;;
-    disk) echo "$DISK_TREES" ;;
+    disk|ext4) echo "$DISK_TREES" ;;
     *) echo "$TREES" ;;
   esac
 }
 fs_tools() { if [[ "$1" == xfs ]]; then echo "$XFS_TOOLS"; else echo "$TOOLS"; fi; }
 fs_runs() {
     case "$1" in
-        disk) echo "$RUNS_DISK" ;;
+        disk|ext4) echo "$RUNS_DISK" ;;
         xfs) echo "$RUNS_XFS" ;;
         *) echo "$RUNS" ;;
     esac
@@ -245,6 +248,7 @@ setup_dirs() {
     [[ "$(stat -f -c %T "$WORK/tmpfs")" == tmpfs ]] || die "$WORK/tmpfs is not a tmpfs"
     [[ "$(stat -f -c %T "$WORK/disk")" != tmpfs ]] || die "$WORK/disk is on a tmpfs"
     if has_fs xfs; then setup_xfs; fi
+    if has_fs ext4; then setup_ext4; fi
     rm -rf "$RES"
     mkdir -p "$RES"
 }
@@ -280,6 +284,40 @@ setup_xfs() {
         truncate -s "$XFS_SIZE" "$XFS_IMG"
         losetup -c "$dev"
         xfs_growfs -d "$mnt" >/dev/null
+    fi
+}
+
+# A sparse image file $WORK/ext4.img (on the host disk) formatted by mkfs.ext4 with its
+# defaults (a journal, flex_bg) and loop-mounted at $WORK/ext4: the filesystem a node's
+# disk usually has. `/` on the machine this was written on is ext4 *without* a journal, where
+# the inode allocator skips (and rescans, for every new file) inodes deleted in the last
+# minute, so a copy right after deleting the previous one measures that scan too (see
+# bench/README.md); a journalled ext4 has no such scan.
+setup_ext4() {
+    local mnt="$WORK/ext4" want have dev back
+    command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 missing: apt-get install e2fsprogs"
+    want="$(numfmt --from=iec "$XFS_SIZE")"
+    mkdir -p "$mnt"
+    if ! mountpoint -q "$mnt"; then
+        if [[ ! -f "$EXT4_IMG" ]]; then
+            log "creating a $XFS_SIZE sparse ext4 image (mkfs.ext4, a journal) at $EXT4_IMG"
+            truncate -s "$XFS_SIZE" "$EXT4_IMG"
+            mkfs.ext4 -q -F "$EXT4_IMG" || { rm -f "$EXT4_IMG"; die "mkfs.ext4 failed"; }
+        fi
+        log "loop-mounting $EXT4_IMG at $mnt"
+        mount -o loop "$EXT4_IMG" "$mnt" ||
+            die "mount -o loop $EXT4_IMG failed (no loop devices?); BENCH_FS=\"disk xfs\" skips ext4"
+    fi
+    dev="$(findmnt -n -o SOURCE --mountpoint "$mnt")"
+    back="$(losetup -n -O BACK-FILE "$dev" 2>/dev/null | sed 's/ *$//')"
+    [[ "$back" -ef "$EXT4_IMG" ]] || die "$mnt is mounted from $dev, not from $EXT4_IMG (run bench/run.sh clean)"
+    [[ "$(stat -f -c %T "$mnt")" == ext2/ext3 ]] || die "$mnt is not an ext4"
+    have="$(stat -c %s "$EXT4_IMG")"
+    if ((have < want)); then
+        log "growing $EXT4_IMG from $(numfmt --to=iec "$have") to $XFS_SIZE"
+        truncate -s "$XFS_SIZE" "$EXT4_IMG"
+        losetup -c "$dev"
+        resize2fs -f "$dev" >/dev/null 2>&1 || die "resize2fs $dev failed"
     fi
 }
 
@@ -422,6 +460,7 @@ write_meta() {
         printf 'runs\t%s\n' "$RUNS"
         printf 'runs_disk\t%s\n' "$RUNS_DISK"
         printf 'runs_xfs\t%s\n' "$RUNS_XFS"
+        if has_fs ext4; then printf 'runs_ext4\t%s\n' "$RUNS_DISK"; fi
         printf 'filesystems\t%s\n' "$FILESYSTEMS"
         printf 'warmup\t%s\n' "$WARMUP"
         printf 'nproc\t%s\n' "$(nproc)"
@@ -437,6 +476,15 @@ write_meta() {
                 "$(findmnt -n -o OPTIONS --mountpoint "$WORK/xfs")" \
                 "${XFS_IMG#"$REPO"/}" "$(numfmt --to=iec "$(stat -c %s "$XFS_IMG")")" \
                 "$(findmnt -n -o SOURCE,FSTYPE -T "$XFS_IMG" | awk '{print $1 " " $2}')"
+        fi
+        if has_fs ext4; then
+            printf 'ext4\tloop-mounted ext4 (mkfs.ext4 defaults, %s: journal %s) on %s, options %s; image %s: %s sparse file on the host disk (%s)\n' \
+                "$(mkfs.ext4 -V 2>&1 | head -n1 | awk '{print $1 " " $2}')" \
+                "$(dumpe2fs -h "$(findmnt -n -o SOURCE --mountpoint "$WORK/ext4")" 2>/dev/null | grep -q has_journal && echo yes || echo no)" \
+                "$(findmnt -n -o SOURCE --mountpoint "$WORK/ext4")" \
+                "$(findmnt -n -o OPTIONS --mountpoint "$WORK/ext4")" \
+                "${EXT4_IMG#"$REPO"/}" "$(numfmt --to=iec "$(stat -c %s "$EXT4_IMG")")" \
+                "$(findmnt -n -o SOURCE,FSTYPE -T "$EXT4_IMG" | awk '{print $1 " " $2}')"
         fi
         printf 'ferry_rev\t%s\n' "$rev"
         printf 'ferry_bin\t%s\n' "$FERRY"
@@ -472,6 +520,7 @@ clean() {
     if mountpoint -q "$WORK/tmpfs"; then umount "$WORK/tmpfs"; fi
     # mount -o loop set up the loop device with autoclear: umount detaches it too.
     if mountpoint -q "$WORK/xfs"; then umount "$WORK/xfs"; fi
+    if mountpoint -q "$WORK/ext4"; then umount "$WORK/ext4"; fi
     rm -rf "$WORK"
 }
 
