@@ -54,7 +54,9 @@ if [[ "$COLD" == 1 ]]; then
     BENCH_XFS_TOOLS="${BENCH_XFS_TOOLS:-$BENCH_TOOLS}"
     BENCH_RUNS_DISK="${BENCH_RUNS_DISK:-5}"
     BENCH_RUNS_XFS="${BENCH_RUNS_XFS:-5}"
-    BENCH_WARMUP="${BENCH_WARMUP:-0}"
+    # One untimed run first: the first run after another tree's (or tool's) deleted copy meets
+    # its leftovers (online discards, writeback): up to 3x slower, and always the same tool.
+    BENCH_WARMUP="${BENCH_WARMUP:-1}"
     BENCH_SKIP_1M=1
     BENCH_FERRY_REVS=""
 fi
