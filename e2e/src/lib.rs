@@ -27,7 +27,8 @@ pub use tools::{
     helm_or_skip, kube_score_or_skip, prometheus_k8s_or_skip, prometheus_operator_crds_or_skip,
 };
 pub use trees::{
-    assert_same_contents, assert_same_tree, staging_leftovers, tree_meta, BindMount, Tmpfs,
+    assert_same_contents, assert_same_tree, staging_leftovers, tree_meta, BindMount, LoopExt4,
+    Tmpfs,
 };
 
 /// Whether this process runs as root (its effective uid, from /proc: this crate does not

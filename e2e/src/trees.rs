@@ -91,6 +91,77 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A new ext4 filesystem (`mkfs.ext4` defaults: a journal, as on a node's disk) in a sparse
+/// image file of `size` (`truncate -s` syntax) at `img`, loop-mounted at `at` (made if
+/// missing); when dropped it is unmounted (plainly, else lazily) and the image deleted.
+/// Needs root and loop devices.
+#[derive(Debug)]
+pub struct LoopExt4 {
+    at: PathBuf,
+    img: PathBuf,
+}
+
+impl LoopExt4 {
+    pub fn mount(at: &Path, img: &Path, size: &str) -> Result<Self> {
+        let run = |cmd: &str, args: &[&std::ffi::OsStr]| -> Result<()> {
+            let out = Command::new(cmd)
+                .args(args)
+                .output()
+                .with_context(|| format!("run {cmd}"))?;
+            if !out.status.success() {
+                bail!(
+                    "{cmd} failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Ok(())
+        };
+        std::fs::create_dir_all(at)?;
+        run("truncate", &["-s".as_ref(), size.as_ref(), img.as_os_str()])?;
+        // From here on, Drop removes the image (and unmounts it, once mounted).
+        let fs = Self {
+            at: at.to_path_buf(),
+            img: img.to_path_buf(),
+        };
+        run(
+            "mkfs.ext4",
+            &["-q".as_ref(), "-F".as_ref(), img.as_os_str()],
+        )?;
+        run(
+            "mount",
+            &[
+                "-o".as_ref(),
+                "loop".as_ref(),
+                img.as_os_str(),
+                at.as_os_str(),
+            ],
+        )?;
+        Ok(fs)
+    }
+}
+
+impl Drop for LoopExt4 {
+    fn drop(&mut self) {
+        let umount = |lazy: bool| {
+            Command::new("umount")
+                .args(lazy.then_some("-l"))
+                .arg(&self.at)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        // Not mounted (mkfs or mount failed): nothing to unmount.
+        let mounted = Command::new("mountpoint")
+            .arg("-q")
+            .arg(&self.at)
+            .status()
+            .is_ok_and(|s| s.success());
+        if mounted && !umount(false) && !umount(true) {
+            eprintln!("could not unmount the ext4 image at {}", self.at.display());
+        }
+        let _ = std::fs::remove_file(&self.img);
+    }
+}
+
 /// Every entry under `root` (relative path → what a user would compare: type, mode,
 /// owner, size, mtime, symlink target), walked without following links.
 pub fn tree_meta(root: &Path) -> Result<std::collections::BTreeMap<PathBuf, String>> {

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use ferry_e2e::kube::{KubeTier, NETNS, NODE};
-use ferry_e2e::{repo_root, ControlPlane, Kubectl, Proc};
+use ferry_e2e::{repo_root, ControlPlane, Kubectl, LoopExt4, Proc};
 
 use crate::bring_up;
 use crate::machine::{
@@ -25,6 +25,9 @@ pub(crate) const TREE_100K: [&str; 8] =
 /// the end of the file is that section (`make bench-control-plane` keeps it).
 const THROUGHPUT_HEADING: &str = "## Throughput";
 
+/// Size of the cold benchmark's ext4 image (sparse): the tree, two copies and their manifests.
+const EXT4_SIZE: &str = "8G";
+
 /// Mount options of the benchmark's tmpfs.
 const TMPFS_OPTIONS: &str = "size=4G,nr_inodes=1M,mode=0755";
 
@@ -33,9 +36,12 @@ const TMPFS_OPTIONS: &str = "size=4G,nr_inodes=1M,mode=0755";
 pub enum Cache {
     /// The tree on a tmpfs: always in memory.
     Warm,
-    /// The tree on the disk (the control plane's directory, on `/`), with `sync` and
-    /// `echo 3 > /proc/sys/vm/drop_caches` before every run, untimed: the data, the inodes
-    /// and the directories are read from the device.
+    /// The tree on the disk, in a new journalled ext4 (a loop-mounted image file on `/`, as
+    /// `bench/run.sh`'s cold `ext4`), with `sync` and `echo 3 > /proc/sys/vm/drop_caches`
+    /// before every run, untimed: the data, the inodes and the directories are read from the
+    /// device. Not `/` itself: on the machine this was written on it is ext4 without a
+    /// journal, whose allocator rescans recently deleted inodes on every new file, so a run
+    /// after the previous run's copy was deleted varied by 2x (bench/README.md).
     Cold,
 }
 
@@ -99,6 +105,7 @@ pub fn bench_throughput(tier: Tier, cache: Cache, runs: usize, out: Option<&Path
 pub(crate) struct Bench {
     // Fields drop in order: the tmpfs is unmounted before the processes stop.
     _tmpfs: Option<Tmpfs>,
+    _ext4: Option<LoopExt4>,
     cache: Cache,
     cp: Cluster,
     agent: PathBuf,
@@ -210,9 +217,12 @@ impl Bench {
                 )
             }
         };
-        let tmpfs = match cache {
-            Cache::Warm => Some(Tmpfs::mount(&root, TMPFS_OPTIONS)?),
-            Cache::Cold => None,
+        let (tmpfs, ext4) = match cache {
+            Cache::Warm => (Some(Tmpfs::mount(&root, TMPFS_OPTIONS)?), None),
+            Cache::Cold => {
+                let img = root.with_extension("ext4.img");
+                (None, Some(LoopExt4::mount(&root, &img, EXT4_SIZE)?))
+            }
         };
         let src = root.join("src");
         eprintln!(
@@ -233,6 +243,7 @@ impl Bench {
         cp.apply(&format!("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: throughput\nspec:\n  path: /srv/throughput\n  nodeSelector: {{{selector}}}\n  namespaces: {{names: [default]}}\n"))?;
         Ok(Self {
             _tmpfs: tmpfs,
+            _ext4: ext4,
             cache,
             cp,
             agent,
@@ -638,7 +649,13 @@ fn report(
     // The machine's CPU time outside this harness, as a share of what the CPUs could give
     // during the timed runs: more than 5% is a concurrent load worth saying.
     let others_share = others / (timed_secs * nproc as f64);
-    let measured = format!("processes other than the benchmark's used {others:.1} CPU-seconds during the {timed_secs:.0} s of timed runs ({:.0}% of the {nproc} CPUs; `/proc/stat` busy time minus the harness's processes), a compiler (rustc, cc1 or ld) was running in {busy} of {samples} samples taken every 250 ms, 1-minute load average {load_before} before the timed runs and {load_after} after", others_share * 100.0);
+    let cold = cache == Cache::Cold;
+    let kernel = if cold {
+        " (cold: these include the kernel's writeback, discard and reclaim threads the runs set off)"
+    } else {
+        ""
+    };
+    let measured = format!("processes other than the benchmark's{kernel} used {others:.1} CPU-seconds during the {timed_secs:.0} s of timed runs ({:.0}% of the {nproc} CPUs; `/proc/stat` busy time minus the harness's processes), a compiler (rustc, cc1 or ld) was running in {busy} of {samples} samples taken every 250 ms, 1-minute load average {load_before} before the timed runs and {load_after} after", others_share * 100.0);
     let loaded = others_share > 0.05 || busy > 0;
     let load_note = if loaded {
         let what = if busy > 0 {
@@ -652,7 +669,6 @@ fn report(
     };
     let mut md = String::new();
     use std::fmt::Write as _;
-    let cold = cache == Cache::Cold;
     writeln!(
         md,
         "{THROUGHPUT_HEADING}: a CopyJob against `ferry-agent copy` on the 100k-file tree{}\n",
@@ -662,10 +678,7 @@ fn report(
     writeln!(md, "Target: a CopyJob's throughput within 10% of `ferry-agent copy` on the same tree, i.e. CopyJob wall time / CLI wall time <= 1.10.\n")?;
     let place = if cold {
         let fs = shell_line("findmnt -no SOURCE,FSTYPE,OPTIONS -T /tmp");
-        let disk = shell_line(
-            "lsblk -dno NAME,ROTA,MODEL,SIZE $(findmnt -no SOURCE -T /tmp) 2>/dev/null || true",
-        );
-        format!("on the disk, in {at} (the StorageRoot `throughput`, a directory of the control plane's temporary directory under `/tmp`; `{fs}`, device `{disk}`), removed after. Source and every destination are there")
+        format!("on the disk: a new ext4 (`mkfs.ext4` defaults, with a journal as on a node's disk) in a sparse {EXT4_SIZE} image file on `/` (`{fs}`), loop-mounted at {at} (the StorageRoot `throughput`), unmounted and deleted after. Source and every destination are on it")
     } else {
         format!("on a tmpfs (`{tmpfs_options}`) mounted at {at} (the StorageRoot `throughput`) and unmounted after. Source and every destination are on that tmpfs")
     };
