@@ -311,11 +311,15 @@ impl Bench {
         let before = self.cpu();
         let start = Instant::now();
         let run = std::process::Command::new(&self.agent)
+            // --sync: a CopyJob reports Succeeded only once the destination is on stable
+            // storage (a syncfs); the CLI is timed to the same point. Free on a tmpfs, and
+            // a cold copy's writeback otherwise (the job pays it, the CLI would not).
             .args([
                 "copy",
                 "--no-progress",
                 "--verify",
                 "checksum",
+                "--sync",
                 "--manifest",
             ])
             .arg(&manifest)
@@ -683,7 +687,7 @@ fn report(
         format!("on a tmpfs (`{tmpfs_options}`) mounted at {at} (the StorageRoot `throughput`) and unmounted after. Source and every destination are on that tmpfs")
     };
     writeln!(md, "- Tree: `ftzz -e {}`, `bench/run.sh`'s `many` tree: {} files, {} directories, {} bytes, generated for the run {place}.", TREE_100K.join(" "), tree.files, tree.dirs, tree.bytes)?;
-    writeln!(md, "- CLI: {cli}: `ferry-agent copy --no-progress --verify checksum --manifest /srv/throughput/.ferry/cli-N.xxh128 SRC DST`, wall time of the process as started by the harness.")?;
+    writeln!(md, "- CLI: {cli}: `ferry-agent copy --no-progress --verify checksum --sync --manifest /srv/throughput/.ferry/cli-N.xxh128 SRC DST`, wall time of the process as started by the harness. `--sync` flushes the destination filesystem (syncfs) before it exits, as the agent does before a job is `Succeeded`.")?;
     writeln!(md, "- CopyJob: `source: {{root: throughput, path: src}}`, `destination: {{root: throughput, path: out/tput-N}}`, everything else at the CRD defaults, so the agent copies with verify Checksum and writes its manifest to `/srv/throughput/.ferry/`. Wall time from `kubectl apply` to `Succeeded` observed by `kubectl wait` (what a user sees; it includes the two kubectl processes, the operator's reconcile and the agent's watch and status writes). Agent copy time: the shard's `bytesDone / bytesPerSecond`, i.e. from the agent picking up the shard to its final status write.")?;
     writeln!(md, "- Same engine options both ways: verify Checksum, manifest, reflink auto, overwrite never, all metadata kept, workers at the default of both (`copy --workers` and `run --workers` unset: 16, or the CPUs if more).")?;
     let caches = if cold {
