@@ -249,6 +249,7 @@ setup_dirs() {
     fi
     [[ "$(stat -f -c %T "$WORK/tmpfs")" == tmpfs ]] || die "$WORK/tmpfs is not a tmpfs"
     [[ "$(stat -f -c %T "$WORK/disk")" != tmpfs ]] || die "$WORK/disk is on a tmpfs"
+    check_room
     if has_fs xfs; then setup_xfs; fi
     if has_fs ext4; then setup_ext4; fi
     rm -rf "$RES"
@@ -259,67 +260,77 @@ setup_dirs() {
 # loop-mounted at $WORK/xfs. Like the tmpfs it stays mounted between runs (trees stay cached);
 # `run.sh clean` unmounts it. A quick run makes it 1G; a full run grows it to 12G in place.
 setup_xfs() {
-    local mnt="$WORK/xfs" want have dev back
     if ! command -v mkfs.xfs >/dev/null || ! command -v xfs_growfs >/dev/null; then
         die "mkfs.xfs/xfs_growfs missing: apt-get install xfsprogs, or set BENCH_FS=\"tmpfs disk\""
     fi
-    want="$(numfmt --from=iec "$XFS_SIZE")"
-    mkdir -p "$mnt"
-    if ! mountpoint -q "$mnt"; then
-        if [[ ! -f "$XFS_IMG" ]]; then
-            log "creating a $XFS_SIZE sparse XFS image (mkfs.xfs -m reflink=1) at $XFS_IMG"
-            truncate -s "$XFS_SIZE" "$XFS_IMG"
-            mkfs.xfs -q -m reflink=1 "$XFS_IMG" || { rm -f "$XFS_IMG"; die "mkfs.xfs failed"; }
-        fi
-        log "loop-mounting $XFS_IMG at $mnt"
-        mount -o loop "$XFS_IMG" "$mnt" ||
-            die "mount -o loop $XFS_IMG failed (no loop devices?); BENCH_FS=\"tmpfs disk\" skips xfs"
-    fi
-    dev="$(findmnt -n -o SOURCE --mountpoint "$mnt")"
-    back="$(losetup -n -O BACK-FILE "$dev" 2>/dev/null | sed 's/ *$//')"
-    [[ "$back" -ef "$XFS_IMG" ]] || die "$mnt is mounted from $dev, not from $XFS_IMG (run bench/run.sh clean)"
-    [[ "$(stat -f -c %T "$mnt")" == xfs ]] || die "$mnt is not an XFS"
-    grep -q 'reflink=1' <<<"$(xfs_info "$mnt")" || die "$mnt: XFS without reflink=1 (run bench/run.sh clean)"
-    have="$(stat -c %s "$XFS_IMG")"
-    if ((have < want)); then
-        log "growing $XFS_IMG from $(numfmt --to=iec "$have") to $XFS_SIZE"
-        truncate -s "$XFS_SIZE" "$XFS_IMG"
-        losetup -c "$dev"
-        xfs_growfs -d "$mnt" >/dev/null
-    fi
+    loop_image "$XFS_IMG" "$WORK/xfs" xfs "xfs_growfs -d $WORK/xfs" mkfs.xfs -q -m reflink=1
+    grep -q 'reflink=1' <<<"$(xfs_info "$WORK/xfs")" || die "$WORK/xfs: XFS without reflink=1 (run bench/run.sh clean)"
 }
 
 # A sparse image file $WORK/ext4.img (on the host disk) formatted by mkfs.ext4 with its
 # defaults (a journal, flex_bg) and loop-mounted at $WORK/ext4: the filesystem a node's
 # disk usually has. `/` on the machine this was written on is ext4 *without* a journal, where
 # the inode allocator skips (and rescans, for every new file) inodes deleted in the last
-# minute, so a copy right after deleting the previous one measures that scan too (see
+# minutes, so a copy right after deleting the previous one measures that scan too (see
 # bench/README.md); a journalled ext4 has no such scan.
 setup_ext4() {
-    local mnt="$WORK/ext4" want have dev back
     command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 missing: apt-get install e2fsprogs"
+    # Online resize2fs is refused here (EPERM): a smaller image is made anew (its trees too).
+    loop_image "$EXT4_IMG" "$WORK/ext4" ext2/ext3 "" mkfs.ext4 -q -F
+}
+
+# Stop early when the host disk cannot hold what the run writes: each image may fill up to
+# $XFS_SIZE (a filesystem does not hand freed blocks back to its image file), plus the trees
+# and one copy on the disk itself. A full cold run filled a disk with 21 GiB free.
+check_room() {
+    local need=0 img fs have avail
+    for fs in xfs ext4; do
+        has_fs "$fs" || continue
+        img="$WORK/$fs.img"
+        have=0
+        [[ ! -f "$img" ]] || have=$(($(stat -c %b "$img") * 512))
+        need=$((need + $(numfmt --from=iec "$XFS_SIZE") - have))
+    done
+    if has_fs disk; then need=$((need + 8 * GiB)); fi
+    avail=$(($(stat -f -c %a "$WORK") * $(stat -f -c %S "$WORK")))
+    ((avail >= need)) || die "the run may write $(numfmt --to=iec "$need") to the host disk and only $(numfmt --to=iec "$avail") is free: free some, or set BENCH_XFS_SIZE, BENCH_FS or BENCH_DISK_TREES lower"
+}
+
+# loop_image IMG MNT STATFS_TYPE GROW MKFS...: make the sparse image IMG ($XFS_SIZE) with the
+# command MKFS... IMG unless it exists, loop-mount it at MNT unless mounted (it stays mounted
+# between runs, so its trees stay cached; `run.sh clean` unmounts it), check that MNT is IMG
+# and of STATFS_TYPE (stat -f), and grow it to $XFS_SIZE if it is smaller: in place with
+# the command GROW, or, when GROW is empty, by making it anew. Never shrunk.
+loop_image() {
+    local img="$1" mnt="$2" type="$3" grow="$4" want have dev back
+    shift 4
     want="$(numfmt --from=iec "$XFS_SIZE")"
     mkdir -p "$mnt"
     if ! mountpoint -q "$mnt"; then
-        if [[ ! -f "$EXT4_IMG" ]]; then
-            log "creating a $XFS_SIZE sparse ext4 image (mkfs.ext4, a journal) at $EXT4_IMG"
-            truncate -s "$XFS_SIZE" "$EXT4_IMG"
-            mkfs.ext4 -q -F "$EXT4_IMG" || { rm -f "$EXT4_IMG"; die "mkfs.ext4 failed"; }
+        if [[ ! -f "$img" ]]; then
+            log "creating a $XFS_SIZE sparse image ($*) at $img"
+            truncate -s "$XFS_SIZE" "$img"
+            "$@" "$img" || { rm -f "$img"; die "$1 failed"; }
         fi
-        log "loop-mounting $EXT4_IMG at $mnt"
-        mount -o loop "$EXT4_IMG" "$mnt" ||
-            die "mount -o loop $EXT4_IMG failed (no loop devices?); BENCH_FS=\"disk xfs\" skips ext4"
+        log "loop-mounting $img at $mnt"
+        mount -o loop "$img" "$mnt" ||
+            die "mount -o loop $img failed (no loop devices?); BENCH_FS without $(basename "$mnt") skips it"
     fi
     dev="$(findmnt -n -o SOURCE --mountpoint "$mnt")"
     back="$(losetup -n -O BACK-FILE "$dev" 2>/dev/null | sed 's/ *$//')"
-    [[ "$back" -ef "$EXT4_IMG" ]] || die "$mnt is mounted from $dev, not from $EXT4_IMG (run bench/run.sh clean)"
-    [[ "$(stat -f -c %T "$mnt")" == ext2/ext3 ]] || die "$mnt is not an ext4"
-    have="$(stat -c %s "$EXT4_IMG")"
-    if ((have < want)); then
-        log "growing $EXT4_IMG from $(numfmt --to=iec "$have") to $XFS_SIZE"
-        truncate -s "$XFS_SIZE" "$EXT4_IMG"
+    [[ "$back" -ef "$img" ]] || die "$mnt is mounted from $dev, not from $img (run bench/run.sh clean)"
+    [[ "$(stat -f -c %T "$mnt")" == "$type" ]] || die "$mnt is not a $type"
+    have="$(stat -c %s "$img")"
+    if ((have < want)) && [[ -z "$grow" ]]; then
+        log "making $img anew at $XFS_SIZE (it was $(numfmt --to=iec "$have"))"
+        umount "$mnt"
+        rm -f "$img"
+        loop_image "$img" "$mnt" "$type" "$grow" "$@"
+    elif ((have < want)); then
+        log "growing $img from $(numfmt --to=iec "$have") to $XFS_SIZE"
+        truncate -s "$XFS_SIZE" "$img"
         losetup -c "$dev"
-        resize2fs -f "$dev" >/dev/null 2>&1 || die "resize2fs $dev failed"
+        $grow >/dev/null || die "$grow failed"
     fi
 }
 
