@@ -78,17 +78,22 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let umount = |lazy: bool| {
-            Command::new("umount")
-                .args(lazy.then_some("-l"))
-                .arg(&self.0)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !umount(false) && !umount(true) {
+        if !unmount(&self.0) {
             eprintln!("could not unmount the tmpfs at {}", self.0.display());
         }
     }
+}
+
+/// Unmount `at` plainly, else lazily (a process may still hold it open); whether either did.
+fn unmount(at: &Path) -> bool {
+    let umount = |lazy: bool| {
+        Command::new("umount")
+            .args(lazy.then_some("-l"))
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    umount(false) || umount(true)
 }
 
 /// A new ext4 filesystem (`mkfs.ext4` defaults: a journal, as on a node's disk) in a sparse
@@ -142,20 +147,13 @@ impl LoopExt4 {
 
 impl Drop for LoopExt4 {
     fn drop(&mut self) {
-        let umount = |lazy: bool| {
-            Command::new("umount")
-                .args(lazy.then_some("-l"))
-                .arg(&self.at)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
         // Not mounted (mkfs or mount failed): nothing to unmount.
         let mounted = Command::new("mountpoint")
             .arg("-q")
             .arg(&self.at)
             .status()
             .is_ok_and(|s| s.success());
-        if mounted && !umount(false) && !umount(true) {
+        if mounted && !unmount(&self.at) {
             eprintln!("could not unmount the ext4 image at {}", self.at.display());
         }
         let _ = std::fs::remove_file(&self.img);
