@@ -47,8 +47,40 @@ pub fn repo_root() -> PathBuf {
         .map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
 }
 
-pub(crate) fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A loopback port nothing listens on, for a server a test starts a moment later.
+///
+/// It comes from below the kernel's ephemeral range, not from binding port 0: a port from
+/// inside that range can be taken as the local end of any outgoing connection (an apiserver's
+/// to etcd, a kubectl's) between this check and the server's own bind, which made a CI run's
+/// apiserver fail "address already in use". No port is handed out twice in one process, and
+/// each process starts at its own offset so that concurrent test binaries rarely meet.
+pub fn free_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    // 10,000 ports below the range, never the privileged ones.
+    let low = ephemeral_low.saturating_sub(10_000).max(1024);
+    let span = ephemeral_low.saturating_sub(low);
+    if span < 100 {
+        // The ephemeral range starts too low to leave room below it: take the kernel's pick.
+        return Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
+    }
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % span,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..span {
+        let port = u16::try_from(low + NEXT.fetch_add(1, Ordering::SeqCst) % span)?;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port in {low}..{ephemeral_low}")
 }
 
 /// The raw HTTP response (status line, headers, body) to a GET on the loopback.

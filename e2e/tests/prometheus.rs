@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, ensure, Context, Result};
-use ferry_e2e::{http_get, repo_root, wait_for, ControlPlane, Proc, PACED};
+use ferry_e2e::{free_port, http_get, repo_root, wait_for, ControlPlane, Proc, PACED};
 use serde_json::Value;
 
 const NODES: [&str; 2] = ["node-a", "node-b"];
@@ -45,12 +45,6 @@ fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// `prometheus` and `promtool` (`FERRY_PROMETHEUS`, `FERRY_PROMTOOL`, or from PATH), or
