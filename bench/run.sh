@@ -364,12 +364,20 @@ bench_one() {
     local fs="$1" tree="$2" tool="$3" root src dst cmd base
     root="$(fs_root "$fs")"
     src="$root/src/$tree"
-    dst="$root/dst"
+    # DST lies in a directory `run` made anew before every run, under a parent marked as the
+    # top of a hierarchy (`chattr +T`, ext4's Orlov flag: its subdirectories are spread over
+    # the disk like top-level ones). So each run's copy lands in a fresh region, as a copy
+    # onto a new volume does, not on the inodes the previous run's copy freed a moment
+    # before: on ext4 without a journal, the allocator rescans past each of those for every
+    # new file for up to 6 minutes (bench/README.md), which measured the delete, not the copy.
+    dst="$root/run/dst"
+    chattr +T "$root" 2>/dev/null || true
     base="$RES/$fs--$tree--$tool"
     cmd="$(tool_cmd "$tool" "$src" "$dst" "$fs")"
-    rm -rf "$dst"
+    rm -rf "$root/run" "$root/dst"
+    mkdir "$root/run"
     log "$fs/$tree: $tool: $cmd"
-    local prepare="rm -rf $dst && sync"
+    local prepare="rm -rf $root/run && mkdir $root/run && sync"
     [[ "$COLD" != 1 ]] || prepare="$prepare && echo 3 > /proc/sys/vm/drop_caches"
     if hyperfine -N --warmup "$WARMUP" --runs "$(fs_runs "$fs")" \
         --prepare "sh -c '$prepare'" \
