@@ -223,7 +223,7 @@ def render(d, out_md=None):
                          for fs in fs_run if f"runs_{fs}" in meta)
     cold = meta.get("cold") == "1"
     cache = ("**cold page cache**: `--prepare 'rm -rf RUN && mkdir RUN && sync && echo 3 > "
-             "/proc/sys/vm/drop_caches'` before every run (DST is RUN/dst, RUN a fresh directory "
+             "/proc/sys/vm/drop_caches'` before every run (DST is RUN/dst, RUN a symlink to a fresh directory with a new name "
              "under a `chattr +T` parent, so each run's copy lands in a new region of the disk "
              "and not on the inodes the previous run freed: bench/README.md; on the XFS image ferry and xcp run with `--reflink never` and cp with "
              "`--reflink=never`; ferry's and cp's data is then read and written, but xcp's "

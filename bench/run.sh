@@ -364,21 +364,24 @@ bench_one() {
     local fs="$1" tree="$2" tool="$3" root src dst cmd base
     root="$(fs_root "$fs")"
     src="$root/src/$tree"
-    # DST lies in a directory `run` made anew before every run, under a parent marked as the
-    # top of a hierarchy (`chattr +T`, ext4's Orlov flag: its subdirectories are spread over
-    # the disk like top-level ones). So each run's copy lands in a fresh region, as a copy
-    # onto a new volume does, not on the inodes the previous run's copy freed a moment
-    # before: on ext4 without a journal, the allocator rescans past each of those for every
-    # new file for up to 6 minutes (bench/README.md), which measured the delete, not the copy.
+    # DST is RUN/dst, RUN a symlink to a directory made anew, under a new name, before every
+    # run, under a parent marked as the top of a hierarchy (`chattr +T`, ext4's Orlov flag:
+    # a new subdirectory goes to the group with the fewest directories, searched from a hash
+    # of its name). So each run's copy lands in a fresh region of the disk, as a copy onto a
+    # new volume does, not on the inodes the previous run's copy freed a moment before: on
+    # ext4 without a journal, the allocator rescans past each of those for every new file
+    # for up to 6 minutes (bench/README.md), which measured the delete, not the copy. (A
+    # fixed name hashes to the same group every time: the symlink keeps the command line
+    # fixed for hyperfine while the name changes.)
     dst="$root/run/dst"
     chattr +T "$root" 2>/dev/null || true
     base="$RES/$fs--$tree--$tool"
     cmd="$(tool_cmd "$tool" "$src" "$dst" "$fs")"
-    rm -rf "$root/run" "$root/dst"
-    mkdir "$root/run"
-    log "$fs/$tree: $tool: $cmd"
-    local prepare="rm -rf $root/run && mkdir $root/run && sync"
+    local prepare="rm -rf $root/run $root/run.* && d=\$(mktemp -d $root/run.XXXXXXXX) && ln -sfn \${d##*/} $root/run && sync"
+    rm -rf "$root/dst"
+    sh -c "$prepare"
     [[ "$COLD" != 1 ]] || prepare="$prepare && echo 3 > /proc/sys/vm/drop_caches"
+    log "$fs/$tree: $tool: $cmd"
     if hyperfine -N --warmup "$WARMUP" --runs "$(fs_runs "$fs")" \
         --prepare "sh -c '$prepare'" \
         --command-name "$tool" --export-json "$base.json" "$cmd"; then
