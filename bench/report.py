@@ -24,7 +24,8 @@ FS_ABOUT = {
     "tmpfs": "tmpfs (RAM): pure CPU and syscall cost.",
     "disk": "`bench/work/disk` on the host disk (see Disk filesystem above).",
     "ext4": "a loop-mounted ext4 image made with `mkfs.ext4`'s defaults (a journal, as on a node's "
-            "disk), stored on the host disk (see ext4 filesystem above).",
+            "disk), stored on the host disk (see ext4 filesystem above); cold, the loop device uses "
+            "direct I/O on the image file (bench/README.md).",
     "xfs": "a loop-mounted XFS image made with `mkfs.xfs -m reflink=1`, stored on the host disk "
            "(see XFS filesystem above). Every tool can clone here, so a copy costs metadata, not "
            "data: `cp-reflink` is `cp -a --reflink=always`, ferry uses its default `--reflink auto`. "
