@@ -682,7 +682,7 @@ fn report(
     writeln!(md, "Target: a CopyJob's throughput within 10% of `ferry-agent copy` on the same tree, i.e. CopyJob wall time / CLI wall time <= 1.10.\n")?;
     let place = if cold {
         let fs = shell_line("findmnt -no SOURCE,FSTYPE,OPTIONS -T /tmp");
-        format!("on the disk: a new ext4 (`mkfs.ext4` defaults, with a journal as on a node's disk) in a sparse {EXT4_SIZE} image file on `/` (`{fs}`), loop-mounted at {at} (the StorageRoot `throughput`), unmounted and deleted after. Source and every destination are on it")
+        format!("on the disk: a new ext4 (`mkfs.ext4` defaults, with a journal as on a node's disk) in a sparse {EXT4_SIZE} image file on `/` (`{fs}`), loop-mounted with direct I/O on the image file (`losetup --direct-io=on`) at {at} (the StorageRoot `throughput`), unmounted and deleted after. Source and every destination are on it")
     } else {
         format!("on a tmpfs (`{tmpfs_options}`) mounted at {at} (the StorageRoot `throughput`) and unmounted after. Source and every destination are on that tmpfs")
     };
