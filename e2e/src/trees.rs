@@ -98,8 +98,8 @@ fn unmount(at: &Path) -> bool {
 
 /// A new ext4 filesystem (`mkfs.ext4` defaults: a journal, as on a node's disk) in a sparse
 /// image file of `size` (`truncate -s` syntax) at `img`, loop-mounted at `at` (made if
-/// missing) with direct I/O on the image file; when dropped it is unmounted (plainly, else lazily) and the image deleted.
-/// Needs root and loop devices.
+/// missing) with direct I/O on the image file; when dropped it is unmounted (plainly, else
+/// lazily) and the image deleted. Needs root and loop devices.
 #[derive(Debug)]
 pub struct LoopExt4 {
     at: PathBuf,
