@@ -47,7 +47,8 @@ pub struct RunArgs {
     #[arg(long, env = "POD_NAMESPACE", default_value = "ferry-system")]
     pub namespace: String,
     /// Copy workers per shard unless the job sets parallelism.workersPerAgent (0: 16, or the
-    /// CPUs if more, at most 64: a worker waits in every read of uncached data).
+    /// CPUs if more, at most 64: a worker waits in every read of uncached data; of these only
+    /// as many as CPUs run while the copy reads nothing from storage).
     #[arg(long, env = "FERRY_WORKERS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub workers: u16,
     /// Shards this agent runs at once; more wait (Pending) for one to finish. With at most

@@ -48,7 +48,8 @@ pub struct Endpoint {
 pub struct Parallelism {
     /// Copy workers per agent, at most 64 (0: the agent's default, 16 or the node's CPU count
     /// if more, at most 64; a worker waits in every read of uncached data, so a cold copy
-    /// wants more reads in flight than there are CPUs). Each holds a 1 MiB buffer.
+    /// wants more reads in flight than there are CPUs; of the default, only as many as CPUs
+    /// run while the copy reads nothing from the disk). Each holds a 1 MiB buffer.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("workersPerAgent must be between 0 and 64"))]
     pub workers_per_agent: i32,

@@ -504,11 +504,12 @@ fn engine_options(
     manifest: Option<PathBuf>,
 ) -> ferry_engine::Options {
     // At most MAX_WORKERS whatever asks (a job the operator let through, a node with more
-    // CPUs): with 1 MiB of buffer a worker, that bounds a shard's buffers.
+    // CPUs): with 1 MiB of buffer a worker, that bounds a shard's buffers. 0 stays 0: the
+    // engine's default pool (at most 64) runs only as many workers as CPUs while the copy
+    // does not wait on storage; a number asked for always runs.
     ferry_engine::Options {
         workers: match (spec.parallelism.workers_per_agent, workers) {
             (n, _) if n > 0 => n as usize,
-            (_, 0) => ferry_engine::default_workers(),
             (_, w) => w,
         }
         .min(ferry_crds::MAX_WORKERS as usize),

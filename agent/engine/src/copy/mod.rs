@@ -6,6 +6,7 @@
 //! went wrong), and `run` (opening both ends and producing the summary).
 
 mod chunks;
+mod depth;
 mod dirs;
 mod failure;
 mod links;
@@ -297,6 +298,8 @@ struct Ctx<'a> {
     fenced: AtomicBool,
     tmp_counter: AtomicU64,
     pid: u32,
+    /// How many workers run at once; set when the pool starts.
+    depth: std::sync::OnceLock<depth::Depth>,
 }
 
 /// Why an entry ended without being copied.
@@ -350,6 +353,7 @@ impl<'a> Ctx<'a> {
             fenced: AtomicBool::new(false),
             tmp_counter: AtomicU64::new(first_tmp),
             pid: std::process::id(),
+            depth: std::sync::OnceLock::new(),
         }
     }
 
