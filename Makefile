@@ -134,9 +134,10 @@ bench-throughput-kube: kube-deps
 clean:
 	$(CARGO) clean
 
-## Fuzz tenant path resolution against the kernel's openat2 (nightly + cargo-fuzz, installed
-## into /var/cache/ferry-tools/cargo-fuzz on first use). FUZZ_SECONDS bounds the run.
+## Fuzz tenant path resolution against the kernel's openat2, and the transfer protocol's
+## decoder with arbitrary peer bytes (nightly + cargo-fuzz, installed into
+## /var/cache/ferry-tools/cargo-fuzz on first use). FUZZ_SECONDS bounds each target's run.
 FUZZ_SECONDS ?= 300
 fuzz:
 	@test -x /var/cache/ferry-tools/cargo-fuzz/bin/cargo-fuzz || cargo install cargo-fuzz --root /var/cache/ferry-tools/cargo-fuzz
-	cd fuzz && PATH=/var/cache/ferry-tools/cargo-fuzz/bin:$$PATH cargo +nightly fuzz run resolve_beneath -- -max_total_time=$(FUZZ_SECONDS)
+	cd fuzz && for t in resolve_beneath transfer_frame; do PATH=/var/cache/ferry-tools/cargo-fuzz/bin:$$PATH cargo +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
