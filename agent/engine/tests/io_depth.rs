@@ -21,7 +21,10 @@ struct Committers {
 
 impl Progress for Committers {
     fn file_done(&self, _size: u64, _took: Duration) {
-        let name = std::thread::current().name().unwrap_or_default().to_string();
+        let name = std::thread::current()
+            .name()
+            .unwrap_or_default()
+            .to_string();
         let index = name
             .strip_prefix("ferry-copy-")
             .and_then(|i| i.parse().ok())
@@ -62,7 +65,10 @@ fn a_copy_that_reads_nothing_from_storage_settles_to_one_worker_per_cpu() -> Res
     ensure!(summary.files == 600 && summary.failed == 0, "{summary:?}");
     compare(&before, &dst, Check::default())?;
 
-    let seen = progress.seen.into_inner().unwrap_or_else(|e| e.into_inner());
+    let seen = progress
+        .seen
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner());
     // Every worker starts (a copy may begin cold); after three 20 ms samples without a
     // read the limit drops, and a worker past it finishes the directory it has (~20 ms).
     let settled = Duration::from_millis(300);

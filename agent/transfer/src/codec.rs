@@ -167,7 +167,10 @@ mod tests {
         w.u32(1000);
         w.buf.extend_from_slice(&[0; 100]);
         let mut r = Reader::new(&w.buf);
-        assert_eq!(r.count(5000, 8, "entries"), Err(Error::Truncated("entries")));
+        assert_eq!(
+            r.count(5000, 8, "entries"),
+            Err(Error::Truncated("entries"))
+        );
         let mut r = Reader::new(&w.buf);
         assert_eq!(
             r.count(10, 0, "entries"),
@@ -185,6 +188,12 @@ mod tests {
         assert_eq!(r.u32("size"), Err(Error::Truncated("size")));
         let mut r = Reader::new(&[1, 2, 3]);
         assert_eq!(r.u16("a"), Ok(0x0201));
-        assert_eq!(r.finish("frame"), Err(Error::Trailing { what: "frame", n: 1 }));
+        assert_eq!(
+            r.finish("frame"),
+            Err(Error::Trailing {
+                what: "frame",
+                n: 1
+            })
+        );
     }
 }

@@ -95,7 +95,10 @@ pub fn check_name(name: &[u8], what: &'static str) -> Result<(), Error> {
 
 fn check_nul_free(v: &[u8], what: &'static str) -> Result<(), Error> {
     match (v.is_empty(), v.contains(&0)) {
-        (true, _) => Err(Error::Invalid { what, why: "is empty" }),
+        (true, _) => Err(Error::Invalid {
+            what,
+            why: "is empty",
+        }),
         (_, true) => Err(Error::Invalid {
             what,
             why: "contains a NUL byte",
@@ -241,7 +244,9 @@ impl Entry {
         let mut xattrs = Vec::with_capacity(n);
         for _ in 0..n {
             let name = r.bytes(XATTR_NAME_MAX, "extended attribute name")?.to_vec();
-            let value = r.bytes(XATTR_VALUE_MAX, "extended attribute value")?.to_vec();
+            let value = r
+                .bytes(XATTR_VALUE_MAX, "extended attribute value")?
+                .to_vec();
             xattrs.push(Xattr { name, value });
         }
         let entry = Entry {
@@ -353,7 +358,10 @@ pub(crate) mod tests {
     fn bad_targets_modes_times_and_attributes_are_refused() {
         let cases: Vec<(Entry, &str)> = vec![
             (sample(b"l", Kind::Symlink(vec![])), "empty target"),
-            (sample(b"l", Kind::Symlink(b"a\0b".to_vec())), "NUL in target"),
+            (
+                sample(b"l", Kind::Symlink(b"a\0b".to_vec())),
+                "NUL in target",
+            ),
             (
                 sample(b"l", Kind::Symlink(vec![b'a'; TARGET_MAX + 1])),
                 "long target",

@@ -146,12 +146,13 @@ impl Frame {
         w.buf.extend_from_slice(&[0; HEADER]);
         let result = self.payload(&mut w);
         let len = w.buf.len() - start - HEADER;
-        let result = result.and_then(|()| match len > MAX_PAYLOAD {
-            true => Err(Error::FrameTooLarge {
-                len,
-                max: MAX_PAYLOAD,
-            }),
-            false => Ok(()),
+        let result = result.and_then(|()| {
+            (len <= MAX_PAYLOAD)
+                .then_some(())
+                .ok_or(Error::FrameTooLarge {
+                    len,
+                    max: MAX_PAYLOAD,
+                })
         });
         match result {
             Ok(()) => {
@@ -539,10 +540,7 @@ mod tests {
             let mut longer = payload.to_vec();
             longer.push(0);
             assert!(
-                matches!(
-                    Frame::decode(wire[0], &longer),
-                    Err(Error::Trailing { .. })
-                ),
+                matches!(Frame::decode(wire[0], &longer), Err(Error::Trailing { .. })),
                 "{f:?} with a trailing byte"
             );
         }
@@ -634,7 +632,9 @@ mod tests {
         ));
         let long = "é".repeat(REASON_MAX);
         let mut wire = Vec::new();
-        Frame::Abort { reason: long }.encode(&mut wire).expect("cut");
+        Frame::Abort { reason: long }
+            .encode(&mut wire)
+            .expect("cut");
         match Frame::decode(wire[0], &wire[HEADER..]) {
             Ok(Frame::Abort { reason }) => assert!(reason.len() <= REASON_MAX),
             other => panic!("{other:?}"),
