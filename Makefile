@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release image kube-deps kube-up kube-down test score lint fmt demo demo-copy dev-up dev-down bench bench-cold bench-control-plane bench-throughput bench-throughput-cold bench-throughput-kube bench-rerun deps clean generate check-generated fuzz
+.PHONY: all build release image kube-deps kube-up kube-down test score lint fmt demo demo-copy dev-up dev-down bench bench-cold bench-control-plane bench-throughput bench-throughput-cold bench-throughput-kube bench-network-peers bench-rerun deps clean generate check-generated fuzz
 
 all: build
 
@@ -124,6 +124,12 @@ bench-throughput: deps
 bench-throughput-cold: deps
 	@./bench/install-tools.sh
 	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-throughput-cold $(THROUGHPUT_RUNS) bench/COLD-COPYJOB.md
+
+## The peers of a cross-node copy (issue 14): rsync daemon and a tar | socat pipe between two
+## loopback addresses, on bench/run.sh's tmpfs trees; writes bench/NETWORK.md. Root.
+bench-network-peers: release
+	@./bench/install-tools.sh
+	./bench/network-peers.sh
 
 ## The same through the real agent pod (the real one-node tier, built and brought up for it,
 ## removed after); writes bench/REAL-NODE.md. Root.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the tools the benchmark needs, idempotently, caching outside the repo.
 #   Debian: hyperfine, time (/usr/bin/time), rsync (what the rsync-based movers run),
-#           python3-matplotlib (the report's charts)
+#           socat (the tar pipe of bench/network-peers.sh), python3-matplotlib (the charts)
 #   crates.io (cargo install --locked --root $FERRY_TOOLS/cargo): ftzz, xcp, cpz (from the fuc project), fcp
 # Env:
 #   FERRY_TOOLS        cache dir (default /var/cache/ferry-tools)
@@ -20,6 +20,7 @@ apt_missing=()
 command -v hyperfine >/dev/null 2>&1 || apt_missing+=(hyperfine)
 [[ -x /usr/bin/time ]] || apt_missing+=(time)
 command -v rsync >/dev/null 2>&1 || apt_missing+=(rsync)
+command -v socat >/dev/null 2>&1 || apt_missing+=(socat)
 # The report's charts (bench/report.py draws none without it).
 /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || apt_missing+=(python3-matplotlib)
 if ((${#apt_missing[@]})); then
