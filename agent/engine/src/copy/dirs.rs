@@ -256,6 +256,7 @@ mod tests {
             HashSet::new(),
             Default::default(),
             32,
+            crate::copy::depth::Depth::fixed(),
         );
         assert_eq!(ctx.dirs.capacity, 2);
         let ((s, sst), (d, dst_st)) = (open_path(&src)?, open_path(&dst)?);

@@ -298,8 +298,8 @@ struct Ctx<'a> {
     fenced: AtomicBool,
     tmp_counter: AtomicU64,
     pid: u32,
-    /// How many workers run at once; set when the pool starts.
-    depth: std::sync::OnceLock<depth::Depth>,
+    /// Which of the pool's workers run.
+    depth: depth::Depth,
 }
 
 /// Why an entry ended without being copied.
@@ -320,6 +320,7 @@ impl<'a> Ctx<'a> {
         listed: HashSet<u64>,
         (earlier, records): (records::Lazy, Option<File>),
         fd_limit: u64,
+        depth: depth::Depth,
     ) -> Self {
         // With a tag, staging names must not repeat those of an earlier attempt in the
         // directories a resumed walk does not sweep: start the counter from the clock.
@@ -353,7 +354,7 @@ impl<'a> Ctx<'a> {
             fenced: AtomicBool::new(false),
             tmp_counter: AtomicU64::new(first_tmp),
             pid: std::process::id(),
-            depth: std::sync::OnceLock::new(),
+            depth,
         }
     }
 

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
+use super::depth::Depth;
 use super::manifest::read_manifest;
 use super::overwrite::takes_source_meta;
 use super::records::{self, Earlier, Lazy};
@@ -280,7 +281,21 @@ pub(crate) fn run(
         }
         _ => (Lazy::none(), None),
     };
-    let ctx = Ctx::new(options, progress, manifest, listed, records, fd_limit);
+    // Which of the default pool's workers run follows what the copy reads from storage, on
+    // filesystems where the kernel counts that (see `depth`); a worker count asked for runs
+    // whole.
+    let depth = match options.workers {
+        0 => {
+            let (SrcAt::Dir { fd: src_fd, .. } | SrcAt::Entry { parent: src_fd, .. }) = &src_at;
+            let (DstAt::Dir(dst_fd) | DstAt::Entry { parent: dst_fd, .. }) = &dst_at;
+            let fs = [src_fd, dst_fd].map(|fd| sys::fs_type(fd.as_fd()).unwrap_or(0));
+            Depth::adaptive(options.workers_resolved(), &fs)
+        }
+        _ => Depth::fixed(),
+    };
+    let ctx = Ctx::new(
+        options, progress, manifest, listed, records, fd_limit, depth,
+    );
     let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
     let first = match src_at {

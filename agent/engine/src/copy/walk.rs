@@ -30,7 +30,6 @@ use crate::options::Part;
 use crate::sys;
 
 use super::chunks::LargeFile;
-use super::depth::Depth;
 use super::overwrite::takes_source_meta;
 use super::{is_type, lock, part_of, Ctx, DirNode, Fail, Local, OpenDir, Skip, CANCELLED};
 
@@ -62,24 +61,14 @@ pub(super) enum Task {
     },
 }
 
-impl Task {
-    /// The open directory the copy starts from, for the first task.
-    fn dir(&self) -> Option<&Arc<OpenDir>> {
-        match self {
-            Task::List(dir) | Task::Entry { dir, .. } => Some(dir),
-            _ => None,
-        }
-    }
-}
-
 /// Run one task on the pool thread that picked it up, with that thread's scratch buffers.
 /// The tasks it spawns go onto this thread's deque.
 fn exec<'s>(ctx: &'s Ctx<'_>, task: Task, scope: &rayon::Scope<'s>) {
     let spawn = |t: Task| scope.spawn(move |s| exec(ctx, t, s));
     let index = rayon::current_thread_index().unwrap_or(0);
-    if !ctx.depth().runs(index) {
+    if !ctx.depth.runs(index) {
         spawn(task);
-        ctx.depth().rest(index);
+        ctx.depth.rest(index);
         return;
     }
     // Tasks never block on the pool, so no other task runs on this thread meanwhile and the
@@ -113,14 +102,6 @@ impl<'a> Ctx<'a> {
         workers: usize,
         first: Task,
     ) -> Result<(), rayon::ThreadPoolBuildError> {
-        let depth = match (self.opts.workers, first.dir()) {
-            (0, Some(dir)) => {
-                let fs = [dir.src.as_fd(), dir.dst.as_fd()].map(|fd| sys::fs_type(fd).unwrap_or(0));
-                Depth::adaptive(workers, &fs)
-            }
-            _ => Depth::fixed(),
-        };
-        let _ = self.depth.set(depth);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(workers)
             .thread_name(|i| format!("ferry-copy-{i}"))
@@ -441,7 +422,7 @@ impl<'a> Ctx<'a> {
             if self.stopping() {
                 break;
             }
-            self.depth().between();
+            self.depth.between();
             self.entry(dir, &e.name, &e.name, e.dtype, local);
         }
     }
@@ -525,15 +506,5 @@ impl<'a> Ctx<'a> {
             Ok(Some(Skip::Deferred)) => {}
             Err((op, e)) => self.fail(&dir.child_path(dst_name), op, &e),
         }
-    }
-}
-
-impl Ctx<'_> {
-    /// How many workers run at once (every one before the pool starts).
-    pub(super) fn depth(&self) -> &Depth {
-        static FIXED: std::sync::OnceLock<Depth> = std::sync::OnceLock::new();
-        self.depth
-            .get()
-            .unwrap_or_else(|| FIXED.get_or_init(Depth::fixed))
     }
 }
