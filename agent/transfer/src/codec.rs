@@ -85,9 +85,7 @@ impl<'a> Reader<'a> {
     /// A byte string of at most `max` bytes, borrowed from the payload (nothing allocated).
     pub(crate) fn bytes(&mut self, max: usize, what: &'static str) -> Result<&'a [u8], Error> {
         let len = self.u32(what)? as usize;
-        if len > max {
-            return Err(Error::TooLong { what, len, max });
-        }
+        Error::at_most(what, len, max)?;
         self.take(len, what)
     }
 
@@ -101,9 +99,7 @@ impl<'a> Reader<'a> {
         what: &'static str,
     ) -> Result<usize, Error> {
         let n = self.u32(what)? as usize;
-        if n > max {
-            return Err(Error::TooMany { what, n, max });
-        }
+        Error::few_enough(what, n, max)?;
         if n.saturating_mul(min_size.max(1)) > self.rest.len() {
             return Err(Error::Truncated(what));
         }

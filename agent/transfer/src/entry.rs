@@ -127,13 +127,7 @@ impl Entry {
     pub fn check(&self) -> Result<(), Error> {
         check_name(&self.name, "entry name")?;
         if let Kind::Symlink(t) = &self.kind {
-            if t.len() > TARGET_MAX {
-                return Err(Error::TooLong {
-                    what: "symlink target",
-                    len: t.len(),
-                    max: TARGET_MAX,
-                });
-            }
+            Error::at_most("symlink target", t.len(), TARGET_MAX)?;
             check_nul_free(t, "symlink target")?;
         }
         if self.perm & !0o7777 != 0 {
@@ -150,39 +144,15 @@ impl Entry {
                 });
             }
         }
-        if self.xattrs.len() > XATTRS_MAX {
-            return Err(Error::TooMany {
-                what: "extended attributes",
-                n: self.xattrs.len(),
-                max: XATTRS_MAX,
-            });
-        }
+        Error::few_enough("extended attributes", self.xattrs.len(), XATTRS_MAX)?;
         let mut total = 0usize;
         for x in &self.xattrs {
-            if x.name.len() > XATTR_NAME_MAX {
-                return Err(Error::TooLong {
-                    what: "extended attribute name",
-                    len: x.name.len(),
-                    max: XATTR_NAME_MAX,
-                });
-            }
+            Error::at_most("extended attribute name", x.name.len(), XATTR_NAME_MAX)?;
             check_nul_free(&x.name, "extended attribute name")?;
-            if x.value.len() > XATTR_VALUE_MAX {
-                return Err(Error::TooLong {
-                    what: "extended attribute value",
-                    len: x.value.len(),
-                    max: XATTR_VALUE_MAX,
-                });
-            }
+            Error::at_most("extended attribute value", x.value.len(), XATTR_VALUE_MAX)?;
             total += x.name.len() + x.value.len();
         }
-        if total > XATTR_BYTES_MAX {
-            return Err(Error::TooLong {
-                what: "extended attributes of one entry",
-                len: total,
-                max: XATTR_BYTES_MAX,
-            });
-        }
+        Error::at_most("extended attributes of one entry", total, XATTR_BYTES_MAX)?;
         Ok(())
     }
 

@@ -174,13 +174,7 @@ impl Frame {
                 epoch,
                 ticket,
             } => {
-                if job.len() > JOB_MAX {
-                    return Err(Error::TooLong {
-                        what: "job",
-                        len: job.len(),
-                        max: JOB_MAX,
-                    });
-                }
+                Error::at_most("job", job.len(), JOB_MAX)?;
                 w.u16(*version);
                 w.bytes(job);
                 w.u32(*shard);
@@ -196,21 +190,9 @@ impl Frame {
                 dir,
                 entries,
             } => {
-                if dir.len() > PATH_MAX {
-                    return Err(Error::TooLong {
-                        what: "directory path",
-                        len: dir.len(),
-                        max: PATH_MAX,
-                    });
-                }
+                Error::at_most("directory path", dir.len(), PATH_MAX)?;
                 check_dir(dir)?;
-                if entries.len() > MAX_ENTRIES {
-                    return Err(Error::TooMany {
-                        what: "entries",
-                        n: entries.len(),
-                        max: MAX_ENTRIES,
-                    });
-                }
+                Error::few_enough("entries", entries.len(), MAX_ENTRIES)?;
                 w.u64(*batch);
                 w.bytes(dir);
                 w.u32(entries.len() as u32);
@@ -220,13 +202,7 @@ impl Frame {
                 }
             }
             Frame::Want { batch, bits } => {
-                if bits.len() > MAX_ENTRIES.div_ceil(8) {
-                    return Err(Error::TooLong {
-                        what: "wanted bits",
-                        len: bits.len(),
-                        max: MAX_ENTRIES.div_ceil(8),
-                    });
-                }
+                Error::at_most("wanted bits", bits.len(), MAX_ENTRIES.div_ceil(8))?;
                 w.u64(*batch);
                 w.bytes(bits);
             }
@@ -236,13 +212,7 @@ impl Frame {
                 zstd,
                 data,
             } => {
-                if data.len() > MAX_DATA {
-                    return Err(Error::TooLong {
-                        what: "data",
-                        len: data.len(),
-                        max: MAX_DATA,
-                    });
-                }
+                Error::at_most("data", data.len(), MAX_DATA)?;
                 w.u64(file.batch);
                 w.u32(file.index);
                 w.u64(*offset);

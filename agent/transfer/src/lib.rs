@@ -41,3 +41,21 @@ pub enum Error {
     #[error("a frame of {len} bytes, at most {max} allowed")]
     FrameTooLarge { len: usize, max: usize },
 }
+
+impl Error {
+    /// `len` bytes of `what`: refused when more than `max`.
+    pub(crate) fn at_most(what: &'static str, len: usize, max: usize) -> Result<(), Error> {
+        match len > max {
+            true => Err(Error::TooLong { what, len, max }),
+            false => Ok(()),
+        }
+    }
+
+    /// `n` items of `what`: refused when more than `max`.
+    pub(crate) fn few_enough(what: &'static str, n: usize, max: usize) -> Result<(), Error> {
+        match n > max {
+            true => Err(Error::TooMany { what, n, max }),
+            false => Ok(()),
+        }
+    }
+}
