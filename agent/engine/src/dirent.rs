@@ -35,18 +35,38 @@ pub struct Listing<'a> {
     /// Bytes of records in `buf` from the last `getdents64`, and how far they are parsed.
     len: usize,
     pos: usize,
+    /// Where the record of the entry returned last starts.
+    last: usize,
 }
 
 impl<'a> Listing<'a> {
     /// List `dir` from its current position (the start, for a directory just opened).
     /// `buf` must hold the longest record (a few hundred bytes); 64 KiB takes ~1,000 names a call.
     pub fn new(dir: BorrowedFd<'a>, buf: &'a mut [u8]) -> Self {
+        Self::resume(dir, buf, (0, 0))
+    }
+
+    /// Go on with a listing of `dir` from a [`Listing::cursor`] taken earlier, with the
+    /// same buffer (its records past the cursor are the next entries; the descriptor's own
+    /// position is past them).
+    pub fn resume(dir: BorrowedFd<'a>, buf: &'a mut [u8], (len, pos): (usize, usize)) -> Self {
         Self {
             dir,
             buf,
-            len: 0,
-            pos: 0,
+            len,
+            pos,
+            last: pos,
         }
+    }
+
+    /// Where the listing is: past every entry returned.
+    pub fn cursor(&self) -> (usize, usize) {
+        (self.len, self.pos)
+    }
+
+    /// Where the listing was before the entry returned last, so it is returned again.
+    pub fn cursor_before_last(&self) -> (usize, usize) {
+        (self.len, self.last)
     }
 
     /// The next entry other than `.` and `..`, or `None` at the end of the directory. The
@@ -80,6 +100,7 @@ impl<'a> Listing<'a> {
             let len = name.iter().position(|&b| b == 0).ok_or_else(bad)?;
             let dots = &name[..len] == b"." || &name[..len] == b"..";
             let start = self.pos + HEADER;
+            self.last = self.pos;
             self.pos += reclen;
             if !dots {
                 break (start, start + len + 1, dtype);

@@ -22,6 +22,7 @@ mod options;
 mod plan;
 mod progress;
 mod prune;
+pub mod send;
 mod sys;
 pub mod volume;
 

@@ -23,7 +23,7 @@ pub const XATTRS_MAX: usize = 1024;
 pub const XATTR_BYTES_MAX: usize = 1 << 20;
 
 /// The smallest an encoded entry can be (for [`Reader::count`]).
-pub(crate) const MIN_ENCODED: usize = 4 + 1 + 1 + 4 * 4 + 8 * 3 + 12 * 2 + 4;
+pub(crate) const MIN_ENCODED: usize = 4 + 1 + 1 + 4 * 4 + 8 * 4 + 12 * 3 + 4;
 
 /// What kind of entry, with what only that kind has.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,8 +65,13 @@ pub struct Entry {
     pub gid: u32,
     /// Apparent size (regular files; 0 for the others).
     pub size: u64,
+    /// 512-byte blocks allocated (`st_blocks`): fewer than the size needs means holes.
+    pub blocks: u64,
     pub atime: Time,
     pub mtime: Time,
+    /// The inode's change time: with size and mtime, what tells the sender that a file
+    /// changed since it was listed (it is not applied: no syscall sets it).
+    pub ctime: Time,
     /// Names the source has for this inode, and its identity on the source (device,
     /// inode): the receiver links the names of one inode together.
     pub nlink: u32,
@@ -136,7 +141,7 @@ impl Entry {
                 why: "has bits outside 0o7777",
             });
         }
-        for t in [self.atime, self.mtime] {
+        for t in [self.atime, self.mtime, self.ctime] {
             if t.nanos >= 1_000_000_000 {
                 return Err(Error::Invalid {
                     what: "timestamp",
@@ -169,9 +174,10 @@ impl Entry {
         w.u32(self.gid);
         w.u32(self.nlink);
         w.u64(self.size);
+        w.u64(self.blocks);
         w.u64(self.dev);
         w.u64(self.ino);
-        for t in [self.atime, self.mtime] {
+        for t in [self.atime, self.mtime, self.ctime] {
             w.i64(t.secs);
             w.u32(t.nanos);
         }
@@ -201,14 +207,15 @@ impl Entry {
         };
         let perm = r.u32("mode")?;
         let (uid, gid, nlink) = (r.u32("uid")?, r.u32("gid")?, r.u32("nlink")?);
-        let (size, dev, ino) = (r.u64("size")?, r.u64("device")?, r.u64("inode")?);
+        let (size, blocks) = (r.u64("size")?, r.u64("blocks")?);
+        let (dev, ino) = (r.u64("device")?, r.u64("inode")?);
         let mut time = || -> Result<Time, Error> {
             Ok(Time {
                 secs: r.i64("timestamp")?,
                 nanos: r.u32("timestamp")?,
             })
         };
-        let (atime, mtime) = (time()?, time()?);
+        let (atime, mtime, ctime) = (time()?, time()?, time()?);
         // Each attribute is at least its two length prefixes and a byte of name.
         let n = r.count(XATTRS_MAX, 9, "extended attributes")?;
         let mut xattrs = Vec::with_capacity(n);
@@ -226,8 +233,10 @@ impl Entry {
             uid,
             gid,
             size,
+            blocks,
             atime,
             mtime,
+            ctime,
             nlink,
             dev,
             ino,
@@ -250,6 +259,11 @@ pub(crate) mod tests {
             uid: 1000,
             gid: 2000,
             size: 12345,
+            blocks: 24,
+            ctime: Time {
+                secs: 1_700_000_001,
+                nanos: 2,
+            },
             atime: Time {
                 secs: -5,
                 nanos: 999_999_999,

@@ -2,16 +2,27 @@
 //! length is checked against [`MAX_PAYLOAD`] before the payload is read, and the payload is
 //! decoded completely (no trailing bytes) or refused.
 //!
-//! One connection carries one shard. The receiver opens it with [`Frame::Hello`] (which
-//! shard, at which epoch, and the shard's ticket); the sender answers [`Frame::Welcome`] or
-//! [`Frame::Refused`]. The sender then sends each batch of a directory's entries as a
-//! [`Frame::Listing`]; the receiver answers every listing with a [`Frame::Want`] naming the
-//! regular files whose data it needs (its resume and overwrite decisions), and the sender
-//! sends their bytes as [`Frame::Data`] and closes each with [`Frame::FileEnd`]. Listings run
-//! ahead of their answers by a bounded window and data moves only within the receiver's
-//! [`Frame::Credit`], so neither side waits a round trip per file and neither buffers
-//! without bound. [`Frame::Finished`] ends a walk; [`Frame::Abort`] ends a connection with a
-//! reason.
+//! One connection carries one shard, and the receiver drives it: the destination half
+//! decides what it needs (its walk, its resume, overwrite and include/exclude decisions are
+//! the local copy's), and the sender answers requests about the tree beneath the shard's
+//! source, never anything else. The receiver opens with [`Frame::Hello`] (which shard, at
+//! which epoch, and the shard's ticket); the sender answers [`Frame::Welcome`] or
+//! [`Frame::Refused`]. Then every request carries a number the receiver chose (`req`), and
+//! every answer names it, so one connection carries the requests of many workers at once:
+//!
+//! - [`Frame::Stat`] → [`Frame::Entry`]: one entry's record (the shard's top is path "").
+//! - [`Frame::List`] → [`Frame::Listing`] batches, each after a [`Frame::More`] but the
+//!   first: a directory's entries with their records, and, when asked, the bytes of its
+//!   small files inline, so a fresh tree's small files cost no round trip of their own.
+//! - [`Frame::Read`] → [`Frame::Data`] ... [`Frame::FileEnd`]: a file's data extents (holes
+//!   are not sent) within the receiver's credit (the `credit` of the request, then each
+//!   [`Frame::Credit`]), so a slow receiver stops the sender and neither side buffers more
+//!   than the credit per request; the end carries the hash of what was read and whether the
+//!   file changed meanwhile. `hash_only` reads without sending (compare by checksum).
+//! - [`Frame::Failed`]: a request failed (with the errno the sender's kernel gave).
+//! - [`Frame::Close`]: the receiver no longer wants a request's answers.
+//!
+//! [`Frame::Abort`] ends a connection, either way, with a reason.
 
 use std::io::{self, Read, Write};
 
@@ -20,28 +31,48 @@ use crate::entry::{self, check_name, Entry};
 use crate::Error;
 
 /// The protocol version a [`Frame::Hello`] and a [`Frame::Welcome`] carry.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Kind byte and payload length.
 pub const HEADER: usize = 5;
-/// The largest payload: a listing holding one entry with the most extended attributes an
-/// entry may carry ([`entry::XATTR_BYTES_MAX`]) fits.
-pub const MAX_PAYLOAD: usize = 2 << 20;
-/// The most data bytes one [`Frame::Data`] carries (after decompression, too).
+/// The largest payload: a listing of entries up to [`LISTING_ENTRY_BYTES`] (one entry with
+/// the most extended attributes a record may carry always fits alone) with up to
+/// [`INLINE_BYTES`] of inline data.
+pub const MAX_PAYLOAD: usize = 4 << 20;
+/// Encoded entries a sender puts in one listing before it starts the next.
+pub const LISTING_ENTRY_BYTES: usize = 1 << 20;
+/// The most data bytes one [`Frame::Data`] carries.
 pub const MAX_DATA: usize = 1 << 20;
-/// The most entries in one listing (the engine cuts directories into batches of 512).
+/// The largest file whose bytes may travel inline in a listing.
+pub const INLINE_MAX: usize = 64 << 10;
+/// The most inline bytes one listing carries.
+pub const INLINE_BYTES: usize = 1 << 20;
+/// The most entries in one listing.
 pub const MAX_ENTRIES: usize = 4096;
-/// Longest directory path in a listing (`PATH_MAX`).
-pub const PATH_MAX: usize = 4096;
-/// Longest reason in a refusal or an abort.
+/// Longest relative path in a request: deeper than `PATH_MAX` (a tree may nest further
+/// than one syscall can name; the sender resolves it a few components at a time).
+pub const PATH_BYTES_MAX: usize = 1 << 20;
+/// Longest reason in a refusal, a failure or an abort.
 pub const REASON_MAX: usize = 1024;
 /// Longest job identity (a Kubernetes UID is 36 bytes).
 pub const JOB_MAX: usize = 128;
 
-/// A regular file of a listing: the listing's batch and the entry's index in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FileId {
-    pub batch: u64,
+/// What a file is expected to be when its data is asked for (from its record): if the
+/// sender finds it otherwise, it answers with `changed`, sending nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: entry::Time,
+    pub ctime: entry::Time,
+}
+
+/// A small file's bytes in a listing: entry `index` of that listing, whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inline {
     pub index: u32,
+    pub data: Vec<u8>,
+    /// xxh3-128 of `data`, when the receiver hashes.
+    pub hash: Option<u128>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,48 +90,78 @@ pub enum Frame {
     Welcome { version: u16 },
     /// Sender to receiver: it is not, and why (then the sender closes the connection).
     Refused { reason: String },
-    /// Sender to receiver: entries of the directory at `dir` (a relative path, `/`
-    /// between components; empty for the shard's top).
-    Listing {
-        batch: u64,
-        dir: Vec<u8>,
-        entries: Vec<Entry>,
+    /// Receiver: the record of the entry at `path` (relative to the shard's top, `/`
+    /// between components; empty for the top itself).
+    Stat { req: u32, path: Vec<u8> },
+    /// Sender: the answer to a [`Frame::Stat`].
+    Entry { req: u32, entry: Entry },
+    /// Receiver: list directory `path`, which must still be inode `ino`; `inline`: send the
+    /// bytes of its small files with it, `hash`: with their hashes.
+    List {
+        req: u32,
+        path: Vec<u8>,
+        ino: u64,
+        inline: bool,
+        hash: bool,
     },
-    /// Receiver to sender: bit `i` (of byte `i / 8`, least significant first) set when the
-    /// data of entry `i` of listing `batch` is wanted.
-    Want { batch: u64, bits: Vec<u8> },
-    /// Sender to receiver: bytes of a file at an offset; zstd-compressed when `zstd`.
-    /// Bytes not sent between offsets are holes.
+    /// Sender: a batch of a listing's entries; `last` when the directory has no more.
+    Listing {
+        req: u32,
+        entries: Vec<Entry>,
+        inline: Vec<Inline>,
+        last: bool,
+    },
+    /// Receiver: the next batch of listing `req`.
+    More { req: u32 },
+    /// Receiver: the data of regular file `path`, expected to be `expect`. `credit`: bytes
+    /// the sender may send before a [`Frame::Credit`]; `hash`: hash what is read;
+    /// `hash_only`: send no data, only the end (with the hash).
+    Read {
+        req: u32,
+        path: Vec<u8>,
+        expect: Fingerprint,
+        credit: u64,
+        hash: bool,
+        hash_only: bool,
+    },
+    /// Sender: bytes of file `req` at `offset`. Bytes not sent below the end's `len` are
+    /// holes.
     Data {
-        file: FileId,
+        req: u32,
         offset: u64,
-        zstd: bool,
         data: Vec<u8>,
     },
-    /// Sender to receiver: every byte of a file is sent. `len`: the file's length (holes
-    /// at its end included); `hash`: xxh3-128 of what was read, when hashing; `changed`:
-    /// the source changed while it was read (the receiver discards what it wrote).
+    /// Sender: file `req` is sent. `len`: its length (holes at its end included); `hash`:
+    /// xxh3-128 of what was read, holes as zeros; `changed`: the file was not what the
+    /// request expected, or changed while it was read (the receiver discards what it
+    /// wrote).
     FileEnd {
-        file: FileId,
+        req: u32,
         len: u64,
         hash: Option<u128>,
         changed: bool,
     },
-    /// Receiver to sender: this many more data bytes may be in flight.
-    Credit { bytes: u64 },
-    /// Sender to receiver: the walk is over; nothing follows.
-    Finished,
+    /// Receiver: this many more bytes of file `req` may be sent.
+    Credit { req: u32, bytes: u64 },
+    /// Sender: request `req` failed with this errno (0 when it is not the kernel's).
+    Failed {
+        req: u32,
+        errno: i32,
+        message: String,
+    },
+    /// Receiver: send nothing more for request `req`.
+    Close { req: u32 },
     /// Either way: the connection ends, for this reason.
     Abort { reason: String },
 }
 
-/// Check a listing's directory: empty, or components joined by single `/`s.
-fn check_dir(dir: &[u8]) -> Result<(), Error> {
-    if dir.is_empty() {
+/// Check a relative path: empty, or components joined by single `/`s.
+pub fn check_path(path: &[u8]) -> Result<(), Error> {
+    if path.is_empty() {
         return Ok(());
     }
-    dir.split(|&b| b == b'/')
-        .try_for_each(|c| check_name(c, "directory path component"))
+    path.split(|&b| b == b'/')
+        .try_for_each(|c| check_name(c, "path component"))
 }
 
 fn reason(r: &mut Reader<'_>, what: &'static str) -> Result<String, Error> {
@@ -119,19 +180,76 @@ fn truncated_reason(s: &str) -> &[u8] {
     &s.as_bytes()[..end]
 }
 
+fn path(r: &mut Reader<'_>) -> Result<Vec<u8>, Error> {
+    let p = r.bytes(PATH_BYTES_MAX, "path")?;
+    check_path(p)?;
+    Ok(p.to_vec())
+}
+
+fn write_path(w: &mut Writer, p: &[u8]) -> Result<(), Error> {
+    Error::at_most("path", p.len(), PATH_BYTES_MAX)?;
+    check_path(p)?;
+    w.bytes(p);
+    Ok(())
+}
+
+fn flag(r: &mut Reader<'_>, what: &'static str) -> Result<bool, Error> {
+    match r.u8(what)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        tag => Err(Error::Unknown { what, tag }),
+    }
+}
+
+fn time(r: &mut Reader<'_>) -> Result<entry::Time, Error> {
+    let t = entry::Time {
+        secs: r.i64("timestamp")?,
+        nanos: r.u32("timestamp")?,
+    };
+    match t.nanos < 1_000_000_000 {
+        true => Ok(t),
+        false => Err(Error::Invalid {
+            what: "timestamp",
+            why: "has nanoseconds of a second or more",
+        }),
+    }
+}
+
+fn optional_hash(r: &mut Reader<'_>) -> Result<Option<u128>, Error> {
+    match flag(r, "hash present")? {
+        true => Ok(Some(r.u128("hash")?)),
+        false => Ok(None),
+    }
+}
+
+fn write_optional_hash(w: &mut Writer, h: Option<u128>) {
+    w.u8(u8::from(h.is_some()));
+    if let Some(h) = h {
+        w.u128(h);
+    }
+}
+
+/// Each inline file is at least its index, its length prefix and its hash flag.
+const INLINE_MIN_ENCODED: usize = 4 + 4 + 1;
+
 impl Frame {
     fn kind(&self) -> u8 {
         match self {
             Frame::Hello { .. } => 1,
             Frame::Welcome { .. } => 2,
             Frame::Refused { .. } => 3,
-            Frame::Listing { .. } => 4,
-            Frame::Want { .. } => 5,
-            Frame::Data { .. } => 6,
-            Frame::FileEnd { .. } => 7,
-            Frame::Credit { .. } => 8,
-            Frame::Finished => 9,
-            Frame::Abort { .. } => 10,
+            Frame::Stat { .. } => 4,
+            Frame::Entry { .. } => 5,
+            Frame::List { .. } => 6,
+            Frame::Listing { .. } => 7,
+            Frame::More { .. } => 8,
+            Frame::Read { .. } => 9,
+            Frame::Data { .. } => 10,
+            Frame::FileEnd { .. } => 11,
+            Frame::Credit { .. } => 12,
+            Frame::Failed { .. } => 13,
+            Frame::Close { .. } => 14,
+            Frame::Abort { .. } => 15,
         }
     }
 
@@ -185,56 +303,106 @@ impl Frame {
             Frame::Refused { reason } | Frame::Abort { reason } => {
                 w.bytes(truncated_reason(reason))
             }
-            Frame::Listing {
-                batch,
-                dir,
-                entries,
+            Frame::Stat { req, path } => {
+                w.u32(*req);
+                write_path(w, path)?;
+            }
+            Frame::Entry { req, entry } => {
+                entry.check()?;
+                w.u32(*req);
+                entry.encode(w);
+            }
+            Frame::List {
+                req,
+                path,
+                ino,
+                inline,
+                hash,
             } => {
-                Error::at_most("directory path", dir.len(), PATH_MAX)?;
-                check_dir(dir)?;
+                w.u32(*req);
+                write_path(w, path)?;
+                w.u64(*ino);
+                w.u8(u8::from(*inline));
+                w.u8(u8::from(*hash));
+            }
+            Frame::Listing {
+                req,
+                entries,
+                inline,
+                last,
+            } => {
                 Error::few_enough("entries", entries.len(), MAX_ENTRIES)?;
-                w.u64(*batch);
-                w.bytes(dir);
+                Error::few_enough("inline files", inline.len(), entries.len())?;
+                w.u32(*req);
                 w.u32(entries.len() as u32);
                 for e in entries {
                     e.check()?;
                     e.encode(w);
                 }
+                w.u32(inline.len() as u32);
+                let (mut total, mut prev) = (0, None);
+                for f in inline {
+                    Error::at_most("inline file", f.data.len(), INLINE_MAX)?;
+                    total += f.data.len();
+                    Error::at_most("inline data of a listing", total, INLINE_BYTES)?;
+                    check_inline(f, &mut prev, entries)?;
+                    w.u32(f.index);
+                    w.bytes(&f.data);
+                    write_optional_hash(w, f.hash);
+                }
+                w.u8(u8::from(*last));
             }
-            Frame::Want { batch, bits } => {
-                Error::at_most("wanted bits", bits.len(), MAX_ENTRIES.div_ceil(8))?;
-                w.u64(*batch);
-                w.bytes(bits);
-            }
-            Frame::Data {
-                file,
-                offset,
-                zstd,
-                data,
+            Frame::More { req } | Frame::Close { req } => w.u32(*req),
+            Frame::Read {
+                req,
+                path,
+                expect,
+                credit,
+                hash,
+                hash_only,
             } => {
+                w.u32(*req);
+                write_path(w, path)?;
+                w.u64(expect.ino);
+                w.u64(expect.size);
+                for t in [expect.mtime, expect.ctime] {
+                    w.i64(t.secs);
+                    w.u32(t.nanos);
+                }
+                w.u64(*credit);
+                w.u8(u8::from(*hash));
+                w.u8(u8::from(*hash_only));
+            }
+            Frame::Data { req, offset, data } => {
                 Error::at_most("data", data.len(), MAX_DATA)?;
-                w.u64(file.batch);
-                w.u32(file.index);
+                w.u32(*req);
                 w.u64(*offset);
-                w.u8(u8::from(*zstd));
                 w.bytes(data);
             }
             Frame::FileEnd {
-                file,
+                req,
                 len,
                 hash,
                 changed,
             } => {
-                w.u64(file.batch);
-                w.u32(file.index);
+                w.u32(*req);
                 w.u64(*len);
-                w.u8(u8::from(hash.is_some()) | (u8::from(*changed) << 1));
-                if let Some(h) = hash {
-                    w.u128(*h);
-                }
+                write_optional_hash(w, *hash);
+                w.u8(u8::from(*changed));
             }
-            Frame::Credit { bytes } => w.u64(*bytes),
-            Frame::Finished => {}
+            Frame::Credit { req, bytes } => {
+                w.u32(*req);
+                w.u64(*bytes);
+            }
+            Frame::Failed {
+                req,
+                errno,
+                message,
+            } => {
+                w.u32(*req);
+                w.u32(*errno as u32);
+                w.bytes(truncated_reason(message));
+            }
         }
         Ok(())
     }
@@ -269,41 +437,76 @@ impl Frame {
             3 => Frame::Refused {
                 reason: reason(&mut r, "refusal")?,
             },
-            4 => {
-                let batch = r.u64("batch")?;
-                let dir = r.bytes(PATH_MAX, "directory path")?.to_vec();
-                check_dir(&dir)?;
+            4 => Frame::Stat {
+                req: r.u32("request")?,
+                path: path(&mut r)?,
+            },
+            5 => Frame::Entry {
+                req: r.u32("request")?,
+                entry: Entry::decode(&mut r)?,
+            },
+            6 => Frame::List {
+                req: r.u32("request")?,
+                path: path(&mut r)?,
+                ino: r.u64("inode")?,
+                inline: flag(&mut r, "inline")?,
+                hash: flag(&mut r, "hash")?,
+            },
+            7 => {
+                let req = r.u32("request")?;
                 let n = r.count(MAX_ENTRIES, entry::MIN_ENCODED, "entries")?;
                 let mut entries = Vec::with_capacity(n);
                 for _ in 0..n {
                     entries.push(Entry::decode(&mut r)?);
                 }
+                let m = r.count(n, INLINE_MIN_ENCODED, "inline files")?;
+                let mut inline = Vec::with_capacity(m);
+                let (mut total, mut prev) = (0, None);
+                for _ in 0..m {
+                    let index = r.u32("inline index")?;
+                    let data = r.bytes(INLINE_MAX, "inline file")?.to_vec();
+                    total += data.len();
+                    Error::at_most("inline data of a listing", total, INLINE_BYTES)?;
+                    let f = Inline {
+                        index,
+                        data,
+                        hash: optional_hash(&mut r)?,
+                    };
+                    check_inline(&f, &mut prev, &entries)?;
+                    inline.push(f);
+                }
                 Frame::Listing {
-                    batch,
-                    dir,
+                    req,
                     entries,
+                    inline,
+                    last: flag(&mut r, "last")?,
                 }
             }
-            5 => Frame::Want {
-                batch: r.u64("batch")?,
-                bits: r.bytes(MAX_ENTRIES.div_ceil(8), "wanted bits")?.to_vec(),
+            8 => Frame::More {
+                req: r.u32("request")?,
             },
-            6 => {
-                let file = FileId {
-                    batch: r.u64("batch")?,
-                    index: r.u32("index")?,
-                };
+            9 => {
+                let req = r.u32("request")?;
+                let path = path(&mut r)?;
+                let (ino, size) = (r.u64("inode")?, r.u64("size")?);
+                let (mtime, ctime) = (time(&mut r)?, time(&mut r)?);
+                Frame::Read {
+                    req,
+                    path,
+                    expect: Fingerprint {
+                        ino,
+                        size,
+                        mtime,
+                        ctime,
+                    },
+                    credit: r.u64("credit")?,
+                    hash: flag(&mut r, "hash")?,
+                    hash_only: flag(&mut r, "hash only")?,
+                }
+            }
+            10 => {
+                let req = r.u32("request")?;
                 let offset = r.u64("offset")?;
-                let zstd = match r.u8("compression")? {
-                    0 => false,
-                    1 => true,
-                    tag => {
-                        return Err(Error::Unknown {
-                            what: "compression",
-                            tag,
-                        })
-                    }
-                };
                 let data = r.bytes(MAX_DATA, "data")?.to_vec();
                 if offset.checked_add(data.len() as u64).is_none() {
                     return Err(Error::Invalid {
@@ -311,42 +514,27 @@ impl Frame {
                         why: "overflows with its length",
                     });
                 }
-                Frame::Data {
-                    file,
-                    offset,
-                    zstd,
-                    data,
-                }
+                Frame::Data { req, offset, data }
             }
-            7 => {
-                let file = FileId {
-                    batch: r.u64("batch")?,
-                    index: r.u32("index")?,
-                };
-                let len = r.u64("length")?;
-                let flags = r.u8("flags")?;
-                if flags & !0b11 != 0 {
-                    return Err(Error::Unknown {
-                        what: "file end flags",
-                        tag: flags,
-                    });
-                }
-                let hash = match flags & 1 {
-                    1 => Some(r.u128("hash")?),
-                    _ => None,
-                };
-                Frame::FileEnd {
-                    file,
-                    len,
-                    hash,
-                    changed: flags & 0b10 != 0,
-                }
-            }
-            8 => Frame::Credit {
+            11 => Frame::FileEnd {
+                req: r.u32("request")?,
+                len: r.u64("length")?,
+                hash: optional_hash(&mut r)?,
+                changed: flag(&mut r, "changed")?,
+            },
+            12 => Frame::Credit {
+                req: r.u32("request")?,
                 bytes: r.u64("credit")?,
             },
-            9 => Frame::Finished,
-            10 => Frame::Abort {
+            13 => Frame::Failed {
+                req: r.u32("request")?,
+                errno: r.u32("errno")? as i32,
+                message: reason(&mut r, "failure")?,
+            },
+            14 => Frame::Close {
+                req: r.u32("request")?,
+            },
+            15 => Frame::Abort {
                 reason: reason(&mut r, "abort reason")?,
             },
             tag => {
@@ -358,6 +546,27 @@ impl Frame {
         };
         r.finish("frame")?;
         Ok(frame)
+    }
+}
+
+/// An inline file must be a regular file of its listing, whole, and listed once: indexes
+/// rise strictly.
+fn check_inline(f: &Inline, prev: &mut Option<u32>, entries: &[Entry]) -> Result<(), Error> {
+    let invalid = |why| {
+        Err(Error::Invalid {
+            what: "inline file",
+            why,
+        })
+    };
+    if prev.is_some_and(|p| f.index <= p) {
+        return invalid("does not follow the one before it");
+    }
+    *prev = Some(f.index);
+    match entries.get(f.index as usize) {
+        None => invalid("names no entry of its listing"),
+        Some(e) if e.kind != entry::Kind::Regular => invalid("is not a regular file"),
+        Some(e) if e.size != f.data.len() as u64 => invalid("is not its file's size"),
+        Some(_) => Ok(()),
     }
 }
 
@@ -401,12 +610,19 @@ pub fn write_frame(w: &mut impl Write, frame: &Frame, buf: &mut Vec<u8>) -> io::
 mod tests {
     use super::*;
     use crate::entry::tests::sample;
-    use crate::entry::{Kind, Xattr, XATTR_BYTES_MAX, XATTR_VALUE_MAX};
+    use crate::entry::{Kind, Time, Xattr, XATTR_BYTES_MAX, XATTR_VALUE_MAX};
+
+    fn small(name: &[u8], data: &[u8]) -> Entry {
+        Entry {
+            size: data.len() as u64,
+            ..sample(name, Kind::Regular)
+        }
+    }
 
     fn every_kind() -> Vec<Frame> {
-        let file = FileId {
-            batch: 3,
-            index: 511,
+        let t = Time {
+            secs: -1,
+            nanos: 999_999_999,
         };
         vec![
             Frame::Hello {
@@ -420,44 +636,90 @@ mod tests {
             Frame::Refused {
                 reason: "ticket is not this shard's".into(),
             },
+            Frame::Stat {
+                req: 1,
+                path: vec![],
+            },
+            Frame::Entry {
+                req: 1,
+                entry: sample(b"top", Kind::Directory),
+            },
+            Frame::List {
+                req: 2,
+                path: b"a/b c/\xff".to_vec(),
+                ino: 77,
+                inline: true,
+                hash: false,
+            },
             Frame::Listing {
-                batch: 3,
-                dir: b"a/b c/\xff".to_vec(),
+                req: 2,
                 entries: vec![
-                    sample(b"f", Kind::Regular),
+                    small(b"f", b"hello"),
                     sample(b"d", Kind::Directory),
                     sample(b"l", Kind::Symlink(b"/etc/shadow".to_vec())),
+                    small(b"g", b""),
                 ],
+                inline: vec![
+                    Inline {
+                        index: 0,
+                        data: b"hello".to_vec(),
+                        hash: Some(5),
+                    },
+                    Inline {
+                        index: 3,
+                        data: vec![],
+                        hash: None,
+                    },
+                ],
+                last: true,
             },
             Frame::Listing {
-                batch: 0,
-                dir: vec![],
+                req: 0,
                 entries: vec![],
+                inline: vec![],
+                last: false,
             },
-            Frame::Want {
-                batch: 3,
-                bits: vec![0b101],
+            Frame::More { req: 2 },
+            Frame::Read {
+                req: 3,
+                path: b"a/f".to_vec(),
+                expect: Fingerprint {
+                    ino: 9,
+                    size: 1 << 40,
+                    mtime: t,
+                    ctime: Time::default(),
+                },
+                credit: 8 << 20,
+                hash: true,
+                hash_only: false,
             },
             Frame::Data {
-                file,
+                req: 3,
                 offset: 1 << 40,
-                zstd: true,
                 data: vec![1, 2, 3],
             },
             Frame::FileEnd {
-                file,
+                req: 3,
                 len: 1 << 40,
                 hash: Some(u128::MAX - 3),
                 changed: false,
             },
             Frame::FileEnd {
-                file,
+                req: 3,
                 len: 0,
                 hash: None,
                 changed: true,
             },
-            Frame::Credit { bytes: 8 << 20 },
-            Frame::Finished,
+            Frame::Credit {
+                req: 3,
+                bytes: 8 << 20,
+            },
+            Frame::Failed {
+                req: 4,
+                errno: 2, // ENOENT
+                message: "no such file".into(),
+            },
+            Frame::Close { req: 4 },
             Frame::Abort {
                 reason: "destination full".into(),
             },
@@ -482,7 +744,7 @@ mod tests {
 
     #[test]
     fn a_header_claiming_more_than_the_bound_is_refused_before_reading() {
-        let mut header = [4u8, 0, 0, 0, 0];
+        let mut header = [7u8, 0, 0, 0, 0];
         header[1..].copy_from_slice(&((MAX_PAYLOAD + 1) as u32).to_le_bytes());
         assert!(matches!(
             check_header(header),
@@ -517,22 +779,28 @@ mod tests {
     }
 
     #[test]
-    fn listing_paths_must_be_relative_components() {
-        for dir in [&b"/abs"[..], b"a//b", b"a/", b"../x", b"a/./b", b"a/\0"] {
-            let f = Frame::Listing {
-                batch: 0,
-                dir: dir.to_vec(),
-                entries: vec![],
+    fn request_paths_must_be_relative_components() {
+        for path in [
+            &b"/abs"[..],
+            b"a//b",
+            b"a/",
+            b"../x",
+            b"a/./b",
+            b"a/\0",
+            b"..",
+        ] {
+            let f = Frame::Stat {
+                req: 0,
+                path: path.to_vec(),
             };
-            assert!(f.encode(&mut Vec::new()).is_err(), "{dir:?} encoded");
-            // Encoded by hand, as a hostile sender would.
+            assert!(f.encode(&mut Vec::new()).is_err(), "{path:?} encoded");
+            // Encoded by hand, as a hostile receiver would.
             let mut w = Writer::default();
-            w.u64(0);
-            w.bytes(dir);
             w.u32(0);
+            w.bytes(path);
             assert!(
                 matches!(Frame::decode(4, &w.buf), Err(Error::Invalid { .. })),
-                "{dir:?} decoded"
+                "{path:?} decoded"
             );
         }
     }
@@ -540,22 +808,64 @@ mod tests {
     #[test]
     fn a_count_larger_than_the_frame_allocates_nothing() {
         let mut w = Writer::default();
-        w.u64(0);
-        w.bytes(b"");
+        w.u32(0);
         w.u32(MAX_ENTRIES as u32);
-        assert_eq!(Frame::decode(4, &w.buf), Err(Error::Truncated("entries")));
+        assert_eq!(Frame::decode(7, &w.buf), Err(Error::Truncated("entries")));
         let mut w = Writer::default();
-        w.u64(0);
-        w.bytes(b"");
+        w.u32(0);
         w.u32(u32::MAX);
         assert!(matches!(
-            Frame::decode(4, &w.buf),
+            Frame::decode(7, &w.buf),
             Err(Error::TooMany { .. })
         ));
     }
 
     #[test]
-    fn the_largest_entry_fits_one_listing() {
+    fn inline_files_must_be_whole_regular_entries_of_their_listing_in_order() {
+        let entries = vec![small(b"f", b"abc"), sample(b"d", Kind::Directory)];
+        let listing = |inline: Vec<Inline>| Frame::Listing {
+            req: 0,
+            entries: entries.clone(),
+            inline,
+            last: true,
+        };
+        let one = |index: u32, data: &[u8]| Inline {
+            index,
+            data: data.to_vec(),
+            hash: None,
+        };
+        for (inline, why) in [
+            (vec![one(2, b"abc")], "an index past the listing"),
+            (vec![one(1, b"")], "a directory"),
+            (vec![one(0, b"ab")], "shorter than its file"),
+            (vec![one(0, b"abc"), one(0, b"abc")], "the same file twice"),
+        ] {
+            let f = listing(inline);
+            assert!(f.encode(&mut Vec::new()).is_err(), "encoded: {why}");
+            // The same bytes made without the check, as a hostile sender would.
+            let Frame::Listing { inline, .. } = &f else {
+                unreachable!()
+            };
+            let mut w = Writer::default();
+            w.u32(0);
+            w.u32(entries.len() as u32);
+            entries.iter().for_each(|e| e.encode(&mut w));
+            w.u32(inline.len() as u32);
+            for i in inline {
+                w.u32(i.index);
+                w.bytes(&i.data);
+                w.u8(0);
+            }
+            w.u8(1);
+            assert!(Frame::decode(7, &w.buf).is_err(), "decoded: {why}");
+        }
+        assert!(listing(vec![one(0, b"abc")])
+            .encode(&mut Vec::new())
+            .is_ok());
+    }
+
+    #[test]
+    fn the_largest_entry_fits_one_listing_with_the_most_inline_data() {
         let mut e = sample(&[b'n'; 255], Kind::Symlink(vec![b't'; 4095]));
         let per = XATTR_VALUE_MAX;
         let n = (XATTR_BYTES_MAX - 8 * 255) / per;
@@ -566,11 +876,21 @@ mod tests {
             })
             .collect();
         e.check().expect("within the per-entry bound");
-        // The longest path of the longest names: 16 components of 255 bytes.
+        let files = INLINE_BYTES / INLINE_MAX;
+        let mut entries = vec![e];
+        entries.extend((0..files).map(|i| small(format!("f{i}").as_bytes(), &[1; INLINE_MAX])));
+        let inline = (1..=files as u32)
+            .map(|index| Inline {
+                index,
+                data: vec![1; INLINE_MAX],
+                hash: Some(1),
+            })
+            .collect();
         let f = Frame::Listing {
-            batch: 1,
-            dir: vec![[b'd'; 255].as_slice(); 16].join(&b'/'),
-            entries: vec![e],
+            req: 1,
+            entries,
+            inline,
+            last: false,
         };
         let mut wire = Vec::new();
         f.encode(&mut wire).expect("fits");
@@ -580,20 +900,17 @@ mod tests {
     #[test]
     fn oversized_fields_are_refused_when_sent_and_when_received() {
         let data = Frame::Data {
-            file: FileId { batch: 0, index: 0 },
+            req: 0,
             offset: 0,
-            zstd: false,
             data: vec![0; MAX_DATA + 1],
         };
         assert!(data.encode(&mut Vec::new()).is_err());
         let mut w = Writer::default();
-        w.u64(0);
         w.u32(0);
         w.u64(u64::MAX);
-        w.u8(0);
         w.bytes(&[1]);
         assert!(
-            matches!(Frame::decode(6, &w.buf), Err(Error::Invalid { .. })),
+            matches!(Frame::decode(10, &w.buf), Err(Error::Invalid { .. })),
             "an offset that overflows"
         );
         assert!(matches!(
@@ -609,5 +926,16 @@ mod tests {
             Ok(Frame::Abort { reason }) => assert!(reason.len() <= REASON_MAX),
             other => panic!("{other:?}"),
         }
+        // A flag is 0 or 1.
+        let mut w = Writer::default();
+        w.u32(0);
+        w.bytes(b"");
+        w.u64(0);
+        w.u8(2);
+        w.u8(0);
+        assert!(matches!(
+            Frame::decode(6, &w.buf),
+            Err(Error::Unknown { what: "inline", .. })
+        ));
     }
 }

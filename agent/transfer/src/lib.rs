@@ -10,7 +10,7 @@ pub mod entry;
 pub mod frame;
 
 pub use entry::{Entry, Kind, Time, Xattr};
-pub use frame::{read_frame, write_frame, FileId, Frame};
+pub use frame::{read_frame, write_frame, Fingerprint, Frame, Inline};
 
 /// Why bytes from a peer are not a frame (or a frame cannot be sent).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,0 +1,996 @@
+//! The source half of a copy between nodes: answers a receiver's requests (see
+//! `ferry_transfer::frame`) about the tree beneath one source, and nothing else.
+//!
+//! The receiver drives: its walk, resume, overwrite and include/exclude decisions are the
+//! local copy's, made on the destination's node. What this half does for it is what a
+//! local copy does on the source side: resolve a path beneath the top (`openat2` with
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, never a symlink followed, never `..`), stat,
+//! read extended attributes and symlink targets, list directories a buffer at a time, and
+//! read files (data extents only: holes are not sent) while hashing what it read, and tell
+//! whether a file changed while it was read. FIFOs, sockets and devices are never opened.
+//!
+//! Requests run on a pool of `workers` threads; a request waiting for the receiver (a
+//! listing's next batch, a file's next credit) holds no thread, only its state: an open
+//! descriptor and a cursor. So what one connection costs is bounded by
+//! [`MAX_REQUESTS`] open requests (each one descriptor and at most a 64 KiB listing
+//! buffer) and one data buffer per worker, whatever the receiver asks.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use ferry_transfer::frame::{
+    self, Fingerprint, Frame, Inline, INLINE_BYTES, INLINE_MAX, LISTING_ENTRY_BYTES, MAX_DATA,
+};
+use ferry_transfer::{Entry, Kind, Time, Xattr};
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+use crate::dirent::Listing;
+use crate::sys::{self, Stat};
+
+/// Requests open at once on one connection; a receiver that opens more is cut off.
+pub const MAX_REQUESTS: usize = 1024;
+/// Credit one file may be granted beyond what it was sent: a receiver that grants more is
+/// cut off (it would let the sender run that far ahead of what it can take).
+pub const MAX_CREDIT: u64 = 64 << 20;
+/// Entries in one listing batch, at most (the engine's local batch size).
+const BATCH: usize = 512;
+/// Bytes of the `getdents64` buffer a listing keeps between batches.
+const DENTS: usize = 64 << 10;
+
+/// What the source half is serving.
+#[derive(Debug)]
+pub enum SourceTop {
+    /// A directory: paths are resolved beneath it.
+    Dir(OwnedFd),
+    /// One regular file (a shard that copies a file): only the path "" exists.
+    File(OwnedFd),
+}
+
+impl SourceTop {
+    /// Open `path` (a host path the caller resolved and trusts) as a top.
+    pub fn open(path: &std::path::Path) -> io::Result<Self> {
+        let c = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+        let fd = sys::open(&c, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK)?;
+        let st = sys::fstat(fd.as_fd())?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => Ok(Self::Dir(fd)),
+            libc::S_IFREG => Ok(Self::File(fd)),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the source is neither a directory nor a regular file",
+            )),
+        }
+    }
+}
+
+/// How the source half serves.
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    /// Threads that run requests.
+    pub workers: usize,
+    /// A name at the top that is never listed nor served (Ferry's `.ferry` state).
+    pub reserved_top: Option<CString>,
+    /// Extended attributes are read and sent.
+    pub xattrs: bool,
+}
+
+impl Default for SendOptions {
+    fn default() -> Self {
+        Self {
+            workers: crate::default_workers(),
+            reserved_top: Some(c".ferry".into()),
+            xattrs: true,
+        }
+    }
+}
+
+/// What a connection's source half did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SendSummary {
+    pub requests: u64,
+    /// File bytes sent (data frames and inline), not counting holes.
+    pub bytes_sent: u64,
+    /// Files whose data was sent whole (by a read or inline).
+    pub files_sent: u64,
+}
+
+/// Why a connection ended before the receiver closed it.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("reading from the receiver: {0}")]
+    Read(#[source] io::Error),
+    #[error("writing to the receiver: {0}")]
+    Write(#[source] io::Error),
+    #[error("the receiver broke the protocol: {0}")]
+    Protocol(String),
+    #[error("the receiver aborted: {0}")]
+    Aborted(String),
+    #[error("starting the source half's threads: {0}")]
+    Threads(String),
+}
+
+/// Serve one connection's requests until the receiver closes it (end of stream between
+/// frames: `Ok`) or breaks the protocol (an [`Frame::Abort`] is sent, then `Err`). The
+/// hello and its ticket are the caller's, before this.
+pub fn serve<R: Read, W: Write + Send>(
+    top: &SourceTop,
+    mut reader: R,
+    writer: W,
+    opts: &SendOptions,
+) -> Result<SendSummary, SendError> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.workers.max(1))
+        .thread_name(|i| format!("ferry-send-{i}"))
+        .build()
+        .map_err(|e| SendError::Threads(e.to_string()))?;
+    let half = Half {
+        top,
+        opts,
+        out: Mutex::new(Out {
+            w: writer,
+            buf: Vec::new(),
+            failed: None,
+        }),
+        requests: Mutex::new(HashMap::new()),
+        sent: AtomicU64::new(0),
+        files: AtomicU64::new(0),
+    };
+    let mut requests = 0u64;
+    let ended = pool.in_place_scope(|scope| {
+        let mut buf = Vec::new();
+        loop {
+            let frame = match frame::read_frame(&mut reader, &mut buf) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    break Err(SendError::Protocol(e.to_string()))
+                }
+                Err(e) => break Err(SendError::Read(e)),
+            };
+            if let Some(e) = lock(&half.out).failed.take() {
+                break Err(SendError::Write(e));
+            }
+            requests += 1;
+            match half.dispatch(frame) {
+                Ok(Some(job)) => {
+                    let half = &half;
+                    scope.spawn(move |_| half.run(job));
+                }
+                Ok(None) => {}
+                Err(e) => break Err(e),
+            }
+        }
+    });
+    if let Err(SendError::Protocol(why) | SendError::Aborted(why)) = &ended {
+        half.send(&Frame::Abort {
+            reason: why.clone(),
+        });
+    }
+    ended?;
+    if let Some(e) = lock(&half.out).failed.take() {
+        return Err(SendError::Write(e));
+    }
+    Ok(SendSummary {
+        requests,
+        bytes_sent: half.sent.load(Ordering::Relaxed),
+        files_sent: half.files.load(Ordering::Relaxed),
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+struct Out<W> {
+    w: W,
+    buf: Vec<u8>,
+    /// The first write that failed: the connection is over.
+    failed: Option<io::Error>,
+}
+
+/// A request between its steps.
+enum State {
+    /// A worker is on it; what arrived for it meanwhile.
+    Busy {
+        closed: bool,
+        more: bool,
+        credit: u64,
+    },
+    /// A listing waiting for [`Frame::More`].
+    Listing(Box<ListState>),
+    /// A read waiting for [`Frame::Credit`].
+    Reading(Box<ReadState>),
+}
+
+struct ListState {
+    dir: OwnedFd,
+    dents: Vec<u8>,
+    /// Bytes of records in `dents` and how far they are parsed (see `Listing::resume`).
+    cursor: (usize, usize),
+    top: bool,
+    inline: bool,
+    hash: bool,
+}
+
+struct ReadState {
+    fd: OwnedFd,
+    st: Stat,
+    off: u64,
+    /// Where the data extent being read ends (past it, the next is looked for).
+    data_end: u64,
+    hasher: Option<Xxh3>,
+    credit: u64,
+    hash_only: bool,
+}
+
+/// A step for a worker.
+enum Job {
+    Stat(u32, Vec<u8>),
+    List(u32, Box<ListState>),
+    ListStart {
+        req: u32,
+        path: Vec<u8>,
+        ino: u64,
+        inline: bool,
+        hash: bool,
+    },
+    Read(u32, Box<ReadState>),
+    ReadStart {
+        req: u32,
+        path: Vec<u8>,
+        expect: Fingerprint,
+        credit: u64,
+        hash: bool,
+        hash_only: bool,
+    },
+}
+
+struct Half<'a, W> {
+    top: &'a SourceTop,
+    opts: &'a SendOptions,
+    out: Mutex<Out<W>>,
+    requests: Mutex<HashMap<u32, State>>,
+    sent: AtomicU64,
+    files: AtomicU64,
+}
+
+fn protocol<T>(why: impl Into<String>) -> Result<T, SendError> {
+    Err(SendError::Protocol(why.into()))
+}
+
+fn busy() -> State {
+    State::Busy {
+        closed: false,
+        more: false,
+        credit: 0,
+    }
+}
+
+fn to_time(secs: i64, nanos: i64) -> Time {
+    Time {
+        secs,
+        nanos: nanos.clamp(0, 999_999_999) as u32,
+    }
+}
+
+fn fingerprint(st: &Stat) -> Fingerprint {
+    Fingerprint {
+        ino: st.st_ino,
+        size: st.st_size as u64,
+        mtime: to_time(st.st_mtime, st.st_mtime_nsec),
+        ctime: to_time(st.st_ctime, st.st_ctime_nsec),
+    }
+}
+
+impl<W: Write + Send> Half<'_, W> {
+    /// Write one frame; after a failed write nothing more is written (the reader loop
+    /// sees the failure at its next frame).
+    fn send(&self, frame: &Frame) {
+        let mut out = lock(&self.out);
+        if out.failed.is_some() {
+            return;
+        }
+        let Out { w, buf, failed } = &mut *out;
+        if let Err(e) = frame::write_frame(w, frame, buf) {
+            *failed = Some(e);
+        }
+    }
+
+    fn fail(&self, req: u32, op: &str, e: &io::Error) {
+        self.send(&Frame::Failed {
+            req,
+            errno: e.raw_os_error().unwrap_or(0),
+            message: format!("{op}: {e}"),
+        });
+    }
+
+    /// A new request under `req`: refused when the number is in use or too many are open.
+    fn open_request(&self, req: u32) -> Result<(), SendError> {
+        let mut requests = lock(&self.requests);
+        if requests.contains_key(&req) {
+            return protocol(format!("request {req} is already open"));
+        }
+        if requests.len() >= MAX_REQUESTS {
+            return protocol(format!("more than {MAX_REQUESTS} requests open"));
+        }
+        requests.insert(req, busy());
+        Ok(())
+    }
+
+    /// What a frame from the receiver asks for: a step for a worker, or nothing more.
+    fn dispatch(&self, frame: Frame) -> Result<Option<Job>, SendError> {
+        Ok(Some(match frame {
+            Frame::Stat { req, path } => {
+                self.open_request(req)?;
+                Job::Stat(req, path)
+            }
+            Frame::List {
+                req,
+                path,
+                ino,
+                inline,
+                hash,
+            } => {
+                self.open_request(req)?;
+                Job::ListStart {
+                    req,
+                    path,
+                    ino,
+                    inline,
+                    hash,
+                }
+            }
+            Frame::Read {
+                req,
+                path,
+                expect,
+                credit,
+                hash,
+                hash_only,
+            } => {
+                if credit > MAX_CREDIT {
+                    return protocol(format!("a credit of {credit} bytes (at most {MAX_CREDIT})"));
+                }
+                self.open_request(req)?;
+                Job::ReadStart {
+                    req,
+                    path,
+                    expect,
+                    credit,
+                    hash,
+                    hash_only,
+                }
+            }
+            Frame::More { req } => {
+                let mut requests = lock(&self.requests);
+                match requests.get_mut(&req) {
+                    Some(State::Busy {
+                        more: m @ false, ..
+                    }) => {
+                        *m = true;
+                        return Ok(None);
+                    }
+                    Some(s @ State::Listing(_)) => match std::mem::replace(s, busy()) {
+                        State::Listing(l) => Job::List(req, l),
+                        _ => return protocol("internal: listing state"),
+                    },
+                    _ => return protocol(format!("'more' for request {req}, not a listing")),
+                }
+            }
+            Frame::Credit { req, bytes } => {
+                let mut requests = lock(&self.requests);
+                let over = |have: u64| have.saturating_add(bytes) > MAX_CREDIT;
+                match requests.get_mut(&req) {
+                    Some(State::Busy { credit, .. }) if !over(*credit) => {
+                        *credit += bytes;
+                        return Ok(None);
+                    }
+                    Some(s @ State::Reading(_)) => match std::mem::replace(s, busy()) {
+                        State::Reading(mut r) if !over(r.credit) => {
+                            r.credit += bytes;
+                            Job::Read(req, r)
+                        }
+                        _ => return protocol(format!("credit over {MAX_CREDIT} bytes")),
+                    },
+                    // A request that ended while the credit was on its way.
+                    None => return Ok(None),
+                    _ => {
+                        return protocol(format!(
+                            "credit for request {req}: not a read, or over {MAX_CREDIT} bytes"
+                        ))
+                    }
+                }
+            }
+            Frame::Close { req } => {
+                let mut requests = lock(&self.requests);
+                match requests.get_mut(&req) {
+                    Some(State::Busy { closed, .. }) => *closed = true,
+                    Some(_) => drop(requests.remove(&req)),
+                    None => {}
+                }
+                return Ok(None);
+            }
+            Frame::Abort { reason } => return Err(SendError::Aborted(reason)),
+            other => return protocol(format!("a receiver does not send {}", name(&other))),
+        }))
+    }
+
+    /// Run a request's steps for as long as the receiver has asked for them.
+    fn run(&self, job: Job) {
+        let mut next = Some(job);
+        while let Some(job) = next {
+            next = self.step(job);
+        }
+    }
+
+    fn step(&self, job: Job) -> Option<Job> {
+        match job {
+            Job::Stat(req, path) => {
+                let answer = self.stat(&path);
+                self.end(req);
+                match answer {
+                    Ok(entry) => self.send(&Frame::Entry { req, entry }),
+                    Err((op, e)) => self.fail(req, op, &e),
+                }
+                None
+            }
+            Job::ListStart {
+                req,
+                path,
+                ino,
+                inline,
+                hash,
+            } => match self.open_listing(&path, ino, inline, hash) {
+                Ok(state) => self.list(req, state),
+                Err((op, e)) => {
+                    self.end(req);
+                    self.fail(req, op, &e);
+                    None
+                }
+            },
+            Job::List(req, state) => self.list(req, state),
+            Job::ReadStart {
+                req,
+                path,
+                expect,
+                credit,
+                hash,
+                hash_only,
+            } => match self.open_read(&path, &expect, credit, hash, hash_only) {
+                Ok(Some(state)) => self.read(req, state),
+                Ok(None) => {
+                    self.end(req);
+                    self.send(&Frame::FileEnd {
+                        req,
+                        len: 0,
+                        hash: None,
+                        changed: true,
+                    });
+                    None
+                }
+                Err((op, e)) => {
+                    self.end(req);
+                    self.fail(req, op, &e);
+                    None
+                }
+            },
+            Job::Read(req, state) => self.read(req, state),
+        }
+    }
+
+    /// Request `req` is answered in full (called before its last frame is sent: once the
+    /// receiver has that frame, it may use the number again).
+    fn end(&self, req: u32) {
+        lock(&self.requests).remove(&req);
+    }
+
+    /// Resolve `path` to its parent directory (opened, no symlink on the way, never above
+    /// the top) and its last name; `None` for the top itself.
+    fn resolve(&self, path: &[u8]) -> io::Result<Option<(OwnedFd, CString)>> {
+        let SourceTop::Dir(top) = self.top else {
+            return match path.is_empty() {
+                true => Ok(None),
+                false => Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+            };
+        };
+        if path.is_empty() {
+            return Ok(None);
+        }
+        let mut parts: Vec<&[u8]> = path.split(|&b| b == b'/').collect();
+        if let Some(r) = &self.opts.reserved_top {
+            if parts[0] == r.to_bytes() {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "Ferry's own state is not served",
+                ));
+            }
+        }
+        let last = parts.pop().unwrap_or_default();
+        let name = CString::new(last).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let mut dir = sys::open_beneath(top.as_fd(), c".", DIR_PATH)?;
+        // A few components per openat2: a path longer than PATH_MAX is walked in pieces.
+        let mut piece = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            if !piece.is_empty() {
+                piece.push(b'/');
+            }
+            piece.extend_from_slice(part);
+            let end = i + 1 == parts.len() || piece.len() + parts[i + 1].len() + 1 > 3072;
+            if end {
+                let c = CString::new(std::mem::take(&mut piece))
+                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+                dir = sys::openat2_beneath(dir.as_fd(), &c, DIR_PATH)?;
+            }
+        }
+        Ok(Some((dir, name)))
+    }
+
+    /// Open an entry for reading, without changing its access time where we may.
+    fn open_at(&self, dir: BorrowedFd<'_>, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+        if sys::geteuid() == 0 {
+            match sys::open_beneath(dir, name, flags | libc::O_NOATIME) {
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+                other => return other,
+            }
+        }
+        sys::open_beneath(dir, name, flags)
+    }
+
+    /// The record of the entry at `path`.
+    fn stat(&self, path: &[u8]) -> Result<Entry, (&'static str, io::Error)> {
+        let name = path.rsplit(|&b| b == b'/').next().unwrap_or_default();
+        match self.resolve(path).map_err(|e| ("open", e))? {
+            None => {
+                let fd = match self.top {
+                    SourceTop::Dir(fd) | SourceTop::File(fd) => fd,
+                };
+                let st = sys::fstat(fd.as_fd()).map_err(|e| ("stat", e))?;
+                // The top has no name of its own in the shard.
+                self.record(b"-", &st, Some(fd.as_fd()), None)
+                    .map_err(|e| ("read attributes", e))
+            }
+            Some((dir, c)) => {
+                let (st, fd) = self.stat_at(dir.as_fd(), &c).map_err(|e| ("stat", e))?;
+                let target = match st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    true => Some(sys::readlinkat(dir.as_fd(), &c).map_err(|e| ("read link", e))?),
+                    false => None,
+                };
+                self.record(name, &st, fd.as_ref().map(|f| f.as_fd()), target)
+                    .map_err(|e| ("read attributes", e))
+            }
+        }
+    }
+
+    /// Stat `name` in `dir`, and for a directory or regular file open it (its attributes
+    /// are read through the descriptor, and its stat is then the descriptor's).
+    fn stat_at(&self, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(Stat, Option<OwnedFd>)> {
+        let st = sys::lstatat(dir, name)?;
+        let kind = st.st_mode & libc::S_IFMT;
+        if !self.opts.xattrs || !(kind == libc::S_IFREG || kind == libc::S_IFDIR) {
+            return Ok((st, None));
+        }
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        match self.open_at(dir, name, flags) {
+            Ok(fd) => Ok((sys::fstat(fd.as_fd())?, Some(fd))),
+            // Swapped for a symlink since the stat: the link is what is there.
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Ok((sys::lstatat(dir, name)?, None)),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn record(
+        &self,
+        name: &[u8],
+        st: &Stat,
+        fd: Option<BorrowedFd<'_>>,
+        target: Option<CString>,
+    ) -> io::Result<Entry> {
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::Regular,
+            libc::S_IFDIR => Kind::Directory,
+            libc::S_IFLNK => Kind::Symlink(target.map(CString::into_bytes).unwrap_or_default()),
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDevice(st.st_rdev),
+            _ => Kind::BlockDevice(st.st_rdev),
+        };
+        let xattrs = match fd.filter(|_| self.opts.xattrs) {
+            Some(fd) => read_xattrs(fd)?,
+            None => Vec::new(),
+        };
+        Ok(Entry {
+            name: name.to_vec(),
+            size: match kind {
+                Kind::Regular => st.st_size as u64,
+                _ => 0,
+            },
+            kind,
+            perm: st.st_mode & 0o7777,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            blocks: st.st_blocks as u64,
+            atime: to_time(st.st_atime, st.st_atime_nsec),
+            mtime: to_time(st.st_mtime, st.st_mtime_nsec),
+            ctime: to_time(st.st_ctime, st.st_ctime_nsec),
+            nlink: st.st_nlink as u32,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            xattrs,
+        })
+    }
+
+    fn open_listing(
+        &self,
+        path: &[u8],
+        ino: u64,
+        inline: bool,
+        hash: bool,
+    ) -> Result<Box<ListState>, (&'static str, io::Error)> {
+        let dir = match self.resolve(path).map_err(|e| ("open directory", e))? {
+            None => match self.top {
+                SourceTop::Dir(fd) => sys::open_beneath(fd.as_fd(), c".", DIR_FLAGS),
+                SourceTop::File(_) => Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+            },
+            Some((parent, name)) => self.open_at(parent.as_fd(), &name, DIR_FLAGS),
+        }
+        .map_err(|e| ("open directory", e))?;
+        let st = sys::fstat(dir.as_fd()).map_err(|e| ("stat directory", e))?;
+        if st.st_ino != ino {
+            // ESTALE: what the receiver takes for "the source changed" (its message is
+            // the sender's, in the failure).
+            let e = io::Error::from_raw_os_error(libc::ESTALE);
+            return Err(("the source directory was replaced or moved while it was copied", e));
+        }
+        Ok(Box::new(ListState {
+            dir,
+            dents: vec![0; DENTS],
+            cursor: (0, 0),
+            top: path.is_empty(),
+            inline,
+            hash,
+        }))
+    }
+
+    /// Send the next batch of a listing; then its next step if the receiver asked for it
+    /// meanwhile, or it waits for the next [`Frame::More`].
+    fn list(&self, req: u32, mut state: Box<ListState>) -> Option<Job> {
+        let reserved = self.opts.reserved_top.as_deref().filter(|_| state.top);
+        let mut entries = Vec::new();
+        let mut inline = Vec::new();
+        let (mut entry_bytes, mut inline_bytes) = (0usize, 0usize);
+        let ListState {
+            dir,
+            dents,
+            cursor,
+            inline: want_inline,
+            hash,
+            ..
+        } = &mut *state;
+        let mut listing = Listing::resume(dir.as_fd(), dents, *cursor);
+        let result = loop {
+            // Past every entry taken or skipped so far, in the buffer as it is now.
+            *cursor = listing.cursor();
+            if entries.len() == BATCH || entry_bytes >= LISTING_ENTRY_BYTES {
+                break Ok(false);
+            }
+            let (name, _) = match listing.next_entry() {
+                Ok(Some(e)) => e,
+                Ok(None) => break Ok(true),
+                Err(e) => break Err(("read directory", e)),
+            };
+            if reserved.is_some_and(|r| r == name) {
+                continue;
+            }
+            let name = name.to_owned();
+            let (st, fd) = match self.stat_at(dir.as_fd(), &name) {
+                Ok(x) => x,
+                // Gone since the listing: as if it had not been there.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(e) => break Err(("stat", e)),
+            };
+            let target = match st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                true => match sys::readlinkat(dir.as_fd(), &name) {
+                    Ok(t) => Some(t),
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                    Err(e) => break Err(("read link", e)),
+                },
+                false => None,
+            };
+            let entry =
+                match self.record(name.to_bytes(), &st, fd.as_ref().map(|f| f.as_fd()), target) {
+                    Ok(e) => e,
+                    Err(e) => break Err(("read attributes", e)),
+                };
+            let size = entry.size as usize;
+            let small = entry.kind == Kind::Regular
+                && size <= INLINE_MAX
+                && (st.st_blocks as u64) * 512 >= st.st_size as u64;
+            if *want_inline && small && inline_bytes + size > INLINE_BYTES && !entries.is_empty() {
+                // Its bytes would not fit this batch: it starts the next one.
+                *cursor = listing.cursor_before_last();
+                break Ok(false);
+            }
+            entry_bytes += encoded_len(&entry);
+            if *want_inline && small {
+                if let Some(data) = fd.as_ref().and_then(|f| read_small(f.as_fd(), &st)) {
+                    inline_bytes += data.len();
+                    inline.push(Inline {
+                        index: entries.len() as u32,
+                        hash: hash.then(|| xxh3_128(&data)),
+                        data,
+                    });
+                }
+            }
+            entries.push(entry);
+        };
+        let last = match result {
+            Ok(last) => last,
+            Err((op, e)) => {
+                self.end(req);
+                self.fail(req, op, &e);
+                return None;
+            }
+        };
+        let files = inline.len() as u64;
+        self.sent.fetch_add(inline_bytes as u64, Ordering::Relaxed);
+        self.files.fetch_add(files, Ordering::Relaxed);
+        if last {
+            self.end(req);
+        }
+        self.send(&Frame::Listing {
+            req,
+            entries,
+            inline,
+            last,
+        });
+        if last {
+            return None;
+        }
+        // Decided under the lock, so a `more` that arrives now is never lost.
+        let mut requests = lock(&self.requests);
+        match requests.get_mut(&req) {
+            Some(
+                s @ State::Busy {
+                    more: true,
+                    closed: false,
+                    ..
+                },
+            ) => {
+                *s = busy();
+                Some(Job::List(req, state))
+            }
+            Some(s @ State::Busy { closed: false, .. }) => {
+                *s = State::Listing(state);
+                None
+            }
+            _ => {
+                requests.remove(&req);
+                None
+            }
+        }
+    }
+
+    fn open_read(
+        &self,
+        path: &[u8],
+        expect: &Fingerprint,
+        credit: u64,
+        hash: bool,
+        hash_only: bool,
+    ) -> Result<Option<Box<ReadState>>, (&'static str, io::Error)> {
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let fd = match self.resolve(path).map_err(|e| ("open", e))? {
+            None => match self.top {
+                SourceTop::File(fd) => fd.try_clone(),
+                SourceTop::Dir(_) => Err(io::Error::from_raw_os_error(libc::EISDIR)),
+            },
+            Some((dir, name)) => self.open_at(dir.as_fd(), &name, flags),
+        }
+        .map_err(|e| ("open", e))?;
+        let st = sys::fstat(fd.as_fd()).map_err(|e| ("stat", e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || fingerprint(&st) != *expect {
+            return Ok(None);
+        }
+        let size = st.st_size as u64;
+        let sparse = (st.st_blocks as u64) * 512 < size;
+        Ok(Some(Box::new(ReadState {
+            fd,
+            st,
+            off: 0,
+            // A file with holes starts by looking for its first data extent.
+            data_end: if sparse { 0 } else { size },
+            hasher: (hash || hash_only).then(Xxh3::new),
+            credit,
+            hash_only,
+        })))
+    }
+
+    /// Send what the credit allows of a file; then go on if more credit came meanwhile,
+    /// wait for it, or end the file.
+    fn read(&self, req: u32, mut r: Box<ReadState>) -> Option<Job> {
+        let mut buf = vec![0u8; MAX_DATA];
+        let size = r.st.st_size as u64;
+        let mut shrank = false;
+        while r.off < size && (r.hash_only || r.credit > 0) {
+            if r.off >= r.data_end {
+                // Find the next data extent; what lies before it is a hole.
+                let data = match sys::seek_data_or_hole(r.fd.as_fd(), r.off, true) {
+                    Ok(found) => found.unwrap_or(size).min(size),
+                    Err(_) => r.off,
+                };
+                if let Some(h) = &mut r.hasher {
+                    hash_zeros(h, data - r.off);
+                }
+                r.off = data;
+                r.data_end = match sys::seek_data_or_hole(r.fd.as_fd(), r.off, false) {
+                    Ok(hole) => hole.unwrap_or(size).clamp(r.off + 1, size),
+                    Err(_) => size,
+                };
+                continue;
+            }
+            let mut want = (r.data_end - r.off).min(MAX_DATA as u64);
+            if !r.hash_only {
+                want = want.min(r.credit);
+            }
+            let n = match sys::pread(r.fd.as_fd(), &mut buf[..want as usize], r.off) {
+                Ok(0) => {
+                    shrank = true;
+                    break;
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.end(req);
+                    self.fail(req, "read", &e);
+                    return None;
+                }
+            };
+            let data = &buf[..n];
+            if let Some(h) = &mut r.hasher {
+                h.update(data);
+            }
+            if !r.hash_only {
+                self.send(&Frame::Data {
+                    req,
+                    offset: r.off,
+                    data: data.to_vec(),
+                });
+                self.sent.fetch_add(n as u64, Ordering::Relaxed);
+                r.credit -= n as u64;
+            }
+            r.off += n as u64;
+        }
+        if r.off < size && !shrank {
+            // Out of credit. Decided under the lock, so credit that arrives now is never lost.
+            let mut requests = lock(&self.requests);
+            return match requests.get_mut(&req) {
+                Some(s @ State::Busy { closed: false, .. }) => {
+                    if let State::Busy { credit, .. } = s {
+                        r.credit += *credit;
+                    }
+                    match r.credit > 0 {
+                        true => {
+                            *s = busy();
+                            Some(Job::Read(req, r))
+                        }
+                        false => {
+                            *s = State::Reading(r);
+                            None
+                        }
+                    }
+                }
+                _ => {
+                    requests.remove(&req);
+                    None
+                }
+            };
+        }
+        let changed = shrank
+            || sys::fstat(r.fd.as_fd())
+                .map(|now| fingerprint(&now) != fingerprint(&r.st))
+                .unwrap_or(true);
+        if !r.hash_only && !changed {
+            self.files.fetch_add(1, Ordering::Relaxed);
+        }
+        self.end(req);
+        self.send(&Frame::FileEnd {
+            req,
+            len: r.off,
+            hash: r.hasher.take().map(|h| h.digest128()),
+            changed,
+        });
+        None
+    }
+}
+
+const DIR_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+const DIR_PATH: libc::c_int = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+
+/// A small file's bytes, whole, if it reads as the size it was opened with and did not
+/// change meanwhile (otherwise the receiver asks for it by itself, and sees the change).
+fn read_small(fd: BorrowedFd<'_>, st: &Stat) -> Option<Vec<u8>> {
+    let size = st.st_size as usize;
+    let mut data = vec![0u8; size];
+    let mut got = 0;
+    while got < size {
+        match sys::pread(fd, &mut data[got..], got as u64) {
+            Ok(0) => return None,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let now = sys::fstat(fd).ok()?;
+    (fingerprint(&now) == fingerprint(st)).then_some(data)
+}
+
+fn hash_zeros(h: &mut Xxh3, mut n: u64) {
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        h.update(&ZEROS[..k]);
+        n -= k as u64;
+    }
+}
+
+/// Every extended attribute of the open `fd`.
+fn read_xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<Xattr>> {
+    let mut names = Vec::new();
+    match sys::flistxattr(fd, &mut names) {
+        Ok(()) => {}
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTSUP) | Some(libc::ENOSYS)) => {
+            return Ok(Vec::new())
+        }
+        Err(e) => return Err(e),
+    }
+    let mut out = Vec::new();
+    let mut value = Vec::new();
+    for name in names.split_inclusive(|&b| b == 0) {
+        let Ok(c) = CStr::from_bytes_with_nul(name) else {
+            continue;
+        };
+        match sys::fgetxattr(fd, c, &mut value) {
+            Ok(()) => out.push(Xattr {
+                name: c.to_bytes().to_vec(),
+                value: value.clone(),
+            }),
+            // Removed since the listing.
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// About what `entry` takes in a listing, to size batches.
+fn encoded_len(e: &Entry) -> usize {
+    let target = match &e.kind {
+        Kind::Symlink(t) => t.len(),
+        _ => 0,
+    };
+    let xattrs: usize = e
+        .xattrs
+        .iter()
+        .map(|x| 8 + x.name.len() + x.value.len())
+        .sum();
+    100 + e.name.len() + target + xattrs
+}
+
+fn name(f: &Frame) -> &'static str {
+    match f {
+        Frame::Hello { .. } => "hello",
+        Frame::Welcome { .. } => "welcome",
+        Frame::Refused { .. } => "refused",
+        Frame::Entry { .. } => "entry",
+        Frame::Listing { .. } => "listing",
+        Frame::Data { .. } => "data",
+        Frame::FileEnd { .. } => "file end",
+        Frame::Failed { .. } => "failed",
+        _ => "this frame",
+    }
+}
