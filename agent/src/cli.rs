@@ -164,6 +164,13 @@ pub struct CopyArgs {
     /// copy.
     #[arg(long)]
     pub sync: bool,
+    /// Copy as a copy between nodes does, on this machine: the source half (walk beneath
+    /// SRC, read, hash) and the destination half (everything that writes DST) in one
+    /// process, joined by a local socket and the transfer protocol instead of shared
+    /// descriptors. For checking that path; slower than a plain local copy (no reflink or
+    /// copy_file_range).
+    #[arg(long)]
+    pub two_halves: bool,
     /// Test only: sleep this many milliseconds before copying each file.
     #[arg(long, hide = true, value_name = "MS")]
     pub fault_delay_per_file_ms: Option<u64>,

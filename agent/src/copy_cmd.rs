@@ -95,7 +95,10 @@ pub fn run(args: &CopyArgs) -> ExitCode {
     let live = Arc::new(Live::default());
     let show_bar = !args.no_progress && !args.json && std::io::stderr().is_terminal();
     let bar = show_bar.then(|| Bar::start(&args.src, live.clone()));
-    let result = ferry_engine::copy(&args.src, &args.dst, &opts, &*live);
+    let result = match args.two_halves {
+        true => two_halves(args, &opts, &*live),
+        false => ferry_engine::copy(&args.src, &args.dst, &opts, &*live),
+    };
     if let Some(bar) = bar {
         bar.finish();
     }
@@ -140,6 +143,47 @@ pub fn run(args: &CopyArgs) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// The copy through both halves of a copy between nodes, joined by a socket pair: the
+/// source half serves SRC on a thread of its own, the destination half copies from it.
+fn two_halves(
+    args: &CopyArgs,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Summary, ferry_engine::Error> {
+    use ferry_engine::send::{serve, SendOptions, SourceTop};
+    let io = |op: &'static str| {
+        let path = args.src.clone();
+        move |e: std::io::Error| ferry_engine::Error::io(op, path, e)
+    };
+    let top = SourceTop::open(&args.src).map_err(io("open source"))?;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io("socketpair"))?;
+    let send_opts = SendOptions {
+        workers: opts.workers_resolved(),
+        reserved_top: opts.reserved_top.clone(),
+        xattrs: opts.preserve.xattrs,
+    };
+    let reader = theirs.try_clone().map_err(io("socketpair"))?;
+    let sender = std::thread::spawn(move || serve(&top, reader, theirs, &send_opts));
+    let conn_reader = ours.try_clone().map_err(io("socketpair"))?;
+    let conn = ferry_engine::recv::Connection::start(
+        conn_reader,
+        ours.try_clone().map_err(io("socketpair"))?,
+    )
+    .map_err(io("start the destination half"))?;
+    let result = ferry_engine::copy_from(&conn, &args.src, &args.dst, opts, progress);
+    // The receiver is done: closing its side ends the sender's loop.
+    drop(conn);
+    let _ = ours.shutdown(std::net::Shutdown::Both);
+    match sender.join() {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            eprintln!("ferry-agent copy: the source half: {e}");
+        }
+        Err(_) => eprintln!("ferry-agent copy: the source half panicked"),
+    }
+    result
 }
 
 fn usage(msg: &str) -> ExitCode {

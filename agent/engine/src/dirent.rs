@@ -2,7 +2,7 @@
 //! buffer of records at a time: a directory is never held whole in memory, however many
 //! entries it has.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 
@@ -15,13 +15,6 @@ pub enum DType {
     Regular,
     Other,
     Unknown,
-}
-
-/// An entry kept past its listing buffer (a batch handed to another worker).
-#[derive(Debug)]
-pub struct DirEntry {
-    pub name: CString,
-    pub dtype: DType,
 }
 
 /// `struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }`

@@ -22,6 +22,7 @@ mod options;
 mod plan;
 mod progress;
 mod prune;
+pub mod recv;
 pub mod send;
 mod sys;
 pub mod volume;
@@ -31,8 +32,8 @@ use std::time::Duration;
 pub use beneath::{
     check_relative, copy_beneath, open_host_path, plan_beneath, resolve_beneath, state_dir,
 };
-pub use copy::copy;
 pub use copy::MAX_RECORDS;
+pub use copy::{copy, copy_from};
 pub use error::{reason_of_io, Error, Failure};
 pub use ferry_crds::Reason;
 pub use options::{default_workers, IO_WORKERS};

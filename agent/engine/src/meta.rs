@@ -6,6 +6,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 
+use crate::copy::SrcXattrs;
 use crate::options::Preserve;
 use crate::sys::{self, Stat};
 
@@ -82,14 +83,37 @@ fn chown(dst: BorrowedFd<'_>, st: &Stat, who: &Identity) -> io::Result<()> {
     }
 }
 
+/// Set one attribute on `dst`: one the destination cannot hold (no xattr support, or a
+/// `trusted.`/`security.` namespace we may not write) is skipped, as `cp -a` does.
+fn set_xattr(dst: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> io::Result<()> {
+    match sys::fsetxattr(dst, name, value) {
+        Ok(()) => Ok(()),
+        Err(e) if is_unsupported(&e) || e.raw_os_error() == Some(libc::EPERM) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Copy every xattr of `src` onto `dst`; `Ok(true)` if there were any. Attributes the
-/// destination cannot hold (no xattr support, or a `trusted.`/`security.` namespace we may
-/// not write) are skipped, as `cp -a` does; any other error fails the entry.
+/// destination cannot hold are skipped (see [`set_xattr`]); any other error fails the
+/// entry. A source on another node gives its attributes as its record carried them.
 pub(crate) fn copy_xattrs(
-    src: BorrowedFd<'_>,
+    src: SrcXattrs<'_>,
     dst: BorrowedFd<'_>,
     bufs: &mut XattrBufs,
 ) -> io::Result<bool> {
+    let src = match src {
+        SrcXattrs::Fd(fd) => fd,
+        SrcXattrs::List(list) => {
+            for x in list {
+                // (The decoder checked names have no NUL.)
+                let Ok(name) = std::ffi::CString::new(x.name.as_slice()) else {
+                    continue;
+                };
+                set_xattr(dst, &name, &x.value)?;
+            }
+            return Ok(!list.is_empty());
+        }
+    };
     match sys::flistxattr(src, &mut bufs.names) {
         Ok(()) => {}
         Err(e) if is_unsupported(&e) => return Ok(false),
@@ -110,11 +134,7 @@ pub(crate) fn copy_xattrs(
                 Err(e) if e.raw_os_error() == Some(libc::ENODATA) => continue,
                 Err(e) => return Err(e),
             }
-            match sys::fsetxattr(dst, name, &bufs.value) {
-                Ok(()) => {}
-                Err(e) if is_unsupported(&e) || e.raw_os_error() == Some(libc::EPERM) => {}
-                Err(e) => return Err(e),
-            }
+            set_xattr(dst, name, &bufs.value)?;
         }
         Ok(true)
     })();
@@ -130,7 +150,7 @@ pub(crate) fn copy_xattrs(
 /// `mode_done`: the entry was created with its final mode (see [`Identity::creation_mode`]);
 /// otherwise it is set here, after owner and xattrs.
 pub(crate) fn apply_fd(
-    src: BorrowedFd<'_>,
+    src: SrcXattrs<'_>,
     dst: BorrowedFd<'_>,
     st: &Stat,
     preserve: &Preserve,

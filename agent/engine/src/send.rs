@@ -159,7 +159,15 @@ pub fn serve<R: Read, W: Write + Send>(
             match half.dispatch(frame) {
                 Ok(Some(job)) => {
                     let half = &half;
-                    scope.spawn(move |_| half.run(job));
+                    scope.spawn(move |_| {
+                        let run = std::panic::AssertUnwindSafe(|| half.run(job));
+                        if std::panic::catch_unwind(run).is_err() {
+                            // The receiver must not wait for an answer that never comes.
+                            half.send(&Frame::Abort {
+                                reason: "the source half failed (an internal error)".into(),
+                            });
+                        }
+                    });
                 }
                 Ok(None) => {}
                 Err(e) => break Err(e),
@@ -644,7 +652,10 @@ impl<W: Write + Send> Half<'_, W> {
             // ESTALE: what the receiver takes for "the source changed" (its message is
             // the sender's, in the failure).
             let e = io::Error::from_raw_os_error(libc::ESTALE);
-            return Err(("the source directory was replaced or moved while it was copied", e));
+            return Err((
+                "the source directory was replaced or moved while it was copied",
+                e,
+            ));
         }
         Ok(Box::new(ListState {
             dir,
@@ -827,6 +838,10 @@ impl<W: Write + Send> Half<'_, W> {
                     hash_zeros(h, data - r.off);
                 }
                 r.off = data;
+                if r.off >= size {
+                    // A hole to the end.
+                    break;
+                }
                 r.data_end = match sys::seek_data_or_hole(r.fd.as_fd(), r.off, false) {
                     Ok(hole) => hole.unwrap_or(size).clamp(r.off + 1, size),
                     Err(_) => size,

@@ -170,6 +170,12 @@ pub fn openat2(
     owned(ret as libc::c_int)
 }
 
+/// A stat with every field zero, to fill in from a record (an entry on another node).
+pub fn zeroed_stat() -> Stat {
+    // SAFETY: `struct stat` is plain integers (and padding): all zeros is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     let mut st = MaybeUninit::<Stat>::uninit();
     // SAFETY: `st` points to writable memory of the right size; the kernel fills it on success.

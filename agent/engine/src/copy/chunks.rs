@@ -159,7 +159,7 @@ impl<'a> Ctx<'a> {
             None => check_unchanged(file.src.as_fd(), &file.st)
                 .and_then(|()| {
                     meta::apply_fd(
-                        file.src.as_fd(),
+                        super::SrcXattrs::Fd(file.src.as_fd()),
                         staged.fd.as_fd(),
                         &file.st,
                         &self.opts.preserve,

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use crate::sys::{self, Stat};
 
 use super::failure::source_changed;
-use super::{lock, Ctx, DirNode, Fail};
+use super::{lock, Ctx, DirNode, Fail, SrcDir};
 
 /// Directories kept open between uses, at most: two descriptors each. Deep enough for the
 /// directories a depth-first walk returns to soon (a normal tree's ancestors and their
@@ -35,7 +35,7 @@ const DIR_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFO
 /// while after). Dereferences to its [`DirNode`].
 pub(super) struct OpenDir {
     pub(super) node: Arc<DirNode>,
-    pub(super) src: OwnedFd,
+    pub(super) src: SrcDir,
     pub(super) dst: OwnedFd,
     /// When it was last asked for, on [`OpenDirs::clock`]: the least recent goes first.
     used: AtomicU64,
@@ -107,20 +107,20 @@ impl OpenDirs {
 impl<'a> Ctx<'a> {
     /// A directory just opened by name in its parent: remembered, to be found by
     /// [`Ctx::open_dir`] while it is open.
-    pub(super) fn opened(&self, node: Arc<DirNode>, src: OwnedFd, dst: OwnedFd) -> Arc<OpenDir> {
+    pub(super) fn opened(&self, node: Arc<DirNode>, src: SrcDir, dst: OwnedFd) -> Arc<OpenDir> {
         let dir = self.remember(node, src, dst);
         self.dirs.keep(dir.clone());
         dir
     }
 
     /// The copy's top, or the directory above a staged top: open until the copy ends.
-    pub(super) fn pinned(&self, node: DirNode, src: OwnedFd, dst: OwnedFd) -> Arc<OpenDir> {
+    pub(super) fn pinned(&self, node: DirNode, src: SrcDir, dst: OwnedFd) -> Arc<OpenDir> {
         let dir = self.remember(Arc::new(node), src, dst);
         lock(&self.dirs.pinned).push(dir.clone());
         dir
     }
 
-    fn remember(&self, node: Arc<DirNode>, src: OwnedFd, dst: OwnedFd) -> Arc<OpenDir> {
+    fn remember(&self, node: Arc<DirNode>, src: SrcDir, dst: OwnedFd) -> Arc<OpenDir> {
         let dir = Arc::new(OpenDir {
             node,
             src,
@@ -157,6 +157,15 @@ impl<'a> Ctx<'a> {
 
     /// Open `node` again in its open parent `parent`.
     fn reopen(&self, parent: &OpenDir, node: &Arc<DirNode>) -> Result<Arc<OpenDir>, Fail> {
+        // On another node a directory is its path; the sender checks it is still the
+        // directory it was (by inode) when it is listed, and each file by its record.
+        if let SrcDir::Remote(_) = &parent.src {
+            let dst = reopen_dst(parent, node).map_err(|e| ("reopen destination directory", e))?;
+            if let Some(dir) = self.dirs.in_use(node) {
+                return Ok(dir);
+            }
+            return Ok(self.opened(node.clone(), SrcDir::Remote(node.path()), dst));
+        }
         let src = self
             .open_source(parent, &node.name, DIR_FLAGS)
             .and_then(|fd| {
@@ -174,7 +183,7 @@ impl<'a> Ctx<'a> {
         if let Some(dir) = self.dirs.in_use(node) {
             return Ok(dir);
         }
-        Ok(self.opened(node.clone(), src, dst))
+        Ok(self.opened(node.clone(), SrcDir::Fd(src), dst))
     }
 }
 
@@ -234,7 +243,7 @@ mod tests {
         for _ in 0..2 {
             let (fd, st) = open_path(std::path::Path::new("/"))?;
             let node = DirNode::new(CString::default(), None, &st, &st, None, false);
-            ctx.opened(Arc::new(node), fd.try_clone()?, fd);
+            ctx.opened(Arc::new(node), SrcDir::Fd(fd.try_clone()?), fd);
         }
         Ok(())
     }
@@ -262,7 +271,7 @@ mod tests {
         let ((s, sst), (d, dst_st)) = (open_path(&src)?, open_path(&dst)?);
         let mut top = DirNode::new(CString::default(), None, &sst, &dst_st, None, false);
         top.top = true;
-        let top = ctx.pinned(top, s, d);
+        let top = ctx.pinned(top, SrcDir::Fd(s), d);
         let ((s, sst), (d, dst_st)) = (open_path(&src.join("sub"))?, open_path(&dst.join("sub"))?);
         let node = DirNode::new(
             c"sub".into(),
@@ -272,7 +281,7 @@ mod tests {
             None,
             true,
         );
-        let node = ctx.opened(Arc::new(node), s, d).node.clone();
+        let node = ctx.opened(Arc::new(node), SrcDir::Fd(s), d).node.clone();
         open_two_others(&ctx)?;
         assert!(ctx.dirs.in_use(&node).is_none(), "still open");
 
@@ -330,7 +339,7 @@ mod tests {
             let node = Arc::new(DirNode::new(name, None, &st, &st, None, false));
             let dir = Arc::new(OpenDir {
                 node,
-                src: fd.try_clone()?,
+                src: SrcDir::Fd(fd.try_clone()?),
                 dst: fd,
                 used: AtomicU64::new(dirs.tick()),
             });

@@ -73,7 +73,7 @@ pub(super) fn not_owner() -> io::Error {
     io::Error::other("this copy no longer owns the destination (fenced); nothing more is committed")
 }
 
-pub(super) fn source_changed(msg: String) -> io::Error {
+pub(crate) fn source_changed(msg: String) -> io::Error {
     io::Error::other(SourceChanged(msg))
 }
 

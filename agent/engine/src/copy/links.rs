@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -20,7 +20,7 @@ use crate::data;
 use crate::sys::{self, Stat};
 
 use super::failure::not_owner;
-use super::{is_type, lock, Ctx, DirNode, Fail, Local, OpenDir, Skip};
+use super::{is_type, lock, Ctx, DirNode, Fail, Local, OpenDir, Skip, SrcFile};
 
 /// A hard-link group some of whose names have not arrived yet.
 pub(super) struct Group {
@@ -192,7 +192,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn adopt_linked(
         &self,
         dir: &Arc<OpenDir>,
-        src: &OwnedFd,
+        src: &SrcFile,
         name: &CStr,
         st: &Stat,
         local: &mut Local,

@@ -14,21 +14,25 @@ mod manifest;
 mod overwrite;
 mod records;
 mod regular;
+mod remote;
 mod resume;
 mod run;
 mod special;
 mod stage;
 mod walk;
 
+pub(crate) use failure::source_changed;
 pub use records::MAX_RECORDS;
+pub(crate) use remote::SrcXattrs;
 pub use run::copy;
+pub use run::copy_from;
 pub(crate) use run::{cstring, open_source_dir, run, DstAt, SrcAt};
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{self, BufWriter};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -44,6 +48,7 @@ use crate::sys::{self, Stat};
 use dirs::{OpenDir, OpenDirs};
 use failure::not_owner;
 use links::Group;
+use remote::{Rec, SrcDir, SrcFile};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panicking worker cannot leave these maps half-updated in a way later readers could
@@ -88,6 +93,9 @@ struct DirNode {
     top: bool,
     /// Source metadata to apply when done; `None` for a directory we keep as it was.
     meta: Option<Stat>,
+    /// A source directory on another node: its extended attributes, as its record carried
+    /// them (a local one's are read from its descriptor).
+    xattrs: Vec<ferry_transfer::Xattr>,
     /// Outstanding work: the listing itself plus every child task still running.
     pending: AtomicUsize,
     /// We created this directory, so no entry in it pre-exists.
@@ -138,6 +146,7 @@ impl DirNode {
             parent,
             top: false,
             meta,
+            xattrs: Vec::new(),
             pending: AtomicUsize::new(1),
             fresh,
             hidden: false,
@@ -218,6 +227,8 @@ struct Counters {
     bytes: AtomicU64,
     by_strategy: [AtomicU64; 3],
     failed: AtomicU64,
+    /// File bytes that came from another node.
+    bytes_received: AtomicU64,
 }
 
 /// A worker thread's buffers and capability cache, so the hot path takes no lock. Kept
@@ -300,6 +311,8 @@ struct Ctx<'a> {
     pid: u32,
     /// Which of the pool's workers run.
     depth: depth::Depth,
+    /// The connection to the source half on another node, for a copy from there.
+    remote: Option<Arc<crate::recv::Connection>>,
 }
 
 /// Why an entry ended without being copied.
@@ -355,6 +368,7 @@ impl<'a> Ctx<'a> {
             tmp_counter: AtomicU64::new(first_tmp),
             pid: std::process::id(),
             depth,
+            remote: None,
         }
     }
 
@@ -411,14 +425,19 @@ impl<'a> Ctx<'a> {
     /// Open an entry of a source directory. As root, with `O_NOATIME`: a copy does not
     /// disturb the source's access times (nor dirty every source inode to record them).
     fn open_source(&self, dir: &OpenDir, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+        let Some(src) = dir.src.fd() else {
+            return Err(io::Error::other(
+                "internal: a local open in a remote directory",
+            ));
+        };
         if self.who.euid == 0 {
-            match sys::open_beneath(dir.src.as_fd(), name, flags | libc::O_NOATIME) {
+            match sys::open_beneath(src, name, flags | libc::O_NOATIME) {
                 // Refused on files of other owners without CAP_FOWNER (e.g. in a user namespace).
                 Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
                 other => return other,
             }
         }
-        sys::open_beneath(dir.src.as_fd(), name, flags)
+        sys::open_beneath(src, name, flags)
     }
 
     fn tmp_name(&self) -> CString {

@@ -4,7 +4,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,8 +19,9 @@ use crate::sys::{self, Stat};
 use crate::Reason;
 
 use super::failure::{checksum_mismatch, kind_of, source_changed, ReflinkRefused};
+use super::remote::SrcXattrs;
 use super::stage::Staged;
-use super::{is_type, Ctx, Fail, Local, OpenDir, Skip};
+use super::{is_type, Ctx, Fail, Local, OpenDir, Rec, Skip, SrcFile};
 
 /// Files at least this large (and not cloned, sparse or hashed) are copied in chunks by
 /// several workers.
@@ -59,6 +60,7 @@ impl<'a> Ctx<'a> {
         dir: &Arc<OpenDir>,
         src_name: &CStr,
         dst_name: &CStr,
+        rec: Option<&Rec>,
         local: &mut Local,
     ) -> Result<Option<Skip>, Fail> {
         // One clock read per file, for the copy-time histogram; the commit reads it again.
@@ -72,26 +74,28 @@ impl<'a> Ctx<'a> {
             && self.opts.overwrite != Overwrite::Always
             && !self.compares_content(dir)
         {
-            if let Ok(st) = sys::lstatat(dir.src.as_fd(), src_name) {
+            if let Ok(st) = self.src_lstat(dir, src_name, rec) {
                 if is_type(&st, libc::S_IFREG) && self.keep_existing(dir, dst_name, &st)? {
                     self.list_kept(dir, dst_name, &st);
                     return Ok(Some(Skip::Kept));
                 }
             }
         }
-        let src = match self.open_source(dir, src_name, SOURCE_FLAGS) {
-            Ok(fd) => fd,
+        let src = match self.src_open_file(dir, src_name, SOURCE_FLAGS, rec) {
+            Ok(src) => src,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
                 // It became a symlink since the listing: copy the link.
-                let st = sys::lstatat(dir.src.as_fd(), src_name).map_err(|e| ("stat", e))?;
-                return self.non_regular(dir, src_name, dst_name, &st);
+                let st = self
+                    .src_lstat(dir, src_name, rec)
+                    .map_err(|e| ("stat", e))?;
+                return self.non_regular(dir, src_name, dst_name, &st, rec);
             }
             Err(e) => return Err(("open source", e)),
         };
-        let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source", e))?;
+        let st = src.stat().map_err(|e| ("stat source", e))?;
         if !is_type(&st, libc::S_IFREG) {
             drop(src);
-            return self.non_regular(dir, src_name, dst_name, &st);
+            return self.non_regular(dir, src_name, dst_name, &st, rec);
         }
         if self.compares_content(dir) {
             if self.kept_if_same(dir, dst_name, &src, &st, local)? {
@@ -157,7 +161,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn copy_regular(
         &self,
         dir: &Arc<OpenDir>,
-        mut src: OwnedFd,
+        mut src: SrcFile,
         src_name: &CStr,
         st: &Stat,
         name: &CStr,
@@ -192,8 +196,15 @@ impl<'a> Ctx<'a> {
                 Ok(FillOutcome::Committed(hash)) => return Ok(Some(hash)),
                 Ok(FillOutcome::Chunk(caps)) => {
                     let file = (src_name, name, caps, started, tries);
-                    self.start_chunks(dir, &src, staged, &st, file, local);
-                    return Ok(None);
+                    // (Only a local file is chunked: `fill_regular` says so.)
+                    if let Some(fd) = src.fd() {
+                        self.start_chunks(dir, fd, staged, &st, file, local);
+                        return Ok(None);
+                    }
+                    (
+                        "copy data",
+                        io::Error::other("internal: a remote file to chunk"),
+                    )
                 }
                 Ok(FillOutcome::Kept) => {
                     // An entry appeared at its name meanwhile, and the policy keeps it.
@@ -221,7 +232,7 @@ impl<'a> Ctx<'a> {
         src_name: &CStr,
         tries: &mut Tries,
         (op, err): Fail,
-    ) -> Result<(OwnedFd, Stat), Fail> {
+    ) -> Result<(SrcFile, Stat), Fail> {
         if self.stopping() {
             return Err((op, err));
         }
@@ -246,10 +257,11 @@ impl<'a> Ctx<'a> {
             }
             _ => return Err((op, err)),
         }
+        // (From another node: its record asked for again.)
         let src = self
-            .open_source(dir, src_name, SOURCE_FLAGS)
+            .src_open_file(dir, src_name, SOURCE_FLAGS, None)
             .map_err(|e| ("open source", e))?;
-        let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source", e))?;
+        let st = src.stat().map_err(|e| ("stat source", e))?;
         if !is_type(&st, libc::S_IFREG) {
             let msg = "the source stopped being a regular file while it was copied";
             return Err(("open source", source_changed(msg.into())));
@@ -261,7 +273,7 @@ impl<'a> Ctx<'a> {
     fn fill_regular(
         &self,
         dir: &Arc<OpenDir>,
-        src: &OwnedFd,
+        src: &SrcFile,
         src_name: &CStr,
         staged: &mut Staged,
         st: &Stat,
@@ -278,6 +290,25 @@ impl<'a> Ctx<'a> {
         let mut cloned = false;
         // Bytes the destination holds once written (holes included).
         let mut logical_len = size;
+        let src = match src {
+            SrcFile::Fd(fd) => fd,
+            SrcFile::Remote(remote) => {
+                // From another node: its bytes as they arrive, the sender's hash of what it
+                // read, and whether the file changed meanwhile (the sender's check).
+                let (moved, src_hash, len) = self.fill_remote(remote, dst)?;
+                let file = (dir, name, staged, started);
+                return self.finish_regular(
+                    src_name,
+                    src.xattrs(),
+                    st,
+                    file,
+                    (moved, src_hash, len),
+                    caps,
+                    local,
+                    tries,
+                );
+            }
+        };
         if caps.ficlone && size > 0 {
             match data::try_ficlone(dst, src.as_fd(), &opts.faults).map_err(|e| ("clone", e))? {
                 Clone::Done => {
@@ -357,17 +388,39 @@ impl<'a> Ctx<'a> {
             }
             hasher.map(|h| h.digest128())
         };
-        if let Some(victim) = &opts.faults.corrupt_after_write {
-            if victim.as_slice() == name.to_bytes() {
-                let _ = sys::pwrite(dst, b"\xff", 0);
-            }
-        }
         if let Some((victim, times)) = &opts.faults.change_source {
             if victim.as_slice() == src_name.to_bytes() && tries.changed < *times {
                 change_source(dir, src_name);
             }
         }
         check_unchanged(src.as_fd(), st)?;
+        let file = (dir, name, staged, started);
+        let moved = (moved, src_hash, logical_len);
+        let xattrs = SrcXattrs::Fd(src.as_fd());
+        self.finish_regular(src_name, xattrs, st, file, moved, caps, local, tries)
+    }
+
+    /// The end of a regular file's copy, its data written: verify, metadata, commit.
+    /// `moved`: what moved, the source's hash (when hashing) and the length written.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_regular(
+        &self,
+        _src_name: &CStr,
+        xattrs: SrcXattrs<'_>,
+        st: &Stat,
+        (dir, name, staged, started): (&Arc<OpenDir>, &CStr, &mut Staged, Instant),
+        (moved, src_hash, logical_len): (Moved, Option<u128>, u64),
+        _caps: &mut Caps,
+        local: &mut Local,
+        tries: Tries,
+    ) -> Result<FillOutcome, Fail> {
+        let opts = self.opts;
+        let dst = staged.fd.as_fd();
+        if let Some(victim) = &opts.faults.corrupt_after_write {
+            if victim.as_slice() == name.to_bytes() {
+                let _ = sys::pwrite(dst, b"\xff", 0);
+            }
+        }
         let hash = match src_hash {
             Some(expected) => {
                 let fail_flush =
@@ -382,7 +435,7 @@ impl<'a> Ctx<'a> {
             None => None,
         };
         meta::apply_fd(
-            src.as_fd(),
+            xattrs,
             dst,
             st,
             &opts.preserve,
@@ -480,7 +533,10 @@ pub(super) fn check_unchanged(src: BorrowedFd<'_>, st: &Stat) -> Result<(), Fail
 /// The `change_source` fault: append a byte to source file `dir/name`, as a writer would.
 fn change_source(dir: &OpenDir, name: &CStr) {
     let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW;
-    if let Ok(fd) = sys::openat(dir.src.as_fd(), name, flags, 0) {
+    let Some(src) = dir.src.fd() else {
+        return;
+    };
+    if let Ok(fd) = sys::openat(src, name, flags, 0) {
         let _ = sys::pwrite(fd.as_fd(), b"+", 0);
     }
 }

@@ -13,7 +13,7 @@ use crate::options::{Compare, Overwrite};
 use crate::sys::{self, Stat};
 use crate::{data, meta};
 
-use super::{is_type, Ctx, Fail, Local, OpenDir};
+use super::{is_type, Ctx, Fail, Local, OpenDir, SrcFile};
 
 impl<'a> Ctx<'a> {
     /// The staging directory an interrupted run with this copy's tag left in `parent` for
@@ -109,7 +109,7 @@ impl<'a> Ctx<'a> {
         &self,
         dir: &OpenDir,
         name: &CStr,
-        src: &OwnedFd,
+        src: &SrcFile,
         st: &Stat,
         local: &mut Local,
     ) -> Result<bool, Fail> {
@@ -147,7 +147,7 @@ impl<'a> Ctx<'a> {
         &self,
         dir: &OpenDir,
         name: &CStr,
-        src: &OwnedFd,
+        src: &SrcFile,
         st: &Stat,
         local: &mut Local,
     ) -> Result<bool, Fail> {
@@ -171,7 +171,7 @@ impl<'a> Ctx<'a> {
             // A copy that no longer owns the destination changes nothing more in it.
             self.may_finish()?;
             meta::apply_fd(
-                src.as_fd(),
+                src.xattrs(),
                 dst.as_fd(),
                 st,
                 p,
@@ -199,7 +199,7 @@ impl<'a> Ctx<'a> {
         &self,
         dir: &OpenDir,
         name: &CStr,
-        src: &OwnedFd,
+        src: &SrcFile,
         st: &Stat,
         local: &mut Local,
     ) -> Result<Option<u128>, Fail> {
@@ -219,7 +219,8 @@ impl<'a> Ctx<'a> {
             return Ok(None);
         }
         let size = st.st_size as u64;
-        let (want, n) = data::hash_fd(src.as_fd(), size, &mut local.buf, &self.guard())
+        let (want, n) = self
+            .src_hash(src, size, local)
             .map_err(|e| ("read source", e))?;
         let (got, m) = data::hash_fd(dst.as_fd(), size, &mut local.buf, &self.guard())
             .map_err(|e| ("read destination", e))?;

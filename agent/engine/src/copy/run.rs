@@ -17,11 +17,13 @@ use super::manifest::read_manifest;
 use super::overwrite::takes_source_meta;
 use super::records::{self, Earlier, Lazy};
 use super::walk::Task;
-use super::{Ctx, DirNode, OpenDir, CANCELLED};
+use super::{Ctx, DirNode, OpenDir, SrcDir, CANCELLED};
 use crate::options::{Compare, Options, Overwrite, Part};
 use crate::progress::{Progress, Strategy};
+use crate::recv::Connection;
 use crate::sys;
 use crate::{Error, Summary};
+use ferry_transfer::Xattr;
 
 pub(crate) fn cstring(p: &Path) -> Result<CString, Error> {
     CString::new(p.as_os_str().as_bytes())
@@ -106,7 +108,6 @@ pub fn copy(
     progress: &dyn Progress,
 ) -> Result<Summary, Error> {
     let src_c = cstring(src)?;
-    let dst_c = cstring(dst)?;
     let src_st = sys::stat_path(&src_c, false).map_err(|e| Error::io("stat source", src, e))?;
     let src_at = if src_st.st_mode & libc::S_IFMT == libc::S_IFDIR {
         SrcAt::Dir {
@@ -119,7 +120,14 @@ pub fn copy(
             name: final_name(src)?,
         }
     };
-    // The user named DST: a symlink to a directory is followed, as `cp` follows it.
+    let dst_at = open_destination(dst)?;
+    run(src_at, dst_at, src, dst, options, progress)
+}
+
+/// Open `dst` as far as it exists. The user named it: a symlink to a directory is
+/// followed, as `cp` follows it.
+fn open_destination(dst: &Path) -> Result<DstAt, Error> {
+    let dst_c = cstring(dst)?;
     let dst_at = match sys::stat_path(&dst_c, true) {
         Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
             DstAt::Dir(open_dir(dst, "open destination")?)
@@ -144,21 +152,93 @@ pub fn copy(
         }
         Err(e) => return Err(Error::io("stat destination", dst, e)),
     };
-    run(src_at, dst_at, src, dst, options, progress)
+    Ok(dst_at)
 }
 
-/// The top of a copy into an existing directory (or the directories of a single file's copy).
+/// Copy what a source half on another node serves (see [`crate::send`]) to `dst`, over
+/// `conn` (its hello already accepted), exactly as [`copy`] copies a local source: the
+/// same destination rules (staging, overwrite, resume, metadata, manifest, records).
+/// `src` only labels messages. Refused: a part of a split copy (a copy across nodes is one
+/// part) and `reflink: Always` (no blocks can be shared across nodes).
+pub fn copy_from(
+    conn: &Arc<Connection>,
+    src: &Path,
+    dst: &Path,
+    options: &Options,
+    progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    if options.select != Part::All {
+        return Err(Error::Usage(
+            "a copy from another node is not split into parts; copy the whole tree".into(),
+        ));
+    }
+    if options.reflink == crate::options::Reflink::Always {
+        return Err(Error::Usage(
+            "reflink: Always cannot be met across nodes (no blocks are shared between them); use Auto or Never".into(),
+        ));
+    }
+    let mut req = conn
+        .request(|req| ferry_transfer::Frame::Stat {
+            req,
+            path: Vec::new(),
+        })
+        .map_err(|e| Error::io("stat source", src, e))?;
+    let top = match req.next().map_err(|e| Error::io("stat source", src, e))? {
+        ferry_transfer::Frame::Entry { entry, .. } => super::remote::rec_of(entry, None),
+        _ => {
+            let e = std::io::Error::other("the sender answered a stat with something else");
+            return Err(Error::io("stat source", src, e));
+        }
+    };
+    let is_dir = top.st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    let src_at = SrcAt::Remote {
+        st: top.st,
+        xattrs: top.xattrs,
+    };
+    let dst_at = match open_destination(dst)? {
+        // One file into a directory: named as the source is (the sender's file is its
+        // top, at path "", so the name is the source path's).
+        DstAt::Dir(parent) if !is_dir => {
+            let name = final_name(src)?;
+            let exists = sys::lstatat(parent.as_fd(), &name).is_ok();
+            DstAt::Entry {
+                parent,
+                name,
+                exists,
+            }
+        }
+        other => other,
+    };
+    run_from(
+        src_at,
+        dst_at,
+        (src, dst),
+        options,
+        progress,
+        Some(conn.clone()),
+    )
+}
+
+/// The top of a copy into an existing directory (or the directories of a single file's
+/// copy). `xattrs`: a remote top's attributes.
 fn top(
     ctx: &Ctx<'_>,
-    src: OwnedFd,
+    (src, src_st, xattrs): (SrcDir, sys::Stat, Vec<Xattr>),
     dst: OwnedFd,
     meta: Option<sys::Stat>,
     fresh: bool,
 ) -> std::io::Result<Arc<OpenDir>> {
-    let (src_st, dst_st) = (sys::fstat(src.as_fd())?, sys::fstat(dst.as_fd())?);
+    let dst_st = sys::fstat(dst.as_fd())?;
     let mut node = DirNode::new(CString::default(), None, &src_st, &dst_st, meta, fresh);
     node.top = true;
+    node.xattrs = xattrs;
     Ok(ctx.pinned(node, src, dst))
+}
+
+/// A source's top as `top` takes it, from a local descriptor.
+fn local_top(fd: OwnedFd) -> std::io::Result<(SrcDir, sys::Stat, Vec<Xattr>)> {
+    let st = sys::fstat(fd.as_fd())?;
+    Ok((SrcDir::Fd(fd), st, Vec::new()))
 }
 
 /// The top of a new copy: built as `tmp` inside `parent` and renamed to `name` when
@@ -166,7 +246,7 @@ fn top(
 /// resumed copy adopted the staging directory its interrupted run left.
 fn staged_top(
     ctx: &Ctx<'_>,
-    (src, src_st): (OwnedFd, sys::Stat),
+    (src, src_st, xattrs): (SrcDir, sys::Stat, Vec<Xattr>),
     dst: OwnedFd,
     parent: OwnedFd,
     (tmp, name): (CString, CString),
@@ -182,7 +262,7 @@ fn staged_top(
         None,
         false,
     );
-    let parent = ctx.pinned(parent_node, parent.try_clone()?, parent);
+    let parent = ctx.pinned(parent_node, SrcDir::Fd(parent.try_clone()?), parent);
     let dst_st = sys::fstat(dst.as_fd())?;
     let mut node = DirNode::new(
         name,
@@ -196,6 +276,7 @@ fn staged_top(
     node.hidden = true;
     node.ours = !fresh;
     node.staged_as = Some(tmp);
+    node.xattrs = xattrs;
     Ok(ctx.pinned(node, src, dst))
 }
 
@@ -205,6 +286,18 @@ pub(crate) enum SrcAt {
     Dir { fd: OwnedFd, st: sys::Stat },
     /// Anything else: entry `name` of directory `parent`.
     Entry { parent: OwnedFd, name: CString },
+    /// On another node (the copy's connection): a directory, with its record's stat and
+    /// attributes; or one regular file (the top is the file, at path "").
+    Remote { st: sys::Stat, xattrs: Vec<Xattr> },
+}
+
+/// A copy's source as the walk starts from it.
+enum TopSrc {
+    Dir((SrcDir, sys::Stat, Vec<Xattr>)),
+    Entry {
+        parent: (SrcDir, sys::Stat, Vec<Xattr>),
+        name: CString,
+    },
 }
 
 /// A copy's destination, opened as far as it exists.
@@ -227,6 +320,18 @@ pub(crate) fn run(
     dst: &Path,
     options: &Options,
     progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    run_from(src_at, dst_at, (src, dst), options, progress, None)
+}
+
+/// [`run`], with the connection to the source's node when the source is there.
+fn run_from(
+    src_at: SrcAt,
+    dst_at: DstAt,
+    (src, dst): (&Path, &Path),
+    options: &Options,
+    progress: &dyn Progress,
+    remote: Option<Arc<Connection>>,
 ) -> Result<Summary, Error> {
     let started = Instant::now();
     options.check_staging_tag().map_err(Error::Usage)?;
@@ -284,25 +389,42 @@ pub(crate) fn run(
     // Which of the default pool's workers run follows what the copy reads from storage, on
     // filesystems where the kernel counts that (see `depth`); a worker count asked for runs
     // whole.
-    let depth = match options.workers {
-        0 => {
-            let (SrcAt::Dir { fd: src_fd, .. } | SrcAt::Entry { parent: src_fd, .. }) = &src_at;
+    // (A source on another node: its reads are the network's, never counted.)
+    let depth = match (options.workers, &src_at) {
+        (0, SrcAt::Dir { fd: src_fd, .. } | SrcAt::Entry { parent: src_fd, .. }) => {
             let (DstAt::Dir(dst_fd) | DstAt::Entry { parent: dst_fd, .. }) = &dst_at;
             let fs = [src_fd, dst_fd].map(|fd| sys::fs_type(fd.as_fd()).unwrap_or(0));
             Depth::adaptive(options.workers_resolved(), &fs)
         }
         _ => Depth::fixed(),
     };
-    let ctx = Ctx::new(
+    let mut ctx = Ctx::new(
         options, progress, manifest, listed, records, fd_limit, depth,
     );
+    ctx.remote = remote;
     let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
+    // Both kinds of source as the walk takes them: a directory (a descriptor, or a path
+    // on another node) with its stat and (remote) attributes; or an entry of one.
+    let src_at = match src_at {
+        SrcAt::Dir { fd, st } => TopSrc::Dir((SrcDir::Fd(fd), st, Vec::new())),
+        SrcAt::Remote { st, xattrs } if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+            TopSrc::Dir((SrcDir::Remote(Vec::new()), st, xattrs))
+        }
+        // The top is the file: its path is "", the empty name in the empty path.
+        SrcAt::Remote { st, .. } => TopSrc::Entry {
+            parent: (SrcDir::Remote(Vec::new()), st, Vec::new()),
+            name: CString::default(),
+        },
+        SrcAt::Entry { parent, name } => TopSrc::Entry {
+            parent: local_top(parent).map_err(|e| Error::io("stat", src, e))?,
+            name,
+        },
+    };
     let first = match src_at {
-        SrcAt::Dir {
-            fd: src_fd,
-            st: src_st,
-        } => {
+        TopSrc::Dir((src_dir, src_st, src_xattrs)) => {
+            // (A directory on another node cannot hold the destination.)
+            let is_remote = matches!(src_dir, SrcDir::Remote(_));
             // A part of a split copy (or its final directory pass) shares DST with other
             // agents: it is made in place, never staged, and merged into like an existing one.
             let split = options.select != Part::All;
@@ -331,7 +453,9 @@ pub(crate) fn run(
                     name,
                     exists: false,
                 } => {
-                    check_not_inside(&src_st, &parent_fd, src, dst)?;
+                    if !is_remote {
+                        check_not_inside(&src_st, &parent_fd, src, dst)?;
+                    }
                     // Built under a staging name, renamed to DST when complete. A resumed
                     // copy takes over the staging directory its interrupted run left.
                     let (fd, tmp, fresh) = match ctx.adopt_staged(parent_fd.as_fd(), &name) {
@@ -345,13 +469,17 @@ pub(crate) fn run(
                             (fd, tmp, true)
                         }
                     };
-                    staged_top(&ctx, (src_fd, src_st), fd, parent_fd, (tmp, name), fresh)
+                    let src = (src_dir, src_st, src_xattrs);
+                    staged_top(&ctx, src, fd, parent_fd, (tmp, name), fresh)
                         .map_err(|e| Error::io("stat", dst, e))?
                 }
                 DstAt::Dir(fd) => {
-                    check_not_inside(&src_st, &fd, src, dst)?;
+                    if !is_remote {
+                        check_not_inside(&src_st, &fd, src, dst)?;
+                    }
                     let keep_meta = takes_source_meta(options, false);
-                    top(&ctx, src_fd, fd, keep_meta.then_some(src_st), false)
+                    let src = (src_dir, src_st, src_xattrs);
+                    top(&ctx, src, fd, keep_meta.then_some(src_st), false)
                         .map_err(|e| Error::io("stat", dst, e))?
                 }
                 DstAt::Entry { exists: true, .. } => {
@@ -365,7 +493,7 @@ pub(crate) fn run(
             ctx.counters.dirs.fetch_add(1, Ordering::Relaxed);
             Task::List(root)
         }
-        SrcAt::Entry {
+        TopSrc::Entry {
             parent: src_parent,
             name: src_name,
         } => {

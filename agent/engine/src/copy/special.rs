@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::meta;
 use crate::sys::{self, Stat};
 
-use super::{is_type, Ctx, Fail, OpenDir, Skip};
+use super::{is_type, Ctx, Fail, OpenDir, Rec, Skip};
 
 impl<'a> Ctx<'a> {
     /// Symlinks (copied verbatim, never followed), FIFOs, sockets and devices (recreated
@@ -20,13 +20,14 @@ impl<'a> Ctx<'a> {
         src_name: &CStr,
         dst_name: &CStr,
         st: &Stat,
+        rec: Option<&Rec>,
     ) -> Result<Option<Skip>, Fail> {
         if self.keep_existing(dir, dst_name, st)? {
             return Ok(Some(Skip::Kept));
         }
         // Links and specials have no hash: the group's leader is "committed" with None.
         let make = || {
-            self.make_special(dir, src_name, dst_name, st)
+            self.make_special(dir, src_name, dst_name, st, rec)
                 .map(|_| Some(None))
         };
         self.in_link_group(dir, dst_name, st, make)
@@ -39,6 +40,7 @@ impl<'a> Ctx<'a> {
         src_name: &CStr,
         dst_name: &CStr,
         st: &Stat,
+        rec: Option<&Rec>,
     ) -> Result<Option<Skip>, Fail> {
         // Inside a staged directory the final name is not visible yet: create it directly.
         let direct = self.names_directly(dir);
@@ -49,8 +51,9 @@ impl<'a> Ctx<'a> {
         };
         let is_link = is_type(st, libc::S_IFLNK);
         if is_link {
-            let target =
-                sys::readlinkat(dir.src.as_fd(), src_name).map_err(|e| ("read link", e))?;
+            let target = self
+                .src_readlink(dir, src_name, rec)
+                .map_err(|e| ("read link", e))?;
             sys::symlinkat(&target, dir.dst.as_fd(), &tmp).map_err(|e| ("create symlink", e))?;
         } else {
             let kind = st.st_mode & libc::S_IFMT;

@@ -24,14 +24,15 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::dirent::{DType, DirEntry, Listing};
+use crate::dirent::{DType, Listing};
 use crate::meta::{self, XattrBufs};
 use crate::options::Part;
 use crate::sys;
 
 use super::chunks::LargeFile;
 use super::overwrite::takes_source_meta;
-use super::{is_type, lock, part_of, Ctx, DirNode, Fail, Local, OpenDir, Skip, CANCELLED};
+use super::remote::{rec_of, SrcDir, SrcXattrs};
+use super::{is_type, lock, part_of, Ctx, DirNode, Fail, Local, OpenDir, Rec, Skip, CANCELLED};
 
 /// Entries per batch when a directory is split across workers.
 const BATCH: usize = 512;
@@ -41,15 +42,27 @@ const BATCH: usize = 512;
 /// directory's names in memory stay a few batches' worth however many it has.
 const WAITING_PER_WORKER: usize = 2;
 
+/// An entry of a listing kept past its buffer (a batch handed to another worker): its
+/// name, the listing's type hint, and from another node its record.
+pub(super) struct Listed {
+    name: CString,
+    dtype: DType,
+    rec: Option<Box<Rec>>,
+}
+
 pub(super) enum Task {
     /// List a directory that is already open on both sides (the copy's top).
     List(Arc<OpenDir>),
-    /// Open, create and list a subdirectory.
-    Dir { parent: Arc<DirNode>, name: CString },
+    /// Open, create and list a subdirectory (from another node, with its record).
+    Dir {
+        parent: Arc<DirNode>,
+        name: CString,
+        rec: Option<Box<Rec>>,
+    },
     /// Copy these entries of a (large) directory.
     Batch {
         dir: Arc<DirNode>,
-        entries: Vec<DirEntry>,
+        entries: Vec<Listed>,
     },
     /// Copy chunks of a large file.
     Chunks(Arc<LargeFile>),
@@ -118,6 +131,15 @@ impl<'a> Ctx<'a> {
         if self.abort.load(Ordering::Relaxed) {
             return true;
         }
+        if let Some(why) = self.remote.as_ref().and_then(|r| r.lost()) {
+            // Nothing more can be read: the copy stops (a new connection resumes it).
+            if !self.abort.swap(true, Ordering::Relaxed) {
+                lock(&self.aborted).get_or_insert(format!(
+                    "the connection to the source's node was lost: {why}"
+                ));
+            }
+            return true;
+        }
         if !self.owns() {
             return true;
         }
@@ -149,13 +171,13 @@ impl<'a> Ctx<'a> {
     fn run_task(&self, task: Task, local: &mut Local) {
         match task {
             Task::List(dir) => self.list(dir, local),
-            Task::Dir { parent, name } => {
+            Task::Dir { parent, name, rec } => {
                 // The parent's count for this child is released when the child directory
                 // completes (`release` walks up), or here if it could not be opened. The
                 // parent's descriptors are only needed (and held) until the child is open.
                 match self
                     .open_dir(&parent)
-                    .and_then(|p| self.open_subdir(&p, &name))
+                    .and_then(|p| self.open_subdir(&p, &name, rec.as_deref()))
                 {
                     Ok(dir) => self.list(dir, local),
                     Err((op, e)) => {
@@ -182,7 +204,7 @@ impl<'a> Ctx<'a> {
                 src_name,
                 dst_name,
             } => {
-                self.entry(&dir, &src_name, &dst_name, DType::Unknown, local);
+                self.entry(&dir, &src_name, &dst_name, DType::Unknown, None, local);
                 self.release(&dir.node);
             }
         }
@@ -214,8 +236,12 @@ impl<'a> Ctx<'a> {
             let mode_done =
                 !node.fresh && node.dst_mode == self.who.final_mode(&st, &self.opts.preserve);
             let applied = self.open_dir(node).and_then(|dir| {
+                let xattrs = match dir.src.fd() {
+                    Some(fd) => SrcXattrs::Fd(fd),
+                    None => SrcXattrs::List(&node.xattrs),
+                };
                 meta::apply_fd(
-                    dir.src.as_fd(),
+                    xattrs,
                     dir.dst.as_fd(),
                     &st,
                     &self.opts.preserve,
@@ -247,12 +273,16 @@ impl<'a> Ctx<'a> {
     }
 
     /// Open source subdirectory `name` and create (or, when merging, open) its twin.
-    fn open_subdir(&self, parent: &Arc<OpenDir>, name: &CStr) -> Result<Arc<OpenDir>, Fail> {
+    fn open_subdir(
+        &self,
+        parent: &Arc<OpenDir>,
+        name: &CStr,
+        rec: Option<&Rec>,
+    ) -> Result<Arc<OpenDir>, Fail> {
         let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-        let src = self
-            .open_source(parent, name, flags)
+        let (src, st, xattrs) = self
+            .src_open_dir(parent, name, flags, rec)
             .map_err(|e| ("open source directory", e))?;
-        let st = sys::fstat(src.as_fd()).map_err(|e| ("stat source directory", e))?;
         // A new directory under a visible parent is built under a staging name and renamed
         // into place when complete; under a hidden parent it needs no name of its own.
         // Parts of a split copy share directories with other agents: made in place.
@@ -317,6 +347,7 @@ impl<'a> Ctx<'a> {
         node.hidden = staged_as.is_some() || (fresh && parent.hidden);
         node.staged_as = staged_as;
         node.ours = ours;
+        node.xattrs = xattrs;
         Ok(self.opened(Arc::new(node), src, dst))
     }
 
@@ -330,68 +361,11 @@ impl<'a> Ctx<'a> {
         if self.opts.resume && !dir.fresh {
             self.sweep_leftovers(&dir, local);
         }
-        let reserved = self
-            .opts
-            .reserved_top
-            .as_deref()
-            .filter(|_| dir.parent.is_none());
-        // The listing buffer is this worker's; the entries copied meanwhile use the rest.
-        let mut dents = std::mem::take(&mut local.dents);
-        let mut listing = Listing::new(dir.src.as_fd(), &mut dents);
         let mut batch = Vec::new();
-        let listed = loop {
-            let (name, dtype) = match listing.next_entry() {
-                Ok(Some(entry)) => entry,
-                Ok(None) => break Ok(()),
-                Err(e) => break Err(e),
-            };
-            if reserved.is_some_and(|r| r == name) {
-                continue;
-            }
-            let is_dir = match dtype {
-                DType::Dir => true,
-                DType::Unknown => sys::lstatat(dir.src.as_fd(), name)
-                    .map(|st| is_type(&st, libc::S_IFDIR))
-                    .unwrap_or(false),
-                _ => false,
-            };
-            // include/exclude: an excluded directory is not entered, an unselected entry
-            // not copied (nor counted, nor in the manifest).
-            if !self.opts.filter.is_all() {
-                let rel = dir.child_path(name);
-                let wanted = match is_dir {
-                    true => self.opts.filter.enters(&rel),
-                    false => self.opts.filter.selects(&rel),
-                };
-                if !wanted {
-                    continue;
-                }
-            }
-            if is_dir {
-                dir.pending.fetch_add(1, Ordering::Relaxed);
-                local.push(Task::Dir {
-                    parent: dir.node.clone(),
-                    name: name.to_owned(),
-                });
-                continue;
-            }
-            if batch.capacity() == 0 {
-                batch.reserve_exact(BATCH);
-            }
-            batch.push(DirEntry {
-                name: name.to_owned(),
-                dtype,
-            });
-            if batch.len() == BATCH {
-                // (Checked per batch: `copy_entries` checks each entry.)
-                if self.stopping() {
-                    break Ok(());
-                }
-                let full = std::mem::take(&mut batch);
-                self.hand_out(&dir, full, local);
-            }
+        let listed = match &dir.src {
+            SrcDir::Fd(fd) => self.list_local(&dir, fd.as_fd(), &mut batch, local),
+            SrcDir::Remote(path) => self.list_remote(&dir, path, &mut batch, local),
         };
-        local.dents = dents;
         if let Err(e) = listed {
             // What was listed before the error is still copied.
             self.fail(&dir.path(), "read directory", &e);
@@ -400,9 +374,169 @@ impl<'a> Ctx<'a> {
         self.release(&dir.node);
     }
 
+    fn list_local(
+        &self,
+        dir: &Arc<OpenDir>,
+        src: std::os::fd::BorrowedFd<'_>,
+        batch: &mut Vec<Listed>,
+        local: &mut Local,
+    ) -> std::io::Result<()> {
+        // The listing buffer is this worker's; the entries copied meanwhile use the rest.
+        let mut dents = std::mem::take(&mut local.dents);
+        let mut listing = Listing::new(src, &mut dents);
+        let listed = loop {
+            let (name, dtype) = match listing.next_entry() {
+                Ok(Some(entry)) => entry,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            };
+            let is_dir = match dtype {
+                DType::Dir => true,
+                DType::Unknown => sys::lstatat(src, name)
+                    .map(|st| is_type(&st, libc::S_IFDIR))
+                    .unwrap_or(false),
+                _ => false,
+            };
+            if self.listed(dir, name, is_dir, dtype, None, batch, local) {
+                break Ok(());
+            }
+        };
+        local.dents = dents;
+        listed
+    }
+
+    /// A directory on another node: its listing comes in batches, each entry with its
+    /// record (and for a fresh directory, small files with their bytes); the next batch is
+    /// asked for when this one is handed out.
+    fn list_remote(
+        &self,
+        dir: &Arc<OpenDir>,
+        path: &[u8],
+        batch: &mut Vec<Listed>,
+        local: &mut Local,
+    ) -> std::io::Result<()> {
+        let conn = self
+            .remote
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("internal: a remote directory in a local copy"))?;
+        // Bytes travel with the listing only where every file will be copied: a new
+        // directory (a merge decides per file, and may keep most).
+        let inline = dir.fresh;
+        let mut req = conn.request(|req| ferry_transfer::Frame::List {
+            req,
+            path: path.to_vec(),
+            ino: dir.src_ino,
+            inline,
+            hash: self.hash,
+        })?;
+        loop {
+            let (entries, inline, last) = match req.next()? {
+                ferry_transfer::Frame::Listing {
+                    entries,
+                    inline,
+                    last,
+                    ..
+                } => (entries, inline, last),
+                _ => {
+                    return Err(std::io::Error::other(
+                        "the sender answered a listing with something else",
+                    ))
+                }
+            };
+            if !last {
+                // Asked now, so the next batch travels while this one is copied.
+                req.send(&ferry_transfer::Frame::More { req: req.id() })?;
+            }
+            let mut inline = inline.into_iter().peekable();
+            for (i, entry) in entries.into_iter().enumerate() {
+                let bytes = match inline.peek() {
+                    Some(f) if f.index as usize == i => inline.next().map(|f| (f.data, f.hash)),
+                    _ => None,
+                };
+                let Ok(name) = CString::new(entry.name.as_slice()) else {
+                    continue;
+                };
+                let rec = Box::new(rec_of(entry, bytes));
+                let is_dir = is_type(&rec.st, libc::S_IFDIR);
+                let dtype = match rec.st.st_mode & libc::S_IFMT {
+                    libc::S_IFDIR => DType::Dir,
+                    libc::S_IFREG => DType::Regular,
+                    _ => DType::Other,
+                };
+                if self.listed(dir, &name, is_dir, dtype, Some(rec), batch, local) {
+                    return Ok(());
+                }
+            }
+            if last {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One entry of a listing: a subdirectory becomes a task, anything else joins the
+    /// batch, handed out when full. `true` when the copy is stopping.
+    #[allow(clippy::too_many_arguments)]
+    fn listed(
+        &self,
+        dir: &Arc<OpenDir>,
+        name: &CStr,
+        is_dir: bool,
+        dtype: DType,
+        rec: Option<Box<Rec>>,
+        batch: &mut Vec<Listed>,
+        local: &mut Local,
+    ) -> bool {
+        let reserved = self
+            .opts
+            .reserved_top
+            .as_deref()
+            .filter(|_| dir.parent.is_none());
+        if reserved.is_some_and(|r| r == name) {
+            return false;
+        }
+        // include/exclude: an excluded directory is not entered, an unselected entry
+        // not copied (nor counted, nor in the manifest).
+        if !self.opts.filter.is_all() {
+            let rel = dir.child_path(name);
+            let wanted = match is_dir {
+                true => self.opts.filter.enters(&rel),
+                false => self.opts.filter.selects(&rel),
+            };
+            if !wanted {
+                return false;
+            }
+        }
+        if is_dir {
+            dir.pending.fetch_add(1, Ordering::Relaxed);
+            local.push(Task::Dir {
+                parent: dir.node.clone(),
+                name: name.to_owned(),
+                rec,
+            });
+            return false;
+        }
+        if batch.capacity() == 0 {
+            batch.reserve_exact(BATCH);
+        }
+        batch.push(Listed {
+            name: name.to_owned(),
+            dtype,
+            rec,
+        });
+        if batch.len() == BATCH {
+            // (Checked per batch: `copy_entries` checks each entry.)
+            if self.stopping() {
+                return true;
+            }
+            let full = std::mem::take(batch);
+            self.hand_out(dir, full, local);
+        }
+        false
+    }
+
     /// A full batch of `dir`'s entries: to the pool for an idle worker, unless enough of
     /// its batches wait there already; then this worker copies it, and lists on after.
-    fn hand_out(&self, dir: &Arc<OpenDir>, batch: Vec<DirEntry>, local: &mut Local) {
+    fn hand_out(&self, dir: &Arc<OpenDir>, batch: Vec<Listed>, local: &mut Local) {
         // (`scratch` has a slot per worker.)
         let most = WAITING_PER_WORKER * self.scratch.len();
         if dir.batches_waiting.load(Ordering::Relaxed) >= most {
@@ -417,13 +551,13 @@ impl<'a> Ctx<'a> {
         });
     }
 
-    fn copy_entries(&self, dir: &Arc<OpenDir>, entries: &[DirEntry], local: &mut Local) {
+    fn copy_entries(&self, dir: &Arc<OpenDir>, entries: &[Listed], local: &mut Local) {
         for e in entries {
             if self.stopping() {
                 break;
             }
             self.depth.between();
-            self.entry(dir, &e.name, &e.name, e.dtype, local);
+            self.entry(dir, &e.name, &e.name, e.dtype, e.rec.as_deref(), local);
         }
     }
 
@@ -435,6 +569,7 @@ impl<'a> Ctx<'a> {
         src_name: &CStr,
         dst_name: &CStr,
         dtype: DType,
+        rec: Option<&Rec>,
         local: &mut Local,
     ) {
         let mut dtype = dtype;
@@ -444,7 +579,7 @@ impl<'a> Ctx<'a> {
             Part::Directories if dtype != DType::Unknown => return,
             Part::Directories => {}
             Part::Slice { index, count } => {
-                let st = match sys::lstatat(dir.src.as_fd(), src_name) {
+                let st = match self.src_lstat(dir, src_name, rec) {
                     Ok(st) => st,
                     Err(e) => {
                         // Reported by the part that owns the path, once.
@@ -465,12 +600,13 @@ impl<'a> Ctx<'a> {
             }
         }
         if self.opts.select == Part::Directories {
-            match sys::lstatat(dir.src.as_fd(), src_name) {
+            match self.src_lstat(dir, src_name, rec) {
                 Ok(st) if is_type(&st, libc::S_IFDIR) => {
                     dir.pending.fetch_add(1, Ordering::Relaxed);
                     local.push(Task::Dir {
                         parent: dir.node.clone(),
                         name: src_name.to_owned(),
+                        rec: None,
                     });
                 }
                 Ok(_) => {}
@@ -479,11 +615,11 @@ impl<'a> Ctx<'a> {
             return;
         }
         let result = match dtype {
-            DType::Regular => self.regular(dir, src_name, dst_name, local),
-            _ => match sys::lstatat(dir.src.as_fd(), src_name) {
+            DType::Regular => self.regular(dir, src_name, dst_name, rec, local),
+            _ => match self.src_lstat(dir, src_name, rec) {
                 Err(e) => Err(("stat", e)),
                 Ok(st) if is_type(&st, libc::S_IFREG) => {
-                    self.regular(dir, src_name, dst_name, local)
+                    self.regular(dir, src_name, dst_name, rec, local)
                 }
                 Ok(st) if is_type(&st, libc::S_IFDIR) => {
                     // A directory appeared where the listing saw something else.
@@ -494,10 +630,11 @@ impl<'a> Ctx<'a> {
                     local.push(Task::Dir {
                         parent: dir.node.clone(),
                         name: src_name.to_owned(),
+                        rec: None,
                     });
                     return;
                 }
-                Ok(st) => self.non_regular(dir, src_name, dst_name, &st),
+                Ok(st) => self.non_regular(dir, src_name, dst_name, &st, rec),
             },
         };
         match result {

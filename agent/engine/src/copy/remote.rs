@@ -1,0 +1,434 @@
+//! The source side of a copy, local or on another node. Locally it is descriptors: a
+//! directory's fd, entries opened beneath it. Across nodes it is records and requests over
+//! a [`Connection`] to the source half (`send`): a directory is its path from the top, an
+//! entry is the record its listing carried (stat, extended attributes, symlink target, and
+//! for a small file of a fresh directory its bytes), and a file's data is read by a request
+//! when it is needed. Everything on the destination side is the same code either way.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ferry_transfer::frame::{Fingerprint, Frame};
+use ferry_transfer::{Entry, Kind, Time, Xattr};
+
+use crate::data::{self, Moved};
+use crate::progress::Strategy;
+use crate::recv::{Connection, CREDIT};
+use crate::sys::{self, Stat};
+
+use super::failure::source_changed;
+use super::{Ctx, Fail, Local, OpenDir};
+
+/// A source directory.
+pub(super) enum SrcDir {
+    Fd(OwnedFd),
+    /// On another node: its path from the shard's top.
+    Remote(Vec<u8>),
+}
+
+impl SrcDir {
+    /// Its descriptor, for a local one.
+    pub(super) fn fd(&self) -> Option<BorrowedFd<'_>> {
+        match self {
+            SrcDir::Fd(fd) => Some(fd.as_fd()),
+            SrcDir::Remote(_) => None,
+        }
+    }
+
+    /// The path of its entry `name` from the top (remote only).
+    fn child(&self, name: &CStr) -> Vec<u8> {
+        match self {
+            SrcDir::Remote(p) if p.is_empty() => name.to_bytes().to_vec(),
+            SrcDir::Remote(p) => [p.as_slice(), b"/", name.to_bytes()].concat(),
+            SrcDir::Fd(_) => name.to_bytes().to_vec(),
+        }
+    }
+}
+
+/// What a listing from another node said of an entry.
+#[derive(Debug)]
+pub(super) struct Rec {
+    pub st: Stat,
+    pub xattrs: Vec<Xattr>,
+    pub target: Option<CString>,
+    /// A small file's bytes and their hash (when hashing), sent with the listing.
+    pub inline: Option<(Vec<u8>, Option<u128>)>,
+}
+
+/// The extended attributes to give a copy: read from the source's descriptor, or as a
+/// record from another node carried them.
+pub(crate) enum SrcXattrs<'a> {
+    Fd(BorrowedFd<'a>),
+    List(&'a [Xattr]),
+}
+
+/// A source regular file, open.
+pub(super) enum SrcFile {
+    Fd(OwnedFd),
+    Remote(Box<RemoteFile>),
+}
+
+pub(super) struct RemoteFile {
+    path: Vec<u8>,
+    st: Stat,
+    xattrs: Vec<Xattr>,
+    inline: Option<(Vec<u8>, Option<u128>)>,
+}
+
+impl SrcFile {
+    /// Its stat: for a local file, now; for a remote one, as its record said.
+    pub(super) fn stat(&self) -> io::Result<Stat> {
+        match self {
+            SrcFile::Fd(fd) => sys::fstat(fd.as_fd()),
+            SrcFile::Remote(r) => Ok(r.st),
+        }
+    }
+
+    pub(super) fn xattrs(&self) -> SrcXattrs<'_> {
+        match self {
+            SrcFile::Fd(fd) => SrcXattrs::Fd(fd.as_fd()),
+            SrcFile::Remote(r) => SrcXattrs::List(&r.xattrs),
+        }
+    }
+
+    pub(super) fn fd(&self) -> Option<&OwnedFd> {
+        match self {
+            SrcFile::Fd(fd) => Some(fd),
+            SrcFile::Remote(_) => None,
+        }
+    }
+}
+
+fn secs(t: Time) -> (i64, i64) {
+    (t.secs, i64::from(t.nanos))
+}
+
+/// The stat a record stands for (what the destination half reads of a stat: type, mode,
+/// owner, size, blocks, times, links, identity, device number).
+pub(super) fn stat_of(e: &Entry) -> Stat {
+    let mut st = sys::zeroed_stat();
+    let kind = match &e.kind {
+        Kind::Regular => libc::S_IFREG,
+        Kind::Directory => libc::S_IFDIR,
+        Kind::Symlink(_) => libc::S_IFLNK,
+        Kind::Fifo => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
+        Kind::CharDevice(_) => libc::S_IFCHR,
+        Kind::BlockDevice(_) => libc::S_IFBLK,
+    };
+    st.st_mode = kind | e.perm;
+    st.st_uid = e.uid;
+    st.st_gid = e.gid;
+    st.st_size = e.size as i64;
+    st.st_blocks = e.blocks as i64;
+    st.st_nlink = e.nlink.into();
+    st.st_dev = e.dev;
+    st.st_ino = e.ino;
+    if let Kind::CharDevice(r) | Kind::BlockDevice(r) = e.kind {
+        st.st_rdev = r;
+    }
+    (st.st_atime, st.st_atime_nsec) = secs(e.atime);
+    (st.st_mtime, st.st_mtime_nsec) = secs(e.mtime);
+    (st.st_ctime, st.st_ctime_nsec) = secs(e.ctime);
+    st
+}
+
+fn time_of(s: i64, ns: i64) -> Time {
+    Time {
+        secs: s,
+        nanos: ns.clamp(0, 999_999_999) as u32,
+    }
+}
+
+fn fingerprint(st: &Stat) -> Fingerprint {
+    Fingerprint {
+        ino: st.st_ino,
+        size: st.st_size as u64,
+        mtime: time_of(st.st_mtime, st.st_mtime_nsec),
+        ctime: time_of(st.st_ctime, st.st_ctime_nsec),
+    }
+}
+
+pub(super) fn rec_of(e: Entry, inline: Option<(Vec<u8>, Option<u128>)>) -> Rec {
+    let st = stat_of(&e);
+    let target = match e.kind {
+        // (The decoder checked it has no NUL.)
+        Kind::Symlink(t) => CString::new(t).ok(),
+        _ => None,
+    };
+    Rec {
+        st,
+        xattrs: e.xattrs,
+        target,
+        inline,
+    }
+}
+
+/// The path `rel` (from the top) of a remote directory's entry.
+fn join(dir: &[u8], name: &CStr) -> Vec<u8> {
+    match dir.is_empty() {
+        true => name.to_bytes().to_vec(),
+        false => [dir, b"/", name.to_bytes()].concat(),
+    }
+}
+
+impl Ctx<'_> {
+    fn conn(&self) -> io::Result<&Arc<Connection>> {
+        self.remote
+            .as_ref()
+            .ok_or_else(|| io::Error::other("internal: a remote directory in a local copy"))
+    }
+
+    /// The record of the entry at `path` on the source's node.
+    pub(super) fn remote_stat(&self, path: &[u8]) -> io::Result<Rec> {
+        let conn = self.conn()?;
+        let mut req = conn.request(|req| Frame::Stat {
+            req,
+            path: path.to_vec(),
+        })?;
+        match req.next()? {
+            Frame::Entry { entry, .. } => Ok(rec_of(entry, None)),
+            _ => Err(io::Error::other(
+                "the sender answered a stat with something else",
+            )),
+        }
+    }
+
+    /// `lstat` of entry `name` of source directory `dir`: from its record when the
+    /// listing gave one, else asked.
+    pub(super) fn src_lstat(
+        &self,
+        dir: &OpenDir,
+        name: &CStr,
+        rec: Option<&Rec>,
+    ) -> io::Result<Stat> {
+        if let Some(r) = rec {
+            return Ok(r.st);
+        }
+        match &dir.src {
+            SrcDir::Fd(fd) => sys::lstatat(fd.as_fd(), name),
+            SrcDir::Remote(p) => self.remote_stat(&join(p, name)).map(|r| r.st),
+        }
+    }
+
+    /// Open regular file `name` of source directory `dir` (remote: nothing is asked yet;
+    /// without a record, its record is).
+    pub(super) fn src_open_file(
+        &self,
+        dir: &OpenDir,
+        name: &CStr,
+        flags: libc::c_int,
+        rec: Option<&Rec>,
+    ) -> io::Result<SrcFile> {
+        match &dir.src {
+            SrcDir::Fd(_) => self.open_source(dir, name, flags).map(SrcFile::Fd),
+            SrcDir::Remote(p) => {
+                let path = join(p, name);
+                let (st, xattrs, inline) = match rec {
+                    Some(r) => (r.st, r.xattrs.clone(), r.inline.clone()),
+                    None => {
+                        let r = self.remote_stat(&path)?;
+                        (r.st, r.xattrs, None)
+                    }
+                };
+                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    // As a local open with O_NOFOLLOW says.
+                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                }
+                Ok(SrcFile::Remote(Box::new(RemoteFile {
+                    path,
+                    st,
+                    xattrs,
+                    inline,
+                })))
+            }
+        }
+    }
+
+    /// The target of symlink `name` in source directory `dir`.
+    pub(super) fn src_readlink(
+        &self,
+        dir: &OpenDir,
+        name: &CStr,
+        rec: Option<&Rec>,
+    ) -> io::Result<CString> {
+        if let Some(t) = rec.and_then(|r| r.target.clone()) {
+            return Ok(t);
+        }
+        match &dir.src {
+            SrcDir::Fd(fd) => sys::readlinkat(fd.as_fd(), name),
+            SrcDir::Remote(p) => self
+                .remote_stat(&join(p, name))?
+                .target
+                .ok_or_else(|| source_changed("the source stopped being a symlink".into())),
+        }
+    }
+
+    /// Open subdirectory `name` of source directory `parent`: its handle, its stat, and
+    /// (remote) its extended attributes.
+    pub(super) fn src_open_dir(
+        &self,
+        parent: &OpenDir,
+        name: &CStr,
+        flags: libc::c_int,
+        rec: Option<&Rec>,
+    ) -> io::Result<(SrcDir, Stat, Vec<Xattr>)> {
+        match &parent.src {
+            SrcDir::Fd(_) => {
+                let fd = self.open_source(parent, name, flags)?;
+                let st = sys::fstat(fd.as_fd())?;
+                Ok((SrcDir::Fd(fd), st, Vec::new()))
+            }
+            SrcDir::Remote(_) => {
+                let path = parent.src.child(name);
+                let (st, xattrs) = match rec {
+                    Some(r) => (r.st, r.xattrs.clone()),
+                    None => {
+                        let r = self.remote_stat(&path)?;
+                        (r.st, r.xattrs)
+                    }
+                };
+                if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                    return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+                }
+                Ok((SrcDir::Remote(path), st, xattrs))
+            }
+        }
+    }
+
+    /// The hash of a source file's bytes and how many there were.
+    pub(super) fn src_hash(
+        &self,
+        src: &SrcFile,
+        len: u64,
+        local: &mut Local,
+    ) -> io::Result<(u128, u64)> {
+        match src {
+            SrcFile::Fd(fd) => data::hash_fd(fd.as_fd(), len, &mut local.buf, &self.guard()),
+            SrcFile::Remote(r) => {
+                if let Some((bytes, Some(h))) = &r.inline {
+                    return Ok((*h, bytes.len() as u64));
+                }
+                let conn = self.conn()?;
+                let mut req = conn.request(|req| Frame::Read {
+                    req,
+                    path: r.path.clone(),
+                    expect: fingerprint(&r.st),
+                    credit: 0,
+                    hash: true,
+                    hash_only: true,
+                })?;
+                match req.next()? {
+                    Frame::FileEnd {
+                        hash: Some(h),
+                        len,
+                        changed: false,
+                        ..
+                    } => Ok((h, len)),
+                    Frame::FileEnd { changed: true, .. } => Err(source_changed(
+                        "source was modified while it was compared".into(),
+                    )),
+                    _ => Err(io::Error::other(
+                        "the sender answered a hash with something else",
+                    )),
+                }
+            }
+        }
+    }
+
+    /// Write a remote file's bytes into `dst` (a new, empty staged file): holes as holes
+    /// (or zeros when sparseness is not kept), the length set at the end. Returns what
+    /// moved, the hash the sender computed of what it read (when hashing), and the length.
+    pub(super) fn fill_remote(
+        &self,
+        src: &RemoteFile,
+        dst: BorrowedFd<'_>,
+    ) -> Result<(Moved, Option<u128>, u64), Fail> {
+        let moved = |bytes| Moved {
+            bytes,
+            strategy: Some(Strategy::ReadWrite),
+            short: false,
+        };
+        if let Some((bytes, hash)) = &src.inline {
+            data::write_all_at(dst, bytes, 0).map_err(|e| ("write", e))?;
+            let len = bytes.len() as u64;
+            return Ok((moved(len), *hash, len));
+        }
+        let conn = self.conn().map_err(|e| ("read source", e))?;
+        let mut req = conn
+            .request(|req| Frame::Read {
+                req,
+                path: src.path.clone(),
+                expect: fingerprint(&src.st),
+                credit: CREDIT,
+                hash: self.hash,
+                hash_only: false,
+            })
+            .map_err(|e| ("read source", e))?;
+        let keep_holes = self.opts.preserve.sparseness;
+        let mut written = 0u64;
+        // Where the bytes written so far end: a gap before the next extent is a hole.
+        let mut end = 0u64;
+        loop {
+            if self.stopping() {
+                return Err(("copy data", io::Error::other(data::Stopped)));
+            }
+            match req.next().map_err(|e| ("read source", e))? {
+                Frame::Data { offset, data, .. } => {
+                    if offset < end {
+                        let e = io::Error::other("the sender sent overlapping data");
+                        return Err(("read source", e));
+                    }
+                    if !keep_holes && offset > end {
+                        write_zeros(dst, end, offset - end).map_err(|e| ("write", e))?;
+                    }
+                    data::write_all_at(dst, &data, offset).map_err(|e| ("write", e))?;
+                    let n = data.len() as u64;
+                    (written, end) = (written + n, offset + n);
+                    req.send(&Frame::Credit {
+                        req: req.id(),
+                        bytes: n,
+                    })
+                    .map_err(|e| ("read source", e))?;
+                }
+                Frame::FileEnd {
+                    len, hash, changed, ..
+                } => {
+                    if changed {
+                        let msg = "source was modified while it was copied".to_string();
+                        return Err(("copy data", source_changed(msg)));
+                    }
+                    if len < end {
+                        let e = io::Error::other("the sender sent data past the file's end");
+                        return Err(("read source", e));
+                    }
+                    if !keep_holes && len > end {
+                        write_zeros(dst, end, len - end).map_err(|e| ("write", e))?;
+                    }
+                    sys::ftruncate(dst, len).map_err(|e| ("truncate", e))?;
+                    self.counters
+                        .bytes_received
+                        .fetch_add(written, Ordering::Relaxed);
+                    return Ok((moved(written), hash, len));
+                }
+                _ => {
+                    let e = io::Error::other("the sender answered a read with something else");
+                    return Err(("read source", e));
+                }
+            }
+        }
+    }
+}
+
+fn write_zeros(dst: BorrowedFd<'_>, mut off: u64, mut n: u64) -> io::Result<()> {
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        data::write_all_at(dst, &ZEROS[..k], off)?;
+        (off, n) = (off + k as u64, n - k as u64);
+    }
+    Ok(())
+}

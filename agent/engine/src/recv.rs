@@ -1,0 +1,227 @@
+//! The destination half's side of a connection to a source half (see `send`): one
+//! connection carries the requests of every worker at once, each under its own number,
+//! and a reader thread hands each answer to the worker that asked.
+//!
+//! What waits in memory is bounded by the protocol, not by this side's speed: a listing's
+//! next batch is asked for only when the last one is taken, and a file's data comes only
+//! within the credit its reader grants as it writes ([`CREDIT`] at a time).
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ferry_transfer::frame::{self, Frame};
+
+/// Data bytes a file may have in flight towards this side.
+pub const CREDIT: u64 = 4 << 20;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A connection to a source half, shared by a copy's workers.
+pub struct Connection {
+    out: Mutex<(Box<dyn Write + Send>, Vec<u8>)>,
+    waiting: Mutex<HashMap<u32, Sender<Frame>>>,
+    next: AtomicU32,
+    /// Why the connection is over, once it is.
+    lost: Mutex<Option<String>>,
+    /// Data bytes that arrived (for the summary and metrics).
+    received: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("lost", &*lock(&self.lost))
+            .finish()
+    }
+}
+
+impl Connection {
+    /// Start serving the answers that come on `reader` (on a thread of its own, which ends
+    /// with the connection); requests go out on `writer`. The hello is the caller's, before.
+    pub fn start(
+        reader: impl Read + Send + 'static,
+        writer: impl Write + Send + 'static,
+    ) -> io::Result<Arc<Self>> {
+        let conn = Arc::new(Self {
+            out: Mutex::new((Box::new(writer), Vec::new())),
+            waiting: Mutex::new(HashMap::new()),
+            next: AtomicU32::new(1),
+            lost: Mutex::new(None),
+            received: Default::default(),
+        });
+        let weak = Arc::downgrade(&conn);
+        std::thread::Builder::new()
+            .name("ferry-recv".into())
+            .spawn(move || answers(reader, weak))?;
+        Ok(conn)
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn lost(&self) -> Option<String> {
+        lock(&self.lost).clone()
+    }
+
+    /// File bytes received so far.
+    pub fn bytes_received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    fn lose(&self, why: String) {
+        lock(&self.lost).get_or_insert(why);
+        // Every worker waiting on an answer wakes to a closed channel.
+        lock(&self.waiting).clear();
+    }
+
+    fn error(&self) -> io::Error {
+        let why = self.lost().unwrap_or_else(|| "closed".into());
+        io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            format!("the connection to the source's node was lost: {why}"),
+        )
+    }
+
+    /// Send a request made by `make` with a fresh number; its answers arrive on the
+    /// returned [`Request`].
+    pub(crate) fn request(
+        self: &Arc<Self>,
+        make: impl FnOnce(u32) -> Frame,
+    ) -> io::Result<Request> {
+        let mut req = self.next.fetch_add(1, Ordering::Relaxed);
+        if req == 0 {
+            req = self.next.fetch_add(1, Ordering::Relaxed);
+        }
+        let (tx, rx) = channel();
+        {
+            let mut waiting = lock(&self.waiting);
+            if lock(&self.lost).is_some() {
+                return Err(self.error());
+            }
+            waiting.insert(req, tx);
+        }
+        let request = Request {
+            conn: self.clone(),
+            req,
+            rx,
+            done: false,
+        };
+        self.send(&make(req))?;
+        Ok(request)
+    }
+
+    pub(crate) fn send(&self, f: &Frame) -> io::Result<()> {
+        let mut out = lock(&self.out);
+        let (w, buf) = &mut *out;
+        let sent = frame::write_frame(w, f, buf).and_then(|()| w.flush());
+        drop(out);
+        if let Err(e) = sent {
+            self.lose(format!("writing: {e}"));
+            return Err(self.error());
+        }
+        Ok(())
+    }
+}
+
+/// The reader thread: every answer to the worker waiting for it; answers to requests no
+/// one waits for any more (closed) are dropped.
+fn answers(mut reader: impl Read, conn: std::sync::Weak<Connection>) {
+    let mut buf = Vec::new();
+    loop {
+        let frame = frame::read_frame(&mut reader, &mut buf);
+        let Some(conn) = conn.upgrade() else {
+            return;
+        };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return conn.lose("the source's node closed it".into())
+            }
+            Err(e) => return conn.lose(format!("reading: {e}")),
+        };
+        let req = match &frame {
+            Frame::Entry { req, .. }
+            | Frame::Listing { req, .. }
+            | Frame::Data { req, .. }
+            | Frame::FileEnd { req, .. }
+            | Frame::Failed { req, .. } => *req,
+            Frame::Abort { reason } => return conn.lose(format!("the sender aborted: {reason}")),
+            _ => return conn.lose("the sender broke the protocol".into()),
+        };
+        if let Frame::Data { data, .. } = &frame {
+            conn.received
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
+        let tx = lock(&conn.waiting).get(&req).cloned();
+        if let Some(tx) = tx {
+            let _ = tx.send(frame);
+        }
+    }
+}
+
+/// One request's answers.
+pub(crate) struct Request {
+    conn: Arc<Connection>,
+    req: u32,
+    rx: Receiver<Frame>,
+    /// Its last answer came: nothing to close.
+    done: bool,
+}
+
+impl Request {
+    pub(crate) fn id(&self) -> u32 {
+        self.req
+    }
+
+    /// The next answer; a [`Frame::Failed`] as the error it carries.
+    pub(crate) fn next(&mut self) -> io::Result<Frame> {
+        let frame = self.rx.recv().map_err(|_| self.conn.error())?;
+        match frame {
+            Frame::Failed { errno, message, .. } => {
+                self.end();
+                Err(match errno {
+                    0 => io::Error::other(format!("on the source's node: {message}")),
+                    // A directory replaced, or a symlink or file where the path had a
+                    // directory: the source changed under the copy, as locally.
+                    libc::ESTALE | libc::ELOOP | libc::ENOTDIR => {
+                        crate::copy::source_changed(format!("on the source's node: {message}"))
+                    }
+                    // The kernel's own errors keep their errno, so they are told apart
+                    // (not found, permission denied) as a local copy's are.
+                    n => io::Error::from_raw_os_error(n),
+                })
+            }
+            f @ (Frame::Entry { .. } | Frame::FileEnd { .. }) => {
+                self.end();
+                Ok(f)
+            }
+            f @ Frame::Listing { last: true, .. } => {
+                self.end();
+                Ok(f)
+            }
+            f => Ok(f),
+        }
+    }
+
+    /// Its last answer came.
+    fn end(&mut self) {
+        self.done = true;
+        lock(&self.conn.waiting).remove(&self.req);
+    }
+
+    pub(crate) fn send(&self, f: &Frame) -> io::Result<()> {
+        self.conn.send(f)
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if !self.done {
+            lock(&self.conn.waiting).remove(&self.req);
+            let _ = self.conn.send(&Frame::Close { req: self.req });
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Who may talk to whom between Ferry agents: the install's certificate authority, the nodes'
+//! certificates, and the rustls configurations of the mutually authenticated TLS 1.3
+//! connections that carry data between nodes. No Kubernetes calls and no file I/O: callers
+//! hand PEM text in and get PEM text or rustls configurations back.
+//!
+//! # Design
+//!
+//! **The CA.** Each install has its own certificate authority ([`Ca`]): a self-signed ECDSA
+//! P-256 certificate with `CA:true, pathlen:0` (it signs node certificates and nothing that
+//! signs further), `keyCertSign`, valid for ten years. Only the operator holds its private key
+//! (a Secret in the operator's namespace that no agent can read); agents only ever see the CA
+//! *certificate*, in the trust bundle.
+//!
+//! **A node's identity.** A node certificate names its node in exactly one SAN, the URI
+//! `spiffe://ferry.dev/node/<node>` ([`node_uri`]), and nothing else: no DNS names or IPs,
+//! because agents dial each other by pod IP and what matters is which node answered. At start
+//! an agent generates a fresh key and a CSR for its own node ([`NodeKey::generate`]); the key
+//! never leaves the agent. The CSR goes to Kubernetes as a CertificateSigningRequest with
+//! signerName `ferry.dev/transfer`; the operator must check that the requester is the agent's
+//! ServiceAccount and that the node in the CSR is the node that agent runs on, then signs with
+//! [`Ca::sign_node`], which takes nothing from the CSR but its public key and its (checked)
+//! node name: the CA alone decides the extensions (not a CA, `digitalSignature`,
+//! serverAuth + clientAuth).
+//!
+//! **Connections.** Both sides present their node certificate and verify the other's chain
+//! against the trust bundle ([`Trust`]); TLS 1.3 only. The server learns which node connected
+//! from the client certificate ([`peer_node`]); the client dials a specific node and refuses a
+//! server whose certificate names another ([`client_config`]), since a pod IP says nothing
+//! trustworthy about who holds it.
+//!
+//! **Lifetimes and rotation.** Node certificates live 24 hours and an agent renews at 2/3 of
+//! its certificate's lifetime (a new key and CSR), so a lost node key is useful for a day at
+//! most and no revocation lists are needed. The CA is rotated by overlap: the operator
+//! generates a new CA and publishes a bundle holding *both* CA certificates; once every agent
+//! trusts the bundle, the operator signs with the new CA only; once every node certificate
+//! signed by the old CA has expired (24 hours, plus margin), the old CA leaves the bundle.
+//! At every step each pair of agents shares at least one trusted issuer.
+
+mod ca;
+mod error;
+mod identity;
+mod pem;
+mod tls;
+mod trust;
+
+pub use ca::{Ca, NodeKey, CLOCK_SKEW, MAX_CSR_PEM};
+pub use error::Error;
+pub use identity::{node_of, node_uri, peer_node, validate_node_name, NODE_URI_PREFIX};
+pub use tls::{client_config, server_config, server_name, ALPN, SERVER_NAME};
+pub use trust::{Trust, MAX_BUNDLE_PEM};
+
+/// This crate's results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
