@@ -28,7 +28,7 @@ pub struct Connection {
     next: AtomicU32,
     /// Why the connection is over, once it is.
     lost: Mutex<Option<String>>,
-    /// Data bytes that arrived (for the summary and metrics).
+    /// File bytes that arrived, data and inline (for the summary and metrics).
     received: std::sync::atomic::AtomicU64,
 }
 
@@ -66,7 +66,7 @@ impl Connection {
         lock(&self.lost).clone()
     }
 
-    /// File bytes received so far.
+    /// File bytes received so far (data and inline).
     pub fn bytes_received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
     }
@@ -151,10 +151,12 @@ fn answers(mut reader: impl Read, conn: std::sync::Weak<Connection>) {
             Frame::Abort { reason } => return conn.lose(format!("the sender aborted: {reason}")),
             _ => return conn.lose("the sender broke the protocol".into()),
         };
-        if let Frame::Data { data, .. } = &frame {
-            conn.received
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
-        }
+        let bytes = match &frame {
+            Frame::Data { data, .. } => data.len(),
+            Frame::Listing { inline, .. } => inline.iter().map(|f| f.data.len()).sum(),
+            _ => 0,
+        };
+        conn.received.fetch_add(bytes as u64, Ordering::Relaxed);
         let tx = lock(&conn.waiting).get(&req).cloned();
         if let Some(tx) = tx {
             let _ = tx.send(frame);

@@ -55,7 +55,12 @@ impl SourceTop {
     pub fn open(path: &std::path::Path) -> io::Result<Self> {
         let c = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
-        let fd = sys::open(&c, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK)?;
+        // O_NOATIME where we may: serving a tree does not disturb its access times.
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let fd = match sys::open(&c, flags | libc::O_NOATIME) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::open(&c, flags)?,
+            other => other?,
+        };
         let st = sys::fstat(fd.as_fd())?;
         match st.st_mode & libc::S_IFMT {
             libc::S_IFDIR => Ok(Self::Dir(fd)),
@@ -641,7 +646,7 @@ impl<W: Write + Send> Half<'_, W> {
     ) -> Result<Box<ListState>, (&'static str, io::Error)> {
         let dir = match self.resolve(path).map_err(|e| ("open directory", e))? {
             None => match self.top {
-                SourceTop::Dir(fd) => sys::open_beneath(fd.as_fd(), c".", DIR_FLAGS),
+                SourceTop::Dir(fd) => self.open_at(fd.as_fd(), c".", DIR_FLAGS),
                 SourceTop::File(_) => Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
             },
             Some((parent, name)) => self.open_at(parent.as_fd(), &name, DIR_FLAGS),

@@ -301,6 +301,43 @@ fn a_sparse_file_is_sent_without_its_holes_and_only_as_far_as_the_credit() -> Re
         }
     };
     ensure!(end == (len, Some(xxh3_128(&content)), false), "{end:?}");
+    // A file that ends in a hole: its length says where it ends, nothing is sent for it.
+    let tail = top.join("tail");
+    {
+        let f = std::fs::File::create(&tail)?;
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"head", 0)?;
+        f.set_len(8 << 20)?;
+    }
+    rx.send(&Frame::Read {
+        req: 4,
+        path: b"tail".to_vec(),
+        expect: fingerprint(&tail)?,
+        credit: 16 << 20,
+        hash: true,
+        hash_only: false,
+    })?;
+    let mut tail_bytes = 0;
+    loop {
+        match rx.recv()? {
+            Frame::Data { req: 4, data, .. } => tail_bytes += data.len(),
+            Frame::FileEnd {
+                req: 4,
+                len: l,
+                hash,
+                changed: false,
+            } => {
+                ensure!(l == 8 << 20, "length {l}");
+                ensure!(hash == Some(xxh3_128(&std::fs::read(&tail)?)));
+                break;
+            }
+            other => bail!("{other:?}"),
+        }
+    }
+    ensure!(
+        tail_bytes < 1 << 20,
+        "{tail_bytes} bytes sent for 4 bytes of data"
+    );
     ensure!(
         got == content,
         "the bytes sent and the holes left make the file"

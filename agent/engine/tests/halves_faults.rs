@@ -1,0 +1,152 @@
+//! A copy between the two halves (`send` and `copy_from`) whose connection is cut at random
+//! points, then resumed on a new connection: it ends identical to the source, leaves no
+//! staging, and sends again only what was in flight (finished files are not sent twice).
+
+mod common;
+
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{ensure, Result};
+use common::*;
+use ferry_engine::recv::Connection;
+use ferry_engine::send::{serve, SendOptions, SourceTop};
+use ferry_engine::{copy_from, NoProgress, Options, Summary, Verify};
+
+/// A reader that fails after `left` bytes, as a connection cut in the middle does, and
+/// cuts the socket itself so the sender sees it too.
+struct Cut {
+    inner: UnixStream,
+    left: Option<u64>,
+}
+
+impl Read for Cut {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = match self.left {
+            Some(0) => {
+                let _ = self.inner.shutdown(std::net::Shutdown::Both);
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "cut by the test",
+                ));
+            }
+            Some(n) => buf.len().min(n as usize),
+            None => buf.len(),
+        };
+        let got = self.inner.read(&mut buf[..want])?;
+        if let Some(n) = &mut self.left {
+            *n -= got as u64;
+        }
+        Ok(got)
+    }
+}
+
+/// One copy over a new connection, cut after `cut` bytes from the sender (if any): its
+/// summary (or the error it could not start with) and the file bytes it received.
+fn run(src: &Path, dst: &Path, opts: &Options, cut: Option<u64>) -> Result<(Option<Summary>, u64)> {
+    let top = SourceTop::open(src)?;
+    let (ours, theirs) = UnixStream::pair()?;
+    let sender = {
+        let r = theirs.try_clone()?;
+        std::thread::spawn(move || {
+            let opts = SendOptions {
+                workers: 4,
+                ..SendOptions::default()
+            };
+            serve(&top, r, theirs, &opts)
+        })
+    };
+    let reader = Cut {
+        inner: ours.try_clone()?,
+        left: cut,
+    };
+    let conn: Arc<Connection> = Connection::start(reader, ours.try_clone()?)?;
+    let result = copy_from(&conn, src, dst, opts, &NoProgress);
+    let received = conn.bytes_received();
+    drop(conn);
+    let _ = ours.shutdown(std::net::Shutdown::Both);
+    // The sender ends (cleanly or not) once its connection is gone.
+    let _ = sender.join();
+    Ok((result.ok(), received))
+}
+
+#[test]
+fn a_copy_cut_at_random_points_resumes_to_an_identical_tree_sending_little_twice() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    let mut total = 0u64;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for d in 0..12 {
+        let dir = src.join(format!("d{d}/sub"));
+        mkdir(&dir)?;
+        for f in 0..50 {
+            // Small (inline), medium and up to 1 MiB.
+            let len = match f % 5 {
+                0 => next() % 4096,
+                1 | 2 => 64 * 1024 + next() % (192 * 1024),
+                _ => next() % (1 << 20),
+            };
+            write_pattern_file(&dir.join(format!("f{f}")), len)?;
+            total += len;
+        }
+        symlink("../elsewhere", &src.join(format!("d{d}/link")))?;
+    }
+    let before = snapshot(&src)?;
+    let dst = tmp.path().join("dst");
+    let opts = Options {
+        verify: Verify::Checksum,
+        resume: true,
+        staging_tag: Some("cut".into()),
+        manifest: Some(tmp.path().join("manifest")),
+        workers: 4,
+        ..Options::default()
+    };
+    let (mut received, mut cuts) = (0u64, 0);
+    for _ in 0..12 {
+        // Within the first fifteenth of the tree's bytes: twelve runs cut this way leave
+        // part of the tree for the last one, whatever each resumed run has left to send.
+        let at = 1 + next() % (total / 15);
+        let (summary, got) = run(&src, &dst, &opts, Some(at))?;
+        received += got;
+        match summary {
+            Some(s) if s.aborted.is_none() => break,
+            Some(s) => {
+                cuts += 1;
+                ensure!(
+                    s.aborted
+                        .as_deref()
+                        .is_some_and(|a| a.contains("connection")),
+                    "aborted for another reason: {:?}",
+                    s.aborted
+                );
+            }
+            None => cuts += 1,
+        }
+    }
+    let (summary, got) = run(&src, &dst, &opts, None)?;
+    received += got;
+    let summary = summary.ok_or_else(|| anyhow::anyhow!("the last run did not start"))?;
+    ensure!(
+        summary.aborted.is_none() && summary.failed == 0,
+        "{summary:?}"
+    );
+    ensure!(cuts == 12, "only {cuts} runs were cut");
+    compare(&before, &dst, Check::default())?;
+    let left = staging_leftovers(&dst)?;
+    ensure!(left.is_empty(), "staging left: {left:?}");
+    // What was in flight at each cut (4 workers, files up to 1 MiB) is sent again; nothing
+    // that was finished is.
+    let ratio = received as f64 / total as f64;
+    eprintln!("{cuts} cuts; {received} bytes received for a tree of {total}: {ratio:.3}");
+    ensure!(ratio <= 1.10, "sent {ratio:.3}x the tree");
+    xxh128sum_check(&dst, &tmp.path().join("manifest"))?;
+    Ok(())
+}
