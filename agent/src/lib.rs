@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod flush;
 pub mod memcg;
 pub mod serve;
+pub mod transfer;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

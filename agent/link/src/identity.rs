@@ -101,6 +101,19 @@ pub(crate) fn describe(names: &[GeneralName<'_>]) -> String {
         .join(", ")
 }
 
+/// The node the first certificate of a PEM chain names (a node's own certificate).
+pub fn node_of_pem(chain_pem: &str) -> Result<String> {
+    let chain = crate::pem::certificates("node certificate chain", chain_pem)?;
+    match chain.first() {
+        Some(leaf) => node_of(leaf),
+        None => Err(crate::Error::Pem {
+            what: "node certificate chain",
+            label: "CERTIFICATE",
+            why: "no CERTIFICATE block found".into(),
+        }),
+    }
+}
+
 /// The node of the authenticated peer of a connection made with [`crate::server_config`] or
 /// [`crate::client_config`], from its end-entity certificate: on the server, the node that
 /// connected; on the client, the node that answered (already checked to be the expected one).

@@ -45,7 +45,9 @@ mod trust;
 
 pub use ca::{Ca, NodeKey, CLOCK_SKEW, MAX_CSR_PEM};
 pub use error::Error;
-pub use identity::{node_of, node_uri, peer_node, validate_node_name, NODE_URI_PREFIX};
+pub use identity::{
+    node_of, node_of_pem, node_uri, peer_node, validate_node_name, NODE_URI_PREFIX,
+};
 pub use tls::{client_config, server_config, server_name, ALPN, SERVER_NAME};
 pub use trust::{Trust, MAX_BUNDLE_PEM};
 

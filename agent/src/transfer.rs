@@ -1,0 +1,329 @@
+//! Copies between nodes, the agent's side: the transfer port, where an agent serves the
+//! source of the shards it was made the sender of, and the dialer, with which the agent
+//! that owns a shard's destination (the receiver) reaches the sender.
+//!
+//! Who may connect is decided in two steps, both before anything of a volume is opened:
+//! 1. mutual TLS 1.3 (`ferry-link`): only a peer with a certificate from this install's CA
+//!    completes the handshake, and the certificate names the peer's node;
+//! 2. the hello: the receiver names the shard (job, shard, epoch) and presents the shard's
+//!    ticket; the sender serves it only if it holds a grant for exactly that shard at that
+//!    epoch, for that receiver's node, with that ticket (compared in constant time).
+//!
+//! Then the connection carries the engine's protocol (`ferry_engine::send` on this side,
+//! `ferry_engine::recv` on the other), on blocking threads bridged to the TLS stream.
+
+use std::ffi::CString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_engine::recv::Connection;
+use ferry_engine::send::{SendOptions, SourceTop};
+use ferry_transfer::frame::{self, Frame, HEADER, VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::io::SyncIoBridge;
+
+/// How long a peer has to complete the TLS handshake and its hello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Why a transfer connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    #[error("the TLS material: {0}")]
+    Tls(#[from] ferry_link::Error),
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the TLS handshake with {addr}: {source}")]
+    Handshake {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the sender refused the shard: {0}")]
+    Refused(String),
+    #[error("the hello: {0}")]
+    Hello(String),
+    #[error("{what} took longer than {}s", HANDSHAKE_TIMEOUT.as_secs())]
+    Timeout { what: &'static str },
+}
+
+/// This node's TLS identity and the CAs it trusts.
+pub struct Tls {
+    node: String,
+    trust: ferry_link::Trust,
+    chain_pem: String,
+    key_pem: String,
+    server: Arc<rustls::ServerConfig>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").field("node", &self.node).finish()
+    }
+}
+
+impl Tls {
+    /// From PEM: the trust bundle, this node's certificate chain and its key.
+    pub fn new(trust_pem: &str, chain_pem: &str, key_pem: &str) -> Result<Self, TransferError> {
+        let trust = ferry_link::Trust::from_pem(trust_pem)?;
+        let server = ferry_link::server_config(&trust, chain_pem, key_pem)?;
+        let node = ferry_link::node_of_pem(chain_pem)?;
+        Ok(Self {
+            node,
+            trust,
+            chain_pem: chain_pem.to_owned(),
+            key_pem: key_pem.to_owned(),
+            server,
+        })
+    }
+
+    /// The node this identity names.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+}
+
+/// What a sender may serve: one shard, at one epoch, to one receiver node, with its ticket.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// The CopyJob's UID.
+    pub job: String,
+    pub shard: u32,
+    pub epoch: u64,
+    /// The node whose agent may receive it (the one its certificate must name).
+    pub receiver: String,
+    pub ticket: [u8; 32],
+    /// The shard's source on this node: a host path this agent resolved itself.
+    pub source: PathBuf,
+    pub reserved_top: Option<CString>,
+    pub xattrs: bool,
+    pub workers: usize,
+}
+
+/// Where a sender looks up its grants (the agent: from the CopyJobs it watches and the
+/// tickets the operator wrote).
+pub trait Grants: Send + Sync + 'static {
+    fn grant(&self, job: &str, shard: u32, epoch: u64) -> Option<Grant>;
+}
+
+/// Serve the transfer port: every connection is authenticated (TLS, then its hello) and
+/// then served on a blocking thread, at most [`MAX_CONNECTIONS`] at once.
+pub async fn serve(listener: TcpListener, tls: Arc<Tls>, grants: Arc<dyn Grants>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (tcp, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a transfer connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let grants = grants.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection(acceptor, tcp, grants).await {
+                tracing::info!(%peer, error = %e, "transfer connection refused or failed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn timed<T>(
+    what: &'static str,
+    f: impl std::future::Future<Output = T>,
+) -> Result<T, TransferError> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, f)
+        .await
+        .map_err(|_| TransferError::Timeout { what })
+}
+
+/// One connection: handshake, hello, then the source half until the receiver closes.
+async fn connection(
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: TcpStream,
+    grants: Arc<dyn Grants>,
+) -> Result<(), TransferError> {
+    let addr = tcp
+        .peer_addr()
+        .map_err(|e| TransferError::Hello(e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    let mut tls = timed("the TLS handshake", acceptor.accept(tcp))
+        .await?
+        .map_err(|source| TransferError::Handshake { addr, source })?;
+    let peer = ferry_link::peer_node(tls.get_ref().1)?;
+    let hello = timed("the hello", read_frame(&mut tls)).await??;
+    let Frame::Hello {
+        version,
+        job,
+        shard,
+        epoch,
+        ticket,
+    } = hello
+    else {
+        return Err(TransferError::Hello(
+            "the first frame was not a hello".into(),
+        ));
+    };
+    let job = String::from_utf8_lossy(&job).into_owned();
+    let refusal = match grants.grant(&job, shard, epoch) {
+        _ if version != VERSION => Err(format!(
+            "protocol version {version}; this agent speaks {VERSION}: run one Ferry version on every node"
+        )),
+        None => Err(format!(
+            "this node holds no grant for shard {shard} of job {job} at epoch {epoch}"
+        )),
+        Some(g) if g.receiver != peer => Err(format!(
+            "shard {shard} of job {job} is not node {peer}'s to receive"
+        )),
+        Some(g) if !same(&g.ticket, &ticket) => {
+            Err(format!("the ticket is not shard {shard}'s of job {job}"))
+        }
+        Some(g) => Ok(g),
+    };
+    let grant = match refusal {
+        Ok(g) => g,
+        Err(reason) => {
+            let _ = write_frame(
+                &mut tls,
+                &Frame::Refused {
+                    reason: reason.clone(),
+                },
+            )
+            .await;
+            let _ = tls.shutdown().await;
+            return Err(TransferError::Refused(reason));
+        }
+    };
+    write_frame(&mut tls, &Frame::Welcome { version: VERSION })
+        .await
+        .map_err(|e| TransferError::Hello(e.to_string()))?;
+    tracing::info!(%peer, job = %grant.job, shard, epoch, "serving a shard's source");
+    let (r, w) = tokio::io::split(tls);
+    let (r, w) = (SyncIoBridge::new(r), SyncIoBridge::new(w));
+    let served = tokio::task::spawn_blocking(move || {
+        let top = SourceTop::open(&grant.source)
+            .map_err(|e| format!("opening the source {}: {e}", grant.source.display()))?;
+        let opts = SendOptions {
+            workers: grant.workers.max(1),
+            reserved_top: grant.reserved_top.clone(),
+            xattrs: grant.xattrs,
+        };
+        ferry_engine::send::serve(&top, r, w, &opts).map_err(|e| e.to_string())
+    })
+    .await;
+    match served {
+        Ok(Ok(summary)) => {
+            tracing::info!(%peer, bytes = summary.bytes_sent, files = summary.files_sent, "shard's source served");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(TransferError::Hello(e)),
+        Err(e) => Err(TransferError::Hello(format!(
+            "the source half stopped: {e}"
+        ))),
+    }
+}
+
+/// Constant-time comparison of two tickets.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn read_frame<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Result<Frame, TransferError> {
+    let bad = |e: &dyn std::fmt::Display| TransferError::Hello(e.to_string());
+    let mut header = [0u8; HEADER];
+    r.read_exact(&mut header).await.map_err(|e| bad(&e))?;
+    let (kind, len) = frame::check_header(header).map_err(|e| bad(&e))?;
+    // A hello or its answer is small: nothing near a listing's size is read before one.
+    if len > 64 << 10 {
+        return Err(TransferError::Hello(format!(
+            "a first frame of {len} bytes"
+        )));
+    }
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload).await.map_err(|e| bad(&e))?;
+    Frame::decode(kind, &payload).map_err(|e| bad(&e))
+}
+
+async fn write_frame<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    f: &Frame,
+) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    f.encode(&mut buf)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    w.write_all(&buf).await?;
+    w.flush().await
+}
+
+/// What a receiver says in its hello.
+#[derive(Debug, Clone)]
+pub struct Hello {
+    pub job: String,
+    pub shard: u32,
+    pub epoch: u64,
+    pub ticket: [u8; 32],
+}
+
+/// Reach the sender `sender_node` at `addr` for the shard in `hello`: a connection the
+/// engine's `copy_from` copies over, once the sender has accepted the shard. Must be called
+/// from within a tokio runtime; the connection is then used from blocking threads.
+pub async fn dial(
+    addr: SocketAddr,
+    tls: &Tls,
+    sender_node: &str,
+    hello: &Hello,
+) -> Result<Arc<Connection>, TransferError> {
+    let config = ferry_link::client_config(&tls.trust, &tls.chain_pem, &tls.key_pem, sender_node)?;
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let tcp = timed("connecting", TcpStream::connect(addr))
+        .await?
+        .map_err(|source| TransferError::Connect { addr, source })?;
+    let _ = tcp.set_nodelay(true);
+    let mut stream = timed(
+        "the TLS handshake",
+        connector.connect(ferry_link::server_name(), tcp),
+    )
+    .await?
+    .map_err(|source| TransferError::Handshake { addr, source })?;
+    let frame = Frame::Hello {
+        version: VERSION,
+        job: hello.job.as_bytes().to_vec(),
+        shard: hello.shard,
+        epoch: hello.epoch,
+        ticket: hello.ticket,
+    };
+    write_frame(&mut stream, &frame)
+        .await
+        .map_err(|e| TransferError::Hello(e.to_string()))?;
+    match timed("the sender's answer", read_frame(&mut stream)).await?? {
+        Frame::Welcome { version } if version == VERSION => {}
+        Frame::Welcome { version } => {
+            return Err(TransferError::Hello(format!(
+                "the sender speaks protocol version {version}, this agent {VERSION}"
+            )))
+        }
+        Frame::Refused { reason } => return Err(TransferError::Refused(reason)),
+        _ => {
+            return Err(TransferError::Hello(
+                "the sender answered the hello with something else".into(),
+            ))
+        }
+    }
+    let (r, w) = tokio::io::split(stream);
+    Connection::start(SyncIoBridge::new(r), SyncIoBridge::new(w))
+        .map_err(|e| TransferError::Hello(e.to_string()))
+}
