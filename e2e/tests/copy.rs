@@ -89,6 +89,43 @@ fn local_root_copyjob_runs_on_the_node_that_has_the_root_and_succeeds_with_an_id
             );
         }
     }
+
+    // A job no node can take says why, in its Scheduled condition and a Warning event:
+    // its volumes on two nodes, or a root on no node at all.
+    cp.apply(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: a-data\nspec:\n  path: /srv/a\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: nowhere\nspec:\n  path: /srv/x\n  nodeSelector: {ferry.dev/node: node-z}\n  namespaces: {names: [default]}\n",
+    )?;
+    for (name, dst_root, says) in [
+        (
+            "apart",
+            "a-data",
+            "spec.source is on node-b, spec.destination on node-a, and no node reaches both",
+        ),
+        (
+            "nowhere",
+            "nowhere",
+            "spec.destination: no Node has this volume",
+        ),
+    ] {
+        cp.apply(&format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  source: {{root: local-data, path: src}}\n  destination: {{root: {dst_root}, path: copy}}\n"))?;
+        let jsonpath = "{.status.conditions[?(@.type==\"Scheduled\")].message}";
+        let msg = cp.wait_until(
+            &format!("copyjob/{name}"),
+            "default",
+            jsonpath,
+            std::time::Duration::from_secs(30),
+            |m| !m.is_empty(),
+        )?;
+        ensure!(msg.starts_with(says), "{name}: {msg:?}");
+        // (Published right after the status that explains it.)
+        let start = std::time::Instant::now();
+        let mut reasons = cp.event_reasons("default", name)?;
+        while !reasons.contains("NoAgent") && start.elapsed().as_secs() < 15 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            reasons = cp.event_reasons("default", name)?;
+        }
+        ensure!(reasons.contains("NoAgent"), "{name}: events {reasons:?}");
+    }
     Ok(())
 }
 

@@ -63,7 +63,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             .copied()
             .unwrap_or_else(|| ctx.heartbeats.lost_for(node))
     };
-    let eligible = match &endpoints {
+    let (eligible, reachable) = match &endpoints {
         Endpoints::Resolved {
             source,
             destination,
@@ -71,7 +71,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             resolve::eligible_nodes(&ctx.client, &ctx.heartbeats.live(), [source, destination])
                 .await?
         }
-        _ => Vec::new(),
+        _ => Default::default(),
     };
     let Decision {
         status,
@@ -84,6 +84,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         job,
         endpoints: &endpoints,
         eligible: &eligible,
+        reachable: &reachable,
         lost_for: &lost_for,
         node_deadline: ctx.node_deadline,
     });

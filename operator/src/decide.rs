@@ -25,6 +25,9 @@ pub struct Inputs<'a> {
     /// Nodes with a live agent that have both volumes, sorted by name. Only read when
     /// [`needs_nodes`] says so (listing Nodes is not free).
     pub eligible: &'a [String],
+    /// Where each endpoint is (source, destination), read with `eligible`: what says why
+    /// no node has both.
+    pub reachable: &'a [crate::resolve::Reachable; 2],
     /// `None` while the agent on this node is live, else how long ago its heartbeat
     /// expired.
     pub lost_for: &'a dyn Fn(&str) -> Option<Duration>,
@@ -359,10 +362,7 @@ fn schedule_shards(
                 input.node_deadline.as_secs()
             ),
         ),
-        (true, _) => (
-            Reason::NoAgent,
-            "no node with a live Ferry agent has both volumes; waiting for one".to_string(),
-        ),
+        (true, _) => (Reason::NoAgent, no_node(input.reachable)),
         (false, 1) => (
             Reason::Assigned,
             format!("assigned to node {}", nodes.join(", ")),
@@ -376,6 +376,20 @@ fn schedule_shards(
             ),
         ),
     };
+    // Waiting without a node is said once as an event too, each time the reason changes
+    // (an agent gone, a node added), so `kubectl describe` shows why the job does not start.
+    let said = previous
+        .iter()
+        .any(|c| c.type_ == ConditionType::Scheduled.as_str() && c.message == msg);
+    if nodes.is_empty() && reason == Reason::NoAgent && !said {
+        notes.push(KubeEvent {
+            type_: EventType::Warning,
+            reason: Reason::NoAgent.to_string(),
+            note: Some(msg.clone()),
+            action: "Schedule".into(),
+            secondary: None,
+        });
+    }
     let scheduled = condition(
         ConditionType::Scheduled,
         !nodes.is_empty(),
@@ -391,6 +405,33 @@ fn schedule_shards(
             shape,
             requeue,
         },
+    )
+}
+
+/// Why no node can take a job's shard: which endpoint's volume is on no node, or on nodes
+/// without a live agent; or that they are on different nodes.
+fn no_node([source, destination]: &[crate::resolve::Reachable; 2]) -> String {
+    let endpoints = [("spec.source", source), ("spec.destination", destination)];
+    for (field, r) in endpoints {
+        if r.nodes.is_empty() {
+            return format!(
+                "{field}: no Node has this volume (its StorageRoot's nodeSelector, or its PersistentVolume's node affinity, matches no Node); waiting for one"
+            );
+        }
+    }
+    for (field, r) in endpoints {
+        if r.live.is_empty() {
+            return format!(
+                "{field}: no Ferry agent is running on {} (the node{} with this volume); waiting for one",
+                r.nodes.join(", "),
+                if r.nodes.len() == 1 { "" } else { "s" }
+            );
+        }
+    }
+    format!(
+        "spec.source is on {}, spec.destination on {}, and no node reaches both: copies between nodes are not available yet; waiting for a node with both volumes",
+        source.live.join(", "),
+        destination.live.join(", ")
     )
 }
 

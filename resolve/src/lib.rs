@@ -332,29 +332,50 @@ pub fn selector_matches(
     labels_ok && exprs_ok
 }
 
-/// Nodes that can run a job between these roots: they match both roots' node selectors
-/// and their agent's heartbeat Lease is current. Sorted by name, so placement is stable.
+/// Where one endpoint's volume is: the nodes that have it, and those of them whose agent
+/// is live (both sorted by name). Says why no node has both endpoints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reachable {
+    pub nodes: Vec<String>,
+    pub live: Vec<String>,
+}
+
+/// Nodes with a live agent that have both volumes (sorted by name), and for each volume
+/// where it is ([`Reachable`]), from one listing of the Nodes.
 pub async fn eligible_nodes(
     client: &Client,
     live: &BTreeSet<String>,
     volumes: [&Volume; 2],
-) -> Result<Vec<String>, kube::Error> {
+) -> Result<(Vec<String>, [Reachable; 2]), kube::Error> {
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await?;
-    let mut out: Vec<String> = nodes
-        .items
-        .iter()
-        .filter(|n| {
-            volumes
-                .iter()
-                .all(|v| v.nodes.matches(&n.name_any(), n.labels()))
-        })
-        .map(|n| n.name_any())
-        .filter(|n| live.contains(n))
-        .collect();
-    out.sort();
-    Ok(out)
+    let mut reach: [Reachable; 2] = Default::default();
+    let mut both = Vec::new();
+    for n in &nodes.items {
+        let name = n.name_any();
+        let has: Vec<bool> = volumes
+            .iter()
+            .map(|v| v.nodes.matches(&name, n.labels()))
+            .collect();
+        for (r, has) in reach.iter_mut().zip(&has) {
+            if *has {
+                r.nodes.push(name.clone());
+                if live.contains(&name) {
+                    r.live.push(name.clone());
+                }
+            }
+        }
+        if has.iter().all(|h| *h) && live.contains(&name) {
+            both.push(name);
+        }
+    }
+    both.sort();
+    for r in &mut reach {
+        r.nodes.sort();
+        r.live.sort();
+    }
+    Ok((both, reach))
 }
 
 /// The job's spec checked and how each endpoint is reached, without looking at pods: what

@@ -68,6 +68,7 @@ fn decide_with(
         job,
         endpoints,
         eligible: &names(eligible),
+        reachable: &Default::default(),
         lost_for: &lost_for,
         node_deadline: DEADLINE,
     })
@@ -133,19 +134,65 @@ fn a_node_local_job_with_a_live_agent_gets_one_shard_on_that_node() {
     assert!(d.events.is_empty());
 }
 
+fn reach(nodes: &[&str], live: &[&str]) -> crate::resolve::Reachable {
+    crate::resolve::Reachable {
+        nodes: names(nodes),
+        live: names(live),
+    }
+}
+
 #[test]
-fn without_a_live_agent_the_job_is_not_scheduled_and_says_why() {
-    let d = decide_with(&job(serde_json::json!({})), &volumes(false), &[], &[]);
-    let (status, reason, message) = cond(&d, ConditionType::Scheduled);
-    assert_eq!((status, reason), ("False", "NoAgent"));
-    assert!(
-        message.contains("no node with a live Ferry agent"),
-        "{message}"
-    );
-    assert!(d.status.shards.iter().all(|s| s.node.is_empty()));
-    assert_eq!(d.status.phase, Some(Phase::Pending));
-    // Nothing else would bring it back when an agent comes up.
-    assert_eq!(d.requeue, Some(Duration::from_secs(2)));
+fn without_a_node_for_both_volumes_the_job_waits_and_says_which_endpoint_lacks_one() {
+    let cases = [
+        (
+            [reach(&[], &[]), reach(&["node-b"], &["node-b"])],
+            "spec.source: no Node has this volume",
+        ),
+        (
+            [reach(&["node-a"], &["node-a"]), reach(&["node-b", "node-c"], &[])],
+            "spec.destination: no Ferry agent is running on node-b, node-c (the nodes with this volume)",
+        ),
+        (
+            [reach(&["node-a"], &["node-a"]), reach(&["node-b"], &["node-b"])],
+            "spec.source is on node-a, spec.destination on node-b, and no node reaches both",
+        ),
+    ];
+    for (reachable, says) in cases {
+        let job = job(serde_json::json!({}));
+        let lost_for = |_: &str| None;
+        let endpoints = volumes(false);
+        let inputs = |job| Inputs {
+            job,
+            endpoints: &endpoints,
+            eligible: &[],
+            reachable: &reachable,
+            lost_for: &lost_for,
+            node_deadline: DEADLINE,
+        };
+        let d = decide(&inputs(&job));
+        let (status, reason, message) = cond(&d, ConditionType::Scheduled);
+        assert_eq!((status, reason), ("False", "NoAgent"));
+        assert!(message.starts_with(says), "{message}");
+        assert!(d.status.shards.iter().all(|s| s.node.is_empty()));
+        assert_eq!(d.status.phase, Some(Phase::Pending));
+        // Nothing else would bring it back when an agent comes up.
+        assert_eq!(d.requeue, Some(Duration::from_secs(2)));
+        // Said once as a Warning event, not again while nothing changes.
+        let warned: Vec<_> = d
+            .events
+            .iter()
+            .filter(|e| e.reason == "NoAgent" && e.type_ == EventType::Warning)
+            .collect();
+        assert_eq!(warned.len(), 1, "{message}");
+        assert_eq!(warned[0].note.as_deref(), Some(message));
+        let mut again = job.clone();
+        again.status = Some(d.status.clone());
+        let d2 = decide(&inputs(&again));
+        assert!(
+            d2.events.iter().all(|e| e.reason != "NoAgent"),
+            "{message}: warned twice"
+        );
+    }
 }
 
 #[test]
