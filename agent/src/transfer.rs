@@ -105,6 +105,7 @@ pub struct Grant {
     pub source: PathBuf,
     pub reserved_top: Option<CString>,
     pub xattrs: bool,
+    /// Threads serving it; 0 for the engine's default (adaptive) pool.
     pub workers: usize,
 }
 
@@ -218,7 +219,7 @@ async fn connection(
         let top = SourceTop::open(&grant.source)
             .map_err(|e| format!("opening the source {}: {e}", grant.source.display()))?;
         let opts = SendOptions {
-            workers: grant.workers.max(1),
+            workers: grant.workers,
             reserved_top: grant.reserved_top.clone(),
             xattrs: grant.xattrs,
         };

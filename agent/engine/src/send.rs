@@ -28,7 +28,8 @@ use ferry_transfer::frame::{
 use ferry_transfer::{Entry, Kind, Time, Xattr};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-use crate::dirent::Listing;
+use crate::copy::Depth;
+use crate::dirent::{DType, Listing};
 use crate::sys::{self, Stat};
 
 /// Requests open at once on one connection; a receiver that opens more is cut off.
@@ -76,7 +77,8 @@ impl SourceTop {
 /// How the source half serves.
 #[derive(Debug, Clone)]
 pub struct SendOptions {
-    /// Threads that run requests.
+    /// Threads that run requests; 0: the engine's default pool, of which only as many as
+    /// CPUs run while the source is read from the page cache (as a local copy's pool).
     pub workers: usize,
     /// A name at the top that is never listed nor served (Ferry's `.ferry` state).
     pub reserved_top: Option<CString>,
@@ -87,7 +89,7 @@ pub struct SendOptions {
 impl Default for SendOptions {
     fn default() -> Self {
         Self {
-            workers: crate::default_workers(),
+            workers: 0,
             reserved_top: Some(c".ferry".into()),
             xattrs: true,
         }
@@ -128,8 +130,23 @@ pub fn serve<R: Read, W: Write + Send>(
     writer: W,
     opts: &SendOptions,
 ) -> Result<SendSummary, SendError> {
+    let workers = match opts.workers {
+        0 => crate::default_workers(),
+        n => n,
+    };
+    // Warm, more threads than CPUs only contend (16 against 2 sender threads: 1.35 s
+    // against 1.10 s for 100k files over loopback); cold, they keep reads in flight.
+    let depth = match opts.workers {
+        0 => {
+            let fd = match top {
+                SourceTop::Dir(fd) | SourceTop::File(fd) => fd,
+            };
+            Depth::adaptive(workers, &[sys::fs_type(fd.as_fd()).unwrap_or(0)])
+        }
+        _ => Depth::fixed(),
+    };
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.workers.max(1))
+        .num_threads(workers)
         .thread_name(|i| format!("ferry-send-{i}"))
         .build()
         .map_err(|e| SendError::Threads(e.to_string()))?;
@@ -162,18 +179,7 @@ pub fn serve<R: Read, W: Write + Send>(
             }
             requests += 1;
             match half.dispatch(frame) {
-                Ok(Some(job)) => {
-                    let half = &half;
-                    scope.spawn(move |_| {
-                        let run = std::panic::AssertUnwindSafe(|| half.run(job));
-                        if std::panic::catch_unwind(run).is_err() {
-                            // The receiver must not wait for an answer that never comes.
-                            half.send(&Frame::Abort {
-                                reason: "the source half failed (an internal error)".into(),
-                            });
-                        }
-                    });
-                }
+                Ok(Some(job)) => spawn(&half, &depth, job, scope),
                 Ok(None) => {}
                 Err(e) => break Err(e),
             }
@@ -193,6 +199,31 @@ pub fn serve<R: Read, W: Write + Send>(
         bytes_sent: half.sent.load(Ordering::Relaxed),
         files_sent: half.files.load(Ordering::Relaxed),
     })
+}
+
+/// Run `job` on the pool: on a worker the depth lets run (one past it hands the job back
+/// and rests).
+fn spawn<'s, W: Write + Send>(
+    half: &'s Half<'s, W>,
+    depth: &'s Depth,
+    job: Job,
+    scope: &rayon::Scope<'s>,
+) {
+    scope.spawn(move |s| {
+        let index = rayon::current_thread_index().unwrap_or(0);
+        if !depth.runs(index) {
+            spawn(half, depth, job, s);
+            depth.rest(index);
+            return;
+        }
+        let run = std::panic::AssertUnwindSafe(|| half.run(job));
+        if std::panic::catch_unwind(run).is_err() {
+            // The receiver must not wait for an answer that never comes.
+            half.send(&Frame::Abort {
+                reason: "the source half failed (an internal error)".into(),
+            });
+        }
+    });
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -582,17 +613,44 @@ impl<W: Write + Send> Half<'_, W> {
     /// Stat `name` in `dir`, and for a directory or regular file open it (its attributes
     /// are read through the descriptor, and its stat is then the descriptor's).
     fn stat_at(&self, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(Stat, Option<OwnedFd>)> {
-        let st = sys::lstatat(dir, name)?;
-        let kind = st.st_mode & libc::S_IFMT;
-        if !self.opts.xattrs || !(kind == libc::S_IFREG || kind == libc::S_IFDIR) {
-            return Ok((st, None));
+        self.stat_hinted(dir, name, DType::Unknown)
+    }
+
+    /// [`Half::stat_at`] with the listing's type: an entry it says is a regular file or a
+    /// directory is opened straight away (its stat is then the descriptor's: one `lstat`
+    /// less per file). As a local copy opens a listed file: `O_NONBLOCK`, so a FIFO swapped
+    /// in meanwhile cannot hang it, and what turns out not to be a file or a directory is
+    /// closed unread.
+    fn stat_hinted(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        hint: DType,
+    ) -> io::Result<(Stat, Option<OwnedFd>)> {
+        let opens = |kind: u32| kind == libc::S_IFREG || kind == libc::S_IFDIR;
+        if !self.opts.xattrs {
+            return Ok((sys::lstatat(dir, name)?, None));
+        }
+        if !matches!(hint, DType::Regular | DType::Dir) {
+            let st = sys::lstatat(dir, name)?;
+            if !opens(st.st_mode & libc::S_IFMT) {
+                return Ok((st, None));
+            }
         }
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
         match self.open_at(dir, name, flags) {
-            Ok(fd) => Ok((sys::fstat(fd.as_fd())?, Some(fd))),
-            // Swapped for a symlink since the stat: the link is what is there.
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Ok((sys::lstatat(dir, name)?, None)),
-            Err(e) => Err(e),
+            Ok(fd) => {
+                let st = sys::fstat(fd.as_fd())?;
+                match opens(st.st_mode & libc::S_IFMT) {
+                    true => Ok((st, Some(fd))),
+                    false => Ok((st, None)),
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Err(e),
+            // Something else since the listing (a symlink: ELOOP; a socket: ENXIO), or a
+            // file or directory this agent may not open: its record as `lstat` has it. (The
+            // receiver's read or listing of it then fails by itself, with the reason.)
+            Err(_) => Ok((sys::lstatat(dir, name)?, None)),
         }
     }
 
@@ -694,7 +752,7 @@ impl<W: Write + Send> Half<'_, W> {
             if entries.len() == BATCH || entry_bytes >= LISTING_ENTRY_BYTES {
                 break Ok(false);
             }
-            let (name, _) = match listing.next_entry() {
+            let (name, dtype) = match listing.next_entry() {
                 Ok(Some(e)) => e,
                 Ok(None) => break Ok(true),
                 Err(e) => break Err(("read directory", e)),
@@ -703,7 +761,7 @@ impl<W: Write + Send> Half<'_, W> {
                 continue;
             }
             let name = name.to_owned();
-            let (st, fd) = match self.stat_at(dir.as_fd(), &name) {
+            let (st, fd) = match self.stat_hinted(dir.as_fd(), &name, dtype) {
                 Ok(x) => x,
                 // Gone since the listing: as if it had not been there.
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,

@@ -53,7 +53,7 @@ const COUNTED: [i64; 7] = [
 ];
 
 /// Which of a copy's pool workers run.
-pub(super) struct Depth {
+pub(crate) struct Depth {
     /// Unset when every worker always runs.
     adapt: Option<Adapt>,
 }
@@ -86,14 +86,14 @@ impl std::fmt::Debug for Depth {
 
 impl Depth {
     /// Every worker always runs.
-    pub(super) fn fixed() -> Self {
+    pub(crate) fn fixed() -> Self {
         Self { adapt: None }
     }
 
     /// A pool of `pool` workers copying between filesystems `fs` (source's and
     /// destination's `f_type`): every one runs while the copy waits on storage, as many as
     /// the machine has CPUs while it does not.
-    pub(super) fn adaptive(pool: usize, fs: &[i64]) -> Self {
+    pub(crate) fn adaptive(pool: usize, fs: &[i64]) -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self::with(pool, cpus, fs, File::open("/proc/self/io").ok())
     }
@@ -123,7 +123,7 @@ impl Depth {
 
     /// Whether pool worker `index` runs the task it picked up. When not, it hands the task
     /// back to the pool and calls [`Depth::rest`].
-    pub(super) fn runs(&self, index: usize) -> bool {
+    pub(crate) fn runs(&self, index: usize) -> bool {
         match &self.adapt {
             None => true,
             Some(a) => {
@@ -136,7 +136,7 @@ impl Depth {
     /// A worker past the limit waits until the limit is raised, at most an interval (then
     /// it looks at the pool again, and samples: reads may have begun while every running
     /// worker waits on them).
-    pub(super) fn rest(&self, index: usize) {
+    pub(crate) fn rest(&self, index: usize) {
         if let Some(a) = &self.adapt {
             let guard = a.lock.lock().unwrap_or_else(PoisonError::into_inner);
             if index >= a.limit.load(SeqCst) {

@@ -21,6 +21,7 @@ mod special;
 mod stage;
 mod walk;
 
+pub(crate) use depth::Depth;
 pub(crate) use failure::source_changed;
 pub use records::MAX_RECORDS;
 pub(crate) use remote::SrcXattrs;
