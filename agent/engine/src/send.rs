@@ -84,6 +84,9 @@ pub struct SendOptions {
     pub reserved_top: Option<CString>,
     /// Extended attributes are read and sent.
     pub xattrs: bool,
+    /// Test only: flip a byte of what is sent of the file at this path (after it was
+    /// hashed), as a network that changes bytes in flight would, this many times.
+    pub corrupt_in_flight: Option<(Vec<u8>, u32)>,
 }
 
 impl Default for SendOptions {
@@ -92,6 +95,7 @@ impl Default for SendOptions {
             workers: 0,
             reserved_top: Some(c".ferry".into()),
             xattrs: true,
+            corrupt_in_flight: None,
         }
     }
 }
@@ -161,6 +165,7 @@ pub fn serve<R: Read, W: Write + Send>(
         requests: Mutex::new(HashMap::new()),
         sent: AtomicU64::new(0),
         files: AtomicU64::new(0),
+        corrupted: Default::default(),
     };
     let mut requests = 0u64;
     let ended = pool.in_place_scope(|scope| {
@@ -252,6 +257,8 @@ enum State {
 }
 
 struct ListState {
+    /// Its path from the top.
+    path: Vec<u8>,
     dir: OwnedFd,
     dents: Vec<u8>,
     /// Bytes of records in `dents` and how far they are parsed (see `Listing::resume`).
@@ -270,6 +277,8 @@ struct ReadState {
     hasher: Option<Xxh3>,
     credit: u64,
     hash_only: bool,
+    /// The `corrupt_in_flight` test hook is to change its next data frame.
+    corrupt: bool,
 }
 
 /// A step for a worker.
@@ -301,6 +310,8 @@ struct Half<'a, W> {
     requests: Mutex<HashMap<u32, State>>,
     sent: AtomicU64,
     files: AtomicU64,
+    /// Corruptions the test hook has made.
+    corrupted: std::sync::atomic::AtomicU32,
 }
 
 fn protocol<T>(why: impl Into<String>) -> Result<T, SendError> {
@@ -351,6 +362,16 @@ impl<W: Write + Send> Half<'_, W> {
             errno: e.raw_os_error().unwrap_or(0),
             message: format!("{op}: {e}"),
         });
+    }
+
+    /// The `corrupt_in_flight` test hook: whether to change a byte of `path`'s data now.
+    fn corrupts(&self, path: &[u8]) -> bool {
+        match &self.opts.corrupt_in_flight {
+            Some((victim, times)) if victim == path => {
+                self.corrupted.fetch_add(1, Ordering::Relaxed) < *times
+            }
+            _ => false,
+        }
     }
 
     /// A new request under `req`: refused when the number is in use or too many are open.
@@ -721,6 +742,7 @@ impl<W: Write + Send> Half<'_, W> {
             ));
         }
         Ok(Box::new(ListState {
+            path: path.to_vec(),
             dir,
             dents: vec![0; DENTS],
             cursor: (0, 0),
@@ -738,6 +760,7 @@ impl<W: Write + Send> Half<'_, W> {
         let mut inline = Vec::new();
         let (mut entry_bytes, mut inline_bytes) = (0usize, 0usize);
         let ListState {
+            path,
             dir,
             dents,
             cursor,
@@ -791,11 +814,15 @@ impl<W: Write + Send> Half<'_, W> {
             }
             entry_bytes += encoded_len(&entry);
             if *want_inline && small {
-                if let Some(data) = fd.as_ref().and_then(|f| read_small(f.as_fd(), &st)) {
+                if let Some(mut data) = fd.as_ref().and_then(|f| read_small(f.as_fd(), &st)) {
                     inline_bytes += data.len();
+                    let hash = hash.then(|| xxh3_128(&data));
+                    if !data.is_empty() && self.corrupts(&child(path, name.to_bytes())) {
+                        data[0] ^= 0xff;
+                    }
                     inline.push(Inline {
                         index: entries.len() as u32,
-                        hash: hash.then(|| xxh3_128(&data)),
+                        hash,
                         data,
                     });
                 }
@@ -872,7 +899,9 @@ impl<W: Write + Send> Half<'_, W> {
         }
         let size = st.st_size as u64;
         let sparse = (st.st_blocks as u64) * 512 < size;
+        let corrupt = !hash_only && self.corrupts(path);
         Ok(Some(Box::new(ReadState {
+            corrupt,
             fd,
             st,
             off: 0,
@@ -933,10 +962,14 @@ impl<W: Write + Send> Half<'_, W> {
                 h.update(data);
             }
             if !r.hash_only {
+                let mut data = data.to_vec();
+                if std::mem::take(&mut r.corrupt) {
+                    data[0] ^= 0xff;
+                }
                 self.send(&Frame::Data {
                     req,
                     offset: r.off,
-                    data: data.to_vec(),
+                    data,
                 });
                 self.sent.fetch_add(n as u64, Ordering::Relaxed);
                 r.credit -= n as u64;
@@ -983,6 +1016,14 @@ impl<W: Write + Send> Half<'_, W> {
             changed,
         });
         None
+    }
+}
+
+/// The path of entry `name` of directory `dir` (both from the top).
+fn child(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    match dir.is_empty() {
+        true => name.to_vec(),
+        false => [dir, b"/", name].concat(),
     }
 }
 

@@ -46,17 +46,25 @@ impl Read for Cut {
 /// One copy over a new connection, cut after `cut` bytes from the sender (if any): its
 /// summary (or the error it could not start with) and the file bytes it received.
 fn run(src: &Path, dst: &Path, opts: &Options, cut: Option<u64>) -> Result<(Option<Summary>, u64)> {
+    let send = SendOptions {
+        workers: 4,
+        ..SendOptions::default()
+    };
+    run_with(src, dst, opts, cut, send)
+}
+
+fn run_with(
+    src: &Path,
+    dst: &Path,
+    opts: &Options,
+    cut: Option<u64>,
+    send: SendOptions,
+) -> Result<(Option<Summary>, u64)> {
     let top = SourceTop::open(src)?;
     let (ours, theirs) = UnixStream::pair()?;
     let sender = {
         let r = theirs.try_clone()?;
-        std::thread::spawn(move || {
-            let opts = SendOptions {
-                workers: 4,
-                ..SendOptions::default()
-            };
-            serve(&top, r, theirs, &opts)
-        })
+        std::thread::spawn(move || serve(&top, r, theirs, &send))
     };
     let reader = Cut {
         inner: ours.try_clone()?,
@@ -148,5 +156,92 @@ fn a_copy_cut_at_random_points_resumes_to_an_identical_tree_sending_little_twice
     eprintln!("{cuts} cuts; {received} bytes received for a tree of {total}: {ratio:.3}");
     ensure!(ratio <= 1.10, "sent {ratio:.3}x the tree");
     xxh128sum_check(&dst, &tmp.path().join("manifest"))?;
+    Ok(())
+}
+
+#[test]
+fn bytes_changed_in_flight_are_caught_sent_once_more_then_reported_checksum_mismatch() -> Result<()>
+{
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src.join("d"))?;
+    write_pattern_file(&src.join("d/big"), 3 << 20)?;
+    write(&src.join("d/small"), b"small enough to travel inline")?;
+    write(&src.join("other"), b"untouched")?;
+    let before = snapshot(&src)?;
+    let opts = Options {
+        verify: Verify::Checksum,
+        ..Options::default()
+    };
+    // Once, by a read and inline: both caught and sent again, the copy ends identical.
+    for victim in [&b"d/big"[..], b"d/small"] {
+        let dst = tmp.path().join(format!("once-{}", victim.len()));
+        let send = SendOptions {
+            corrupt_in_flight: Some((victim.to_vec(), 1)),
+            ..SendOptions::default()
+        };
+        let (summary, _) = run_with(&src, &dst, &opts, None, send)?;
+        let summary = summary.ok_or_else(|| anyhow::anyhow!("did not start"))?;
+        ensure!(summary.failed == 0, "{victim:?}: {summary:?}");
+        compare(&before, &dst, Check::default())?;
+    }
+    // Every time: reported, nothing of it left under its name or staged.
+    let dst = tmp.path().join("always");
+    let send = SendOptions {
+        corrupt_in_flight: Some((b"d/big".to_vec(), u32::MAX)),
+        ..SendOptions::default()
+    };
+    let (summary, _) = run_with(&src, &dst, &opts, None, send)?;
+    let summary = summary.ok_or_else(|| anyhow::anyhow!("did not start"))?;
+    ensure!(summary.failed == 1, "{summary:?}");
+    let f = &summary.failures[0];
+    ensure!(
+        f.path == Path::new("d/big") && f.kind == ferry_engine::Reason::ChecksumMismatch,
+        "{f:?}"
+    );
+    ensure!(f.message.contains("sent once more"), "{f:?}");
+    ensure!(
+        !dst.join("d/big").exists(),
+        "a mismatched file was committed"
+    );
+    ensure!(std::fs::read(dst.join("other"))? == b"untouched");
+    let left = staging_leftovers(&dst)?;
+    ensure!(left.is_empty(), "staging left: {left:?}");
+    Ok(())
+}
+
+#[test]
+fn a_full_destination_fails_destination_full_across_the_halves_as_locally() -> Result<()> {
+    if !require_root("mounting a small tmpfs") {
+        return Ok(());
+    }
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    for i in 0..8 {
+        write_pattern_file(&src.join(format!("f{i}")), 1 << 20)?;
+    }
+    let mnt = Mount::tmpfs(&tmp.path().join("small"), "3m")?;
+    let dst = mnt.dir.join("dst");
+    let opts = Options {
+        verify: Verify::Checksum,
+        ..Options::default()
+    };
+    let (summary, _) = run(&src, &dst, &opts, None)?;
+    let summary = summary.ok_or_else(|| anyhow::anyhow!("did not start"))?;
+    ensure!(
+        summary
+            .aborted
+            .as_deref()
+            .is_some_and(|a| a.starts_with("destination is full")),
+        "{summary:?}"
+    );
+    ensure!(
+        summary
+            .failures
+            .iter()
+            .any(|f| f.kind == ferry_engine::Reason::DestinationFull),
+        "{summary:?}"
+    );
     Ok(())
 }

@@ -83,6 +83,11 @@ pub(super) fn checksum_mismatch(expected: u128, got: u128) -> io::Error {
     )))
 }
 
+/// A checksum mismatch with its own message.
+pub(super) fn checksum_mismatch_msg(msg: String) -> io::Error {
+    io::Error::other(ChecksumMismatch(msg))
+}
+
 /// Marker payloads so [`Ctx::fail`] can tell these kinds from plain I/O errors.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

@@ -33,6 +33,9 @@ const ATTEMPTS_WHILE_CHANGING: u32 = 3;
 /// Fresh rewrites of a file after an I/O error reading its source or writing its copy.
 const REWRITES_AFTER_IO_ERROR: u32 = 1;
 
+/// Times a file from another node is sent again after its bytes arrived changed.
+const RESENDS_AFTER_MISMATCH: u32 = 1;
+
 /// How a regular file's source is opened. O_NONBLOCK: if a FIFO was swapped in since the
 /// listing, opening it must not hang; it is then recreated, never read.
 const SOURCE_FLAGS: libc::c_int =
@@ -45,6 +48,8 @@ pub(super) struct Tries {
     changed: u32,
     /// An I/O error reading the source or writing (or flushing) the copy.
     io: u32,
+    /// From another node: the copy did not hash as what the sender read (changed in flight).
+    mismatch: u32,
 }
 
 enum FillOutcome {
@@ -254,6 +259,16 @@ impl<'a> Ctx<'a> {
                     return Err((op, io::Error::other(msg)));
                 }
                 tries.io += 1;
+            }
+            // Bytes from another node that do not hash as the sender read them were changed
+            // on the way: sent once more, then reported. (Locally a mismatch is the
+            // storage's, and a second read would not be more right: reported at once.)
+            Reason::ChecksumMismatch if dir.src.fd().is_none() => {
+                if tries.mismatch >= RESENDS_AFTER_MISMATCH {
+                    let msg = format!("{err} (again when sent once more from the source's node)");
+                    return Err((op, super::failure::checksum_mismatch_msg(msg)));
+                }
+                tries.mismatch += 1;
             }
             _ => return Err((op, err)),
         }
