@@ -163,6 +163,7 @@ fn two_halves(
         workers: opts.workers_resolved(),
         reserved_top: opts.reserved_top.clone(),
         xattrs: opts.preserve.xattrs,
+        bandwidth_limit: None,
         corrupt_in_flight: None,
     };
     let reader = theirs.try_clone().map_err(io("socketpair"))?;

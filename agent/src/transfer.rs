@@ -222,6 +222,7 @@ async fn connection(
             workers: grant.workers,
             reserved_top: grant.reserved_top.clone(),
             xattrs: grant.xattrs,
+            bandwidth_limit: None,
             corrupt_in_flight: None,
         };
         ferry_engine::send::serve(&top, r, w, &opts).map_err(|e| e.to_string())

@@ -84,6 +84,9 @@ pub struct SendOptions {
     pub reserved_top: Option<CString>,
     /// Extended attributes are read and sent.
     pub xattrs: bool,
+    /// At most this many file bytes a second on this connection (data and inline), or
+    /// unlimited. What is over the rate waits in the sender, before it is read.
+    pub bandwidth_limit: Option<u64>,
     /// Test only: flip a byte of what is sent of the file at this path (after it was
     /// hashed), as a network that changes bytes in flight would, this many times.
     pub corrupt_in_flight: Option<(Vec<u8>, u32)>,
@@ -95,6 +98,7 @@ impl Default for SendOptions {
             workers: 0,
             reserved_top: Some(c".ferry".into()),
             xattrs: true,
+            bandwidth_limit: None,
             corrupt_in_flight: None,
         }
     }
@@ -166,6 +170,7 @@ pub fn serve<R: Read, W: Write + Send>(
         sent: AtomicU64::new(0),
         files: AtomicU64::new(0),
         corrupted: Default::default(),
+        bucket: opts.bandwidth_limit.map(Bucket::new),
     };
     let mut requests = 0u64;
     let ended = pool.in_place_scope(|scope| {
@@ -312,6 +317,44 @@ struct Half<'a, W> {
     files: AtomicU64,
     /// Corruptions the test hook has made.
     corrupted: std::sync::atomic::AtomicU32,
+    bucket: Option<Bucket>,
+}
+
+/// A token bucket for the bandwidth limit, shared by a connection's requests: every send
+/// takes its bytes, going into debt if it must, and waits until the debt is paid at the
+/// rate. It starts empty (no burst), so the rate holds from the first byte.
+struct Bucket {
+    rate: u64,
+    /// Bytes that may be sent now (negative: owed) and when that was computed.
+    state: Mutex<(f64, std::time::Instant)>,
+}
+
+impl Bucket {
+    fn new(rate: u64) -> Self {
+        Self {
+            rate: rate.max(1),
+            state: Mutex::new((0.0, std::time::Instant::now())),
+        }
+    }
+
+    fn take(&self, n: u64) {
+        let wait = {
+            let mut s = lock(&self.state);
+            let now = std::time::Instant::now();
+            let rate = self.rate as f64;
+            // Unused allowance is kept for at most 100 ms: an idle connection does not
+            // bank a burst.
+            let tokens = (s.0 + now.duration_since(s.1).as_secs_f64() * rate).min(rate / 10.0);
+            *s = (tokens - n as f64, now);
+            match s.0 < 0.0 {
+                true => std::time::Duration::from_secs_f64(-s.0 / rate),
+                false => std::time::Duration::ZERO,
+            }
+        };
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    }
 }
 
 fn protocol<T>(why: impl Into<String>) -> Result<T, SendError> {
@@ -815,6 +858,9 @@ impl<W: Write + Send> Half<'_, W> {
             entry_bytes += encoded_len(&entry);
             if *want_inline && small {
                 if let Some(mut data) = fd.as_ref().and_then(|f| read_small(f.as_fd(), &st)) {
+                    if let Some(b) = &self.bucket {
+                        b.take(data.len() as u64);
+                    }
                     inline_bytes += data.len();
                     let hash = hash.then(|| xxh3_128(&data));
                     if !data.is_empty() && self.corrupts(&child(path, name.to_bytes())) {
@@ -943,6 +989,9 @@ impl<W: Write + Send> Half<'_, W> {
             let mut want = (r.data_end - r.off).min(MAX_DATA as u64);
             if !r.hash_only {
                 want = want.min(r.credit);
+                if let Some(b) = &self.bucket {
+                    b.take(want);
+                }
             }
             let n = match sys::pread(r.fd.as_fd(), &mut buf[..want as usize], r.off) {
                 Ok(0) => {

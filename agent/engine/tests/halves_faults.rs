@@ -245,3 +245,50 @@ fn a_full_destination_fails_destination_full_across_the_halves_as_locally() -> R
     );
     Ok(())
 }
+
+#[test]
+fn a_bandwidth_limit_holds_within_ten_percent() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src.join("small"))?;
+    let mut total = 0u64;
+    for i in 0..6 {
+        write_pattern_file(&src.join(format!("f{i}")), 2 << 20)?;
+        total += 2 << 20;
+    }
+    // Small files too: their bytes travel inline in listings, under the same limit.
+    for i in 0..400 {
+        write_pattern_file(&src.join(format!("small/s{i}")), 10_000)?;
+        total += 10_000;
+    }
+    let limit = 8u64 << 20;
+    let send = SendOptions {
+        bandwidth_limit: Some(limit),
+        ..SendOptions::default()
+    };
+    let start = std::time::Instant::now();
+    let (summary, received) = run_with(
+        &src,
+        &tmp.path().join("dst"),
+        &Options::default(),
+        None,
+        send,
+    )?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let summary = summary.ok_or_else(|| anyhow::anyhow!("did not start"))?;
+    ensure!(
+        summary.failed == 0 && received == total,
+        "{summary:?} {received}"
+    );
+    let rate = total as f64 / elapsed;
+    eprintln!(
+        "{total} bytes in {elapsed:.2} s: {:.2} MiB/s against a limit of 8 MiB/s",
+        rate / (1 << 20) as f64
+    );
+    ensure!(
+        (0.9..=1.1).contains(&(rate / limit as f64)),
+        "{:.2} MiB/s against a limit of 8 MiB/s",
+        rate / (1 << 20) as f64
+    );
+    Ok(())
+}
