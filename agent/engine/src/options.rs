@@ -92,6 +92,9 @@ pub struct Options {
     /// reports as copied is on stable storage. A failed flush is reported (never retried:
     /// after a failed flush the kernel may have dropped the dirty pages it could not write).
     pub sync: bool,
+    /// A copy from another node (`copy_from`): ask the source half to compress file data
+    /// with zstd where that makes it smaller (for slow links; it costs CPU on both sides).
+    pub compress: bool,
     /// Whether this copy still owns the destination; see [`Fence`]. `None`: always.
     pub fence: Option<Fence>,
     /// A name directly inside the copy's top directory that is neither read from the
@@ -122,6 +125,7 @@ impl Default for Options {
             fence: None,
             reserved_top: None,
             sync: false,
+            compress: false,
             faults: Faults::default(),
         }
     }

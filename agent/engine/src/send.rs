@@ -284,6 +284,8 @@ struct ReadState {
     hash_only: bool,
     /// The `corrupt_in_flight` test hook is to change its next data frame.
     corrupt: bool,
+    /// Compress data frames (where that makes them smaller).
+    zstd: bool,
 }
 
 /// A step for a worker.
@@ -305,6 +307,7 @@ enum Job {
         credit: u64,
         hash: bool,
         hash_only: bool,
+        zstd: bool,
     },
 }
 
@@ -460,6 +463,7 @@ impl<W: Write + Send> Half<'_, W> {
                 credit,
                 hash,
                 hash_only,
+                zstd,
             } => {
                 if credit > MAX_CREDIT {
                     return protocol(format!("a credit of {credit} bytes (at most {MAX_CREDIT})"));
@@ -472,6 +476,7 @@ impl<W: Write + Send> Half<'_, W> {
                     credit,
                     hash,
                     hash_only,
+                    zstd,
                 }
             }
             Frame::More { req } => {
@@ -569,7 +574,8 @@ impl<W: Write + Send> Half<'_, W> {
                 credit,
                 hash,
                 hash_only,
-            } => match self.open_read(&path, &expect, credit, hash, hash_only) {
+                zstd,
+            } => match self.open_read(&path, &expect, credit, (hash, hash_only, zstd)) {
                 Ok(Some(state)) => self.read(req, state),
                 Ok(None) => {
                     self.end(req);
@@ -927,8 +933,7 @@ impl<W: Write + Send> Half<'_, W> {
         path: &[u8],
         expect: &Fingerprint,
         credit: u64,
-        hash: bool,
-        hash_only: bool,
+        (hash, hash_only, zstd): (bool, bool, bool),
     ) -> Result<Option<Box<ReadState>>, (&'static str, io::Error)> {
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
         let fd = match self.resolve(path).map_err(|e| ("open", e))? {
@@ -947,6 +952,7 @@ impl<W: Write + Send> Half<'_, W> {
         let sparse = (st.st_blocks as u64) * 512 < size;
         let corrupt = !hash_only && self.corrupts(path);
         Ok(Some(Box::new(ReadState {
+            zstd,
             corrupt,
             fd,
             st,
@@ -1011,13 +1017,24 @@ impl<W: Write + Send> Half<'_, W> {
                 h.update(data);
             }
             if !r.hash_only {
-                let mut data = data.to_vec();
+                let mut raw = data.to_vec();
                 if std::mem::take(&mut r.corrupt) {
-                    data[0] ^= 0xff;
+                    raw[0] ^= 0xff;
                 }
+                // Level 1: a link slow enough to want compression still wants the CPU.
+                let packed = r
+                    .zstd
+                    .then(|| zstd::bulk::compress(&raw, 1).ok())
+                    .flatten()
+                    .filter(|p| p.len() < raw.len());
+                let (zstd, data) = match packed {
+                    Some(p) => (true, p),
+                    None => (false, raw),
+                };
                 self.send(&Frame::Data {
                     req,
                     offset: r.off,
+                    zstd,
                     data,
                 });
                 self.sent.fetch_add(n as u64, Ordering::Relaxed);

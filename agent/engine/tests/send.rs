@@ -262,6 +262,7 @@ fn a_sparse_file_is_sent_without_its_holes_and_only_as_far_as_the_credit() -> Re
         credit,
         hash: true,
         hash_only: false,
+        zstd: false,
     })?;
     let mut got = vec![0u8; len as usize];
     let (mut sent, mut granted) = (0u64, credit);
@@ -270,6 +271,7 @@ fn a_sparse_file_is_sent_without_its_holes_and_only_as_far_as_the_credit() -> Re
             Frame::Data {
                 req: 3,
                 offset,
+                zstd: false,
                 data,
             } => {
                 ensure!(data.len() <= MAX_DATA);
@@ -316,6 +318,7 @@ fn a_sparse_file_is_sent_without_its_holes_and_only_as_far_as_the_credit() -> Re
         credit: 16 << 20,
         hash: true,
         hash_only: false,
+        zstd: false,
     })?;
     let mut tail_bytes = 0;
     loop {
@@ -370,6 +373,7 @@ fn a_file_not_as_expected_or_changed_is_reported_changed_and_not_sent() -> Resul
         credit: 1 << 20,
         hash: true,
         hash_only: false,
+        zstd: false,
     })?;
     match rx.recv()? {
         Frame::FileEnd {
@@ -388,6 +392,7 @@ fn a_file_not_as_expected_or_changed_is_reported_changed_and_not_sent() -> Resul
         credit: 0,
         hash: true,
         hash_only: true,
+        zstd: false,
     })?;
     match rx.recv()? {
         Frame::FileEnd {
@@ -453,6 +458,7 @@ fn nothing_outside_the_top_or_in_ferrys_state_is_served() -> Result<()> {
         credit: 1 << 20,
         hash: false,
         hash_only: false,
+        zstd: false,
     })?;
     ensure!(matches!(
         rx.recv()?,
@@ -494,6 +500,7 @@ fn a_receiver_that_breaks_the_protocol_is_cut_off_with_a_reason() -> Result<()> 
             credit: u64::MAX,
             hash: false,
             hash_only: false,
+            zstd: false,
         },
     ] {
         let mut rx = Receiver::start(tmp.path())?;

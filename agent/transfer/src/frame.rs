@@ -114,8 +114,9 @@ pub enum Frame {
     /// Receiver: the next batch of listing `req`.
     More { req: u32 },
     /// Receiver: the data of regular file `path`, expected to be `expect`. `credit`: bytes
-    /// the sender may send before a [`Frame::Credit`]; `hash`: hash what is read;
-    /// `hash_only`: send no data, only the end (with the hash).
+    /// (of the file, before any compression) the sender may send before a
+    /// [`Frame::Credit`]; `hash`: hash what is read; `hash_only`: send no data, only the
+    /// end (with the hash); `zstd`: compress the data where that makes it smaller.
     Read {
         req: u32,
         path: Vec<u8>,
@@ -123,12 +124,16 @@ pub enum Frame {
         credit: u64,
         hash: bool,
         hash_only: bool,
+        zstd: bool,
     },
     /// Sender: bytes of file `req` at `offset`. Bytes not sent below the end's `len` are
-    /// holes.
+    /// holes. `zstd`: `data` is one zstd frame of at most [`MAX_DATA`] bytes when
+    /// decompressed (the receiver decompresses into a buffer of that bound); sent only
+    /// when asked for and smaller.
     Data {
         req: u32,
         offset: u64,
+        zstd: bool,
         data: Vec<u8>,
     },
     /// Sender: file `req` is sent. `len`: its length (holes at its end included); `hash`:
@@ -360,6 +365,7 @@ impl Frame {
                 credit,
                 hash,
                 hash_only,
+                zstd,
             } => {
                 w.u32(*req);
                 write_path(w, path)?;
@@ -372,11 +378,18 @@ impl Frame {
                 w.u64(*credit);
                 w.u8(u8::from(*hash));
                 w.u8(u8::from(*hash_only));
+                w.u8(u8::from(*zstd));
             }
-            Frame::Data { req, offset, data } => {
+            Frame::Data {
+                req,
+                offset,
+                zstd,
+                data,
+            } => {
                 Error::at_most("data", data.len(), MAX_DATA)?;
                 w.u32(*req);
                 w.u64(*offset);
+                w.u8(u8::from(*zstd));
                 w.bytes(data);
             }
             Frame::FileEnd {
@@ -502,19 +515,27 @@ impl Frame {
                     credit: r.u64("credit")?,
                     hash: flag(&mut r, "hash")?,
                     hash_only: flag(&mut r, "hash only")?,
+                    zstd: flag(&mut r, "compression")?,
                 }
             }
             10 => {
                 let req = r.u32("request")?;
                 let offset = r.u64("offset")?;
+                let zstd = flag(&mut r, "compression")?;
                 let data = r.bytes(MAX_DATA, "data")?.to_vec();
+                // (Compressed data is checked once decompressed, by the receiver.)
                 if offset.checked_add(data.len() as u64).is_none() {
                     return Err(Error::Invalid {
                         what: "data offset",
                         why: "overflows with its length",
                     });
                 }
-                Frame::Data { req, offset, data }
+                Frame::Data {
+                    req,
+                    offset,
+                    zstd,
+                    data,
+                }
             }
             11 => Frame::FileEnd {
                 req: r.u32("request")?,
@@ -692,11 +713,19 @@ mod tests {
                 credit: 8 << 20,
                 hash: true,
                 hash_only: false,
+                zstd: true,
             },
             Frame::Data {
                 req: 3,
                 offset: 1 << 40,
+                zstd: false,
                 data: vec![1, 2, 3],
+            },
+            Frame::Data {
+                req: 3,
+                offset: 0,
+                zstd: true,
+                data: vec![0x28, 0xb5, 0x2f, 0xfd],
             },
             Frame::FileEnd {
                 req: 3,
@@ -902,12 +931,14 @@ mod tests {
         let data = Frame::Data {
             req: 0,
             offset: 0,
+            zstd: false,
             data: vec![0; MAX_DATA + 1],
         };
         assert!(data.encode(&mut Vec::new()).is_err());
         let mut w = Writer::default();
         w.u32(0);
         w.u64(u64::MAX);
+        w.u8(0);
         w.bytes(&[1]);
         assert!(
             matches!(Frame::decode(10, &w.buf), Err(Error::Invalid { .. })),

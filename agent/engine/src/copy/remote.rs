@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ferry_transfer::frame::{Fingerprint, Frame};
+use ferry_transfer::frame::{Fingerprint, Frame, MAX_DATA};
 use ferry_transfer::{Entry, Kind, Time, Xattr};
 
 use crate::data::{self, Moved};
@@ -320,6 +320,7 @@ impl Ctx<'_> {
                     credit: 0,
                     hash: true,
                     hash_only: true,
+                    zstd: false,
                 })?;
                 match req.next()? {
                     Frame::FileEnd {
@@ -366,6 +367,7 @@ impl Ctx<'_> {
                 credit: CREDIT,
                 hash: self.hash,
                 hash_only: false,
+                zstd: self.opts.compress,
             })
             .map_err(|e| ("read source", e))?;
         let keep_holes = self.opts.preserve.sparseness;
@@ -377,7 +379,24 @@ impl Ctx<'_> {
                 return Err(("copy data", io::Error::other(data::Stopped)));
             }
             match req.next().map_err(|e| ("read source", e))? {
-                Frame::Data { offset, data, .. } => {
+                Frame::Data {
+                    offset, zstd, data, ..
+                } => {
+                    // Never more than a frame's worth once decompressed, whatever the
+                    // sender claims: a zstd bomb fails this file, it does not fill memory.
+                    let data = match zstd {
+                        true => zstd::bulk::decompress(&data, MAX_DATA).map_err(|e| {
+                            let e = io::Error::other(format!(
+                                "the sender's compressed data does not decompress within {MAX_DATA} bytes: {e}"
+                            ));
+                            ("read source", e)
+                        })?,
+                        false => data,
+                    };
+                    if offset.checked_add(data.len() as u64).is_none() {
+                        let e = io::Error::other("the sender sent data past the largest offset");
+                        return Err(("read source", e));
+                    }
                     if offset < end {
                         let e = io::Error::other("the sender sent overlapping data");
                         return Err(("read source", e));
