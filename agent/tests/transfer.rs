@@ -15,10 +15,13 @@ use common::*;
 use ferry_agent::transfer::{dial, serve, Grant, Grants, Hello, Tls, TransferError};
 use ferry_engine::{copy_from, NoProgress, Options};
 use ferry_link::{Ca, NodeKey};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct};
+use rustls::pki_types::CertificateDer;
+use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[path = "../link/tests/common/any_server.rs"]
+mod any_server;
+use any_server::AnyServer;
 
 const TICKET: [u8; 32] = [7; 32];
 
@@ -151,44 +154,6 @@ async fn a_wrong_ticket_epoch_shard_or_receiver_is_refused_with_a_reason() -> Re
         other => bail!("a server that is not node-c was accepted as node-c: {other:?}"),
     }
     Ok(())
-}
-
-/// An outsider's client, which takes any server: what it must not get past is the server.
-#[derive(Debug)]
-struct AnyServer;
-
-impl ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 /// Connect with `config`, send a hello with the right ticket, and return what came back

@@ -379,7 +379,9 @@ fn to_time(secs: i64, nanos: i64) -> Time {
     }
 }
 
-fn fingerprint(st: &Stat) -> Fingerprint {
+/// What tells a file changed (its inode, size, mtime and ctime): compared by the sender
+/// with what a read request expects, and before and after each read.
+pub(crate) fn fingerprint(st: &Stat) -> Fingerprint {
     Fingerprint {
         ino: st.st_ino,
         size: st.st_size as u64,

@@ -10,16 +10,17 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use ferry_link::{client_config, peer_node, server_config, server_name, Ca, NodeKey, Trust, ALPN};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, ProtocolVersion, ServerConfig,
-};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{CertificateError, ClientConfig, ProtocolVersion, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::time::timeout;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+#[path = "common/any_server.rs"]
+mod any_server;
+use any_server::AnyServer;
 
 const SECRET: &[u8] = b"shard 7 of job tenant-a/nightly: the bytes of /data/payroll.db";
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
@@ -396,43 +397,4 @@ fn ring() -> Arc<rustls::crypto::CryptoProvider> {
 fn alpn(mut config: ClientConfig) -> Arc<ClientConfig> {
     config.alpn_protocols = vec![ALPN.to_vec()];
     Arc::new(config)
-}
-
-/// An outsider's client, which takes any server: what it must not get past is the server.
-#[derive(Debug)]
-struct AnyServer;
-
-impl ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        ring().signature_verification_algorithms.supported_schemes()
-    }
 }

@@ -11,12 +11,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ferry_transfer::frame::{Fingerprint, Frame, MAX_DATA};
+use ferry_transfer::frame::{Frame, MAX_DATA};
 use ferry_transfer::{Entry, Kind, Time, Xattr};
 
 use crate::data::{self, Moved};
 use crate::progress::Strategy;
 use crate::recv::{Connection, CREDIT};
+use crate::send::fingerprint;
 use crate::sys::{self, Stat};
 
 use super::failure::source_changed;
@@ -134,22 +135,6 @@ pub(super) fn stat_of(e: &Entry) -> Stat {
     (st.st_mtime, st.st_mtime_nsec) = secs(e.mtime);
     (st.st_ctime, st.st_ctime_nsec) = secs(e.ctime);
     st
-}
-
-fn time_of(s: i64, ns: i64) -> Time {
-    Time {
-        secs: s,
-        nanos: ns.clamp(0, 999_999_999) as u32,
-    }
-}
-
-fn fingerprint(st: &Stat) -> Fingerprint {
-    Fingerprint {
-        ino: st.st_ino,
-        size: st.st_size as u64,
-        mtime: time_of(st.st_mtime, st.st_mtime_nsec),
-        ctime: time_of(st.st_ctime, st.st_ctime_nsec),
-    }
 }
 
 pub(super) fn rec_of(e: Entry, inline: Option<(Vec<u8>, Option<u128>)>) -> Rec {
