@@ -280,11 +280,19 @@ fn a_bandwidth_limit_holds_within_ten_percent() -> Result<()> {
         ..SendOptions::default()
     };
     let start = std::time::Instant::now();
-    let (summary, received) =
-        run_with(&src, &tmp.path().join("dst"), &Options::default(), None, send)?;
+    let (summary, received) = run_with(
+        &src,
+        &tmp.path().join("dst"),
+        &Options::default(),
+        None,
+        send,
+    )?;
     let elapsed = start.elapsed().as_secs_f64();
     let summary = summary.ok_or_else(|| anyhow::anyhow!("did not start"))?;
-    ensure!(summary.failed == 0 && received == total, "{summary:?} {received}");
+    ensure!(
+        summary.failed == 0 && received == total,
+        "{summary:?} {received}"
+    );
     let ratio = total as f64 / elapsed / limit as f64;
     eprintln!("{total} bytes in {elapsed:.2} s: {ratio:.3} of the limit");
     // Never over the limit by more than 10%. Under it by as much only when the machine is
