@@ -105,6 +105,34 @@ fn can_i(cp: &ControlPlane, who: &[&str], question: &[&str]) -> Result<bool> {
     }
 }
 
+/// Whether ServiceAccount `sa` (with its token's groups) may `verb` (approve, sign) for
+/// `signer`, by a SubjectAccessReview: `kubectl auth can-i` cannot name a signer (it maps
+/// `signers.certificates.k8s.io`, which discovery does not list, to no group).
+fn may_for_signer(cp: &ControlPlane, sa: &str, verb: &str, signer: &str) -> Result<bool> {
+    let review = serde_json::json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": service_account(sa),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{NS}"), "system:authenticated"],
+            "resourceAttributes": {
+                "group": "certificates.k8s.io",
+                "resource": "signers",
+                "verb": verb,
+                "name": signer,
+            },
+        },
+    });
+    let out = cp.kubectl_stdin(&["create", "-f", "-", "-o", "json"], &review.to_string())?;
+    ensure!(
+        out.status.success(),
+        "SubjectAccessReview: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout)?;
+    Ok(answer["status"]["allowed"] == true)
+}
+
 /// kubectl's impersonation arguments for a component's ServiceAccount, with the groups its
 /// token carries (so a grant to those groups would count too).
 fn as_component(sa: &str) -> Vec<String> {
@@ -979,6 +1007,16 @@ fn operator_permissions() -> BTreeSet<String> {
         "ferry-system coordination.k8s.io/leases create", // leader: first claim
         "ferry-system coordination.k8s.io/leases get ferry-operator", // leader
         "ferry-system coordination.k8s.io/leases update ferry-operator", // leader: renew
+        "cluster certificates.k8s.io/certificatesigningrequests list", // signer's Controller
+        "cluster certificates.k8s.io/certificatesigningrequests watch", // signer's Controller
+        "cluster certificates.k8s.io/certificatesigningrequests delete", // signer: cleanup
+        "cluster certificates.k8s.io/certificatesigningrequests/approval update", // approve, deny
+        "cluster certificates.k8s.io/certificatesigningrequests/status update", // the certificate
+        "cluster certificates.k8s.io/signers approve ferry.dev/transfer", // checked on approval
+        "cluster certificates.k8s.io/signers sign ferry.dev/transfer", // checked on the certificate
+        "ferry-system core/configmaps create", // signer: the first trust bundle
+        "ferry-system core/configmaps get ferry-transfer-trust", // signer: publish
+        "ferry-system core/configmaps update ferry-transfer-trust", // signer: publish
     ])
 }
 
@@ -995,6 +1033,15 @@ fn agent_permissions() -> BTreeSet<String> {
         "cluster core/nodes get",                         // own_roots: its Node's labels
         "ferry-system coordination.k8s.io/leases create", // heartbeat apply, first time
         "ferry-system coordination.k8s.io/leases patch",  // heartbeat apply
+        // Its transfer certificate (issue 14): requested, then read until issued.
+        "cluster certificates.k8s.io/certificatesigningrequests create",
+        "cluster certificates.k8s.io/certificatesigningrequests get",
+        "cluster certificates.k8s.io/certificatesigningrequests list",
+        "cluster certificates.k8s.io/certificatesigningrequests watch",
+        // The trust bundle, by name.
+        "ferry-system core/configmaps get ferry-transfer-trust",
+        "ferry-system core/configmaps list ferry-transfer-trust",
+        "ferry-system core/configmaps watch ferry-transfer-trust",
     ])
 }
 
@@ -1150,6 +1197,67 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         (ag, &["list", "pods", "-A"], false),
         (ag, &["patch", "nodes"], false),
         (ag, &["patch", "leases", "-n", "kube-system"], false),
+        // The transfer certificates: the operator decides on requests; agents make them
+        // (signers, below).
+        (
+            op,
+            &[
+                "update",
+                "certificatesigningrequests.certificates.k8s.io",
+                "--subresource=approval",
+            ],
+            true,
+        ),
+        (
+            op,
+            &["create", "certificatesigningrequests.certificates.k8s.io"],
+            false,
+        ),
+        (
+            op,
+            &["update", "configmaps/ferry-transfer-trust", "-n", NS],
+            true,
+        ),
+        (
+            op,
+            &["update", "configmaps/ferry-dashboards", "-n", NS],
+            false,
+        ),
+        (op, &["get", "configmaps", "-n", "team"], false),
+        (
+            ag,
+            &["create", "certificatesigningrequests.certificates.k8s.io"],
+            true,
+        ),
+        (
+            ag,
+            &[
+                "update",
+                "certificatesigningrequests.certificates.k8s.io",
+                "--subresource=approval",
+            ],
+            false,
+        ),
+        (
+            ag,
+            &[
+                "update",
+                "certificatesigningrequests.certificates.k8s.io",
+                "--subresource=status",
+            ],
+            false,
+        ),
+        (
+            ag,
+            &["get", "configmaps/ferry-transfer-trust", "-n", NS],
+            true,
+        ),
+        (
+            ag,
+            &["update", "configmaps/ferry-transfer-trust", "-n", NS],
+            false,
+        ),
+        (ag, &["get", "configmaps/ferry-dashboards", "-n", NS], false),
     ];
     let mut wrong = Vec::new();
     for (who, question, want) in checks {
@@ -1159,6 +1267,35 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
                 "{}: can-i {} is {got}, expected {want}",
                 who[0],
                 question.join(" ")
+            ));
+        }
+    }
+    // Signers, which `kubectl auth can-i` cannot ask about (their names hold a '/'): the
+    // operator approves and signs for Ferry's signer only, never for Kubernetes' own (a
+    // kubelet's or an API client's certificate); agents do neither.
+    for (sa, verb, signer, want) in [
+        ("ferry-operator", "approve", "ferry.dev/transfer", true),
+        ("ferry-operator", "sign", "ferry.dev/transfer", true),
+        ("ferry-operator", "approve", "ferry.dev/other", false),
+        (
+            "ferry-operator",
+            "approve",
+            "kubernetes.io/kube-apiserver-client",
+            false,
+        ),
+        (
+            "ferry-operator",
+            "sign",
+            "kubernetes.io/kubelet-serving",
+            false,
+        ),
+        ("ferry-agent", "approve", "ferry.dev/transfer", false),
+        ("ferry-agent", "sign", "ferry.dev/transfer", false),
+    ] {
+        let got = may_for_signer(&cp, sa, verb, signer)?;
+        if got != want {
+            wrong.push(format!(
+                "{sa}: {verb} signer {signer} is {got}, expected {want}"
             ));
         }
     }

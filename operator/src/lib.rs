@@ -1,13 +1,13 @@
 //! The Ferry operator: validation (the second of three checks: CRD rules at admission,
 //! this, the agent at open time), volume resolution, shard scheduling, the CopyJob
-//! reconciler, the CopySchedule controller, leader election, and the metrics and readiness
-//! served on `--listen`.
+//! reconciler, the CopySchedule controller, the signer of the agents' transfer certificates,
+//! leader election, and the metrics and readiness served on `--listen`.
 //!
 //! Modules depend one way: `controller` (wiring) on `apply` (the finalizer's two sides),
 //! which uses `resolve`, `decide`, `status`, `schedule` and `heartbeat`; `copyschedule`
 //! (its own wiring and I/O) on `copyschedule::decide`, which uses `cron`, `status` and
 //! `validate`; `metrics` (which reads schedules with `cron`) and `leader` know nothing of
-//! the controllers (`main` passes what they need in).
+//! the controllers (`main` passes what they need in); `signer` stands alone.
 
 pub mod apply;
 pub mod controller;
@@ -18,6 +18,7 @@ pub mod heartbeat;
 pub mod leader;
 pub mod metrics;
 pub mod schedule;
+pub mod signer;
 pub mod status;
 
 /// The tenant rules and volume resolution, shared with the agents.

@@ -1,4 +1,5 @@
-//! `ferry-operator`: reconciles CopyJobs and CopySchedules (the leading replica only).
+//! `ferry-operator`: reconciles CopyJobs and CopySchedules and signs the agents' transfer
+//! certificates (the leading replica only).
 //! Uses the in-cluster config, or KUBECONFIG.
 //! Serves `/metrics`, `/healthz` and `/readyz` on `--listen` from the start, leader or not.
 
@@ -21,6 +22,14 @@ struct Args {
     /// moves to another agent as soon as the heartbeat expires.)
     #[arg(long, env = "FERRY_NODE_UNAVAILABLE_AFTER", default_value_t = 300)]
     node_unavailable_after: u64,
+    /// The agents' ServiceAccount (in the operator's namespace): the only requester whose
+    /// `ferry.dev/transfer` certificate requests are approved.
+    #[arg(
+        long,
+        env = "FERRY_AGENT_SERVICE_ACCOUNT",
+        default_value = "ferry-agent"
+    )]
+    agent_service_account: String,
 }
 
 #[tokio::main]
@@ -61,7 +70,7 @@ async fn main() -> anyhow::Result<()> {
         move |leading| health.lease_checked(leading)
     })
     .await;
-    // Both controllers stop on SIGTERM; the process ends when both have.
+    // The controllers and the signer stop on SIGTERM; the process ends when all have.
     tokio::join!(
         ferry_operator::controller::run(
             client.clone(),
@@ -69,7 +78,8 @@ async fn main() -> anyhow::Result<()> {
             &health,
             std::time::Duration::from_secs(args.node_unavailable_after),
         ),
-        ferry_operator::copyschedule::run(client, &health),
+        ferry_operator::copyschedule::run(client.clone(), &health),
+        ferry_operator::signer::run(client, &namespace, &args.agent_service_account),
     );
     Ok(())
 }

@@ -7,9 +7,10 @@
 //!
 //! **The CA.** Each install has its own certificate authority ([`Ca`]): a self-signed ECDSA
 //! P-256 certificate with `CA:true, pathlen:0` (it signs node certificates and nothing that
-//! signs further), `keyCertSign`, valid for ten years. Only the operator holds its private key
-//! (a Secret in the operator's namespace that no agent can read); agents only ever see the CA
-//! *certificate*, in the trust bundle.
+//! signs further), `keyCertSign`, valid for ten years. Its private key exists only in the
+//! memory of the leading operator replica (`operator/src/signer.rs`), never in a Secret: a new
+//! leader makes a new CA and adds its certificate to the bundle beside the old ones (below).
+//! Agents only ever see CA *certificates*, in the trust bundle.
 //!
 //! **A node's identity.** A node certificate names its node in exactly one SAN, the URI
 //! `spiffe://ferry.dev/node/<node>` ([`node_uri`]), and nothing else: no DNS names or IPs,
@@ -30,11 +31,11 @@
 //!
 //! **Lifetimes and rotation.** Node certificates live 24 hours and an agent renews at 2/3 of
 //! its certificate's lifetime (a new key and CSR), so a lost node key is useful for a day at
-//! most and no revocation lists are needed. The CA is rotated by overlap: the operator
-//! generates a new CA and publishes a bundle holding *both* CA certificates; once every agent
-//! trusts the bundle, the operator signs with the new CA only; once every node certificate
-//! signed by the old CA has expired (24 hours, plus margin), the old CA leaves the bundle.
-//! At every step each pair of agents shares at least one trusted issuer.
+//! most and no revocation lists are needed. The CA is rotated by overlap, every time the
+//! leader changes: the new leader publishes its CA certificate beside the old ones before it
+//! signs anything, and an old CA leaves the bundle 48 hours after a newer one joined (every
+//! node certificate it signed has expired by then). Each pair of agents keeps a trusted
+//! issuer in common as long as agents reload the bundle before they renew.
 
 mod ca;
 mod error;
