@@ -65,6 +65,11 @@ pub struct RunArgs {
     /// after its last renewal, before anyone else may take over.
     #[arg(long, env = "FERRY_LEASE_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(i32).range(3..=3600))]
     pub lease_seconds: i32,
+    /// Address of the transfer port, where other agents reach the sources this node sends
+    /// (mutual TLS with a certificate the operator issues for this node; asked for at
+    /// start). Unset: no transfer port, no certificate request.
+    #[arg(long, env = "FERRY_TRANSFER_LISTEN")]
+    pub transfer_listen: Option<std::net::SocketAddr>,
 }
 
 /// A policy flag: the command line's spelling (`if-changed`), or the API's (`IfChanged`).

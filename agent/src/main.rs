@@ -22,6 +22,7 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         max_shards: args.max_shards.into(),
         listen: args.listen,
         lease_seconds: args.lease_seconds,
+        transfer_listen: args.transfer_listen,
         file_delay: std::env::var("FERRY_FAULT_FILE_DELAY_MS")
             .ok()
             .and_then(|v| v.parse().ok())

@@ -115,10 +115,25 @@ pub trait Grants: Send + Sync + 'static {
     fn grant(&self, job: &str, shard: u32, epoch: u64) -> Option<Grant>;
 }
 
-/// Serve the transfer port: every connection is authenticated (TLS, then its hello) and
-/// then served on a blocking thread, at most [`MAX_CONNECTIONS`] at once.
-pub async fn serve(listener: TcpListener, tls: Arc<Tls>, grants: Arc<dyn Grants>) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+/// No grants: what an agent serves until the operator pairs senders with receivers
+/// (every hello is refused).
+#[derive(Debug)]
+pub struct NoGrants;
+
+impl Grants for NoGrants {
+    fn grant(&self, _: &str, _: u32, _: u64) -> Option<Grant> {
+        None
+    }
+}
+
+/// Serve the transfer port: every connection is authenticated (TLS with the newest
+/// identity on `identity`, then its hello) and then served on a blocking thread, at most
+/// [`MAX_CONNECTIONS`] at once. Without an identity yet, connections are closed unanswered.
+pub async fn serve(
+    listener: TcpListener,
+    identity: tokio::sync::watch::Receiver<Option<Arc<Tls>>>,
+    grants: Arc<dyn Grants>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -132,7 +147,11 @@ pub async fn serve(listener: TcpListener, tls: Arc<Tls>, grants: Arc<dyn Grants>
                 continue;
             }
         };
-        let acceptor = acceptor.clone();
+        let Some(tls) = identity.borrow().clone() else {
+            tracing::info!(%peer, "transfer connection closed: no certificate for this node yet");
+            continue;
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
         let grants = grants.clone();
         tokio::spawn(async move {
             if let Err(e) = connection(acceptor, tcp, grants).await {

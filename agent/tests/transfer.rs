@@ -82,7 +82,8 @@ async fn setup() -> Result<Setup> {
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(serve(listener, node_a, table.clone() as Arc<dyn Grants>));
+    let (_, identity) = tokio::sync::watch::channel(Some(node_a));
+    tokio::spawn(serve(listener, identity, table.clone() as Arc<dyn Grants>));
     let dst = tmp.path().join("node-b/volume/copy");
     mkdir(dst.parent().context("parent")?)?;
     Ok(Setup {

@@ -464,3 +464,99 @@ fn a_restarted_operator_adds_its_ca_beside_the_old_one_and_signs_with_it_while_o
 
     nothing_forbidden(&cp)
 }
+
+/// Dial the transfer port at `addr` as `me`, expecting node `expect` there; send a hello for
+/// a shard no one granted; the sender's answer (or why there was none).
+fn hello_at(addr: &str, me: &NodeIdentity, trust: &str, expect: &str) -> Result<String> {
+    use ferry_transfer::frame::{read_frame, write_frame, Frame, VERSION};
+    let trust = Trust::from_pem(trust)?;
+    let config = client_config(&trust, &me.cert_pem, &me.key_pem, expect)?;
+    let tcp = std::net::TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let conn = rustls::ClientConnection::new(config, ferry_link::server_name())?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let hello = Frame::Hello {
+        version: VERSION,
+        job: b"0b5e2c1e-0000-0000-0000-000000000000".to_vec(),
+        shard: 0,
+        epoch: 1,
+        ticket: [1; 32],
+    };
+    write_frame(&mut tls, &hello, &mut Vec::new())?;
+    std::io::Write::flush(&mut tls)?;
+    match read_frame(&mut tls, &mut Vec::new())? {
+        Frame::Refused { reason } => Ok(reason),
+        other => bail!("the transfer port answered {other:?}"),
+    }
+}
+
+#[test]
+fn an_agent_with_a_transfer_port_gets_its_own_certificate_and_answers_only_this_installs_peers(
+) -> Result<()> {
+    let Some((cp, _operator)) = cluster()? else {
+        return Ok(());
+    };
+    let addr = format!("127.0.0.2:{}", ferry_e2e::free_port()?);
+    let kc = agent(&cp, "node-a")?;
+    let _agent = cp.spawn_agent(
+        "node-a",
+        &[
+            ("KUBECONFIG", &kc.to_string_lossy()),
+            ("FERRY_TRANSFER_LISTEN", &addr),
+        ],
+    )?;
+    // The agent's own request, made with its token: issued, for node-a.
+    let start = Instant::now();
+    let ours = loop {
+        let all: Value = serde_json::from_str(&cp.kubectl_ok(&["get", "csr", "-o", "json"])?)?;
+        let found = all["items"].as_array().into_iter().flatten().find(|c| {
+            c["spec"]["username"] == AGENT
+                && c["spec"]["signerName"] == SIGNER
+                && !c["status"]["certificate"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .is_empty()
+        });
+        if let Some(c) = found {
+            break c.clone();
+        }
+        ensure!(
+            start.elapsed() < STARTED_WITHIN,
+            "the agent's certificate was not issued: {}\nagent:\n{}",
+            all["items"],
+            cp.log_tail("agent-node-a.log", 15)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(ours["status"]["certificate"].as_str().unwrap_or_default())?;
+    ensure!(ferry_link::node_of_pem(std::str::from_utf8(&pem)?)? == "node-a");
+    ensure!(
+        ours["spec"]["extra"]["authentication.kubernetes.io/node-name"][0] == "node-a",
+        "{}",
+        ours["spec"]
+    );
+
+    // A peer of this install (node-b's identity, as node-b's agent gets it) reaches node-a's
+    // transfer port over mutual TLS; the hello for a shard nobody granted is refused, with
+    // the reason. (The agent may still be reading the bundle: it is given a few seconds.)
+    let b = issued(&cp, "peer-b", "node-b")?;
+    let trust: Vec<String> = bundle_of(&cp, 1)?.into_values().collect();
+    let trust = trust.join("\n");
+    let start = Instant::now();
+    let reason = loop {
+        match hello_at(&addr, &b, &trust, "node-a") {
+            Ok(r) => break r,
+            Err(e) if start.elapsed() < DECIDED_WITHIN => {
+                eprintln!("not yet: {e:#}");
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => return Err(e.context(cp.log_tail("agent-node-a.log", 15))),
+        }
+    };
+    ensure!(reason.contains("no grant"), "{reason}");
+    // A client that dialled node-b at node-a's port refuses the server.
+    let wrong = hello_at(&addr, &b, &trust, "node-b");
+    ensure!(wrong.is_err(), "node-a's port passed for node-b: {wrong:?}");
+    Ok(())
+}

@@ -9,6 +9,7 @@
 //! shard (`error`: why a run ended without a state of its own), `publish` writes its
 //! status, `manifest` joins a split job's manifests.
 
+mod certs;
 mod error;
 mod fence;
 mod journal;
@@ -57,6 +58,12 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    #[error("listen on {addr} for the transfer port (--transfer-listen)")]
+    TransferListen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What every shard task shares.
@@ -97,6 +104,24 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             health: health.clone(),
         }),
     ));
+    if let Some(addr) = settings.transfer_listen {
+        // The transfer port: this node's certificate is asked for now; until the operator
+        // pairs senders with receivers, every hello is refused (no grants).
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| RunError::TransferListen { addr, source })?;
+        tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving the transfer port");
+        let identity = certs::start(
+            client.clone(),
+            settings.node.clone(),
+            settings.namespace.clone(),
+        );
+        tokio::spawn(crate::transfer::serve(
+            listener,
+            identity,
+            Arc::new(crate::transfer::NoGrants),
+        ));
+    }
     let fence = Arc::new(Fence::new(settings.lease_seconds));
     tokio::spawn(fence::heartbeat(
         client.clone(),

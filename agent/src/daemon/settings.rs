@@ -29,4 +29,6 @@ pub struct Settings {
     pub listen: std::net::SocketAddr,
     /// Duration of the heartbeat Lease (renewed every third of it).
     pub lease_seconds: i32,
+    /// Address of the transfer port, if this agent serves one.
+    pub transfer_listen: Option<std::net::SocketAddr>,
 }
