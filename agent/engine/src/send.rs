@@ -1087,8 +1087,9 @@ impl<W: Write + Send> Half<'_, W> {
     }
 }
 
-/// The path of entry `name` of directory `dir` (both from the top).
-fn child(dir: &[u8], name: &[u8]) -> Vec<u8> {
+/// The path of entry `name` of directory `dir` (both from the top, `/` between components):
+/// the paths both halves name entries by.
+pub(crate) fn child(dir: &[u8], name: &[u8]) -> Vec<u8> {
     match dir.is_empty() {
         true => name.to_vec(),
         false => [dir, b"/", name].concat(),

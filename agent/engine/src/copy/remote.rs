@@ -17,7 +17,7 @@ use ferry_transfer::{Entry, Kind, Time, Xattr};
 use crate::data::{self, Moved};
 use crate::progress::Strategy;
 use crate::recv::{Connection, CREDIT};
-use crate::send::fingerprint;
+use crate::send::{child, fingerprint};
 use crate::sys::{self, Stat};
 
 use super::failure::source_changed;
@@ -36,15 +36,6 @@ impl SrcDir {
         match self {
             SrcDir::Fd(fd) => Some(fd.as_fd()),
             SrcDir::Remote(_) => None,
-        }
-    }
-
-    /// The path of its entry `name` from the top (remote only).
-    fn child(&self, name: &CStr) -> Vec<u8> {
-        match self {
-            SrcDir::Remote(p) if p.is_empty() => name.to_bytes().to_vec(),
-            SrcDir::Remote(p) => [p.as_slice(), b"/", name.to_bytes()].concat(),
-            SrcDir::Fd(_) => name.to_bytes().to_vec(),
         }
     }
 }
@@ -152,14 +143,6 @@ pub(super) fn rec_of(e: Entry, inline: Option<(Vec<u8>, Option<u128>)>) -> Rec {
     }
 }
 
-/// The path `rel` (from the top) of a remote directory's entry.
-fn join(dir: &[u8], name: &CStr) -> Vec<u8> {
-    match dir.is_empty() {
-        true => name.to_bytes().to_vec(),
-        false => [dir, b"/", name.to_bytes()].concat(),
-    }
-}
-
 impl Ctx<'_> {
     fn conn(&self) -> io::Result<&Arc<Connection>> {
         self.remote
@@ -195,7 +178,7 @@ impl Ctx<'_> {
         }
         match &dir.src {
             SrcDir::Fd(fd) => sys::lstatat(fd.as_fd(), name),
-            SrcDir::Remote(p) => self.remote_stat(&join(p, name)).map(|r| r.st),
+            SrcDir::Remote(p) => self.remote_stat(&child(p, name.to_bytes())).map(|r| r.st),
         }
     }
 
@@ -211,7 +194,7 @@ impl Ctx<'_> {
         match &dir.src {
             SrcDir::Fd(_) => self.open_source(dir, name, flags).map(SrcFile::Fd),
             SrcDir::Remote(p) => {
-                let path = join(p, name);
+                let path = child(p, name.to_bytes());
                 let (st, xattrs, inline) = match rec {
                     Some(r) => (r.st, r.xattrs.clone(), r.inline.clone()),
                     None => {
@@ -246,7 +229,7 @@ impl Ctx<'_> {
         match &dir.src {
             SrcDir::Fd(fd) => sys::readlinkat(fd.as_fd(), name),
             SrcDir::Remote(p) => self
-                .remote_stat(&join(p, name))?
+                .remote_stat(&child(p, name.to_bytes()))?
                 .target
                 .ok_or_else(|| source_changed("the source stopped being a symlink".into())),
         }
@@ -267,8 +250,8 @@ impl Ctx<'_> {
                 let st = sys::fstat(fd.as_fd())?;
                 Ok((SrcDir::Fd(fd), st, Vec::new()))
             }
-            SrcDir::Remote(_) => {
-                let path = parent.src.child(name);
+            SrcDir::Remote(p) => {
+                let path = child(p, name.to_bytes());
                 let (st, xattrs) = match rec {
                     Some(r) => (r.st, r.xattrs.clone()),
                     None => {
