@@ -158,6 +158,36 @@ impl ControlPlane {
         self.dir.path()
     }
 
+    /// What an operator does before `kubectl apply` of a rendered chart: namespace `ns`,
+    /// labelled for the privileged agent; then `deploy/<file>` server-side, and its CRDs
+    /// served.
+    pub fn install_rendered(&self, ns: &str, file: &str) -> Result<()> {
+        self.kubectl_ok(&["create", "namespace", ns])?;
+        self.kubectl_ok(&[
+            "label",
+            "namespace",
+            ns,
+            "pod-security.kubernetes.io/enforce=privileged",
+        ])?;
+        let path = repo_root().join("deploy").join(file);
+        let out = self.kubectl(&["apply", "--server-side", "-f", &path.to_string_lossy()])?;
+        if !out.status.success() {
+            bail!(
+                "the apiserver refused deploy/{file}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/copyjobs.ferry.dev",
+            "crd/storageroots.ferry.dev",
+            "crd/copyschedules.ferry.dev",
+        ])?;
+        Ok(())
+    }
+
     /// Apply the chart's generated CRDs and wait until they are served.
     pub fn install_crds(&self) -> Result<()> {
         let crds = repo_root().join("charts/ferry/crds");

@@ -31,34 +31,6 @@ fn service_account(sa: &str) -> String {
     format!("system:serviceaccount:{NS}:{sa}")
 }
 
-/// What an operator does before `kubectl apply`: the namespace, labelled for the privileged
-/// agent; then the rendered file, server-side, and its CRDs served.
-fn install(cp: &ControlPlane, file: &str) -> Result<()> {
-    cp.kubectl_ok(&["create", "namespace", NS])?;
-    cp.kubectl_ok(&[
-        "label",
-        "namespace",
-        NS,
-        "pod-security.kubernetes.io/enforce=privileged",
-    ])?;
-    let path = rendered(file);
-    let out = cp.kubectl(&["apply", "--server-side", "-f", &path.to_string_lossy()])?;
-    ensure!(
-        out.status.success(),
-        "the apiserver refused deploy/{file}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/copyjobs.ferry.dev",
-        "crd/storageroots.ferry.dev",
-        "crd/copyschedules.ferry.dev",
-    ])?;
-    Ok(())
-}
-
 /// Every object of a rendered multi-document YAML file, as JSON.
 fn documents(path: &Path) -> Result<Vec<Value>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
@@ -150,7 +122,7 @@ fn rendered_chart_is_accepted_by_the_apiserver_and_the_agent_pod_needs_a_privile
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(());
     };
-    install(&cp, "ferry.yaml")?;
+    cp.install_rendered(NS, "ferry.yaml")?;
     // Everything the file holds now exists (the apply reported no error, and nothing was
     // skipped).
     let mut expected = BTreeSet::new();
@@ -414,7 +386,7 @@ fn monitoring_render_is_accepted_by_the_prometheus_operator_crds_and_scrapes_the
         "crd/podmonitors.monitoring.coreos.com",
         "crd/prometheusrules.monitoring.coreos.com",
     ])?;
-    install(&cp, "ferry-monitoring.yaml")?;
+    cp.install_rendered(NS, "ferry-monitoring.yaml")?;
 
     // The ServiceMonitor finds the operator's Service (and only it) and names its port.
     let sm = get_json(&cp, &["get", "servicemonitor", "ferry-operator", "-n", NS])?;
@@ -631,7 +603,7 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(());
     };
-    install(&cp, "ferry.yaml")?;
+    cp.install_rendered(NS, "ferry.yaml")?;
     for node in NODES {
         cp.add_node(node)?;
     }
@@ -1105,7 +1077,7 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(());
     };
-    install(&cp, "ferry.yaml")?;
+    cp.install_rendered(NS, "ferry.yaml")?;
     cp.kubectl_ok(&["create", "namespace", "team"])?;
     // The apiserver agrees with the list above, and denies the rest.
     let operator_as = as_component("ferry-operator");

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, ensure, Context, Result};
 use base64::Engine as _;
-use ferry_e2e::{repo_root, ControlPlane, Proc};
+use ferry_e2e::{ControlPlane, Proc};
 use ferry_link::{client_config, server_config, NodeKey, Trust};
 use serde_json::Value;
 
@@ -29,26 +29,6 @@ const AGENT: &str = "system:serviceaccount:ferry-system:ferry-agent";
 const DECIDED_WITHIN: Duration = Duration::from_secs(20);
 /// The operator's start (a build of the binary if stale, leadership, the bundle).
 const STARTED_WITHIN: Duration = Duration::from_secs(60);
-
-/// The chart as `kubectl apply` installs it: the namespace labelled for the privileged agent,
-/// then deploy/ferry.yaml (its RBAC is what the operator and agents run on here).
-fn install(cp: &ControlPlane) -> Result<()> {
-    cp.kubectl_ok(&["create", "namespace", NS])?;
-    cp.kubectl_ok(&[
-        "label",
-        "namespace",
-        NS,
-        "pod-security.kubernetes.io/enforce=privileged",
-    ])?;
-    let path = repo_root().join("deploy/ferry.yaml");
-    let out = cp.kubectl(&["apply", "--server-side", "-f", &path.to_string_lossy()])?;
-    ensure!(
-        out.status.success(),
-        "the apiserver refused deploy/ferry.yaml: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
 
 /// The operator on its ServiceAccount's token, logging to `operator.log` (appended to across
 /// restarts).
@@ -69,7 +49,9 @@ fn cluster() -> Result<Option<(ControlPlane, Proc)>> {
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(None);
     };
-    install(&cp)?;
+    // The chart as `kubectl apply` installs it (its RBAC is what the operator and agents
+    // run on here).
+    cp.install_rendered(NS, "ferry.yaml")?;
     for node in ["node-a", "node-b"] {
         cp.add_node(node)?;
     }
