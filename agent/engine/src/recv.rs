@@ -28,6 +28,8 @@ pub struct Connection {
     next: AtomicU32,
     /// Why the connection is over, once it is.
     lost: Mutex<Option<String>>,
+    /// `lost` is set: read without the lock, as every worker asks before every entry.
+    is_lost: std::sync::atomic::AtomicBool,
     /// File bytes that arrived, data and inline (for the summary and metrics).
     received: std::sync::atomic::AtomicU64,
 }
@@ -52,6 +54,7 @@ impl Connection {
             waiting: Mutex::new(HashMap::new()),
             next: AtomicU32::new(1),
             lost: Mutex::new(None),
+            is_lost: Default::default(),
             received: Default::default(),
         });
         let weak = Arc::downgrade(&conn);
@@ -63,6 +66,9 @@ impl Connection {
 
     /// Why the connection ended, if it has.
     pub fn lost(&self) -> Option<String> {
+        if !self.is_lost.load(Ordering::Acquire) {
+            return None;
+        }
         lock(&self.lost).clone()
     }
 
@@ -73,6 +79,7 @@ impl Connection {
 
     fn lose(&self, why: String) {
         lock(&self.lost).get_or_insert(why);
+        self.is_lost.store(true, Ordering::Release);
         // Every worker waiting on an answer wakes to a closed channel.
         lock(&self.waiting).clear();
     }
