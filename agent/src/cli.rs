@@ -70,6 +70,11 @@ pub struct RunArgs {
     /// start). Unset: no transfer port, no certificate request.
     #[arg(long, env = "FERRY_TRANSFER_LISTEN")]
     pub transfer_listen: Option<std::net::SocketAddr>,
+    /// Where other agents reach the transfer port (`address:port`), published in this
+    /// node's heartbeat Lease. Unset: the --transfer-listen address, or, when that is
+    /// 0.0.0.0 or [::], the pod's IP (POD_IP) with its port.
+    #[arg(long, env = "FERRY_TRANSFER_ADDRESS", requires = "transfer_listen")]
+    pub transfer_address: Option<String>,
 }
 
 /// A policy flag: the command line's spelling (`if-changed`), or the API's (`IfChanged`).

@@ -163,8 +163,7 @@ fn two_halves(
         workers: opts.workers_resolved(),
         reserved_top: opts.reserved_top.clone(),
         xattrs: opts.preserve.xattrs,
-        bandwidth_limit: None,
-        corrupt_in_flight: None,
+        ..SendOptions::default()
     };
     let reader = theirs.try_clone().map_err(io("socketpair"))?;
     let sender = std::thread::spawn(move || serve(&top, reader, theirs, &send_opts));

@@ -23,6 +23,10 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         listen: args.listen,
         lease_seconds: args.lease_seconds,
         transfer_listen: args.transfer_listen,
+        transfer_address: args.transfer_address,
+        corrupt_in_flight: std::env::var("FERRY_FAULT_CORRUPT_IN_FLIGHT")
+            .ok()
+            .filter(|v| !v.is_empty()),
         file_delay: std::env::var("FERRY_FAULT_FILE_DELAY_MS")
             .ok()
             .and_then(|v| v.parse().ok())

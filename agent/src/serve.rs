@@ -58,6 +58,16 @@ pub struct Metrics {
     /// `ferry_agent_ready`: what `/readyz` answers, as 1 or 0 (set at each scrape).
     pub ready: IntGauge,
     jobs: Arc<JobGauges>,
+    /// `ferry_agent_network_bytes_total{direction, namespace, job}`: file bytes of copies
+    /// between nodes, sent (as a sender) or received (as a receiver).
+    pub network_bytes: IntCounterVec,
+    /// The jobs `network_bytes` has series of, to drop them with the job.
+    network_jobs: Arc<Mutex<HashSet<(String, String)>>>,
+    /// `ferry_agent_network_connections{role}`: open transfer connections.
+    pub connections: IntGaugeVec,
+    /// `ferry_agent_network_redials_total`: connections to a sender dialled again after one
+    /// was lost mid-copy.
+    pub redials: IntCounter,
 }
 
 /// The per-job progress gauges and the per-shard numbers they add up.
@@ -144,8 +154,32 @@ impl Metrics {
             )?,
             shards: Mutex::default(),
         });
+        let network_bytes = IntCounterVec::new(
+            Opts::new(
+                "ferry_agent_network_bytes_total",
+                "File bytes of copies between nodes, by direction (sent: served as a sender; received: as a receiver) and CopyJob (holes are not sent)",
+            ),
+            &["direction", "namespace", "job"],
+        )?;
+        let connections = IntGaugeVec::new(
+            Opts::new(
+                "ferry_agent_network_connections",
+                "Open transfer connections of copies between nodes, by role (sender, receiver)",
+            ),
+            &["role"],
+        )?;
+        let redials = IntCounter::new(
+            "ferry_agent_network_redials_total",
+            "Connections to a sender dialled again after one was lost mid-copy (the copy resumes)",
+        )?;
+        for role in ["sender", "receiver"] {
+            connections.with_label_values(&[role]);
+        }
         for c in [
-            Box::new(bytes.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(network_bytes.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(connections.clone()),
+            Box::new(redials.clone()),
+            Box::new(bytes.clone()),
             Box::new(files.clone()),
             Box::new(failures.clone()),
             Box::new(bytes_verified.clone()),
@@ -181,7 +215,20 @@ impl Metrics {
             active_shards,
             ready,
             jobs,
+            network_bytes,
+            network_jobs: Arc::default(),
+            connections,
+            redials,
         })
+    }
+
+    /// `n` more file bytes of `namespace/job` crossed the network in `direction` (`sent` or
+    /// `received`).
+    pub fn network(&self, direction: &str, namespace: &str, job: &str, n: u64) {
+        lock(&self.network_jobs).insert((namespace.to_string(), job.to_string()));
+        self.network_bytes
+            .with_label_values(&[direction, namespace, job])
+            .inc_by(n);
     }
 
     /// `bytes` reached a destination by `strategy`.
@@ -243,6 +290,13 @@ impl Metrics {
 
     /// The job is gone: its series go too (Prometheus marks them stale at the next scrape).
     pub fn forget_job(&self, namespace: &str, job: &str) {
+        if lock(&self.network_jobs).remove(&(namespace.to_string(), job.to_string())) {
+            for direction in ["sent", "received"] {
+                let _ = self
+                    .network_bytes
+                    .remove_label_values(&[direction, namespace, job]);
+            }
+        }
         let mut all = lock(&self.jobs.shards);
         if all
             .remove(&(namespace.to_string(), job.to_string()))
@@ -262,11 +316,17 @@ impl Metrics {
     /// After a full list of the CopyJobs: forget every job that is not in it (deleted while
     /// the watch was down, so no delete event came).
     pub fn retain_jobs(&self, existing: &HashSet<(String, String)>) {
-        let gone: Vec<(String, String)> = lock(&self.jobs.shards)
+        let mut gone: Vec<(String, String)> = lock(&self.jobs.shards)
             .keys()
             .filter(|k| !existing.contains(*k))
             .cloned()
             .collect();
+        gone.extend(
+            lock(&self.network_jobs)
+                .iter()
+                .filter(|k| !existing.contains(*k))
+                .cloned(),
+        );
         for (ns, job) in gone {
             self.forget_job(&ns, &job);
         }

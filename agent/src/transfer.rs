@@ -12,9 +12,10 @@
 //! Then the connection carries the engine's protocol (`ferry_engine::send` on this side,
 //! `ferry_engine::recv` on the other), on blocking threads bridged to the TLS stream.
 
-use std::ffi::CString;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,8 +92,18 @@ impl Tls {
     }
 }
 
+/// Opens the source a grant serves, on a blocking thread, once the receiver is let in.
+pub type OpenSource = Arc<dyn Fn() -> Result<SourceTop, String> + Send + Sync>;
+
+/// A source at a host path the caller resolved and trusts (tests, the `copy` CLI).
+pub fn open_path(path: PathBuf) -> OpenSource {
+    Arc::new(move || {
+        SourceTop::open(&path).map_err(|e| format!("opening the source {}: {e}", path.display()))
+    })
+}
+
 /// What a sender may serve: one shard, at one epoch, to one receiver node, with its ticket.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Grant {
     /// The CopyJob's UID.
     pub job: String,
@@ -101,28 +112,54 @@ pub struct Grant {
     /// The node whose agent may receive it (the one its certificate must name).
     pub receiver: String,
     pub ticket: [u8; 32],
-    /// The shard's source on this node: a host path this agent resolved itself.
-    pub source: PathBuf,
-    pub reserved_top: Option<CString>,
-    pub xattrs: bool,
-    /// Threads serving it; 0 for the engine's default (adaptive) pool.
-    pub workers: usize,
+    /// The shard's source on this node, resolved by this agent itself.
+    pub open: OpenSource,
+    /// How it is served (threads, the reserved name, xattrs, the bandwidth limit, the filter
+    /// a count applies).
+    pub options: SendOptions,
+    /// The CopyJob's namespace and name, for the metrics.
+    pub named: (String, String),
 }
 
-/// Where a sender looks up its grants (the agent: from the CopyJobs it watches and the
-/// tickets the operator wrote).
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant")
+            .field("job", &self.job)
+            .field("shard", &self.shard)
+            .field("epoch", &self.epoch)
+            .field("receiver", &self.receiver)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a sender looks up its grants (the agent: the ticket Secret the operator wrote for
+/// the job, and the source it resolves itself). `Err`: why there is none, said to the
+/// receiver (a peer with this install's certificate) in the refusal.
 pub trait Grants: Send + Sync + 'static {
-    fn grant(&self, job: &str, shard: u32, epoch: u64) -> Option<Grant>;
+    fn grant<'a>(
+        &'a self,
+        job: &'a str,
+        shard: u32,
+        epoch: u64,
+    ) -> Pin<Box<dyn Future<Output = Result<Grant, String>> + Send + 'a>>;
 }
 
-/// No grants: what an agent serves until the operator pairs senders with receivers
-/// (every hello is refused).
+/// No grants: every hello is refused.
 #[derive(Debug)]
 pub struct NoGrants;
 
 impl Grants for NoGrants {
-    fn grant(&self, _: &str, _: u32, _: u64) -> Option<Grant> {
-        None
+    fn grant<'a>(
+        &'a self,
+        job: &'a str,
+        shard: u32,
+        epoch: u64,
+    ) -> Pin<Box<dyn Future<Output = Result<Grant, String>> + Send + 'a>> {
+        Box::pin(async move {
+            Err(format!(
+                "this node holds no grant for shard {shard} of job {job} at epoch {epoch}"
+            ))
+        })
     }
 }
 
@@ -199,23 +236,38 @@ async fn connection(
         ));
     };
     let job = String::from_utf8_lossy(&job).into_owned();
-    let refusal = match grants.grant(&job, shard, epoch) {
-        _ if version != VERSION => Err(format!(
+    let found = match version {
+        VERSION => timed("looking up the grant", grants.grant(&job, shard, epoch)).await?,
+        _ => Err(format!(
             "protocol version {version}; this agent speaks {VERSION}: run one Ferry version on every node"
         )),
-        None => Err(format!(
-            "this node holds no grant for shard {shard} of job {job} at epoch {epoch}"
-        )),
-        Some(g) if g.receiver != peer => Err(format!(
+    };
+    let refusal = match found {
+        Err(why) => Err(why),
+        Ok(g) if g.receiver != peer => Err(format!(
             "shard {shard} of job {job} is not node {peer}'s to receive"
         )),
-        Some(g) if !same(&g.ticket, &ticket) => {
+        Ok(g) if !same(&g.ticket, &ticket) => {
             Err(format!("the ticket is not shard {shard}'s of job {job}"))
         }
-        Some(g) => Ok(g),
+        Ok(g) => Ok(g),
     };
-    let grant = match refusal {
-        Ok(g) => g,
+    // The source is opened (beneath its root, on a blocking thread: an NFS root can hang)
+    // only for a receiver let in, and before the welcome, so that one that cannot be
+    // opened is a refusal that says why.
+    let opened = match refusal {
+        Ok(g) => {
+            let open = g.open.clone();
+            match tokio::task::spawn_blocking(move || open()).await {
+                Ok(Ok(top)) => Ok((g, top)),
+                Ok(Err(why)) => Err(why),
+                Err(e) => Err(format!("opening the source: {e}")),
+            }
+        }
+        Err(why) => Err(why),
+    };
+    let (grant, top) = match opened {
+        Ok(x) => x,
         Err(reason) => {
             let _ = write_frame(
                 &mut tls,
@@ -232,23 +284,20 @@ async fn connection(
         .await
         .map_err(|e| TransferError::Hello(e.to_string()))?;
     tracing::info!(%peer, job = %grant.job, shard, epoch, "serving a shard's source");
+    let metrics = crate::serve::metrics();
+    let senders = metrics.connections.with_label_values(&["sender"]);
+    senders.inc();
+    let (ns, name) = grant.named.clone();
     let (r, w) = tokio::io::split(tls);
     let (r, w) = (SyncIoBridge::new(r), SyncIoBridge::new(w));
     let served = tokio::task::spawn_blocking(move || {
-        let top = SourceTop::open(&grant.source)
-            .map_err(|e| format!("opening the source {}: {e}", grant.source.display()))?;
-        let opts = SendOptions {
-            workers: grant.workers,
-            reserved_top: grant.reserved_top.clone(),
-            xattrs: grant.xattrs,
-            bandwidth_limit: None,
-            corrupt_in_flight: None,
-        };
-        ferry_engine::send::serve(&top, r, w, &opts).map_err(|e| e.to_string())
+        ferry_engine::send::serve(&top, r, w, &grant.options).map_err(|e| e.to_string())
     })
     .await;
+    senders.dec();
     match served {
         Ok(Ok(summary)) => {
+            metrics.network("sent", &ns, &name, summary.bytes_sent);
             tracing::info!(%peer, bytes = summary.bytes_sent, files = summary.files_sent, "shard's source served");
             Ok(())
         }

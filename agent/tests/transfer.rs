@@ -12,7 +12,11 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, ensure, Context, Result};
 use common::*;
-use ferry_agent::transfer::{dial, serve, Grant, Grants, Hello, Tls, TransferError};
+use std::future::Future;
+use std::pin::Pin;
+
+use ferry_agent::transfer::{dial, open_path, serve, Grant, Grants, Hello, Tls, TransferError};
+use ferry_engine::send::SendOptions;
 use ferry_engine::{copy_from, NoProgress, Options};
 use ferry_link::{Ca, NodeKey};
 use rustls::pki_types::CertificateDer;
@@ -31,14 +35,24 @@ struct Table {
 }
 
 impl Grants for Table {
-    fn grant(&self, job: &str, shard: u32, epoch: u64) -> Option<Grant> {
+    fn grant<'a>(
+        &'a self,
+        job: &'a str,
+        shard: u32,
+        epoch: u64,
+    ) -> Pin<Box<dyn Future<Output = Result<Grant, String>> + Send + 'a>> {
         self.looked_up.fetch_add(1, Ordering::SeqCst);
-        self.grants
+        let found = self
+            .grants
             .lock()
-            .ok()?
-            .iter()
-            .find(|g| g.job == job && g.shard == shard && g.epoch == epoch)
-            .cloned()
+            .ok()
+            .and_then(|g| {
+                g.iter()
+                    .find(|g| g.job == job && g.shard == shard && g.epoch == epoch)
+                    .cloned()
+            })
+            .ok_or_else(|| format!("no grant for shard {shard} of job {job} at epoch {epoch}"));
+        Box::pin(async move { found })
     }
 }
 
@@ -73,10 +87,13 @@ async fn setup() -> Result<Setup> {
             epoch: 3,
             receiver: "node-b".into(),
             ticket: TICKET,
-            source: src.clone(),
-            reserved_top: None,
-            xattrs: true,
-            workers: 2,
+            open: open_path(src.clone()),
+            options: SendOptions {
+                workers: 2,
+                reserved_top: None,
+                ..SendOptions::default()
+            },
+            named: ("team".into(), "copy".into()),
         }]),
         looked_up: AtomicUsize::new(0),
     });

@@ -87,6 +87,7 @@ impl Default for Parallelism {
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress.percent"}"#,
     printcolumn = r#"{"name":"Rate","type":"string","jsonPath":".status.progress.rate"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".status.mode","priority":1}"#,
     printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.progress.eta"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new(
@@ -96,7 +97,7 @@ impl Default for Parallelism {
           self.spec.overwrite == oldSelf.spec.overwrite && self.spec.compare == oldSelf.spec.compare && self.spec.preserve == oldSelf.spec.preserve && \
           self.spec.include == oldSelf.spec.include && self.spec.exclude == oldSelf.spec.exclude && \
           self.spec.deleteExtraneous == oldSelf.spec.deleteExtraneous && self.spec.deleteExcluded == oldSelf.spec.deleteExcluded && \
-          self.spec.dryRun == oldSelf.spec.dryRun)"
+          self.spec.dryRun == oldSelf.spec.dryRun && self.spec.transfer == oldSelf.spec.transfer)"
     ).message("a started CopyJob's spec cannot change except suspend, parallelism and ttlSecondsAfterFinished; create a new CopyJob instead"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -161,6 +162,92 @@ pub struct CopyJobSpec {
     /// Plan only: fill status.plan (files, bytes, nodes, shards) and copy nothing.
     #[serde(default)]
     pub dry_run: bool,
+    /// How data crosses the network when the source and the destination are on different
+    /// nodes (status.mode `Network`); a copy on one node ignores it.
+    #[serde(default)]
+    pub transfer: Transfer,
+}
+
+wire_enum! {
+    /// Compression of file data sent between nodes.
+    #[derive(Default)]
+    pub enum Compression {
+        /// Sent as it is: the fastest when the network is not the bottleneck.
+        #[default]
+        None,
+        /// zstd (level 1), per chunk: fewer bytes on a slow link for data that compresses.
+        Zstd,
+    }
+}
+
+/// How a copy between nodes uses the network.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Transfer {
+    /// None (the default) or Zstd.
+    #[serde(default)]
+    pub compression: Compression,
+    /// At most this many file bytes a second leave the sender for this job, as a quantity
+    /// (`200Mi`: 200 MiB/s; `1G`: 10^9 B/s; at least 1Mi). Unset: as fast as the disks and
+    /// the network go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).compareTo(quantity('1Mi')) >= 0").message("bandwidthLimit must be a quantity of bytes per second of at least 1Mi, e.g. 200Mi"))]
+    pub bandwidth_limit: Option<String>,
+}
+
+/// A byte rate given as a Kubernetes quantity (`200Mi`, `1.5G`, `1048576`): bytes a second,
+/// or why not. Binary (Ki..Ei) and decimal (k, M..E) suffixes; no milli, no exponents.
+pub fn parse_rate(q: &str) -> Result<u64, String> {
+    let bad = || format!("{q:?} is not a quantity of bytes per second, e.g. 200Mi or 1G");
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let (num, suffix) = q.split_at(split);
+    let scale: u64 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        _ => return Err(bad()),
+    };
+    if num.is_empty() || num.starts_with('.') || num.matches('.').count() > 1 {
+        return Err(bad());
+    }
+    let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+    let whole: u64 = whole.parse().map_err(|_| bad())?;
+    let v = whole.checked_mul(scale).ok_or_else(bad)?;
+    // The fraction as one ratio, so that `1.5Gi` is exact (rounded down below a byte).
+    if frac.len() > 18 {
+        return Err(bad());
+    }
+    let digits: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().map_err(|_| bad())?
+    };
+    let part = digits * u128::from(scale) / 10u128.pow(frac.len() as u32);
+    v.checked_add(part as u64).ok_or_else(bad)
+}
+
+wire_enum! {
+    /// How a job's data moves.
+    pub enum CopyMode {
+        /// On one node, from volume to volume (reflink and copy_file_range where they apply).
+        Local,
+        /// From the agent on the source's node to the agent on the destination's node, over
+        /// the agents' mutually authenticated transfer port.
+        Network,
+    }
 }
 
 /// Where a job is in its life.
@@ -233,8 +320,12 @@ pub struct Progress {
 pub struct ShardStatus {
     /// Shard identity, stable for the job's life (list map key).
     pub id: String,
-    /// Node whose agent runs it.
+    /// Node whose agent runs it (in a copy between nodes, the destination's node).
     pub node: String,
+    /// In a copy between nodes: the node whose agent serves the source to `node`'s agent.
+    /// Empty for a copy on one node.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub sender: String,
     /// Assignment epoch, raised each time the shard is given to an agent: an agent's
     /// updates are refused by the API server unless `node` and `epoch` are still the ones
     /// it was given (a JSON patch `test`), so an agent that lost its shard cannot publish.
@@ -389,8 +480,12 @@ pub struct Plan {
     pub files: i64,
     /// Their total size.
     pub bytes: i64,
-    /// Nodes that would run it.
+    /// Nodes that would run it (a copy between nodes: the source's node, then the
+    /// destination's).
     pub nodes: Vec<String>,
+    /// Local, or Network (between two nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<CopyMode>,
     /// Shards it would be cut into.
     pub shards: i64,
     /// With deleteExtraneous: entries the mirror would remove from the destination.
@@ -399,6 +494,52 @@ pub struct Plan {
     /// With deleteExtraneous: the first 20 paths it would remove.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub to_delete: Vec<String>,
+}
+
+/// The Secret, in Ferry's namespace, that holds the tickets of a job's shards copied between
+/// nodes (`ferry-ticket-<job uid>`): written by the operator before it assigns a pair, read
+/// by the two agents, deleted when the job finishes or goes. No tenant can read it, and a
+/// CopyJob's status (which an agent can write) never carries a ticket nor decides a pairing.
+pub fn ticket_secret(job_uid: &str) -> String {
+    format!("ferry-ticket-{job_uid}")
+}
+
+/// One shard's entry in its job's ticket Secret (key: the shard's id; value: this, as JSON):
+/// the only pairing a sender serves. A receiver presents `ticket` in its hello; the sender
+/// serves the shard only to `receiver`'s certificate, at `epoch`, with that ticket, and only
+/// if it is itself `sender`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub epoch: i64,
+    pub sender: String,
+    pub receiver: String,
+    /// 32 random bytes, as 64 lowercase hex digits.
+    pub ticket: String,
+}
+
+impl Ticket {
+    pub fn new(epoch: i64, sender: &str, receiver: &str, ticket: [u8; 32]) -> Self {
+        Self {
+            epoch,
+            sender: sender.into(),
+            receiver: receiver.into(),
+            ticket: ticket.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+
+    /// The ticket's bytes; `None` unless it is exactly 64 hex digits.
+    pub fn bytes(&self) -> Option<[u8; 32]> {
+        let hex = self.ticket.as_bytes();
+        if hex.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (o, pair) in out.iter_mut().zip(hex.chunks(2)) {
+            let s = std::str::from_utf8(pair).ok()?;
+            *o = u8::from_str_radix(s, 16).ok()?;
+        }
+        Some(out)
+    }
 }
 
 /// Observed state of a CopyJob.
@@ -420,6 +561,10 @@ pub struct CopyJobStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+    /// Local (on one node) or Network (from the source's node to the destination's), once
+    /// scheduled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<CopyMode>,
     /// Aggregated progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,

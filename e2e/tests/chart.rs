@@ -989,6 +989,9 @@ fn operator_permissions() -> BTreeSet<String> {
         "ferry-system core/configmaps create", // signer: the first trust bundle
         "ferry-system core/configmaps get ferry-transfer-trust", // signer: publish
         "ferry-system core/configmaps update ferry-transfer-trust", // signer: publish
+        "ferry-system core/secrets create", // ticket::issue (apply, first time)
+        "ferry-system core/secrets patch", // ticket::issue (apply)
+        "ferry-system core/secrets delete", // ticket::revoke
     ])
 }
 
@@ -1005,6 +1008,8 @@ fn agent_permissions() -> BTreeSet<String> {
         "cluster core/nodes get",                         // own_roots: its Node's labels
         "ferry-system coordination.k8s.io/leases create", // heartbeat apply, first time
         "ferry-system coordination.k8s.io/leases patch",  // heartbeat apply
+        "ferry-system coordination.k8s.io/leases get",    // a sender's transfer address
+        "ferry-system core/secrets get",                  // a shard's ticket, by name
         // Its transfer certificate (issue 14): requested, then read until issued.
         "cluster certificates.k8s.io/certificatesigningrequests create",
         "cluster certificates.k8s.io/certificatesigningrequests get",
@@ -1155,7 +1160,10 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         (ag, &["patch", "leases/ferry-agent-node-a", "-n", NS], true),
         (ag, &["create", "pods", "-n", "team"], false),
         (ag, &["create", "pods", "-n", NS], false),
-        (ag, &["get", "secrets", "-n", NS], false),
+        // A shard's ticket, by name, in Ferry's namespace only; never a list.
+        (ag, &["get", "secrets", "-n", NS], true),
+        (ag, &["get", "secrets", "-n", "team"], false),
+        (ag, &["list", "secrets", "-n", NS], false),
         (ag, &["list", "secrets", "-A"], false),
         (ag, &["patch", "copyjobs.ferry.dev", "-n", "team"], false),
         (ag, &["delete", "copyjobs.ferry.dev", "-n", "team"], false),

@@ -112,7 +112,30 @@ fn every_port_a_ferry_pod_serves_is_open_only_to_named_peers_and_pods_reach_only
             // Ingress: each rule names its peers and its ports (a rule without either admits
             // everyone or every port), and each declared port has a rule.
             let ingress = spec["ingress"].as_array().context("ingress")?;
+            // The agents' transfer port: only from the agents of this install (their own
+            // selector), on that port alone; the other agents' the only other egress.
+            let agents = json!([{"podSelector": w["spec"]["selector"]}]);
+            let is_agent = w["kind"] == "DaemonSet";
+            let transfer_port = w["spec"]["template"]["spec"]["containers"][0]["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"] == "transfer")
+                .map(|p| p["containerPort"].clone());
+            ensure!(
+                is_agent == transfer_port.is_some(),
+                "{what}: transfer port {transfer_port:?}"
+            );
             for rule in ingress {
+                if rule["ports"] == json!([{"port": "transfer", "protocol": "TCP"}]) {
+                    ensure!(is_agent, "{what}: a transfer rule on the operator");
+                    ensure!(
+                        rule["from"] == agents,
+                        "{what}: transfer port open to {}",
+                        rule["from"]
+                    );
+                    continue;
+                }
                 ensure!(
                     rule["from"] == peers,
                     "{what}: ingress from {}",
@@ -138,7 +161,15 @@ fn every_port_a_ferry_pod_serves_is_open_only_to_named_peers_and_pods_reach_only
             }
             // Egress: the API server only, on its ports (and addresses where named).
             let egress = spec["egress"].as_array().context("egress")?;
-            ensure!(egress.len() == 1, "{what}: egress rules {egress:?}");
+            let peer_agents = transfer_port
+                .map(|port| json!({"to": agents, "ports": [{"port": port, "protocol": "TCP"}]}));
+            ensure!(
+                egress.len() == 1 + usize::from(peer_agents.is_some()),
+                "{what}: egress rules {egress:?}"
+            );
+            if let Some(rule) = peer_agents {
+                ensure!(egress[1] == rule, "{what}: egress {} != {rule}", egress[1]);
+            }
             ensure!(
                 egress[0]["ports"] == api_ports,
                 "{what}: egress ports {}",
@@ -164,11 +195,43 @@ fn every_port_a_ferry_pod_serves_is_open_only_to_named_peers_and_pods_reach_only
         ],
     )?;
     for p in docs.iter().filter(|d| d["kind"] == "NetworkPolicy") {
+        let from: Vec<&Value> = p["spec"]["ingress"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| &r["from"][0])
+            .collect();
+        let only_agents = from.iter().all(|f| {
+            f["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "agent"
+                && f.get("namespaceSelector").is_none()
+        });
         ensure!(
-            p["spec"]["ingress"] == json!([]),
+            only_agents,
             "no peers named, yet ingress {}",
             p["spec"]["ingress"]
         );
+    }
+    // No transfer port: no rule for it, and no port.
+    let docs = render(
+        &helm,
+        None,
+        &[
+            "--set",
+            "agent.transferPort=0",
+            "--set",
+            "networkPolicy.metricsFrom=null",
+        ],
+    )?;
+    for d in &docs {
+        let text = d.to_string();
+        let served = match d["kind"].as_str() {
+            Some("DaemonSet") => {
+                text.contains("FERRY_TRANSFER_LISTEN") || text.contains("\"transfer\"")
+            }
+            Some("NetworkPolicy") => text.contains("\"transfer\"") || text.contains("7450"),
+            _ => false,
+        };
+        ensure!(!served, "agent.transferPort=0, yet {text}");
     }
     // Off: no policy at all; no API server port: refused, since it would open every port.
     let docs = render(&helm, None, &["--set", "networkPolicy.enabled=false"])?;

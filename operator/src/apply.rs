@@ -29,6 +29,8 @@ pub struct Context {
     pub heartbeats: Arc<Heartbeats>,
     /// How long node-local work waits for a lost node before failing `NodeUnavailable`.
     pub node_deadline: Duration,
+    /// Ferry's own namespace: the agents' Leases, the tickets of copies between nodes.
+    pub namespace: String,
 }
 
 /// Read what the decision needs (the endpoints, who is lost, the eligible nodes when
@@ -53,8 +55,9 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         Endpoints::Resolved { .. } => old
             .shards
             .iter()
-            .filter(|s| !s.node.is_empty())
-            .map(|s| (s.node.as_str(), ctx.heartbeats.lost_for(&s.node)))
+            .flat_map(|s| [s.node.as_str(), s.sender.as_str()])
+            .filter(|n| !n.is_empty())
+            .map(|n| (n, ctx.heartbeats.lost_for(n)))
             .collect(),
         _ => BTreeMap::new(),
     };
@@ -88,6 +91,12 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         lost_for: &lost_for,
         node_deadline: ctx.node_deadline,
     });
+    // A pair of agents is given a shard only with its ticket in place: written first, so
+    // the receiver finds it when it sees the assignment (on a conflict below, the next
+    // decision writes another; the one written here then opens nothing).
+    if write && assignment_changed && crate::ticket::needed(&status.shards) {
+        crate::ticket::issue(&ctx.client, &ctx.namespace, job, &status.shards).await?;
+    }
     if write {
         // The shard entries carry only the assignment: their progress fields belong to the
         // agents' field managers.
@@ -98,7 +107,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             .iter()
             .map(|s| {
                 let mut a = serde_json::json!({
-                    "id": s.id, "node": s.node, "epoch": s.epoch, "part": s.part,
+                    "id": s.id, "node": s.node, "sender": s.sender, "epoch": s.epoch, "part": s.part,
                     "sourceRoot": s.source_root, "destinationRoot": s.destination_root,
                 });
                 if s.failed_by_operator() {
@@ -115,6 +124,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             "kind": "CopyJob",
             "status": {
                 "phase": status.phase,
+                "mode": status.mode,
                 "conditions": status.conditions,
                 "progress": status.progress,
                 "shards": assignment,
@@ -151,6 +161,14 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             // An event is a courtesy; the condition is the record.
             let _ = ctx.recorder.publish(ev, &job.object_ref(&())).await;
         }
+        // A finished copy between nodes needs its tickets no more.
+        let finished = |p: Option<Phase>| matches!(p, Some(Phase::Succeeded | Phase::Failed));
+        if finished(status.phase)
+            && !finished(old.phase)
+            && old.shards.iter().any(|s| !s.sender.is_empty())
+        {
+            crate::ticket::revoke(&ctx.client, &ctx.namespace, job).await?;
+        }
     }
     // ttlSecondsAfterFinished: delete the finished job once its time is up (the finalizer
     // runs as for any deletion), or come back when it will be.
@@ -173,6 +191,11 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
 /// agent is alive has stopped, so the job is gone only when nothing writes for it.
 pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     let live = ctx.heartbeats.live();
+    let between_nodes = job
+        .status
+        .iter()
+        .flat_map(|s| &s.shards)
+        .any(|s| !s.sender.is_empty());
     let running: Vec<&str> = job
         .status
         .iter()
@@ -181,6 +204,10 @@ pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         .map(|s| s.node.as_str())
         .collect();
     if running.is_empty() {
+        // Its tickets go with it (the receivers have stopped: nothing dials for it).
+        if between_nodes {
+            crate::ticket::revoke(&ctx.client, &ctx.namespace, job).await?;
+        }
         return Ok(Action::await_change());
     }
     Err(Error::Stopping(running.join(", ")))

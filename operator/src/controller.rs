@@ -52,6 +52,7 @@ pub async fn run(
         metrics,
         heartbeats: heartbeats.clone(),
         node_deadline,
+        namespace: agent_namespace(),
     });
     // An agent that comes or goes changes no CopyJob, and a Lease that expires sends no
     // event at all: so the set of live agents is watched here, and every job is looked at

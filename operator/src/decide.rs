@@ -202,7 +202,15 @@ pub fn decide(input: &Inputs) -> Decision {
     }
     let assignment = |s: &[ShardStatus]| {
         s.iter()
-            .map(|s| (s.id.clone(), s.node.clone(), s.epoch, s.part))
+            .map(|s| {
+                (
+                    s.id.clone(),
+                    s.node.clone(),
+                    s.sender.clone(),
+                    s.epoch,
+                    s.part,
+                )
+            })
             .collect::<Vec<_>>()
     };
     let assignment_changed = assignment(&old.shards) != assignment(&status.shards);
@@ -213,6 +221,7 @@ pub fn decide(input: &Inputs) -> Decision {
         && old.finished_at == status.finished_at
         && old.manifest == status.manifest
         && old.plan == status.plan
+        && old.mode == status.mode
         && !assignment_changed;
     // A refusal waits for the spec (or the StorageRoot, on the next resync) to change; a
     // CSI volume waits for a pod to mount it, which changes no CopyJob.
@@ -282,7 +291,13 @@ fn schedule_shards(
     // Split only where every agent sees the same files on both sides. A dry run counts
     // the whole tree on one agent and reports the split it would make.
     let splittable = max_agents > 1 && roots.iter().all(|r| r.shared);
-    let split = splittable && !job.spec.dry_run;
+    // A copy between nodes (no node has both volumes) is one shard: parts would each walk
+    // the whole tree over the network.
+    let [src_at, dst_at] = input.reachable;
+    let apart = wants_nodes
+        && !src_at.nodes.is_empty()
+        && !dst_at.nodes.iter().any(|n| src_at.nodes.contains(n));
+    let split = splittable && !job.spec.dry_run && !apart;
     if shards.is_empty() {
         *shards = schedule::initial(
             split.then(|| schedule::parts_for(max_agents)),
@@ -318,6 +333,13 @@ fn schedule_shards(
     if wants_nodes {
         let eligible = input.eligible;
         schedule::assign(shards, eligible, max_agents as usize);
+        // No live node has both volumes: the first live node with the source serves it to
+        // the first live node with the destination.
+        if eligible.is_empty() {
+            if let (Some(sender), Some(receiver)) = (src_at.live.first(), dst_at.live.first()) {
+                schedule::assign_pair(shards, sender, receiver);
+            }
+        }
         for (id, from) in &lost.moved {
             let to = shards.iter().find(|s| &s.id == id).map(|s| s.node.as_str());
             let note = match to {
@@ -363,10 +385,19 @@ fn schedule_shards(
             ),
         ),
         (true, _) => (Reason::NoAgent, no_node(input.reachable)),
-        (false, 1) => (
-            Reason::Assigned,
-            format!("assigned to node {}", nodes.join(", ")),
-        ),
+        (false, 1) => match shards.iter().find(|s| !s.sender.is_empty()) {
+            Some(s) => (
+                Reason::Assigned,
+                format!(
+                    "copying between nodes: node {} serves the source to node {} over the network",
+                    s.sender, s.node
+                ),
+            ),
+            None => (
+                Reason::Assigned,
+                format!("assigned to node {} (a local copy)", nodes.join(", ")),
+            ),
+        },
         (false, n) => (
             Reason::Assigned,
             format!(
@@ -429,7 +460,7 @@ fn no_node([source, destination]: &[crate::resolve::Reachable; 2]) -> String {
         }
     }
     format!(
-        "spec.source is on {}, spec.destination on {}, and no node reaches both: copies between nodes are not available yet; waiting for a node with both volumes",
+        "spec.source is on {}, spec.destination on {}, and no node reaches both; waiting for agents to copy between them",
         source.live.join(", "),
         destination.live.join(", ")
     )

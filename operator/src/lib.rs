@@ -4,7 +4,7 @@
 //! leader election, and the metrics and readiness served on `--listen`.
 //!
 //! Modules depend one way: `controller` (wiring) on `apply` (the finalizer's two sides),
-//! which uses `resolve`, `decide`, `status`, `schedule` and `heartbeat`; `copyschedule`
+//! which uses `resolve`, `decide`, `status`, `schedule`, `heartbeat` and `ticket`; `copyschedule`
 //! (its own wiring and I/O) on `copyschedule::decide`, which uses `cron`, `status` and
 //! `validate`; `metrics` (which reads schedules with `cron`) and `leader` know nothing of
 //! the controllers (`main` passes what they need in); `signer` stands alone.
@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod schedule;
 pub mod signer;
 pub mod status;
+pub mod ticket;
 
 /// The tenant rules and volume resolution, shared with the agents.
 pub use ferry_resolve::{self as resolve, validate, volume};
@@ -35,6 +36,8 @@ pub enum Error {
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     #[error("{0} has no namespace")]
     NoNamespace(String),
+    #[error("a ticket for a copy between nodes")]
+    Ticket(#[source] ferry_link::Error),
     /// Not a failure: deletion waits for these nodes' agents to stop their shards.
     #[error("waiting for the agents on {0} to stop")]
     Stopping(String),
@@ -65,6 +68,7 @@ impl metrics::MetricKind for Error {
         match self {
             Error::Kube(_) => Some("kube_api"),
             Error::NoNamespace(_) => Some("no_namespace"),
+            Error::Ticket(_) => Some("ticket"),
             Error::Stopping(_) => None,
             Error::Finalizer(e) => match &**e {
                 F::ApplyFailed(inner) | F::CleanupFailed(inner) => inner.metric_kind(),

@@ -81,6 +81,25 @@ pub fn assign(shards: &mut [ShardStatus], eligible: &[String], max_agents: usize
     changed
 }
 
+/// Give the unassigned whole-tree shard of a job whose volumes no live node has both of to
+/// a pair of agents: the receiver (on a node with the destination) runs it, and the sender
+/// (on a node with the source) serves the source to it over the transfer port. A new epoch,
+/// as for any assignment: the pair that held it before cannot publish or serve for it.
+/// Returns whether anything was assigned.
+pub fn assign_pair(shards: &mut [ShardStatus], sender: &str, receiver: &str) -> bool {
+    let mut changed = false;
+    for s in shards
+        .iter_mut()
+        .filter(|s| s.node.is_empty() && s.part == Part::All)
+    {
+        s.node = receiver.into();
+        s.sender = sender.into();
+        s.epoch += 1;
+        changed = true;
+    }
+    changed
+}
+
 /// What became of the shards of agents that stopped heartbeating.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Lost {
@@ -112,13 +131,19 @@ pub fn handle_lost(
         .iter_mut()
         .filter(|s| !s.node.is_empty() && !s.state.finished())
     {
-        let Some(lost) = lost_for(&s.node) else {
+        // A copy between nodes needs both of its agents.
+        let sender = (!s.sender.is_empty()).then(|| s.sender.clone());
+        let Some((node, lost)) = lost_for(&s.node)
+            .map(|l| (s.node.clone(), l))
+            .or_else(|| sender.and_then(|n| lost_for(&n).map(|l| (n, l))))
+        else {
             continue;
         };
         if shared {
+            s.sender.clear();
             out.moved.push((s.id.clone(), std::mem::take(&mut s.node)));
         } else if suspended {
-            out.waiting.push(s.node.clone());
+            out.waiting.push(node);
         } else if lost >= deadline {
             s.state = ShardState::Failed;
             s.epoch += 1;
@@ -126,16 +151,15 @@ pub fn handle_lost(
                 ".",
                 Reason::NodeUnavailable,
                 &format!(
-                    "the agent on node {} stopped heartbeating and did not come back within {}s; \
+                    "the agent on node {node} stopped heartbeating and did not come back within {}s; \
                      the volumes are only reachable from that node. Files already copied are \
                      kept: bring the node back and re-create the job to copy the rest",
-                    s.node,
                     deadline.as_secs()
                 ),
             )];
-            out.failed.push((s.id.clone(), s.node.clone()));
+            out.failed.push((s.id.clone(), node));
         } else {
-            out.waiting.push(s.node.clone());
+            out.waiting.push(node);
             let left = deadline - lost;
             out.next_deadline = Some(out.next_deadline.map_or(left, |d: Duration| d.min(left)));
         }

@@ -5,8 +5,8 @@
 //! ETA).
 
 use ferry_crds::{
-    ConditionType, CopyJob, CopyJobStatus, FailedPath, ManifestName, Overwrite, Part, Phase, Plan,
-    Progress, Reason, ShardState, ShardStatus, Verify,
+    ConditionType, CopyJob, CopyJobStatus, CopyMode, FailedPath, ManifestName, Overwrite, Part,
+    Phase, Plan, Progress, Reason, ShardState, ShardStatus, Verify,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -219,6 +219,18 @@ fn copied_message(p: &Progress, verify: Verify, overwrite: Overwrite) -> String 
     msg
 }
 
+/// How the shards move data: Network when one is served by another node's agent, Local
+/// once one is assigned, else not decided yet.
+pub fn mode_of(shards: &[ShardStatus]) -> Option<CopyMode> {
+    if shards.iter().any(|s| !s.sender.is_empty()) {
+        Some(CopyMode::Network)
+    } else if shards.iter().any(|s| !s.node.is_empty()) {
+        Some(CopyMode::Local)
+    } else {
+        None
+    }
+}
+
 /// The status `shards` and the decided `conditions` add up to for `job`: its phase
 /// (Pending while `refused`, Suspended while suspended), progress and failures, the
 /// Complete or Failed condition, a finished dry run's plan (`shape`: the split it would
@@ -246,7 +258,12 @@ pub fn summarize(
         let (count, nodes) = shape
             .or_else(|| old.plan.as_ref().map(|p| (p.shards, p.nodes.clone())))
             .unwrap_or_else(|| {
-                let nodes = shards.iter().map(|s| s.node.clone()).collect();
+                // A copy between nodes: from the sender, to the receiver.
+                let nodes = shards
+                    .iter()
+                    .flat_map(|s| [s.sender.clone(), s.node.clone()])
+                    .filter(|n| !n.is_empty())
+                    .collect();
                 (shards.len() as i64, nodes)
             });
         Plan {
@@ -254,6 +271,7 @@ pub fn summarize(
             bytes: shards.iter().filter_map(|s| s.planned_bytes).sum(),
             nodes,
             shards: count,
+            mode: None,
             deletions: shards
                 .iter()
                 .filter_map(|s| s.planned_deletions)
@@ -268,14 +286,20 @@ pub fn summarize(
                 .collect(),
         }
     });
+    let mode = mode_of(&shards).or(old.mode);
+    let plan = plan.map(|p| Plan { mode, ..p });
     match phase {
         Phase::Succeeded if job.spec.dry_run => {
             let p = plan.clone().unwrap_or_default();
+            let where_ = match (mode, p.nodes.as_slice()) {
+                (Some(CopyMode::Network), [from, to]) => {
+                    format!("from node {from} to node {to} over the network")
+                }
+                _ => format!("on {}", p.nodes.join(", ")),
+            };
             let mut msg = format!(
-                "dry run: {} files, {} bytes would be copied on {}",
-                p.files,
-                p.bytes,
-                p.nodes.join(", ")
+                "dry run: {} files, {} bytes would be copied {where_}",
+                p.files, p.bytes,
             );
             if job.spec.delete_extraneous {
                 msg.push_str(&format!(
@@ -324,6 +348,7 @@ pub fn summarize(
         .then(|| ManifestName::new(&job.uid().unwrap_or_default()).status_path());
     CopyJobStatus {
         phase: Some(phase),
+        mode,
         conditions,
         progress: Some(progress),
         shards,

@@ -123,8 +123,23 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
     if let Err(e) = ferry_crds::Filter::new(&spec.include, &spec.exclude) {
         return refuse(Reason::InvalidSpec, format!("spec.{e}"));
     }
+    if let Some(q) = &spec.transfer.bandwidth_limit {
+        match ferry_crds::parse_rate(q) {
+            Ok(r) if r >= MIN_BANDWIDTH => {}
+            Ok(_) => {
+                return refuse(
+                    Reason::InvalidSpec,
+                    format!("spec.transfer.bandwidthLimit {q:?} is below 1Mi (1 MiB/s); give at least 1Mi, or remove it for no limit"),
+                )
+            }
+            Err(e) => return refuse(Reason::InvalidSpec, format!("spec.transfer.bandwidthLimit: {e}")),
+        }
+    }
     Ok(())
 }
+
+/// The least `spec.transfer.bandwidthLimit` taken (bytes a second), as the CRD's rule says.
+pub const MIN_BANDWIDTH: u64 = 1 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -148,6 +163,7 @@ mod tests {
             suspend: false,
             ttl_seconds_after_finished: None,
             dry_run: false,
+            transfer: Default::default(),
         }
     }
 
@@ -290,6 +306,37 @@ mod tests {
             let refused = validate(&bad).expect_err("a bad filter list was accepted");
             assert_eq!(refused.reason, Reason::InvalidSpec);
             assert!(refused.message.contains(says), "{}", refused.message);
+        }
+    }
+
+    #[test]
+    fn a_bandwidth_limit_is_a_quantity_of_at_least_one_mebibyte_a_second() {
+        let mut s = spec(root("r", "a"), root("r", "b"));
+        for (q, ok) in [
+            ("200Mi", true),
+            ("1Mi", true),
+            ("1.5G", true),
+            ("1048575", false),
+            ("fast", false),
+            ("-1Mi", false),
+            ("1m", false),
+        ] {
+            s.transfer.bandwidth_limit = Some(q.into());
+            let r = validate(&s);
+            assert_eq!(r.is_ok(), ok, "{q}: {r:?}");
+            if let Err(e) = r {
+                assert!(
+                    e.message.contains("spec.transfer.bandwidthLimit"),
+                    "{}",
+                    e.message
+                );
+            }
+        }
+        assert_eq!(ferry_crds::parse_rate("200Mi"), Ok(200 << 20));
+        assert_eq!(ferry_crds::parse_rate("1.5Gi"), Ok(3 << 29));
+        assert_eq!(ferry_crds::parse_rate("2k"), Ok(2000));
+        for bad in ["", "Mi", ".5Mi", "1..5Mi", "1e6", "99999999999Ei"] {
+            assert!(ferry_crds::parse_rate(bad).is_err(), "{bad}");
         }
     }
 }

@@ -11,8 +11,10 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use crate::copy::{run, DstAt, SrcAt};
+use crate::recv::Connection;
 use crate::{sys, Error, Options, Progress, Reason, Summary};
 
 fn refused(reason: Reason, message: String) -> Error {
@@ -108,7 +110,7 @@ fn first_symlink(root: BorrowedFd<'_>, parts: &[&[u8]]) -> Option<String> {
     None
 }
 
-fn classify(e: io::Error, shown: &Path) -> Error {
+pub(crate) fn classify(e: io::Error, shown: &Path) -> Error {
     match e.raw_os_error() {
         Some(libc::ELOOP) => refused(
             Reason::SymlinkRejected,
@@ -238,61 +240,104 @@ pub fn copy_beneath(
 ) -> Result<Summary, Error> {
     let src_parts = check_relative(src_path)?;
     let dst_parts = check_relative(dst_path)?;
+    let src_at = open_source_in(src_root, &src_parts, src_path)?;
+    let dst_at = open_destination_in(dst_root, &dst_parts, dst_path)?;
+    run(src_at, dst_at, src_path, dst_path, options, progress)
+}
+
+/// Copy what the source half at the other end of `conn` serves (see [`crate::copy_from`])
+/// to `dst_path` inside `dst_root`, the destination resolved as [`copy_beneath`] resolves
+/// its own: relative, no symlink at any depth nor at its name, missing parents made inside
+/// the root. `src` only labels messages, and names a single file copied into an existing
+/// directory.
+pub fn copy_from_beneath(
+    conn: &Arc<Connection>,
+    src: &Path,
+    dst_root: BorrowedFd<'_>,
+    dst_path: &Path,
+    options: &Options,
+    progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    // A bad destination is refused before anything is asked of the sender.
+    let dst_parts = check_relative(dst_path)?;
+    let src_at = SrcAt::remote(conn, src, options)?;
+    let dst_at = open_destination_in(dst_root, &dst_parts, dst_path)?;
+    run(src_at, dst_at, src, dst_path, options, progress)
+}
+
+/// A copy's source at `parts` (from [`check_relative`] of `path`) inside `root`: a
+/// directory, or an entry of its parent directory. A symlink anywhere on the way, its last
+/// component included, is refused.
+pub(crate) fn open_source_in(
+    root: BorrowedFd<'_>,
+    parts: &[&[u8]],
+    path: &Path,
+) -> Result<SrcAt, Error> {
     let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY;
-    // The source: a directory, or an entry of its parent directory.
-    let src_at = match open_in(src_root, &src_parts, dir_flags | libc::O_NOATIME, src_path).or_else(
-        |e| {
-            match e {
-                // O_NOATIME is refused on files of other owners without CAP_FOWNER.
-                Error::Io { ref source, .. } if source.raw_os_error() == Some(libc::EPERM) => {
-                    open_in(src_root, &src_parts, dir_flags, src_path)
-                }
-                other => Err(other),
+    match open_in(root, parts, dir_flags | libc::O_NOATIME, path).or_else(|e| {
+        match e {
+            // O_NOATIME is refused on files of other owners without CAP_FOWNER.
+            Error::Io { ref source, .. } if source.raw_os_error() == Some(libc::EPERM) => {
+                open_in(root, parts, dir_flags, path)
             }
-        },
-    ) {
+            other => Err(other),
+        }
+    }) {
         Ok(fd) => {
-            let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io("stat source", src_path, e))?;
-            SrcAt::Dir { fd, st }
+            let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io("stat source", path, e))?;
+            Ok(SrcAt::Dir { fd, st })
         }
         Err(Error::Io { ref source, .. })
-            if source.raw_os_error() == Some(libc::ENOTDIR) && !names_a_directory(src_path) =>
+            if source.raw_os_error() == Some(libc::ENOTDIR) && !names_a_directory(path) =>
         {
-            let Some((name, parent)) = src_parts.split_last() else {
+            let Some((name, parent)) = parts.split_last() else {
                 // The root itself is not a directory.
                 return Err(Error::io(
                     "open source",
-                    src_path,
+                    path,
                     io::Error::from_raw_os_error(libc::ENOTDIR),
                 ));
             };
-            let parent = open_in(src_root, parent, dir_flags, src_path)?;
+            let parent = open_in(root, parent, dir_flags, path)?;
             let name = CString::new(*name).unwrap_or_default();
             let st = sys::lstatat(parent.as_fd(), &name)
-                .map_err(|e| Error::io("stat source", src_path, e))?;
+                .map_err(|e| Error::io("stat source", path, e))?;
             if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
                 return Err(refused(
                         Reason::SymlinkRejected,
                         format!(
                             "{} is a symlink; Ferry never follows symlinks inside a root (name the real path)",
-                            src_path.display()
+                            path.display()
                         ),
                     ));
             }
-            SrcAt::Entry { parent, name }
+            Ok(SrcAt::Entry { parent, name })
         }
-        Err(e) => return Err(e),
-    };
-    // The destination: the root itself, or a name in a parent made inside the root.
-    let dst_at = match dst_parts.split_last() {
-        None => DstAt::Dir(open_in(dst_root, &[], dir_flags, dst_path)?),
+        Err(e) => Err(e),
+    }
+}
+
+/// A copy's destination at `parts` (from [`check_relative`] of `shown`) inside `root`: the
+/// root itself, or a name in a parent made inside the root (see [`make_dirs_in`] and
+/// [`dst_entry`]).
+pub(crate) fn open_destination_in(
+    root: BorrowedFd<'_>,
+    parts: &[&[u8]],
+    shown: &Path,
+) -> Result<DstAt, Error> {
+    match parts.split_last() {
+        None => Ok(DstAt::Dir(open_in(
+            root,
+            &[],
+            libc::O_RDONLY | libc::O_DIRECTORY,
+            shown,
+        )?)),
         Some((name, parent)) => {
-            let parent = make_dirs_in(dst_root, parent, dst_path)?;
+            let parent = make_dirs_in(root, parent, shown)?;
             let name = CString::new(*name).unwrap_or_default();
-            dst_entry(parent, name, dst_path)?
+            dst_entry(parent, name, shown)
         }
-    };
-    run(src_at, dst_at, src_path, dst_path, options, progress)
+    }
 }
 
 /// What is at `name` in `parent`, never following a symlink there.

@@ -30,7 +30,8 @@ pub mod volume;
 use std::time::Duration;
 
 pub use beneath::{
-    check_relative, copy_beneath, open_host_path, plan_beneath, resolve_beneath, state_dir,
+    check_relative, copy_beneath, copy_from_beneath, open_host_path, plan_beneath, resolve_beneath,
+    state_dir,
 };
 pub use copy::MAX_RECORDS;
 pub use copy::{copy, copy_from};

@@ -4,7 +4,7 @@
 //! costs no more memory or descriptors than it does the copy.
 
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::rc::Rc;
@@ -48,6 +48,26 @@ pub fn plan_part(src: &Path, select: Part, links: bool, filter: &Filter) -> Resu
         }
         return Ok(totals);
     }
+    Ok(count_dir(
+        open_source_dir(src)?,
+        select,
+        links,
+        filter,
+        None,
+    ))
+}
+
+/// Count the tree beneath the open directory `top` as [`plan_part`] counts a directory,
+/// leaving out the entry named `reserved` at the top (Ferry's own state, which a copy never
+/// carries).
+pub(crate) fn count_dir(
+    top: OwnedFd,
+    select: Part,
+    links: bool,
+    filter: &Filter,
+    reserved: Option<&CStr>,
+) -> Totals {
+    let mut totals = Totals::default();
     let owned = |rel: &[u8], est: &libc::stat| match select {
         Part::All => true,
         Part::Directories => false,
@@ -61,12 +81,13 @@ pub fn plan_part(src: &Path, select: Part, links: bool, filter: &Filter) -> Resu
     // directory's width. Paths are built only where a split copy's parts need them.
     let paths = matches!(select, Part::Slice { .. }) || !filter.is_all();
     let mut stack: Vec<(Rc<OwnedFd>, Option<CString>, Vec<u8>)> =
-        vec![(Rc::new(open_source_dir(src)?), None, Vec::new())];
+        vec![(Rc::new(top), None, Vec::new())];
     let mut buf = vec![0u8; 64 * 1024];
     // Hard-linked files counted, with how many of their names are still to come: each is
     // forgotten with its last name.
     let mut linked: HashMap<(u64, u64), u64> = HashMap::new();
     while let Some((parent, name, rel)) = stack.pop() {
+        let at_top = name.is_none();
         let dir = match name {
             None => parent,
             Some(name) => {
@@ -85,6 +106,9 @@ pub fn plan_part(src: &Path, select: Part, links: bool, filter: &Filter) -> Resu
         // A buffer of entries at a time: a directory is never held whole.
         let mut listing = dirent::Listing::new(dir.as_fd(), &mut buf);
         while let Ok(Some((name, _))) = listing.next_entry() {
+            if at_top && reserved == Some(name) {
+                continue;
+            }
             let Ok(est) = sys::lstatat(dir.as_fd(), name) else {
                 continue;
             };
@@ -122,7 +146,7 @@ pub fn plan_part(src: &Path, select: Part, links: bool, filter: &Filter) -> Resu
             }
         }
     }
-    Ok(totals)
+    totals
 }
 
 /// Whether this is the first name of hard-linked file `key` (of `nlink` names) to be seen.

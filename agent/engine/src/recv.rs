@@ -120,6 +120,26 @@ impl Connection {
         Ok(request)
     }
 
+    /// What a copy of the sender's whole top would carry, counted on its node (this side
+    /// has no source to count, for a dry run, an ETA or a full destination's message): the
+    /// regular files its filter (`SendOptions::filter`) selects, a hard-linked one once
+    /// when `links`, and their bytes. Only files and bytes travel: `dirs` and `others` are
+    /// 0. A lost connection, or a count that failed on the sender, is the error.
+    pub fn count(self: &Arc<Self>, links: bool) -> io::Result<crate::Totals> {
+        let mut req = self.request(|req| Frame::Count { req, links })?;
+        match req.next()? {
+            Frame::Counted { files, bytes, .. } => Ok(crate::Totals {
+                files,
+                bytes,
+                ..Default::default()
+            }),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the sender answered a count with something else",
+            )),
+        }
+    }
+
     pub(crate) fn send(&self, f: &Frame) -> io::Result<()> {
         let mut out = lock(&self.out);
         let (w, buf) = &mut *out;
@@ -154,6 +174,7 @@ fn answers(mut reader: impl Read, conn: std::sync::Weak<Connection>) {
             | Frame::Listing { req, .. }
             | Frame::Data { req, .. }
             | Frame::FileEnd { req, .. }
+            | Frame::Counted { req, .. }
             | Frame::Failed { req, .. } => *req,
             Frame::Abort { reason } => return conn.lose(format!("the sender aborted: {reason}")),
             _ => return conn.lose("the sender broke the protocol".into()),
@@ -203,7 +224,7 @@ impl Request {
                     n => io::Error::from_raw_os_error(n),
                 })
             }
-            f @ (Frame::Entry { .. } | Frame::FileEnd { .. }) => {
+            f @ (Frame::Entry { .. } | Frame::FileEnd { .. } | Frame::Counted { .. }) => {
                 self.end();
                 Ok(f)
             }

@@ -7,7 +7,9 @@
 //! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, never a symlink followed, never `..`), stat,
 //! read extended attributes and symlink targets, list directories a buffer at a time, and
 //! read files (data extents only: holes are not sent) while hashing what it read, and tell
-//! whether a file changed while it was read. FIFOs, sockets and devices are never opened.
+//! whether a file changed while it was read; and count what a copy of the whole top would
+//! carry (the receiver has no source of its own to count). FIFOs, sockets and devices are
+//! never opened.
 //!
 //! Requests run on a pool of `workers` threads; a request waiting for the receiver (a
 //! listing's next batch, a file's next credit) holds no thread, only its state: an open
@@ -19,6 +21,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -28,9 +31,10 @@ use ferry_transfer::frame::{
 use ferry_transfer::{Entry, Kind, Time, Xattr};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-use crate::copy::Depth;
+use crate::copy::{Depth, SrcAt};
 use crate::dirent::{DType, Listing};
 use crate::sys::{self, Stat};
+use crate::{beneath, Error, Part, Totals};
 
 /// Requests open at once on one connection; a receiver that opens more is cut off.
 pub const MAX_REQUESTS: usize = 1024;
@@ -72,6 +76,60 @@ impl SourceTop {
             )),
         }
     }
+
+    /// Open `path` inside `root` (a tenant's path inside an admin's root) as a top,
+    /// resolved as [`crate::copy_beneath`] resolves its source: relative, no `..`, no
+    /// symlink at any depth (the last component included), access times left alone where
+    /// the agent may. A FIFO, socket or device is refused without being opened.
+    pub fn beneath(root: BorrowedFd<'_>, path: &Path) -> Result<Self, Error> {
+        let parts = beneath::check_relative(path)?;
+        let (parent, name) = match beneath::open_source_in(root, &parts, path)? {
+            SrcAt::Dir { fd, .. } => return Ok(Self::Dir(fd)),
+            SrcAt::Entry { parent, name } => (parent, name),
+            SrcAt::Remote { .. } => {
+                return Err(Error::Usage(format!(
+                    "{}: internal: a local source resolved as a remote one",
+                    path.display()
+                )))
+            }
+        };
+        let st =
+            sys::lstatat(parent.as_fd(), &name).map_err(|e| Error::io("stat source", path, e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(not_a_top(path, &st));
+        }
+        // O_NONBLOCK: whatever was put at the name since the stat cannot hang the open, and
+        // the open resolves the name again without following a symlink planted there.
+        let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let fd = match sys::openat2_beneath(parent.as_fd(), &name, flags | libc::O_NOATIME) {
+            // O_NOATIME is refused on files of other owners without CAP_FOWNER.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                sys::openat2_beneath(parent.as_fd(), &name, flags)
+            }
+            other => other,
+        }
+        .map_err(|e| beneath::classify(e, path))?;
+        let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io("stat source", path, e))?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => Ok(Self::File(fd)),
+            _ => Err(not_a_top(path, &st)),
+        }
+    }
+}
+
+/// Why `path` (of stat `st`) cannot be a [`SourceTop`].
+fn not_a_top(path: &Path, st: &Stat) -> Error {
+    let what = match st.st_mode & libc::S_IFMT {
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFCHR | libc::S_IFBLK => "a device",
+        libc::S_IFDIR => "a directory now (it changed while it was opened)",
+        _ => "not a regular file",
+    };
+    Error::Usage(format!(
+        "{} is {what}; the source of a copy between nodes must be a directory or a regular file",
+        path.display()
+    ))
 }
 
 /// How the source half serves.
@@ -90,6 +148,10 @@ pub struct SendOptions {
     /// Test only: flip a byte of what is sent of the file at this path (after it was
     /// hashed), as a network that changes bytes in flight would, this many times.
     pub corrupt_in_flight: Option<(Vec<u8>, u32)>,
+    /// The include/exclude lists of the copy, for [`Frame::Count`]: a count is of what the
+    /// receiver's copy would carry. (Listings and reads are not filtered: the receiver
+    /// filters its own walk.)
+    pub filter: crate::Filter,
 }
 
 impl Default for SendOptions {
@@ -100,6 +162,7 @@ impl Default for SendOptions {
             xattrs: true,
             bandwidth_limit: None,
             corrupt_in_flight: None,
+            filter: crate::Filter::default(),
         }
     }
 }
@@ -309,6 +372,10 @@ enum Job {
         hash_only: bool,
         zstd: bool,
     },
+    Count {
+        req: u32,
+        links: bool,
+    },
 }
 
 struct Half<'a, W> {
@@ -481,6 +548,10 @@ impl<W: Write + Send> Half<'_, W> {
                     zstd,
                 }
             }
+            Frame::Count { req, links } => {
+                self.open_request(req)?;
+                Job::Count { req, links }
+            }
             Frame::More { req } => {
                 let mut requests = lock(&self.requests);
                 match requests.get_mut(&req) {
@@ -596,6 +667,50 @@ impl<W: Write + Send> Half<'_, W> {
                 }
             },
             Job::Read(req, state) => self.read(req, state),
+            Job::Count { req, links } => {
+                let counted = self.count(links);
+                self.end(req);
+                match counted {
+                    Ok(t) => self.send(&Frame::Counted {
+                        req,
+                        files: t.files,
+                        bytes: t.bytes,
+                    }),
+                    Err((op, e)) => self.fail(req, op, &e),
+                }
+                None
+            }
+        }
+    }
+
+    /// What a copy of the whole top would carry, counted as `plan_beneath` counts it (the
+    /// files the filter selects, a hard-linked one once when `links`), Ferry's own state at
+    /// the top left out as it is never served.
+    fn count(&self, links: bool) -> Result<Totals, (&'static str, io::Error)> {
+        match self.top {
+            SourceTop::File(fd) => {
+                let st = sys::fstat(fd.as_fd()).map_err(|e| ("stat", e))?;
+                Ok(Totals {
+                    files: 1,
+                    bytes: st.st_size as u64,
+                    ..Default::default()
+                })
+            }
+            SourceTop::Dir(fd) => {
+                // A descriptor of its own: a listing moves the offset of every descriptor
+                // that shares the top's.
+                let dir = self
+                    .open_at(fd.as_fd(), c".", DIR_FLAGS)
+                    .map_err(|e| ("open directory", e))?;
+                let reserved = self.opts.reserved_top.as_deref();
+                Ok(crate::plan::count_dir(
+                    dir,
+                    Part::All,
+                    links,
+                    &self.opts.filter,
+                    reserved,
+                ))
+            }
         }
     }
 
@@ -1179,6 +1294,7 @@ fn name(f: &Frame) -> &'static str {
         Frame::Data { .. } => "data",
         Frame::FileEnd { .. } => "file end",
         Frame::Failed { .. } => "failed",
+        Frame::Counted { .. } => "counted",
         _ => "this frame",
     }
 }

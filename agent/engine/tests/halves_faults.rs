@@ -432,3 +432,34 @@ fn data_that_decompresses_past_a_frame_fails_its_file_without_filling_memory() -
     ensure!(!dst.join("bomb").exists());
     Ok(())
 }
+
+#[test]
+fn a_count_on_a_lost_connection_fails_instead_of_waiting_for_its_answer() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    write(&src.join("f"), b"counted")?;
+    let top = SourceTop::open(&src)?;
+    let (ours, theirs) = UnixStream::pair()?;
+    let sender = {
+        let r = theirs.try_clone()?;
+        let send = SendOptions::default();
+        std::thread::spawn(move || serve(&top, r, theirs, &send))
+    };
+    // Cut before the first byte of any answer.
+    let reader = Cut {
+        inner: ours.try_clone()?,
+        left: Some(0),
+    };
+    let conn = Connection::start(reader, ours.try_clone()?)?;
+    for links in [true, false] {
+        match conn.count(links) {
+            Err(e) => ensure!(e.to_string().contains("lost"), "{e}"),
+            Ok(t) => anyhow::bail!("counted over a cut connection: {t:?}"),
+        }
+    }
+    drop(conn);
+    let _ = ours.shutdown(std::net::Shutdown::Both);
+    let _ = sender.join();
+    Ok(())
+}

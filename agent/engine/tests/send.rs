@@ -488,6 +488,12 @@ fn a_receiver_that_breaks_the_protocol_is_cut_off_with_a_reason() -> Result<()> 
     for bad in [
         Frame::More { req: 5 },
         Frame::Welcome { version: 2 },
+        // An answer is the sender's to give.
+        Frame::Counted {
+            req: 1,
+            files: 1,
+            bytes: 1,
+        },
         Frame::Read {
             req: 1,
             path: b"x".to_vec(),
@@ -518,5 +524,42 @@ fn a_receiver_that_breaks_the_protocol_is_cut_off_with_a_reason() -> Result<()> 
     let mut rx = Receiver::start(tmp.path())?;
     rx.conn.write_all(&[99, 1, 0, 0, 0, 0])?;
     ensure!(matches!(rx.finish()?, Err(SendError::Protocol(_))));
+    Ok(())
+}
+
+#[test]
+fn a_count_is_answered_on_its_request_with_the_top_s_files_and_bytes_but_ferrys_state() -> Result<()>
+{
+    let tmp = tempfile::tempdir()?;
+    let top = tmp.path().join("src");
+    std::fs::create_dir_all(top.join("sub"))?;
+    std::fs::create_dir(top.join(".ferry"))?;
+    std::fs::write(top.join(".ferry/journal"), vec![0u8; 4096])?;
+    std::fs::write(top.join("a"), b"hello")?;
+    std::fs::write(top.join("sub/b"), b"world!")?;
+    std::fs::hard_link(top.join("a"), top.join("sub/a-again"))?;
+    symlink("a", top.join("link"))?;
+    let mut rx = Receiver::start(&top)?;
+    for (req, links, want) in [(3, true, (2, 11)), (4, false, (3, 16))] {
+        rx.send(&Frame::Count { req, links })?;
+        match rx.recv()? {
+            Frame::Counted {
+                req: r,
+                files,
+                bytes,
+            } if r == req => {
+                ensure!(
+                    (files, bytes) == want,
+                    "links {links}: {files} files, {bytes} bytes"
+                )
+            }
+            other => bail!("{other:?}"),
+        }
+    }
+    let summary = rx.finish()??;
+    ensure!(
+        summary.requests == 2 && summary.bytes_sent == 0,
+        "{summary:?}"
+    );
     Ok(())
 }

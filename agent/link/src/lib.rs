@@ -54,3 +54,13 @@ pub use trust::{Trust, MAX_BUNDLE_PEM};
 
 /// This crate's results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// 32 bytes from the operating system's CSPRNG (ring's `SystemRandom`): a shard's ticket.
+pub fn random_ticket() -> Result<[u8; 32], Error> {
+    use ring::rand::SecureRandom;
+    let mut t = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut t)
+        .map_err(|_| Error::Random)?;
+    Ok(t)
+}

@@ -105,6 +105,13 @@ pub(super) enum ShardError {
     Spawn(std::io::Error),
     #[error("copy thread vanished")]
     CopyThreadVanished(#[source] tokio::sync::oneshot::error::RecvError),
+    /// A copy between nodes could not reach its sender's agent.
+    #[error("could not get the source from the agent on node {node} for {secs}s: {why}")]
+    Sender {
+        node: String,
+        secs: u64,
+        why: String,
+    },
 }
 
 /// What an agent keeps for itself under its memory limit when a copy goes into memory:
@@ -139,7 +146,8 @@ impl ShardError {
             | Self::NoHostPath
             | Self::Count(_)
             | Self::Spawn(_)
-            | Self::CopyThreadVanished(_) => Reason::CannotStart,
+            | Self::CopyThreadVanished(_)
+            | Self::Sender { .. } => Reason::CannotStart,
         }
     }
 }

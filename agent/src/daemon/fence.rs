@@ -89,9 +89,17 @@ pub(super) async fn heartbeat(
     let every = Duration::from_secs(settings.lease_seconds.max(3) as u64) / 3;
     loop {
         let sent = std::time::Instant::now();
+        // The transfer port's address, for the receivers of the copies this node sends.
+        let annotations = settings.transfer_address.as_ref().map(|a| {
+            std::collections::BTreeMap::from([(
+                super::network::ADDRESS_ANNOTATION.to_string(),
+                a.clone(),
+            )])
+        });
         let lease = Lease {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.clone()),
+                annotations,
                 ..Default::default()
             },
             spec: Some(LeaseSpec {

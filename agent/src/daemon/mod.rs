@@ -14,6 +14,7 @@ mod error;
 mod fence;
 mod journal;
 mod manifest;
+mod network;
 mod publish;
 mod settings;
 mod shard;
@@ -104,23 +105,33 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             health: health.clone(),
         }),
     ));
+    let (store, writer) = reflector::store();
+    let mut settings = settings;
+    let mut identity = None;
     if let Some(addr) = settings.transfer_listen {
-        // The transfer port: this node's certificate is asked for now; until the operator
-        // pairs senders with receivers, every hello is refused (no grants).
+        // The transfer port, with this node's certificate (asked for now): where receivers
+        // reach the sources this node is made the sender of, as the operator's tickets say.
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| RunError::TransferListen { addr, source })?;
-        tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving the transfer port");
-        let identity = certs::start(
+        let bound = listener.local_addr().unwrap_or(addr);
+        settings.transfer_address = Some(advertised(settings.transfer_address.take(), bound));
+        tracing::info!(addr = %bound, advertised = ?settings.transfer_address, "serving the transfer port");
+        let tls = certs::start(
             client.clone(),
             settings.node.clone(),
             settings.namespace.clone(),
         );
         tokio::spawn(crate::transfer::serve(
             listener,
-            identity,
-            Arc::new(crate::transfer::NoGrants),
+            tls.clone(),
+            Arc::new(network::SenderGrants {
+                client: client.clone(),
+                settings: settings.clone(),
+                jobs: store.clone(),
+            }),
         ));
+        identity = Some(tls);
     }
     let fence = Arc::new(Fence::new(settings.lease_seconds));
     tokio::spawn(fence::heartbeat(
@@ -136,11 +147,11 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             fence,
             flushes: Arc::default(),
             journals: journals.clone(),
+            identity,
         },
         running: Mutex::default(),
         finished: Mutex::default(),
     });
-    let (store, writer) = reflector::store();
     let jobs = Api::<CopyJob>::all(client.clone());
     let mut stream = reflector(writer, watcher(jobs, watcher::Config::default()))
         .default_backoff()
@@ -211,6 +222,24 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         agent.consider(&Arc::new(job));
     }
     Ok(())
+}
+
+/// Where other agents reach this one's transfer port: as told (`--transfer-address`), else
+/// the address it is bound to, or, bound to every address (0.0.0.0, [::]), the pod's IP
+/// (`POD_IP`, from the downward API) with its port.
+fn advertised(told: Option<String>, bound: std::net::SocketAddr) -> String {
+    if let Some(a) = told {
+        return a;
+    }
+    match std::env::var("POD_IP")
+        .ok()
+        .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+    {
+        Some(ip) if bound.ip().is_unspecified() => {
+            std::net::SocketAddr::new(ip, bound.port()).to_string()
+        }
+        _ => bound.to_string(),
+    }
 }
 
 /// Remove the journals of jobs that are finished or gone: nothing resumes them.

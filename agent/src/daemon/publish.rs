@@ -94,6 +94,26 @@ impl Live {
         self.unlisted.store(summary.unlisted, Ordering::Relaxed);
     }
 
+    /// Counters back to zero for a new run of the engine in the same run of the shard (a
+    /// copy between nodes resumed on a new connection), which counts the tree again: what
+    /// the earlier one committed as resumed, what it failed on (the connection lost) not
+    /// at all unless it fails again.
+    pub(super) fn restart(&self) {
+        for c in [
+            &self.files,
+            &self.bytes,
+            &self.reflinked,
+            &self.failed,
+            &self.kept,
+            &self.resumed_files,
+            &self.unlisted,
+            &self.resumed_bytes,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+        lock(&self.failures).clear();
+    }
+
     pub(super) fn planned(&self) -> Option<(i64, i64)> {
         *lock(&self.planned)
     }

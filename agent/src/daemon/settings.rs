@@ -31,4 +31,10 @@ pub struct Settings {
     pub lease_seconds: i32,
     /// Address of the transfer port, if this agent serves one.
     pub transfer_listen: Option<std::net::SocketAddr>,
+    /// Where other agents reach it, if not at `transfer_listen` (see `--transfer-address`).
+    pub transfer_address: Option<String>,
+    /// Test-only: flip a byte of what is sent of the source file at this path (from the
+    /// source's top), after it was hashed (`FERRY_FAULT_CORRUPT_IN_FLIGHT`: `path` once per
+    /// connection, `path#n` n times), as a network that changes bytes in flight would.
+    pub corrupt_in_flight: Option<String>,
 }

@@ -17,6 +17,7 @@ use super::error::{engine_reason, ShardError, MEMORY_MARGIN};
 use super::fence::Fence;
 use super::journal::{self, Journals};
 use super::manifest::join_manifests;
+use super::network;
 use super::publish::{publish, Live, PublishError, Target};
 use super::settings::Settings;
 use crate::with_causes;
@@ -35,6 +36,9 @@ pub(super) struct Node {
     pub(super) flushes: Arc<crate::flush::Flushes>,
     /// What each shard's runs on this node committed (the trusted resume state).
     pub(super) journals: Arc<Journals>,
+    /// This node's transfer certificate, if it serves a transfer port: what it receives
+    /// a copy between nodes with.
+    pub(super) identity: Option<super::network::Identity>,
 }
 
 impl Node {
@@ -118,19 +122,50 @@ async fn run_shard(
             return Err(ShardError::StatePath { field, path });
         }
     }
-    let (src, dst) = own_roots(node, target).await?;
+    // A copy between nodes: the source is served by the sender's agent, which resolves and
+    // opens it itself; this agent has only the destination.
+    let me = &node.settings.node;
+    let network = !shard.sender.is_empty() && shard.sender != *me;
+    if network && job.spec.delete_extraneous {
+        return Err(ShardError::Refused {
+            reason: Reason::InvalidSpec,
+            message: format!(
+                "spec.deleteExtraneous: a copy between nodes (the source on node {}, the destination on node {me}) cannot mirror yet; remove deleteExtraneous, or copy where one node has both volumes",
+                shard.sender
+            ),
+        });
+    }
+    let wanted: &[(&'static str, &str)] = if network {
+        &[("destination", &shard.destination_root)]
+    } else {
+        &[
+            ("source", &shard.source_root),
+            ("destination", &shard.destination_root),
+        ]
+    };
+    let mut paths = own(&node.client, me, job, wanted).await?;
+    let dst = paths.pop().unwrap_or_default();
+    let src = paths.pop();
     // Opening a root can hang (an NFS server gone away): never on a runtime thread, where
     // it would stop the heartbeat and every other shard with it.
-    let roots = {
+    let (src_fd, dst_fd) = {
         let (host, node_name) = (node.settings.host_root.clone(), node.settings.node.clone());
         let (src, dst) = (src.clone(), dst.clone());
         let state = node.journals.state_dir().to_path_buf();
         tokio::task::spawn_blocking(move || {
-            let roots = open_roots(&host, &node_name, &src, &dst)?;
-            for (what, path, fd) in [
-                ("source", &src, &roots.src),
-                ("destination", &dst, &roots.dst),
-            ] {
+            let src_fd = src
+                .as_deref()
+                .map(|p| open_root(&host, &node_name, "source", p))
+                .transpose()?;
+            let dst_fd = open_root(&host, &node_name, "destination", &dst)?;
+            let roots = [
+                ("source", src.as_ref(), src_fd.as_ref()),
+                ("destination", Some(&dst), Some(&dst_fd)),
+            ];
+            for (what, path, fd) in roots {
+                let (Some(path), Some(fd)) = (path, fd) else {
+                    continue;
+                };
                 // Unreadable as a path (it is there: the agent made it) means no.
                 if journal::is_within(&state, fd).unwrap_or(false) {
                     return Err(ShardError::RootHoldsAgentState {
@@ -141,10 +176,19 @@ async fn run_shard(
                     });
                 }
             }
-            Ok(roots)
+            Ok((src_fd, dst_fd))
         })
         .await??
     };
+    let src = match src_fd {
+        Some(fd) => Src::Local(Arc::new(fd)),
+        None => Src::Remote(Arc::new(connect(node, target, active).await?)),
+    };
+    let roots = Roots {
+        src,
+        dst: Arc::new(dst_fd),
+    };
+    let dst = dst.clone();
     if job.spec.dry_run {
         return dry_run(node, target, &roots).await;
     }
@@ -228,17 +272,21 @@ async fn keep_records(
     }
 }
 
-/// The host paths of the shard's roots, as this agent resolves them itself from the job's
-/// spec and objects only admins (or Kubernetes) write: a StorageRoot this namespace may use
-/// and that selects this node, a claim bound to its volume whose affinity includes this
-/// node. Never from the job's status, which an agent token can write: the status's paths
-/// are only the operator's account of the same (a CSI volume's pod mount, which depends on
-/// a pod, is taken from it only if it is the kubelet's mount of that very volume).
-async fn own_roots(node: &Node, target: Target<'_>) -> Result<(String, String), ShardError> {
-    let (job, shard) = (target.job, target.shard);
-    let me = &node.settings.node;
+/// The host paths of a shard's roots (`wanted`: which, and the status's account of each),
+/// as this agent resolves them itself from the job's spec and objects only admins (or
+/// Kubernetes) write: a StorageRoot this namespace may use and that selects this node, a
+/// claim bound to its volume whose affinity includes this node. Never from the job's
+/// status, which an agent token can write: the status's paths are only the operator's
+/// account of the same (a CSI volume's pod mount, which depends on a pod, is taken from it
+/// only if it is the kubelet's mount of that very volume).
+async fn own(
+    client: &Client,
+    me: &str,
+    job: &ferry_crds::CopyJob,
+    wanted: &[(&'static str, &str)],
+) -> Result<Vec<String>, ShardError> {
     let ns = job.namespace().unwrap_or_default();
-    let (src, dst) = match ferry_resolve::reach_both(&node.client, &ns, job).await {
+    let (src, dst) = match ferry_resolve::reach_both(client, &ns, job).await {
         Err(e) => return Err(ShardError::Api(e)),
         Ok(Err(blocked)) => {
             return Err(ShardError::Refused {
@@ -248,7 +296,7 @@ async fn own_roots(node: &Node, target: Target<'_>) -> Result<(String, String), 
         }
         Ok(Ok(pair)) => pair,
     };
-    let labels = Api::<k8s_openapi::api::core::v1::Node>::all(node.client.clone())
+    let labels = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
         .get(me)
         .await
         .map_err(ShardError::Api)?
@@ -256,30 +304,47 @@ async fn own_roots(node: &Node, target: Target<'_>) -> Result<(String, String), 
         .labels
         .unwrap_or_default();
     let kubelet_dir = ferry_resolve::volume::kubelet_dir();
-    let pick = |what: &'static str, reach: &Reach, assigned: &str| match reach {
-        Reach::Direct(v) if v.nodes.matches(me, &labels) => {
-            if v.host_path != assigned {
-                tracing::warn!(job = %job.name_any(), %ns, shard = %shard.id, what, status = assigned, resolved = %v.host_path, "the shard's status names another root than the job resolves to; using the job's");
+    let pick = |what: &'static str, assigned: &str| {
+        let reach = if what == "source" { &src } else { &dst };
+        match reach {
+            Reach::Direct(v) if v.nodes.matches(me, &labels) => {
+                if v.host_path != assigned {
+                    tracing::warn!(job = %job.name_any(), %ns, what, status = assigned, resolved = %v.host_path, "the shard's status names another root than the job resolves to; using the job's");
+                }
+                Ok(v.host_path.clone())
             }
-            Ok(v.host_path.clone())
+            Reach::Direct(_) => Err(ShardError::NotOnThisNode {
+                what,
+                node: me.to_string(),
+            }),
+            Reach::Csi { pv_name, .. } if is_csi_mount(assigned, &kubelet_dir, pv_name) => {
+                Ok(assigned.to_string())
+            }
+            Reach::Csi { pv_name, .. } => Err(ShardError::NotTheVolume {
+                what,
+                path: assigned.to_string(),
+                pv: pv_name.clone(),
+            }),
         }
-        Reach::Direct(_) => Err(ShardError::NotOnThisNode {
-            what,
-            node: me.clone(),
-        }),
-        Reach::Csi { pv_name, .. } if is_csi_mount(assigned, &kubelet_dir, pv_name) => {
-            Ok(assigned.to_string())
-        }
-        Reach::Csi { pv_name, .. } => Err(ShardError::NotTheVolume {
-            what,
-            path: assigned.to_string(),
-            pv: pv_name.clone(),
-        }),
     };
-    Ok((
-        pick("source", &src, &shard.source_root)?,
-        pick("destination", &dst, &shard.destination_root)?,
-    ))
+    wanted
+        .iter()
+        .map(|(what, assigned)| pick(what, assigned))
+        .collect()
+}
+
+/// One root of `job` on this node (`source`, or the destination), resolved as [`own`]
+/// resolves a shard's: what a sender serves.
+pub(super) async fn own_root(
+    client: &Client,
+    me: &str,
+    job: &ferry_crds::CopyJob,
+    source: bool,
+    assigned: &str,
+) -> Result<String, ShardError> {
+    let what = if source { "source" } else { "destination" };
+    let mut paths = own(client, me, job, &[(what, assigned)]).await?;
+    Ok(paths.pop().unwrap_or_default())
 }
 
 /// Whether `path` is where the kubelet mounts CSI volume `pv` for some pod:
@@ -295,10 +360,92 @@ fn is_csi_mount(path: &str, kubelet_dir: &str, pv: &str) -> bool {
     uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
 }
 
-/// The shard's source and destination roots, opened inside the node's filesystem.
+/// The shard's source and destination roots, opened inside the node's filesystem (the
+/// source: or reached through the sender's agent).
 struct Roots {
-    src: Arc<OwnedFd>,
+    src: Src,
     dst: Arc<OwnedFd>,
+}
+
+/// Where a shard's source is.
+#[derive(Clone)]
+enum Src {
+    /// On this node: its root's directory.
+    Local(Arc<OwnedFd>),
+    /// On the sender's node, through a connection to its agent.
+    Remote(Arc<Link>),
+}
+
+/// The connection of a copy between nodes, dialled again when it is lost.
+pub(super) struct Link {
+    conn: std::sync::Mutex<Arc<ferry_engine::recv::Connection>>,
+}
+
+impl Link {
+    fn current(&self) -> Arc<ferry_engine::recv::Connection> {
+        crate::lock(&self.conn).clone()
+    }
+}
+
+/// Reach the shard's sender, trying again while it cannot be reached (its agent starting,
+/// its certificate not issued yet, the ticket not yet seen) for up to
+/// [`network::DIAL_FOR`], unless the run is stopped meanwhile.
+async fn connect(node: &Node, target: Target<'_>, active: &Active) -> Result<Link, ShardError> {
+    let conn = dial_until(node, target, active).await?;
+    receivers().inc();
+    Ok(Link {
+        conn: std::sync::Mutex::new(conn),
+    })
+}
+
+fn receivers() -> prometheus::IntGauge {
+    crate::serve::metrics()
+        .connections
+        .with_label_values(&["receiver"])
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        receivers().dec();
+    }
+}
+
+async fn dial_until(
+    node: &Node,
+    target: Target<'_>,
+    active: &Active,
+) -> Result<Arc<ferry_engine::recv::Connection>, ShardError> {
+    let (job, shard) = (target.job, target.shard);
+    let began = std::time::Instant::now();
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match network::dial(
+            &node.client,
+            &node.settings,
+            node.identity.as_ref(),
+            job,
+            shard,
+        )
+        .await
+        {
+            Ok(conn) => return Ok(conn),
+            Err(why) if began.elapsed() >= network::DIAL_FOR => {
+                return Err(ShardError::Sender {
+                    node: shard.sender.clone(),
+                    secs: network::DIAL_FOR.as_secs(),
+                    why,
+                })
+            }
+            Err(why) => {
+                tracing::info!(job = %job.name_any(), shard = %shard.id, sender = %shard.sender, %why, "the sender cannot be reached yet; trying again");
+            }
+        }
+        if active.cancel.load(Ordering::Relaxed) || active.fenced.load(Ordering::Relaxed) {
+            return Err(ShardError::Fenced);
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(2));
+    }
 }
 
 /// Every path from here on is resolved from a directory fd: the roots (admin paths)
@@ -306,30 +453,25 @@ struct Roots {
 /// openat2 and no symlinks (ferry_engine::copy_beneath). A root is the admin's (or the
 /// kubelet's) to create: a missing one is a mount that is not there, and writing into the
 /// node's own disk below it would hide the data.
-fn open_roots(
+fn open_root(
     host_root: &Path,
     node: &str,
-    source_root: &str,
-    destination_root: &str,
-) -> Result<Roots, ShardError> {
+    what: &'static str,
+    path: &str,
+) -> Result<OwnedFd, ShardError> {
     let host = std::fs::File::open(host_root).map_err(|source| ShardError::HostRoot {
         path: host_root.to_path_buf(),
         source,
     })?;
-    let open_root = |what: &'static str, path: &str| {
-        if !path.starts_with('/') {
-            return Err(ShardError::NoHostPath);
-        }
-        ferry_engine::open_host_path(host.as_fd(), path).map_err(|source| ShardError::Root {
-            what,
-            path: path.to_string(),
-            node: node.to_string(),
-            source,
-        })
-    };
-    let src = Arc::new(open_root("source", source_root)?);
-    let dst = Arc::new(open_root("destination", destination_root)?);
-    Ok(Roots { src, dst })
+    if !path.starts_with('/') {
+        return Err(ShardError::NoHostPath);
+    }
+    ferry_engine::open_host_path(host.as_fd(), path).map_err(|source| ShardError::Root {
+        what,
+        path: path.to_string(),
+        node: node.to_string(),
+        source,
+    })
 }
 
 /// Count what the copy would carry; touch nothing on the destination.
@@ -527,7 +669,7 @@ fn engine_options(
 /// include/exclude select, hard links kept or not), counted on a blocking thread: for a dry
 /// run, the ETA, and a full destination's message.
 async fn plan(
-    root: &Arc<OwnedFd>,
+    root: &Src,
     path: &Path,
     select: Part,
     spec: &CopyJobSpec,
@@ -537,15 +679,20 @@ async fn plan(
 }
 
 async fn count(
-    root: &Arc<OwnedFd>,
+    root: &Src,
     path: &Path,
     select: Part,
     links: bool,
     filter: Filter,
 ) -> Result<ferry_engine::Totals, ShardError> {
     let (root, path) = (root.clone(), path.to_path_buf());
-    let totals = tokio::task::spawn_blocking(move || {
-        ferry_engine::plan_beneath(root.as_fd(), &path, select, links, &filter)
+    let totals = tokio::task::spawn_blocking(move || match root {
+        Src::Local(root) => ferry_engine::plan_beneath(root.as_fd(), &path, select, links, &filter),
+        // Counted by the sender, with the job's include/exclude as it compiles them (a copy
+        // between nodes is never split: `select` is the whole tree).
+        Src::Remote(link) => link.current().count(links).map_err(|e| {
+            ferry_engine::Error::io("count the source on the sender's node", &path, e)
+        }),
     })
     .await??;
     Ok(totals)
@@ -578,7 +725,14 @@ async fn mirror(
     spec: &CopyJobSpec,
     opts: ferry_engine::PruneOptions,
 ) -> Result<ferry_engine::Pruned, ShardError> {
-    let (src, dst) = (roots.src.clone(), roots.dst.clone());
+    let Src::Local(src) = roots.src.clone() else {
+        // Refused before the copy (see run_shard).
+        return Err(ShardError::Refused {
+            reason: Reason::InvalidSpec,
+            message: "spec.deleteExtraneous: a copy between nodes cannot mirror yet".into(),
+        });
+    };
+    let dst = roots.dst.clone();
     let (src_path, dst_path) = (
         PathBuf::from(&spec.source.path),
         PathBuf::from(&spec.destination.path),
@@ -619,9 +773,54 @@ fn count_later(live: &Arc<Live>, done: &Arc<AtomicBool>, roots: &Roots, target: 
     });
 }
 
+/// Connections of a copy between nodes dialled again after one was lost, at most, in one
+/// run (each dial itself tries for up to [`network::DIAL_FOR`]).
+const MAX_REDIALS: u32 = 1000;
+
 /// The copy, on its own OS thread; the async side only publishes its progress, and stops
-/// it the moment the API server says the shard is no longer ours.
+/// it the moment the API server says the shard is no longer ours. A copy between nodes
+/// whose connection is lost dials the sender again and resumes from what this node
+/// committed (finished files are not sent again).
 async fn copy(
+    node: &Node,
+    target: Target<'_>,
+    active: &Active,
+    live: &Arc<Live>,
+    done: &Arc<AtomicBool>,
+    roots: &Roots,
+    mut opts: ferry_engine::Options,
+) -> Result<Result<Summary, ferry_engine::Error>, ShardError> {
+    let shard = target.shard;
+    let mut redials = 0;
+    loop {
+        let result = copy_once(node, target, active, live, done, roots, opts.clone()).await?;
+        let Src::Remote(link) = &roots.src else {
+            return Ok(result);
+        };
+        let conn = link.current();
+        let Some(why) = conn.lost() else {
+            return Ok(result);
+        };
+        let stopped =
+            active.cancel.load(Ordering::Relaxed) || active.fenced.load(Ordering::Relaxed);
+        if stopped || redials >= MAX_REDIALS {
+            return Ok(result);
+        }
+        redials += 1;
+        crate::serve::metrics().redials.inc();
+        tracing::warn!(shard = %shard.id, sender = %shard.sender, %why, redials, "the connection to the sender was lost: dialling again to resume");
+        let fresh = dial_until(node, target, active).await?;
+        *crate::lock(&link.conn) = fresh;
+        // What the lost connection's run committed is kept (the journal): the next run
+        // resumes, and counts the tree again from zero as any resumed run does.
+        opts.resume = true;
+        live.restart();
+        done.store(false, Ordering::Relaxed);
+    }
+}
+
+/// One run of the engine on the shard's source, to its end.
+async fn copy_once(
     node: &Node,
     target: Target<'_>,
     active: &Active,
@@ -634,30 +833,61 @@ async fn copy(
     let (tx, rx) = tokio::sync::oneshot::channel();
     {
         let (live, done) = (live.clone(), done.clone());
-        let (src_root, dst_root) = (roots.src.clone(), roots.dst.clone());
+        let (src, dst_root) = (roots.src.clone(), roots.dst.clone());
         let src_path = PathBuf::from(&target.job.spec.source.path);
         let dst_path = PathBuf::from(&target.job.spec.destination.path);
         std::thread::Builder::new()
             .name("ferry-shard".into())
             .spawn(move || {
-                let result = ferry_engine::copy_beneath(
-                    src_root.as_fd(),
-                    &src_path,
-                    dst_root.as_fd(),
-                    &dst_path,
-                    &opts,
-                    &*live,
-                );
+                let result = match src {
+                    Src::Local(src_root) => ferry_engine::copy_beneath(
+                        src_root.as_fd(),
+                        &src_path,
+                        dst_root.as_fd(),
+                        &dst_path,
+                        &opts,
+                        &*live,
+                    ),
+                    Src::Remote(link) => ferry_engine::copy_from_beneath(
+                        &link.current(),
+                        &src_path,
+                        dst_root.as_fd(),
+                        &dst_path,
+                        &opts,
+                        &*live,
+                    ),
+                };
                 done.store(true, Ordering::Relaxed);
                 let _ = tx.send(result);
             })
             .map_err(ShardError::Spawn)?;
     }
+    // A copy between nodes counts what it received as it goes (for the network rate).
+    let (ns, name) = (
+        target.job.namespace().unwrap_or_default(),
+        target.job.name_any(),
+    );
+    let conn = match &roots.src {
+        Src::Remote(link) => Some(link.current()),
+        Src::Local(_) => None,
+    };
+    let mut received = 0;
+    let mut count_received = || {
+        if let Some(conn) = &conn {
+            let now = conn.bytes_received();
+            crate::serve::metrics().network("received", &ns, &name, now.saturating_sub(received));
+            received = now;
+        }
+    };
     let mut rx = rx;
     let result = loop {
         tokio::select! {
-            r = &mut rx => break r.map_err(ShardError::CopyThreadVanished)?,
+            r = &mut rx => {
+                count_received();
+                break r.map_err(ShardError::CopyThreadVanished)?
+            }
             _ = tokio::time::sleep(PUBLISH_EVERY) => {
+                count_received();
                 if !done.load(Ordering::Relaxed) && !active.fenced.load(Ordering::Relaxed) {
                     match node.publish(target, ShardState::Running, live, None).await {
                         // Not ours any more: stop copying at once.

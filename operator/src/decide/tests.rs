@@ -127,8 +127,9 @@ fn a_node_local_job_with_a_live_agent_gets_one_shard_on_that_node() {
     assert_eq!(cond(&d, ConditionType::Resolved).0, "True");
     assert_eq!(
         cond(&d, ConditionType::Scheduled),
-        ("True", "Assigned", "assigned to node node-a")
+        ("True", "Assigned", "assigned to node node-a (a local copy)")
     );
+    assert_eq!(d.status.mode, Some(ferry_crds::CopyMode::Local));
     assert!(d.write && d.assignment_changed);
     assert_eq!(d.requeue, None);
     assert!(d.events.is_empty());
@@ -153,8 +154,8 @@ fn without_a_node_for_both_volumes_the_job_waits_and_says_which_endpoint_lacks_o
             "spec.destination: no Ferry agent is running on node-b, node-c (the nodes with this volume)",
         ),
         (
-            [reach(&["node-a"], &["node-a"]), reach(&["node-b"], &["node-b"])],
-            "spec.source is on node-a, spec.destination on node-b, and no node reaches both",
+            [reach(&["node-a", "node-c"], &[]), reach(&["node-b"], &["node-b"])],
+            "spec.source: no Ferry agent is running on node-a, node-c (the nodes with this volume)",
         ),
     ];
     for (reachable, says) in cases {
@@ -193,6 +194,108 @@ fn without_a_node_for_both_volumes_the_job_waits_and_says_which_endpoint_lacks_o
             "{message}: warned twice"
         );
     }
+}
+
+/// Decide a job whose volumes are on the nodes `reachable` says, none on both.
+fn decide_apart(
+    job: &CopyJob,
+    reachable: &[crate::resolve::Reachable; 2],
+    lost: &[(&str, u64)],
+) -> Decision {
+    let lost_for = |node: &str| {
+        lost.iter()
+            .find(|(n, _)| *n == node)
+            .map(|(_, secs)| Duration::from_secs(*secs))
+    };
+    decide(&Inputs {
+        job,
+        endpoints: &volumes(false),
+        eligible: &[],
+        reachable,
+        lost_for: &lost_for,
+        node_deadline: DEADLINE,
+    })
+}
+
+#[test]
+fn volumes_on_two_nodes_are_copied_by_a_pair_of_agents_the_receiver_running_the_shard() {
+    let reachable = [
+        reach(&["node-a", "node-c"], &["node-c"]),
+        reach(&["node-b"], &["node-b"]),
+    ];
+    let d = decide_apart(&job(serde_json::json!({})), &reachable, &[]);
+    assert_eq!(
+        d.status.shards.len(),
+        1,
+        "a copy between nodes is not split"
+    );
+    let s = &d.status.shards[0];
+    // The live node with the source serves it; the destination's node runs the shard.
+    assert_eq!(
+        (s.sender.as_str(), s.node.as_str(), s.epoch),
+        ("node-c", "node-b", 1)
+    );
+    assert_eq!(d.status.mode, Some(ferry_crds::CopyMode::Network));
+    assert_eq!(
+        cond(&d, ConditionType::Scheduled),
+        (
+            "True",
+            "Assigned",
+            "copying between nodes: node node-c serves the source to node node-b over the network"
+        )
+    );
+    assert!(d.write && d.assignment_changed);
+    // Split jobs too: shared roots mounted on different nodes make one shard.
+    let split = job(serde_json::json!({"parallelism": {"maxAgents": 4}}));
+    let d = decide_apart(&split, &reachable, &[]);
+    assert_eq!(d.status.shards.len(), 1);
+
+    // The sender's agent stops heartbeating: the shard waits for it, then fails naming it,
+    // at a new epoch (neither agent can publish or serve the old one).
+    let running = after(
+        job(serde_json::json!({})),
+        with_shards(vec![ShardStatus {
+            sender: "node-c".into(),
+            ..running_on("node-b", 1)
+        }]),
+    );
+    let d = decide_apart(&running, &reachable, &[("node-c", 10)]);
+    let (status, reason, message) = cond(&d, ConditionType::Scheduled);
+    assert_eq!((status, reason), ("True", "WaitingForNode"), "{message}");
+    assert!(message.contains("node-c"), "{message}");
+    let d = decide_apart(&running, &reachable, &[("node-c", 400)]);
+    let s = &d.status.shards[0];
+    assert_eq!((s.state, s.epoch), (ShardState::Failed, 2));
+    assert!(
+        s.failures[0].message.contains("node node-c"),
+        "{:?}",
+        s.failures
+    );
+    assert_eq!(event_reasons(&d), ["NodeUnavailable", "NodeUnavailable"]);
+}
+
+#[test]
+fn a_dry_run_between_nodes_plans_from_the_sender_to_the_receiver() {
+    let reachable = [
+        reach(&["node-a"], &["node-a"]),
+        reach(&["node-b"], &["node-b"]),
+    ];
+    let dry = job(serde_json::json!({"dryRun": true}));
+    let d = decide_apart(&dry, &reachable, &[]);
+    let mut done = d.status.shards.clone();
+    done[0].state = ShardState::Succeeded;
+    done[0].planned_files = Some(3);
+    done[0].planned_bytes = Some(30);
+    let d = decide_apart(&after(dry, with_shards(done)), &reachable, &[]);
+    let plan = d.status.plan.clone().expect("a plan");
+    assert_eq!(plan.nodes, names(&["node-a", "node-b"]));
+    assert_eq!(plan.mode, Some(ferry_crds::CopyMode::Network));
+    let (_, reason, message) = cond(&d, ConditionType::Complete);
+    assert_eq!(reason, "Planned");
+    assert!(
+        message.contains("from node node-a to node node-b over the network"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -336,6 +439,7 @@ fn a_dry_run_of_a_splittable_job_reports_the_split_it_would_make() {
             bytes: 50,
             nodes: shape.1,
             shards: shape.0,
+            mode: Some(ferry_crds::CopyMode::Local),
             ..Plan::default()
         })
     );

@@ -158,8 +158,9 @@ fn open_destination(dst: &Path) -> Result<DstAt, Error> {
 /// Copy what a source half on another node serves (see [`crate::send`]) to `dst`, over
 /// `conn` (its hello already accepted), exactly as [`copy`] copies a local source: the
 /// same destination rules (staging, overwrite, resume, metadata, manifest, records).
-/// `src` only labels messages. Refused: a part of a split copy (a copy across nodes is one
-/// part) and `reflink: Always` (no blocks can be shared across nodes).
+/// `src` only labels messages, and names a single file copied into an existing directory.
+/// Refused: a part of a split copy (a copy across nodes is one part) and `reflink: Always`
+/// (no blocks can be shared across nodes).
 pub fn copy_from(
     conn: &Arc<Connection>,
     src: &Path,
@@ -167,56 +168,9 @@ pub fn copy_from(
     options: &Options,
     progress: &dyn Progress,
 ) -> Result<Summary, Error> {
-    if options.select != Part::All {
-        return Err(Error::Usage(
-            "a copy from another node is not split into parts; copy the whole tree".into(),
-        ));
-    }
-    if options.reflink == crate::options::Reflink::Always {
-        return Err(Error::Usage(
-            "reflink: Always cannot be met across nodes (no blocks are shared between them); use Auto or Never".into(),
-        ));
-    }
-    let mut req = conn
-        .request(|req| ferry_transfer::Frame::Stat {
-            req,
-            path: Vec::new(),
-        })
-        .map_err(|e| Error::io("stat source", src, e))?;
-    let top = match req.next().map_err(|e| Error::io("stat source", src, e))? {
-        ferry_transfer::Frame::Entry { entry, .. } => super::remote::rec_of(entry, None),
-        _ => {
-            let e = std::io::Error::other("the sender answered a stat with something else");
-            return Err(Error::io("stat source", src, e));
-        }
-    };
-    let is_dir = top.st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-    let src_at = SrcAt::Remote {
-        st: top.st,
-        xattrs: top.xattrs,
-    };
-    let dst_at = match open_destination(dst)? {
-        // One file into a directory: named as the source is (the sender's file is its
-        // top, at path "", so the name is the source path's).
-        DstAt::Dir(parent) if !is_dir => {
-            let name = final_name(src)?;
-            let exists = sys::lstatat(parent.as_fd(), &name).is_ok();
-            DstAt::Entry {
-                parent,
-                name,
-                exists,
-            }
-        }
-        other => other,
-    };
-    run_from(
-        src_at,
-        dst_at,
-        (src, dst),
-        options,
-        progress,
-        Some(conn.clone()),
-    )
+    let src_at = SrcAt::remote(conn, src, options)?;
+    let dst_at = open_destination(dst)?;
+    run(src_at, dst_at, src, dst, options, progress)
 }
 
 /// The top of a copy into an existing directory (or the directories of a single file's
@@ -286,9 +240,54 @@ pub(crate) enum SrcAt {
     Dir { fd: OwnedFd, st: sys::Stat },
     /// Anything else: entry `name` of directory `parent`.
     Entry { parent: OwnedFd, name: CString },
-    /// On another node (the copy's connection): a directory, with its record's stat and
-    /// attributes; or one regular file (the top is the file, at path "").
-    Remote { st: sys::Stat, xattrs: Vec<Xattr> },
+    /// On another node, served at the other end of `conn`: a directory, with its record's
+    /// stat and attributes; or one regular file (the top is the file, at path "").
+    Remote {
+        conn: Arc<Connection>,
+        st: sys::Stat,
+        xattrs: Vec<Xattr>,
+    },
+}
+
+impl SrcAt {
+    /// The top that the source half at the other end of `conn` serves (its hello already
+    /// accepted), for a copy with `options` (`src` labels messages). Refused: a part of a
+    /// split copy (a copy across nodes is one part) and `reflink: Always` (no blocks can
+    /// be shared across nodes).
+    pub(crate) fn remote(
+        conn: &Arc<Connection>,
+        src: &Path,
+        options: &Options,
+    ) -> Result<Self, Error> {
+        if options.select != Part::All {
+            return Err(Error::Usage(
+                "a copy from another node is not split into parts; copy the whole tree".into(),
+            ));
+        }
+        if options.reflink == crate::options::Reflink::Always {
+            return Err(Error::Usage(
+                "reflink: Always cannot be met across nodes (no blocks are shared between them); use Auto or Never".into(),
+            ));
+        }
+        let mut req = conn
+            .request(|req| ferry_transfer::Frame::Stat {
+                req,
+                path: Vec::new(),
+            })
+            .map_err(|e| Error::io("stat source", src, e))?;
+        let top = match req.next().map_err(|e| Error::io("stat source", src, e))? {
+            ferry_transfer::Frame::Entry { entry, .. } => super::remote::rec_of(entry, None),
+            _ => {
+                let e = std::io::Error::other("the sender answered a stat with something else");
+                return Err(Error::io("stat source", src, e));
+            }
+        };
+        Ok(SrcAt::Remote {
+            conn: conn.clone(),
+            st: top.st,
+            xattrs: top.xattrs,
+        })
+    }
 }
 
 /// A copy's source as the walk starts from it.
@@ -312,7 +311,8 @@ pub(crate) enum DstAt {
     },
 }
 
-/// The copy itself, once both ends are open (`src`/`dst` only label messages).
+/// The copy itself, once both ends are open (`src`/`dst` only label messages, but for a
+/// single file from another node copied into a directory: it takes `src`'s last name).
 pub(crate) fn run(
     src_at: SrcAt,
     dst_at: DstAt,
@@ -321,19 +321,25 @@ pub(crate) fn run(
     options: &Options,
     progress: &dyn Progress,
 ) -> Result<Summary, Error> {
-    run_from(src_at, dst_at, (src, dst), options, progress, None)
-}
-
-/// [`run`], with the connection to the source's node when the source is there.
-fn run_from(
-    src_at: SrcAt,
-    dst_at: DstAt,
-    (src, dst): (&Path, &Path),
-    options: &Options,
-    progress: &dyn Progress,
-    remote: Option<Arc<Connection>>,
-) -> Result<Summary, Error> {
     let started = Instant::now();
+    let (remote, dst_at) = match (&src_at, dst_at) {
+        // One file into a directory: named as the source is (the sender's file is its
+        // top, at path "", so the name is the source path's).
+        (SrcAt::Remote { conn, st, .. }, DstAt::Dir(parent))
+            if st.st_mode & libc::S_IFMT != libc::S_IFDIR =>
+        {
+            let name = final_name(src)?;
+            let exists = sys::lstatat(parent.as_fd(), &name).is_ok();
+            let dst_at = DstAt::Entry {
+                parent,
+                name,
+                exists,
+            };
+            (Some(conn.clone()), dst_at)
+        }
+        (SrcAt::Remote { conn, .. }, dst_at) => (Some(conn.clone()), dst_at),
+        (_, dst_at) => (None, dst_at),
+    };
     options.check_staging_tag().map_err(Error::Usage)?;
     let fd_limit = sys::raise_nofile_limit();
     let mut listed = HashSet::new();
@@ -408,7 +414,7 @@ fn run_from(
     // on another node) with its stat and (remote) attributes; or an entry of one.
     let src_at = match src_at {
         SrcAt::Dir { fd, st } => TopSrc::Dir((SrcDir::Fd(fd), st, Vec::new())),
-        SrcAt::Remote { st, xattrs } if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+        SrcAt::Remote { st, xattrs, .. } if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
             TopSrc::Dir((SrcDir::Remote(Vec::new()), st, xattrs))
         }
         // The top is the file: its path is "", the empty name in the empty path.

@@ -1,0 +1,279 @@
+//! Copies between nodes, the daemon's two roles. The operator pairs a sender (a node with
+//! the source) with a receiver (the node with the destination, which runs the shard) and
+//! writes the pairing and a ticket into the job's ticket Secret (`ferry_crds::Ticket`):
+//!
+//! - as a sender, this agent serves a receiver's hello only as that Secret says (this node
+//!   the sender, the peer's certificate the receiver's node, the epoch, the ticket), and
+//!   serves the source it resolves itself, from the job's spec and objects only admins
+//!   write, beneath its root (never from the job's status, which an agent token can write);
+//! - as a receiver, it finds the sender's transfer port in the sender's heartbeat Lease
+//!   (the annotation [`ADDRESS_ANNOTATION`]), reads its ticket, and dials; the sender's
+//!   certificate must name the sender's node, so a wrong address only fails.
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_crds::{ticket_secret, CopyJob, ShardStatus, Ticket, STATE_DIR};
+use ferry_engine::recv::Connection;
+use ferry_engine::send::{SendOptions, SourceTop};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+
+use super::fence::lease_name;
+use super::settings::Settings;
+use crate::transfer::{self, Grant, Grants, Hello, Tls};
+
+/// Annotation on an agent's heartbeat Lease: where its transfer port is reached
+/// (`<address>:<port>`).
+pub const ADDRESS_ANNOTATION: &str = "ferry.dev/transfer-address";
+
+/// The newest TLS identity of this node, as `certs` renews it.
+pub(super) type Identity = tokio::sync::watch::Receiver<Option<Arc<Tls>>>;
+
+/// The ticket Secret's entry for `shard` of the job with `uid`, or why there is none.
+async fn ticket(
+    client: &Client,
+    namespace: &str,
+    uid: &str,
+    shard: &str,
+) -> Result<Ticket, String> {
+    let name = ticket_secret(uid);
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("reading the ticket Secret {namespace}/{name}: {e}"))?
+        .ok_or_else(|| {
+            format!("the operator has written no ticket for job {uid} (Secret {namespace}/{name})")
+        })?;
+    let raw = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(shard))
+        .ok_or_else(|| {
+            format!("the ticket Secret {namespace}/{name} has no entry for shard {shard}")
+        })?;
+    // Written by the operator, but bounded like any input.
+    if raw.0.len() > 4096 {
+        return Err(format!(
+            "shard {shard}'s entry in {namespace}/{name} is {} bytes",
+            raw.0.len()
+        ));
+    }
+    serde_json::from_slice(&raw.0)
+        .map_err(|e| format!("shard {shard}'s entry in {namespace}/{name}: {e}"))
+}
+
+/// The sender's grants: looked up when a receiver says hello.
+pub(super) struct SenderGrants {
+    pub(super) client: Client,
+    pub(super) settings: Settings,
+    pub(super) jobs: Store<CopyJob>,
+}
+
+impl Grants for SenderGrants {
+    fn grant<'a>(
+        &'a self,
+        job: &'a str,
+        shard: u32,
+        epoch: u64,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<Grant, String>> + Send + 'a>> {
+        Box::pin(self.lookup(job, shard, epoch))
+    }
+}
+
+impl SenderGrants {
+    async fn lookup(&self, uid: &str, shard: u32, epoch: u64) -> Result<Grant, String> {
+        let me = &self.settings.node;
+        let job = self
+            .jobs
+            .state()
+            .into_iter()
+            .find(|j| j.uid().as_deref() == Some(uid))
+            .ok_or_else(|| format!("no CopyJob with uid {uid} is known to the agent on {me}"))?;
+        let name = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
+        if job.metadata.deletion_timestamp.is_some() || job.spec.suspend {
+            return Err(format!("job {name} is being deleted or is suspended"));
+        }
+        let t = ticket(
+            &self.client,
+            &self.settings.namespace,
+            uid,
+            &shard.to_string(),
+        )
+        .await?;
+        if &t.sender != me {
+            return Err(format!(
+                "shard {shard} of job {name} is node {}'s to send, not node {me}'s",
+                t.sender
+            ));
+        }
+        if t.epoch != epoch as i64 {
+            return Err(format!(
+                "shard {shard} of job {name} is at epoch {}, not {epoch}",
+                t.epoch
+            ));
+        }
+        let ticket = t.bytes().ok_or_else(|| {
+            format!("shard {shard} of job {name}: the ticket is not 64 hex digits")
+        })?;
+        // The status's account of the source root is used only for a CSI volume's pod
+        // mount, and only if it is the kubelet's mount of that very volume.
+        let assigned = job
+            .status
+            .iter()
+            .flat_map(|s| &s.shards)
+            .find(|s| s.id == shard.to_string())
+            .map(|s| s.source_root.clone())
+            .unwrap_or_default();
+        let root = super::shard::own_root(&self.client, me, &job, true, &assigned)
+            .await
+            .map_err(|e| format!("the source on node {me}: {}", crate::with_causes(&e)))?;
+        let spec = &job.spec;
+        let options = send_options(&self.settings, spec)?;
+        let (host, path) = (
+            self.settings.host_root.clone(),
+            PathBuf::from(&spec.source.path),
+        );
+        let open: transfer::OpenSource = Arc::new(move || open_source(&host, &root, &path));
+        Ok(Grant {
+            job: uid.to_string(),
+            shard,
+            epoch,
+            receiver: t.receiver,
+            ticket,
+            open,
+            options,
+            named: (job.namespace().unwrap_or_default(), job.name_any()),
+        })
+    }
+}
+
+/// How the source of a job is served: the job's workers, its xattrs, its bandwidth limit,
+/// its include/exclude for a count, Ferry's state at the top of the root never served.
+fn send_options(
+    settings: &Settings,
+    spec: &ferry_crds::CopyJobSpec,
+) -> Result<SendOptions, String> {
+    let at_top = |p: &str| p.split('/').all(|c| c.is_empty() || c == ".");
+    let bandwidth_limit = match &spec.transfer.bandwidth_limit {
+        Some(q) => Some(
+            ferry_crds::parse_rate(q)
+                .map_err(|e| format!("spec.transfer.bandwidthLimit: {e}"))?
+                .max(ferry_resolve::validate::MIN_BANDWIDTH),
+        ),
+        None => None,
+    };
+    let filter =
+        ferry_crds::Filter::new(&spec.include, &spec.exclude).map_err(|e| format!("spec.{e}"))?;
+    Ok(SendOptions {
+        workers: match spec.parallelism.workers_per_agent {
+            n if n > 0 => n as usize,
+            _ => settings.workers,
+        }
+        .min(ferry_crds::MAX_WORKERS as usize),
+        reserved_top: at_top(&spec.source.path)
+            .then(|| std::ffi::CString::new(STATE_DIR).unwrap_or_default()),
+        xattrs: spec.preserve.xattrs,
+        bandwidth_limit,
+        // `path` (from the source's top): once per connection; `path#n`: n times.
+        corrupt_in_flight: settings.corrupt_in_flight.as_ref().map(|v| {
+            match v
+                .rsplit_once('#')
+                .and_then(|(p, n)| Some((p, n.parse().ok()?)))
+            {
+                Some((path, times)) => (path.as_bytes().to_vec(), times),
+                None => (v.as_bytes().to_vec(), 1),
+            }
+        }),
+        filter,
+    })
+}
+
+/// Open the root inside the node's filesystem, then the job's path beneath it, as a local
+/// copy opens its source.
+fn open_source(
+    host: &std::path::Path,
+    root: &str,
+    path: &std::path::Path,
+) -> Result<SourceTop, String> {
+    let host = std::fs::File::open(host)
+        .map_err(|e| format!("opening the host root {}: {e}", host.display()))?;
+    let root_fd = ferry_engine::open_host_path(host.as_fd(), root).map_err(|e| {
+        format!(
+            "the source root {root} is not a directory on this node: {}",
+            crate::with_causes(&e)
+        )
+    })?;
+    SourceTop::beneath(root_fd.as_fd(), path).map_err(|e| crate::with_causes(&e))
+}
+
+/// Why a receiver could not get a connection to its sender (it tries again until
+/// [`DIAL_FOR`] has passed).
+pub(super) const DIAL_FOR: Duration = Duration::from_secs(60);
+
+/// Dial the sender of `shard` for this node, as its ticket says.
+pub(super) async fn dial(
+    client: &Client,
+    settings: &Settings,
+    identity: Option<&Identity>,
+    job: &CopyJob,
+    shard: &ShardStatus,
+) -> Result<Arc<Connection>, String> {
+    let me = &settings.node;
+    let Some(identity) = identity else {
+        return Err(format!(
+            "the agent on node {me} serves no transfer port, so it has no certificate to receive with (chart value agent.transferPort, or --transfer-listen)"
+        ));
+    };
+    let tls = identity.borrow().clone().ok_or_else(|| {
+        format!("node {me} has no transfer certificate yet (the operator's signer issues it)")
+    })?;
+    let uid = job.uid().unwrap_or_default();
+    let t = ticket(client, &settings.namespace, &uid, &shard.id).await?;
+    if &t.receiver != me || t.sender != shard.sender || t.epoch != shard.epoch {
+        return Err(format!(
+            "the ticket of shard {} pairs {} -> {} at epoch {}, not {} -> {me} at epoch {} (reassigned?)",
+            shard.id, t.sender, t.receiver, t.epoch, shard.sender, shard.epoch
+        ));
+    }
+    let ticket = t.bytes().ok_or("the ticket is not 64 hex digits")?;
+    let lease = Api::<Lease>::namespaced(client.clone(), &settings.namespace)
+        .get_opt(&lease_name(&shard.sender))
+        .await
+        .map_err(|e| format!("reading node {}'s heartbeat Lease: {e}", shard.sender))?
+        .ok_or_else(|| {
+            format!(
+                "node {} has no heartbeat Lease (no agent runs there)",
+                shard.sender
+            )
+        })?;
+    let addr = lease.annotations().get(ADDRESS_ANNOTATION).ok_or_else(|| {
+        format!(
+            "the agent on node {} serves no transfer port (chart value agent.transferPort)",
+            shard.sender
+        )
+    })?;
+    let addr: std::net::SocketAddr = addr.parse().map_err(|_| {
+        format!(
+            "node {}'s transfer address {addr:?} is not an address:port",
+            shard.sender
+        )
+    })?;
+    let hello = Hello {
+        job: uid,
+        shard: shard
+            .id
+            .parse()
+            .map_err(|_| format!("shard id {:?} is not a number", shard.id))?,
+        epoch: shard.epoch as u64,
+        ticket,
+    };
+    transfer::dial(addr, &tls, &shard.sender, &hello)
+        .await
+        .map_err(|e| crate::with_causes(&e))
+}
