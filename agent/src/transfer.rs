@@ -290,14 +290,29 @@ async fn connection(
     let (ns, name) = grant.named.clone();
     let (r, w) = tokio::io::split(tls);
     let (r, w) = (SyncIoBridge::new(r), SyncIoBridge::new(w));
-    let served = tokio::task::spawn_blocking(move || {
-        ferry_engine::send::serve(&top, r, w, &grant.options).map_err(|e| e.to_string())
-    })
-    .await;
+    // What is sent is counted as it goes (every second), for the network rate.
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut options = grant.options.clone();
+    options.sent = Some(sent.clone());
+    let mut serving = tokio::task::spawn_blocking(move || {
+        ferry_engine::send::serve(&top, r, w, &options).map_err(|e| e.to_string())
+    });
+    let mut counted = 0;
+    let mut count = || {
+        let now = sent.load(std::sync::atomic::Ordering::Relaxed);
+        metrics.network("sent", &ns, &name, now - counted);
+        counted = now;
+    };
+    let served = loop {
+        tokio::select! {
+            r = &mut serving => break r,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => count(),
+        }
+    };
+    count();
     senders.dec();
     match served {
         Ok(Ok(summary)) => {
-            metrics.network("sent", &ns, &name, summary.bytes_sent);
             tracing::info!(%peer, bytes = summary.bytes_sent, files = summary.files_sent, "shard's source served");
             Ok(())
         }

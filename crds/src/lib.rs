@@ -42,6 +42,10 @@ pub const MAX_WORKERS: i32 = 64;
 pub const GROUP: &str = "ferry.dev";
 /// API version served.
 pub const VERSION: &str = "v1alpha1";
+/// Annotation on an agent's heartbeat Lease: where its transfer port is reached
+/// (`<address>:<port>`). An agent without it neither sends nor receives copies between
+/// nodes, and the operator pairs no such agent.
+pub const TRANSFER_ADDRESS_ANNOTATION: &str = "ferry.dev/transfer-address";
 /// Finalizer the operator puts on each `CopyJob` so deletion cleans up staging data.
 pub const FINALIZER: &str = "ferry.dev/cleanup";
 /// Server-side-apply field manager of the operator (owns the status summary).

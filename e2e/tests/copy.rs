@@ -99,7 +99,7 @@ fn local_root_copyjob_runs_on_the_node_that_has_the_root_and_succeeds_with_an_id
         (
             "apart",
             "a-data",
-            "spec.source is on node-b, spec.destination on node-a, and no node reaches both",
+            "spec.source is on node-b, spec.destination on node-a, and no node reaches both; a copy between them needs a transfer port on both agents, and the agent on node-b, node-a serves none",
         ),
         (
             "nowhere",

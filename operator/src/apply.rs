@@ -90,6 +90,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         reachable: &reachable,
         lost_for: &lost_for,
         node_deadline: ctx.node_deadline,
+        transfers: &|node: &str| ctx.heartbeats.serves_transfers(node),
     });
     // A pair of agents is given a shard only with its ticket in place: written first, so
     // the receiver finds it when it sees the assignment (on a conflict below, the next

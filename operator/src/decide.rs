@@ -33,6 +33,9 @@ pub struct Inputs<'a> {
     pub lost_for: &'a dyn Fn(&str) -> Option<Duration>,
     /// How long node-local work waits for a lost node before failing `NodeUnavailable`.
     pub node_deadline: Duration,
+    /// Whether the node's agent serves a transfer port (only those are paired for a copy
+    /// between nodes).
+    pub transfers: &'a dyn Fn(&str) -> bool,
 }
 
 /// What the reconcile decided.
@@ -336,8 +339,11 @@ fn schedule_shards(
         // No live node has both volumes: the first live node with the source serves it to
         // the first live node with the destination.
         if eligible.is_empty() {
-            if let (Some(sender), Some(receiver)) = (src_at.live.first(), dst_at.live.first()) {
-                schedule::assign_pair(shards, sender, receiver);
+            let first = |r: &crate::resolve::Reachable| {
+                r.live.iter().find(|n| (input.transfers)(n)).cloned()
+            };
+            if let (Some(sender), Some(receiver)) = (first(src_at), first(dst_at)) {
+                schedule::assign_pair(shards, &sender, &receiver);
             }
         }
         for (id, from) in &lost.moved {
@@ -384,7 +390,7 @@ fn schedule_shards(
                 input.node_deadline.as_secs()
             ),
         ),
-        (true, _) => (Reason::NoAgent, no_node(input.reachable)),
+        (true, _) => (Reason::NoAgent, no_node(input.reachable, input.transfers)),
         (false, 1) => match shards.iter().find(|s| !s.sender.is_empty()) {
             Some(s) => (
                 Reason::Assigned,
@@ -441,7 +447,10 @@ fn schedule_shards(
 
 /// Why no node can take a job's shard: which endpoint's volume is on no node, or on nodes
 /// without a live agent; or that they are on different nodes.
-fn no_node([source, destination]: &[crate::resolve::Reachable; 2]) -> String {
+fn no_node(
+    [source, destination]: &[crate::resolve::Reachable; 2],
+    transfers: &dyn Fn(&str) -> bool,
+) -> String {
     let endpoints = [("spec.source", source), ("spec.destination", destination)];
     for (field, r) in endpoints {
         if r.nodes.is_empty() {
@@ -459,10 +468,18 @@ fn no_node([source, destination]: &[crate::resolve::Reachable; 2]) -> String {
             );
         }
     }
+    let without: Vec<&str> = source
+        .live
+        .iter()
+        .chain(&destination.live)
+        .map(String::as_str)
+        .filter(|n| !transfers(n))
+        .collect();
     format!(
-        "spec.source is on {}, spec.destination on {}, and no node reaches both; waiting for agents to copy between them",
+        "spec.source is on {}, spec.destination on {}, and no node reaches both; a copy between them needs a transfer port on both agents, and the agent on {} serves none (chart value agent.transferPort); waiting",
         source.live.join(", "),
-        destination.live.join(", ")
+        destination.live.join(", "),
+        without.join(", ")
     )
 }
 

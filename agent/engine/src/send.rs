@@ -152,6 +152,9 @@ pub struct SendOptions {
     /// receiver's copy would carry. (Listings and reads are not filtered: the receiver
     /// filters its own walk.)
     pub filter: crate::Filter,
+    /// Also counted here as they are sent, for a caller that shows a live rate (the
+    /// summary counts them too): file bytes sent, data and inline.
+    pub sent: Option<std::sync::Arc<AtomicU64>>,
 }
 
 impl Default for SendOptions {
@@ -163,6 +166,7 @@ impl Default for SendOptions {
             bandwidth_limit: None,
             corrupt_in_flight: None,
             filter: crate::Filter::default(),
+            sent: None,
         }
     }
 }
@@ -221,6 +225,7 @@ pub fn serve<R: Read, W: Write + Send>(
         .thread_name(|i| format!("ferry-send-{i}"))
         .build()
         .map_err(|e| SendError::Threads(e.to_string()))?;
+    let sent_before = opts.sent.as_ref().map_or(0, |s| s.load(Ordering::Relaxed));
     let half = Half {
         top,
         opts,
@@ -230,7 +235,7 @@ pub fn serve<R: Read, W: Write + Send>(
             failed: None,
         }),
         requests: Mutex::new(HashMap::new()),
-        sent: AtomicU64::new(0),
+        sent: opts.sent.clone().unwrap_or_default(),
         files: AtomicU64::new(0),
         corrupted: Default::default(),
         bucket: opts.bandwidth_limit.map(Bucket::new),
@@ -269,7 +274,7 @@ pub fn serve<R: Read, W: Write + Send>(
     }
     Ok(SendSummary {
         requests,
-        bytes_sent: half.sent.load(Ordering::Relaxed),
+        bytes_sent: half.sent.load(Ordering::Relaxed) - sent_before,
         files_sent: half.files.load(Ordering::Relaxed),
     })
 }
@@ -383,7 +388,7 @@ struct Half<'a, W> {
     opts: &'a SendOptions,
     out: Mutex<Out<W>>,
     requests: Mutex<HashMap<u32, State>>,
-    sent: AtomicU64,
+    sent: std::sync::Arc<AtomicU64>,
     files: AtomicU64,
     /// Corruptions the test hook has made.
     corrupted: std::sync::atomic::AtomicU32,

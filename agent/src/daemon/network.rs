@@ -28,9 +28,7 @@ use super::fence::lease_name;
 use super::settings::Settings;
 use crate::transfer::{self, Grant, Grants, Hello, Tls};
 
-/// Annotation on an agent's heartbeat Lease: where its transfer port is reached
-/// (`<address>:<port>`).
-pub const ADDRESS_ANNOTATION: &str = "ferry.dev/transfer-address";
+pub use ferry_crds::TRANSFER_ADDRESS_ANNOTATION as ADDRESS_ANNOTATION;
 
 /// The newest TLS identity of this node, as `certs` renews it.
 pub(super) type Identity = tokio::sync::watch::Receiver<Option<Arc<Tls>>>;
@@ -191,6 +189,7 @@ fn send_options(
             }
         }),
         filter,
+        sent: None,
     })
 }
 

@@ -615,6 +615,8 @@ fn options(
     opts.filter = filter_of(&job.spec)?;
     opts.select = select;
     opts.resume = resume;
+    // A copy between nodes asks its sender for zstd frames (ignored by a local copy).
+    opts.compress = job.spec.transfer.compression == ferry_crds::Compression::Zstd;
     // Ferry's state at the top of a root is neither read nor written as data.
     let at_top = |p: &str| p.split('/').all(|c| c.is_empty() || c == ".");
     if at_top(&job.spec.source.path) || at_top(&job.spec.destination.path) {

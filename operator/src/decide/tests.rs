@@ -71,6 +71,7 @@ fn decide_with(
         reachable: &Default::default(),
         lost_for: &lost_for,
         node_deadline: DEADLINE,
+        transfers: &|_: &str| true,
     })
 }
 
@@ -157,6 +158,10 @@ fn without_a_node_for_both_volumes_the_job_waits_and_says_which_endpoint_lacks_o
             [reach(&["node-a", "node-c"], &[]), reach(&["node-b"], &["node-b"])],
             "spec.source: no Ferry agent is running on node-a, node-c (the nodes with this volume)",
         ),
+        (
+            [reach(&["node-z"], &["node-z"]), reach(&["node-b"], &["node-b"])],
+            "spec.source is on node-z, spec.destination on node-b, and no node reaches both; a copy between them needs a transfer port on both agents, and the agent on node-z serves none",
+        ),
     ];
     for (reachable, says) in cases {
         let job = job(serde_json::json!({}));
@@ -169,6 +174,7 @@ fn without_a_node_for_both_volumes_the_job_waits_and_says_which_endpoint_lacks_o
             reachable: &reachable,
             lost_for: &lost_for,
             node_deadline: DEADLINE,
+            transfers: &|n: &str| n != "node-z",
         };
         let d = decide(&inputs(&job));
         let (status, reason, message) = cond(&d, ConditionType::Scheduled);
@@ -214,6 +220,7 @@ fn decide_apart(
         reachable,
         lost_for: &lost_for,
         node_deadline: DEADLINE,
+        transfers: &|_: &str| true,
     })
 }
 

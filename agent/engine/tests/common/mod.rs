@@ -277,6 +277,107 @@ pub fn unix_socket(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A tree with everything `cp -a` keeps, each in a form that is easy to get wrong: setuid,
+/// setgid and sticky modes and a 0555 directory, owners other than the copier's (as root),
+/// nanosecond times on files, directories, symlinks and a FIFO, user xattrs and POSIX ACLs
+/// (access and default), a hard link group spanning directories, symlinks verbatim
+/// (absolute, dangling, `..`), a FIFO and (as root) a character device, a sparse file, an
+/// empty file and directory, and names with a newline, invalid UTF-8 and 255 bytes. Times
+/// are set last, directories bottom-up, so building the tree does not move them.
+pub fn adversarial_tree(root: &Path) -> Result<()> {
+    let root_user = is_root();
+    mkdir(&root.join("modes/ro"))?;
+    mkdir(&root.join("links/a/deep"))?;
+    mkdir(&root.join("links/b"))?;
+    mkdir(&root.join("specials"))?;
+    mkdir(&root.join("names"))?;
+    mkdir(&root.join("empty/dir"))?;
+    for (name, mode) in [("setuid", 0o4755), ("setgid", 0o2750), ("plain", 0o640)] {
+        write(&root.join("modes").join(name), name.as_bytes())?;
+        chmod(&root.join("modes").join(name), mode)?;
+    }
+    mkdir(&root.join("modes/sticky"))?;
+    chmod(&root.join("modes/sticky"), 0o1777)?;
+    write(&root.join("modes/ro/inside"), b"under a 0555 directory")?;
+    write(&root.join("empty/file"), b"")?;
+    write_pattern_file(&root.join("links/a/deep/data"), 300_000)?;
+    std::fs::hard_link(root.join("links/a/deep/data"), root.join("links/b/same"))
+        .context("hard link")?;
+    std::fs::hard_link(root.join("links/a/deep/data"), root.join("links/third"))
+        .context("hard link")?;
+    symlink("/etc/passwd", &root.join("links/absolute"))?;
+    symlink("nowhere/at/all", &root.join("links/dangling"))?;
+    symlink("../modes/plain", &root.join("links/up"))?;
+    mkfifo(&root.join("specials/fifo"), 0o620)?;
+    if root_user {
+        mknod(&root.join("specials/null"), 'c', 0o666, 1, 3)?;
+    }
+    // Sparse: 8 MiB with data only at 0, 3 MiB and the last 4 KiB.
+    {
+        let f = File::create(root.join("sparse")).context("create sparse")?;
+        f.set_len(8 << 20)?;
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&pattern(0, 4096), 0)?;
+        f.write_all_at(&pattern(3 << 20, 65536), 3 << 20)?;
+        f.write_all_at(&pattern((8 << 20) - 4096, 4096), (8 << 20) - 4096)?;
+    }
+    write(&bytes_path(&root.join("names"), b"new\nline"), b"1")?;
+    write(&bytes_path(&root.join("names"), b"bad\xff\xfeutf8"), b"2")?;
+    write(&bytes_path(&root.join("names"), &[b'n'; 255]), b"3")?;
+    write(&root.join("names/-dash and space"), b"4")?;
+    set_xattr(&root.join("modes/plain"), "user.team", b"storage")?;
+    set_xattr(&root.join("links/a"), "user.dir", b"yes")?;
+    if which("setfacl").is_some() {
+        let acl = |args: &[&str], p: &Path| -> Result<()> {
+            let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+            all.push(p.as_os_str());
+            sh("setfacl", &all).map(|_| ())
+        };
+        acl(&["-m", "u:4242:rw"], &root.join("modes/plain"))?;
+        acl(&["-d", "-m", "g:4243:rx"], &root.join("links"))?;
+    }
+    if root_user {
+        lchown(&root.join("modes/plain"), 4242, 4243)?;
+        lchown(&root.join("links/absolute"), 4244, 4245)?;
+        lchown(&root.join("specials"), 4246, 4246)?;
+    }
+    let mut t = 1_600_000_000i64;
+    let mut stamp = |p: &Path| -> Result<()> {
+        t += 1;
+        set_times(p, (t, 123_456_789), (t - 86_400, 987_654_321))
+    };
+    for p in [
+        "modes/setuid",
+        "modes/plain",
+        "links/a/deep/data",
+        "links/absolute",
+        "links/dangling",
+        "specials/fifo",
+        "sparse",
+        "empty/file",
+    ] {
+        stamp(&root.join(p))?;
+    }
+    for d in [
+        "modes/ro",
+        "modes/sticky",
+        "modes",
+        "links/a/deep",
+        "links/a",
+        "links/b",
+        "links",
+        "specials",
+        "names",
+        "empty/dir",
+        "empty",
+    ] {
+        stamp(&root.join(d))?;
+    }
+    // Last: a 0555 directory refuses new entries, and chmod keeps the times.
+    chmod(&root.join("modes/ro"), 0o555)?;
+    Ok(())
+}
+
 /// Position-dependent bytes: every 8-byte word holds a mix of its offset, so a chunk copied
 /// to the wrong place, duplicated or dropped never compares equal.
 pub fn pattern(offset: u64, len: usize) -> Vec<u8> {
