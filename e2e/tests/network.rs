@@ -636,11 +636,24 @@ fn only_the_paired_receiver_with_its_shards_ticket_is_served() -> Result<()> {
     let trust: Vec<String> = certs::bundle_of(&nodes.cp, 1)?.into_values().collect();
     let trust = trust.join("\n");
     let b = certs::issued(&nodes.cp, "test-b", "node-b")?;
+    nodes.cp.add_node("node-c")?;
     let c = certs::issued(&nodes.cp, "test-c", "node-c")?;
+    // Connections node-a served for the shard: the receiver's own, once it has dialled.
     let served = || -> Result<usize> {
         let log = std::fs::read_to_string(nodes.cp.dir().join("agent-node-a.log"))?;
-        Ok(log.matches("serving a shard's source").count())
+        Ok(log
+            .lines()
+            .filter(|l| l.contains("serving a shard's source") && l.contains(&uid))
+            .count())
     };
+    let start = Instant::now();
+    while served()? == 0 {
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "node-b never dialled"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let before = served()?;
 
     // Without a certificate: the handshake fails; nothing is answered.
