@@ -328,6 +328,9 @@ fn a_tree_with_everything_cp_a_keeps_is_copied_between_nodes_identical_verified_
     certs::nothing_forbidden(&nodes.cp)
 }
 
+/// The bytes the sender sent through the proxy, and the first and last instants they came.
+type Counted = (Arc<AtomicU64>, Arc<Mutex<Option<(Instant, Instant)>>>);
+
 /// Forwards `listen` to `to`, counting the bytes from `to` (the sender's answers), and cuts
 /// every open connection when asked.
 struct Proxy {
@@ -369,12 +372,7 @@ impl Proxy {
                     open.extend(client.try_clone().ok());
                     open.extend(server.try_clone().ok());
                 }
-                let pump = |mut from: TcpStream,
-                            mut to: TcpStream,
-                            counted: Option<(
-                    Arc<AtomicU64>,
-                    Arc<Mutex<Option<(Instant, Instant)>>>,
-                )>| {
+                let pump = |mut from: TcpStream, mut to: TcpStream, counted: Option<Counted>| {
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 256 << 10];
                         loop {
