@@ -58,7 +58,7 @@ pub struct Metrics {
     /// `ferry_agent_ready`: what `/readyz` answers, as 1 or 0 (set at each scrape).
     pub ready: IntGauge,
     jobs: Arc<JobGauges>,
-    /// `ferry_agent_network_bytes_total{direction, namespace, job}`: file bytes of copies
+    /// `ferry_agent_network_bytes_total{direction, copyjob_namespace, copyjob}`: file bytes of copies
     /// between nodes, sent (as a sender) or received (as a receiver).
     pub network_bytes: IntCounterVec,
     /// The jobs `network_bytes` has series of, to drop them with the job.
@@ -68,6 +68,9 @@ pub struct Metrics {
     /// `ferry_agent_network_redials_total`: connections to a sender dialled again after one
     /// was lost mid-copy.
     pub redials: IntCounter,
+    /// `ferry_agent_network_resends_total`: files asked for once more after their bytes
+    /// arrived changed.
+    pub resends: IntCounter,
 }
 
 /// The per-job progress gauges and the per-shard numbers they add up.
@@ -159,7 +162,7 @@ impl Metrics {
                 "ferry_agent_network_bytes_total",
                 "File bytes of copies between nodes, by direction (sent: served as a sender; received: as a receiver) and CopyJob (holes are not sent)",
             ),
-            &["direction", "namespace", "job"],
+            &["direction", JOB_LABELS[0], JOB_LABELS[1]],
         )?;
         let connections = IntGaugeVec::new(
             Opts::new(
@@ -172,6 +175,10 @@ impl Metrics {
             "ferry_agent_network_redials_total",
             "Connections to a sender dialled again after one was lost mid-copy (the copy resumes)",
         )?;
+        let resends = IntCounter::new(
+            "ferry_agent_network_resends_total",
+            "Files of copies between nodes asked for once more because their bytes arrived changed (a second change is a ChecksumMismatch)",
+        )?;
         for role in ["sender", "receiver"] {
             connections.with_label_values(&[role]);
         }
@@ -179,6 +186,7 @@ impl Metrics {
             Box::new(network_bytes.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(connections.clone()),
             Box::new(redials.clone()),
+            Box::new(resends.clone()),
             Box::new(bytes.clone()),
             Box::new(files.clone()),
             Box::new(failures.clone()),
@@ -219,6 +227,7 @@ impl Metrics {
             network_jobs: Arc::default(),
             connections,
             redials,
+            resends,
         })
     }
 

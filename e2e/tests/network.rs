@@ -277,7 +277,7 @@ fn a_tree_with_everything_cp_a_keeps_is_copied_between_nodes_identical_verified_
 
     // What crossed the network, counted on both sides (holes are not sent: the 8 MiB
     // sparse file carries 72 KiB of data).
-    let labels = [("namespace", TEAM), ("job", "across")];
+    let labels = [("copyjob_namespace", TEAM), ("copyjob", "across")];
     let received = nodes.metric(
         "node-b",
         "ferry_agent_network_bytes_total",
@@ -303,6 +303,36 @@ fn a_tree_with_everything_cp_a_keeps_is_copied_between_nodes_identical_verified_
         "received {received}, data {data}"
     );
     ensure!(sent == received, "sent {sent}, received {received}");
+
+    // Every metric the dashboard's panels of copies between nodes query is exported by the
+    // agents that made one (the Prometheus test, without such a copy, cannot see them).
+    let dashboard = std::fs::read_to_string(
+        ferry_e2e::repo_root().join("charts/ferry/dashboards/ferry-nodes.json"),
+    )?;
+    let scraped = [
+        ferry_e2e::http_get(nodes.cp.agent_port("node-a")?, "/metrics").unwrap_or_default(),
+        ferry_e2e::http_get(nodes.cp.agent_port("node-b")?, "/metrics").unwrap_or_default(),
+    ]
+    .concat();
+    let queried: std::collections::BTreeSet<&str> = dashboard
+        .match_indices("ferry_agent_network_")
+        .map(|(i, _)| {
+            let rest = &dashboard[i..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .collect();
+    ensure!(queried.len() >= 4, "{queried:?}");
+    for m in &queried {
+        ensure!(
+            scraped
+                .lines()
+                .any(|l| l.starts_with(&format!("{m}{{")) || l.starts_with(&format!("{m} "))),
+            "the dashboard queries {m}, which no agent exports"
+        );
+    }
 
     // Its ticket goes with it.
     let uid = nodes.cp.get("copyjob/across", TEAM, "{.metadata.uid}")?;
@@ -552,6 +582,8 @@ fn a_bandwidth_limit_holds_and_bytes_changed_in_flight_are_caught() -> Result<()
     );
     let dst = nodes.root("node-b").join("paced");
     ensure!(!dst.join("bad").exists(), "a corrupted file was committed");
+    let resends = nodes.metric("node-b", "ferry_agent_network_resends_total", &[])?;
+    ensure!(resends == 1.0, "resends {resends}");
     for i in 0..5 {
         let name = format!("big{i}");
         ensure!(

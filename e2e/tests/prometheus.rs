@@ -39,7 +39,17 @@ const CORRUPT: &str = "corrupt-me.bin";
 const RATE_INTERVAL: &str = "5s";
 /// Panels whose value is 0 in a healthy run (no reconcile fails here), so only "returns
 /// data" is required of them.
-const MAY_STAY_ZERO: [&str; 1] = ["Reconcile errors per second, by kind"];
+const MAY_STAY_ZERO: [&str; 3] = [
+    "Reconcile errors per second, by kind",
+    // No copy between nodes here (its agents would need transfer certificates, which the
+    // signer issues only to the agents' node-bound tokens): e2e/tests/network.rs checks
+    // these metrics on the agents that copy between nodes.
+    "Open transfer connections by node",
+    "Resends and redials per second by node",
+];
+/// Panels of series that only a copy between nodes creates (per job): no data here;
+/// e2e/tests/network.rs checks them.
+const BETWEEN_NODES: [&str; 1] = ["Network bytes per second by node and direction"];
 
 fn now() -> f64 {
     SystemTime::now()
@@ -604,6 +614,9 @@ fn dashboards_and_alerts_work_against_a_real_prometheus_and_its_throughput_match
             .filter_map(|v| value(&v))
             .collect();
         let moved = values.iter().any(|v| v.is_finite() && *v != 0.0);
+        if values.is_empty() && BETWEEN_NODES.contains(&p.panel.as_str()) {
+            continue;
+        }
         if values.is_empty() {
             problems.push(format!("{} / {}: no data for {expr}", p.dashboard, p.panel));
         } else if !moved && !MAY_STAY_ZERO.contains(&p.panel.as_str()) {

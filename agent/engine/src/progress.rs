@@ -59,6 +59,9 @@ pub trait Progress: Sync {
     fn resumed(&self, _size: u64) {}
     /// One entry failed; the copy goes on.
     fn failed(&self, _failure: &Failure) {}
+    /// A file from another node arrived changed (its bytes did not hash as the sender
+    /// read them) and is asked for once more.
+    fn resent(&self) {}
 }
 
 /// A [`Progress`] that ignores everything.

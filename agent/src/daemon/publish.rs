@@ -164,6 +164,9 @@ impl Progress for Live {
         self.bytes.fetch_add(size, Ordering::Relaxed);
         self.resumed_bytes.fetch_add(size, Ordering::Relaxed);
     }
+    fn resent(&self) {
+        crate::serve::metrics().resends.inc();
+    }
     fn failed(&self, failure: &Failure) {
         self.failed.fetch_add(1, Ordering::Relaxed);
         crate::serve::metrics().file_failed(failure.kind);

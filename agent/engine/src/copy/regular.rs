@@ -269,6 +269,7 @@ impl<'a> Ctx<'a> {
                     return Err((op, super::failure::checksum_mismatch_msg(msg)));
                 }
                 tries.mismatch += 1;
+                self.progress.resent();
             }
             _ => return Err((op, err)),
         }
