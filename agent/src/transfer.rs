@@ -199,6 +199,27 @@ pub async fn serve(
     }
 }
 
+/// How long a transfer connection may go without the peer acknowledging what was sent, or
+/// idle without answering keepalive probes, before it is given up: a peer whose node
+/// vanished (no FIN, no RST) frees the other side's threads and descriptors within about a
+/// minute instead of the kernel's fifteen; the receiver then dials again.
+pub const PEER_GONE_AFTER: Duration = Duration::from_secs(60);
+
+/// Keepalive probes and a user timeout on a transfer connection (see [`PEER_GONE_AFTER`]).
+fn notice_a_vanished_peer(tcp: &TcpStream) {
+    let sock = socket2::SockRef::from(tcp);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(20))
+        .with_interval(Duration::from_secs(10))
+        .with_retries(4);
+    let set = sock
+        .set_tcp_keepalive(&keepalive)
+        .and_then(|()| sock.set_tcp_user_timeout(Some(PEER_GONE_AFTER)));
+    if let Err(e) = set {
+        tracing::warn!(error = %e, "setting keepalive on a transfer connection");
+    }
+}
+
 async fn timed<T>(
     what: &'static str,
     f: impl std::future::Future<Output = T>,
@@ -218,6 +239,7 @@ async fn connection(
         .peer_addr()
         .map_err(|e| TransferError::Hello(e.to_string()))?;
     let _ = tcp.set_nodelay(true);
+    notice_a_vanished_peer(&tcp);
     let mut tls = timed("the TLS handshake", acceptor.accept(tcp))
         .await?
         .map_err(|source| TransferError::Handshake { addr, source })?;
@@ -379,6 +401,7 @@ pub async fn dial(
         .await?
         .map_err(|source| TransferError::Connect { addr, source })?;
     let _ = tcp.set_nodelay(true);
+    notice_a_vanished_peer(&tcp);
     let mut stream = timed(
         "the TLS handshake",
         connector.connect(ferry_link::server_name(), tcp),
