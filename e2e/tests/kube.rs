@@ -26,8 +26,12 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 10] = [
+    let checks: [(&str, Check); 11] = [
         ("agent Ready by its probes", agent_ready),
+        (
+            "the agent's transfer port: a certificate for its node, its pod IP advertised",
+            transfer_port,
+        ),
         ("operator restricted, agent alone privileged", pod_security),
         ("identical copy on the node's disk", copy_on_the_node),
         (
@@ -114,6 +118,39 @@ fn agent_ready(tier: &KubeTier, _: &Path) -> Result<()> {
     ensure!(code == "200", "GET /readyz on the agent pod: {code:?}");
     let restarts = tier.get(&pod, NS, "{.status.containerStatuses[0].restartCount}")?;
     ensure!(restarts == "0", "the agent restarted {restarts} times");
+    Ok(())
+}
+
+/// The agent pod, on its pod-bound token, gets a transfer certificate from the operator's
+/// signer for the node it runs on, and publishes `<pod IP>:<transferPort>` in its heartbeat
+/// Lease, where a receiver on another node would find it.
+fn transfer_port(tier: &KubeTier, _: &Path) -> Result<()> {
+    let agents = pods(tier, "agent")?;
+    let pod = format!("pod/{}", agents.first().context("no agent pod")?);
+    let (ip, node) = (
+        tier.get(&pod, NS, "{.status.podIP}")?,
+        tier.get(&pod, NS, "{.spec.nodeName}")?,
+    );
+    let port = tier.get(
+        &pod,
+        NS,
+        "{.spec.containers[0].ports[?(@.name==\"transfer\")].containerPort}",
+    )?;
+    ensure!(port == "7450", "transfer port {port:?}");
+    let lease = format!("lease/ferry-agent-{node}");
+    let want = format!("{ip}:{port}");
+    let annotation = "{.metadata.annotations.ferry\\.dev/transfer-address}";
+    tier.wait_until(&lease, NS, annotation, Duration::from_secs(60), |a| a == want)
+        .with_context(|| format!("the Lease does not advertise {want}"))?;
+    let csrs: serde_json::Value =
+        serde_json::from_str(&tier.kubectl_ok(&["get", "csr", "-o", "json"])?)?;
+    let issued = csrs["items"].as_array().into_iter().flatten().any(|c| {
+        c["spec"]["signerName"] == "ferry.dev/transfer"
+            && c["spec"]["username"] == format!("system:serviceaccount:{NS}:ferry-agent")
+            && c["spec"]["extra"]["authentication.kubernetes.io/node-name"][0] == node
+            && !c["status"]["certificate"].as_str().unwrap_or_default().is_empty()
+    });
+    ensure!(issued, "no transfer certificate issued for {node}: {}", csrs["items"]);
     Ok(())
 }
 

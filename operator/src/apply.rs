@@ -125,7 +125,6 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             "kind": "CopyJob",
             "status": {
                 "phase": status.phase,
-                "mode": status.mode,
                 "conditions": status.conditions,
                 "progress": status.progress,
                 "shards": assignment,
@@ -139,6 +138,11 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         // lag our own last write: a shard that looks unassigned may already be running
         // somewhere. So an assignment only lands on the version it was decided on; on a
         // conflict the next reconcile decides again from fresher state.
+        // Sent once decided, and from then on always (a decided mode is never taken back):
+        // the API server refuses a null for an enum.
+        if let Some(mode) = status.mode {
+            patch["status"]["mode"] = mode.as_str().into();
+        }
         if assignment_changed {
             patch["metadata"] = serde_json::json!({ "resourceVersion": job.resource_version() });
         }
