@@ -140,17 +140,26 @@ fn transfer_port(tier: &KubeTier, _: &Path) -> Result<()> {
     let lease = format!("lease/ferry-agent-{node}");
     let want = format!("{ip}:{port}");
     let annotation = "{.metadata.annotations.ferry\\.dev/transfer-address}";
-    tier.wait_until(&lease, NS, annotation, Duration::from_secs(60), |a| a == want)
-        .with_context(|| format!("the Lease does not advertise {want}"))?;
+    tier.wait_until(&lease, NS, annotation, Duration::from_secs(60), |a| {
+        a == want
+    })
+    .with_context(|| format!("the Lease does not advertise {want}"))?;
     let csrs: serde_json::Value =
         serde_json::from_str(&tier.kubectl_ok(&["get", "csr", "-o", "json"])?)?;
     let issued = csrs["items"].as_array().into_iter().flatten().any(|c| {
         c["spec"]["signerName"] == "ferry.dev/transfer"
             && c["spec"]["username"] == format!("system:serviceaccount:{NS}:ferry-agent")
             && c["spec"]["extra"]["authentication.kubernetes.io/node-name"][0] == node
-            && !c["status"]["certificate"].as_str().unwrap_or_default().is_empty()
+            && !c["status"]["certificate"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty()
     });
-    ensure!(issued, "no transfer certificate issued for {node}: {}", csrs["items"]);
+    ensure!(
+        issued,
+        "no transfer certificate issued for {node}: {}",
+        csrs["items"]
+    );
     Ok(())
 }
 
