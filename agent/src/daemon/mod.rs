@@ -115,7 +115,12 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             .await
             .map_err(|source| RunError::TransferListen { addr, source })?;
         let bound = listener.local_addr().unwrap_or(addr);
-        settings.transfer_address = Some(advertised(settings.transfer_address.take(), bound));
+        let pod_ip = std::env::var("POD_IP").ok();
+        settings.transfer_address = Some(advertised(
+            settings.transfer_address.take(),
+            bound,
+            pod_ip.as_deref(),
+        ));
         tracing::info!(addr = %bound, advertised = ?settings.transfer_address, "serving the transfer port");
         let tls = certs::start(
             client.clone(),
@@ -227,14 +232,11 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
 /// Where other agents reach this one's transfer port: as told (`--transfer-address`), else
 /// the address it is bound to, or, bound to every address (0.0.0.0, [::]), the pod's IP
 /// (`POD_IP`, from the downward API) with its port.
-fn advertised(told: Option<String>, bound: std::net::SocketAddr) -> String {
+fn advertised(told: Option<String>, bound: std::net::SocketAddr, pod_ip: Option<&str>) -> String {
     if let Some(a) = told {
         return a;
     }
-    match std::env::var("POD_IP")
-        .ok()
-        .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
-    {
+    match pod_ip.and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) {
         Some(ip) if bound.ip().is_unspecified() => {
             std::net::SocketAddr::new(ip, bound.port()).to_string()
         }
@@ -376,5 +378,25 @@ impl Agent {
                 active_shards.dec();
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertised;
+
+    #[test]
+    fn the_transfer_address_is_the_one_told_else_the_bound_one_else_the_pods_ip() {
+        let any: std::net::SocketAddr = "0.0.0.0:7450".parse().expect("addr");
+        let one: std::net::SocketAddr = "127.0.0.2:7450".parse().expect("addr");
+        assert_eq!(
+            advertised(Some("proxy:1".into()), any, Some("10.0.0.9")),
+            "proxy:1"
+        );
+        assert_eq!(advertised(None, one, Some("10.0.0.9")), "127.0.0.2:7450");
+        assert_eq!(advertised(None, any, Some("10.0.0.9")), "10.0.0.9:7450");
+        assert_eq!(advertised(None, any, Some("fd00::9")), "[fd00::9]:7450");
+        // No pod IP (or a bad one): the bound address, which says it is unusable as is.
+        assert_eq!(advertised(None, any, Some("x")), "0.0.0.0:7450");
     }
 }
