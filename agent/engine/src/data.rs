@@ -367,7 +367,7 @@ pub(crate) fn copy_sparse(
 }
 
 /// Hash `n` zero bytes (a hole) without reading them, asking the stop signal every 64 MiB.
-fn hash_zeros(h: &mut Xxh3, mut n: u64, guard: &Guard<'_>) -> io::Result<()> {
+pub(crate) fn hash_zeros(h: &mut Xxh3, mut n: u64, guard: &Guard<'_>) -> io::Result<()> {
     static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
     let mut since_check = 0u64;
     while n > 0 {

@@ -93,9 +93,15 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
-/// ring: aws-lc-rs would need cmake and a C toolchain to build.
+/// ring: aws-lc-rs would need cmake and a C toolchain to build. AES-128-GCM first (both
+/// ends use this order, and a server follows the client's): a copy between nodes encrypts
+/// every byte it moves, and AES-128 does it in 10 rounds where AES-256 takes 14, with no
+/// practical difference in strength.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites
+        .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    Arc::new(p)
 }
 
 /// A node's own certificate chain and key, read and checked to be a node certificate, so that

@@ -63,6 +63,7 @@ enum ServerSaw {
     Connected {
         peer: String,
         version: Option<ProtocolVersion>,
+        suite: Option<rustls::CipherSuite>,
         read: io::Result<Vec<u8>>,
     },
     /// The handshake failed: no application byte was read.
@@ -103,6 +104,7 @@ async fn exchange(
         };
         let peer = peer_node(tls.get_ref().1)?;
         let version = tls.get_ref().1.protocol_version();
+        let suite = tls.get_ref().1.negotiated_cipher_suite().map(|s| s.suite());
         let mut read = Vec::new();
         let read = match tls.read_to_end(&mut read).await {
             Ok(_) => {
@@ -115,6 +117,7 @@ async fn exchange(
         Ok(ServerSaw::Connected {
             peer,
             version,
+            suite,
             read,
         })
     });
@@ -185,6 +188,7 @@ async fn nodes_of_one_install_connect_and_each_learns_the_others_node() -> Resul
     let ServerSaw::Connected {
         peer,
         version,
+        suite,
         read,
     } = server_saw
     else {
@@ -192,6 +196,8 @@ async fn nodes_of_one_install_connect_and_each_learns_the_others_node() -> Resul
     };
     assert_eq!(peer, "node-b", "the server learns which node connected");
     assert_eq!(version, Some(ProtocolVersion::TLSv1_3));
+    // The cheaper AES: every byte a copy moves between nodes is encrypted.
+    assert_eq!(suite, Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256));
     assert_eq!(read?, SECRET);
     let ClientSaw::Connected { peer, alpn, echo } = client_saw else {
         bail!("the client refused: {client_saw:?}");

@@ -311,14 +311,14 @@ impl<'a> Ctx<'a> {
             SrcFile::Remote(remote) => {
                 // From another node: its bytes as they arrive, the sender's hash of what it
                 // read, and whether the file changed meanwhile (the sender's check).
-                let (moved, src_hash, len) = self.fill_remote(remote, dst)?;
+                let (moved, src_hash, len, written) = self.fill_remote(remote, dst)?;
                 let file = (dir, name, staged, started);
                 return self.finish_regular(
                     src_name,
                     src.xattrs(),
                     st,
                     file,
-                    (moved, src_hash, len),
+                    (moved, src_hash, len, written),
                     caps,
                     local,
                     tries,
@@ -411,13 +411,15 @@ impl<'a> Ctx<'a> {
         }
         check_unchanged(src.as_fd(), st)?;
         let file = (dir, name, staged, started);
-        let moved = (moved, src_hash, logical_len);
+        let moved = (moved, src_hash, logical_len, None);
         let xattrs = SrcXattrs::Fd(src.as_fd());
         self.finish_regular(src_name, xattrs, st, file, moved, caps, local, tries)
     }
 
     /// The end of a regular file's copy, its data written: verify, metadata, commit.
-    /// `moved`: what moved, the source's hash (when hashing) and the length written.
+    /// `moved`: what moved, the source's hash (when hashing), the length written, and the
+    /// hash of the bytes as they were written where that is what verifies them (a copy
+    /// from another node under `verify: Checksum`; see `fill_remote`).
     #[allow(clippy::too_many_arguments)]
     fn finish_regular(
         &self,
@@ -425,7 +427,7 @@ impl<'a> Ctx<'a> {
         xattrs: SrcXattrs<'_>,
         st: &Stat,
         (dir, name, staged, started): (&Arc<OpenDir>, &CStr, &mut Staged, Instant),
-        (moved, src_hash, logical_len): (Moved, Option<u128>, u64),
+        (moved, src_hash, logical_len, written): (Moved, Option<u128>, u64, Option<u128>),
         _caps: &mut Caps,
         local: &mut Local,
         tries: Tries,
@@ -446,7 +448,10 @@ impl<'a> Ctx<'a> {
                         .is_some_and(|(victim, times)| {
                             victim.as_slice() == name.to_bytes() && tries.io < *times
                         });
-                Some(self.verify_dst(dst, expected, logical_len, local, fail_flush)?)
+                Some(match written {
+                    Some(got) => self.verify_written(expected, got, logical_len)?,
+                    None => self.verify_dst(dst, expected, logical_len, local, fail_flush)?,
+                })
             }
             None => None,
         };
@@ -500,6 +505,16 @@ impl<'a> Ctx<'a> {
             self.counters.verified.fetch_add(1, Ordering::Relaxed);
             self.progress.bytes_verified(n);
         }
+        Ok(expected)
+    }
+
+    /// Compare the hash of the bytes as they were written with the source's.
+    fn verify_written(&self, expected: u128, got: u128, len: u64) -> Result<u128, Fail> {
+        if got != expected {
+            return Err(("verify", checksum_mismatch(expected, got)));
+        }
+        self.counters.verified.fetch_add(1, Ordering::Relaxed);
+        self.progress.bytes_verified(len);
         Ok(expected)
     }
 

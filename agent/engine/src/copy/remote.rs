@@ -310,22 +310,31 @@ impl Ctx<'_> {
 
     /// Write a remote file's bytes into `dst` (a new, empty staged file): holes as holes
     /// (or zeros when sparseness is not kept), the length set at the end. Returns what
-    /// moved, the hash the sender computed of what it read (when hashing), and the length.
+    /// moved, the hash the sender computed of what it read (when hashing), the length, and
+    /// under `verify: Checksum` the hash of the bytes as they were written (holes as the
+    /// zeros a reader sees), which is what the sender's is checked against: the bytes
+    /// crossed the network and passed through this process, so hashing them on their way
+    /// to `write` checks the whole way from the source's read, without reading the copy
+    /// back (`verify: Full` still re-reads it past the page cache).
     pub(super) fn fill_remote(
         &self,
         src: &RemoteFile,
         dst: BorrowedFd<'_>,
-    ) -> Result<(Moved, Option<u128>, u64), Fail> {
+    ) -> Result<(Moved, Option<u128>, u64, Option<u128>), Fail> {
         let moved = |bytes| Moved {
             bytes,
             strategy: Some(Strategy::ReadWrite),
             short: false,
         };
+        let as_written = self.hash && self.opts.verify == crate::Verify::Checksum;
         if let Some((bytes, hash)) = &src.inline {
             data::write_all_at(dst, bytes, 0).map_err(|e| ("write", e))?;
             let len = bytes.len() as u64;
-            return Ok((moved(len), *hash, len));
+            let written = as_written.then(|| xxhash_rust::xxh3::xxh3_128(bytes));
+            return Ok((moved(len), *hash, len, written));
         }
+        let mut hasher = as_written.then(xxhash_rust::xxh3::Xxh3::new);
+        let guard = self.guard();
         let conn = self.conn().map_err(|e| ("read source", e))?;
         let mut req = conn
             .request(|req| Frame::Read {
@@ -372,6 +381,10 @@ impl Ctx<'_> {
                     if !keep_holes && offset > end {
                         write_zeros(dst, end, offset - end).map_err(|e| ("write", e))?;
                     }
+                    if let Some(h) = hasher.as_mut() {
+                        data::hash_zeros(h, offset - end, &guard).map_err(|e| ("hash", e))?;
+                        h.update(&data);
+                    }
                     data::write_all_at(dst, &data, offset).map_err(|e| ("write", e))?;
                     let n = data.len() as u64;
                     (written, end) = (written + n, offset + n);
@@ -399,7 +412,14 @@ impl Ctx<'_> {
                     self.counters
                         .bytes_received
                         .fetch_add(written, Ordering::Relaxed);
-                    return Ok((moved(written), hash, len));
+                    let as_written = match hasher.as_mut() {
+                        Some(h) => {
+                            data::hash_zeros(h, len - end, &guard).map_err(|e| ("hash", e))?;
+                            Some(h.digest128())
+                        }
+                        None => None,
+                    };
+                    return Ok((moved(written), hash, len, as_written));
                 }
                 _ => {
                     let e = io::Error::other("the sender answered a read with something else");
