@@ -125,11 +125,22 @@ bench-throughput-cold: deps
 	@./bench/install-tools.sh
 	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-throughput-cold $(THROUGHPUT_RUNS) bench/COLD-COPYJOB.md
 
-## The peers of a cross-node copy (issue 14): rsync daemon and a tar | socat pipe between two
-## loopback addresses, on bench/run.sh's tmpfs trees; writes bench/NETWORK.md. Root.
+## The peers of a cross-node copy (issue 14) alone, with hyperfine: rsync daemon and a tar |
+## socat pipe between two loopback addresses, on bench/run.sh's tmpfs trees (run it first);
+## writes bench/work/NETWORK-peers.md (bench/NETWORK.md is make bench-network's). Root.
 bench-network-peers: release
 	@./bench/install-tools.sh
 	./bench/network-peers.sh
+
+## Ferry's copy between nodes (issue 14) against its peers, in one run: a CopyJob node-a ->
+## node-b (process tier, the chart's RBAC, transfer ports on 127.0.0.2/.3), an rsync daemon,
+## tar | socat, ferry-agent copy and a CopyJob on one node, on bench/run.sh's trees many and
+## large on tmpfs, NET_RUNS=5 interleaved runs each; then both agents' peak RSS over a copy
+## between nodes of NET_RSS_FILES=1000000 tiny files; writes bench/NETWORK.md. Root.
+.PHONY: bench-network
+bench-network: deps
+	@./bench/install-tools.sh
+	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-network $(or $(NET_RUNS),5) bench/NETWORK.md
 
 ## The same through the real agent pod (the real one-node tier, built and brought up for it,
 ## removed after); writes bench/REAL-NODE.md. Root.

@@ -433,6 +433,44 @@ pub async fn dial(
         }
     }
     let (r, w) = tokio::io::split(stream);
-    Connection::start(SyncIoBridge::new(r), SyncIoBridge::new(w))
-        .map_err(|e| TransferError::Hello(e.to_string()))
+    let w = CloseOnDrop(Some(SyncIoBridge::new(w)));
+    Connection::start(SyncIoBridge::new(r), w).map_err(|e| TransferError::Hello(e.to_string()))
+}
+
+/// The write half of a receiver's connection. Dropped with the connection (the copy is
+/// over), it shuts the TLS stream down: close_notify, then the TCP write side, so the sender
+/// reads the end, stops serving and closes, and this side's reader thread, blocked reading,
+/// sees that end and exits. Without it a finished copy's connection, the sender's threads and
+/// the reader thread stayed for the life of both agents. The shutdown runs on a thread of its
+/// own: the drop may happen on a runtime thread, where blocking on it is not allowed.
+struct CloseOnDrop(
+    Option<SyncIoBridge<tokio::io::WriteHalf<tokio_rustls::client::TlsStream<TcpStream>>>>,
+);
+
+impl std::io::Write for CloseOnDrop {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match &mut self.0 {
+            Some(w) => w.write(buf),
+            None => Err(std::io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.0 {
+            Some(w) => w.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut w) = self.0.take() {
+            let _ = std::thread::Builder::new()
+                .name("ferry-close".into())
+                .spawn(move || {
+                    let _ = w.shutdown();
+                });
+        }
+    }
 }

@@ -304,6 +304,29 @@ fn a_tree_with_everything_cp_a_keeps_is_copied_between_nodes_identical_verified_
     );
     ensure!(sent == received, "sent {sent}, received {received}");
 
+    // The job's connection is closed with it, on both sides (no thread, socket or buffer
+    // of a finished copy stays).
+    let start = Instant::now();
+    loop {
+        let open = nodes.metric(
+            "node-a",
+            "ferry_agent_network_connections",
+            &[("role", "sender")],
+        )? + nodes.metric(
+            "node-b",
+            "ferry_agent_network_connections",
+            &[("role", "receiver")],
+        )?;
+        if open == 0.0 {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(10),
+            "{open} transfer connections still open after the job"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // Every metric the dashboard's panels of copies between nodes query is exported by the
     // agents that made one (the Prometheus test, without such a copy, cannot see them).
     let dashboard = std::fs::read_to_string(

@@ -471,7 +471,9 @@ impl<W: Write + Send> Half<'_, W> {
             return;
         }
         let Out { w, buf, failed } = &mut *out;
-        if let Err(e) = frame::write_frame(w, frame, buf) {
+        // Flushed frame by frame: a TLS writer may keep what it encrypted until asked, and
+        // a request's last frame left there would have both sides wait for each other.
+        if let Err(e) = frame::write_frame(w, frame, buf).and_then(|()| w.flush()) {
             *failed = Some(e);
         }
     }

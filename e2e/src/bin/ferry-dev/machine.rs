@@ -55,6 +55,22 @@ pub(crate) fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// The mean and the sample standard deviation (n - 1, as hyperfine reports it) of the
+/// finite values; NaN for what cannot be had (no values; one value's deviation).
+pub(crate) fn mean_sd(values: &[f64]) -> (f64, f64) {
+    let v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    let n = v.len() as f64;
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, f64::NAN);
+    }
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
 /// Is a compiler (a concurrent build) running on this machine now?
 pub(crate) fn compiler_running() -> bool {
     const COMPILERS: [&str; 6] = ["rustc", "clippy-driver", "cc1", "cc1plus", "ld", "ld.lld"];

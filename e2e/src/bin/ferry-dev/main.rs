@@ -14,6 +14,9 @@
 //!   run (`make bench-throughput-cold`, into `bench/COLD-COPYJOB.md`).
 //! - `bench-rerun [RUNS [FILE]]`: re-runs over a destination that has the tree, Ferry (CLI
 //!   and CopyJob) against `rsync -a`, no change and 1% touched (`make bench-rerun`).
+//! - `bench-network [RUNS [FILE]]`: a CopyJob between two nodes against rsync, a tar pipe and
+//!   Ferry on one node, and the agents' peak RSS over a 1M-file copy (`make bench-network`);
+//!   writes FILE (bench/NETWORK.md).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -23,6 +26,7 @@ use ferry_e2e::{assert_same_contents, repo_root, ControlPlane, Proc};
 
 mod control_plane;
 mod machine;
+mod network;
 mod rerun;
 mod throughput;
 
@@ -239,11 +243,21 @@ fn main() -> Result<()> {
             let out = std::env::args().nth(3).map(PathBuf::from);
             rerun::bench_rerun(runs, out.as_deref())
         }
+        Some("bench-network") => {
+            let runs = std::env::args()
+                .nth(2)
+                .filter(|v| !v.is_empty())
+                .map_or(Ok(5), |v| v.parse::<usize>())
+                .context("bench-network RUNS must be a number")?;
+            ensure!(runs > 0, "bench-network RUNS must be at least 1");
+            let out = std::env::args().nth(3).map(PathBuf::from);
+            network::bench_network(&network::Settings::from_env(runs)?, out.as_deref())
+        }
         Some("demo") => demo(),
         Some("up") => up(),
         Some("down") => down(),
         _ => bail!(
-            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube|-cold] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]"
+            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube|-cold] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]|bench-network [RUNS [FILE]]"
         ),
     }
 }

@@ -142,18 +142,8 @@ impl Bench {
             cache == Cache::Warm || tier == Tier::Process,
             "the cold throughput benchmark runs in the process tier only"
         );
-        // Release builds of ferry-agent and ferry-operator (ferry_e2e::workspace_bin).
-        if std::env::var_os("FERRY_E2E_RELEASE").is_none_or(|v| v != "1") {
-            std::env::set_var("FERRY_E2E_RELEASE", "1");
-        }
-        let tools = std::env::var_os("FERRY_TOOLS")
-            .map_or_else(|| PathBuf::from("/var/cache/ferry-tools"), PathBuf::from);
-        let ftzz = tools.join("cargo/bin/ftzz");
-        ensure!(
-            ftzz.exists(),
-            "{} is missing: run bench/install-tools.sh",
-            ftzz.display()
-        );
+        release_builds();
+        let ftzz = ftzz()?;
         let (cp, agent, agent_pid, cluster_pids, root, selector) = match tier {
             Tier::Process => {
                 let (cp, procs, hosts) = bring_up()?;
@@ -559,30 +549,55 @@ impl Bench {
     /// The last copy of each kind, byte for byte, by the file benchmark's correctness gate:
     /// whether each kept mode, owner and mtimes.
     fn check_byte_for_byte(&self, last: &[PathBuf]) -> Result<Vec<bool>> {
-        let mut checked = Vec::new();
-        for dst in last {
-            eprintln!("bench/check.py {} ...", dst.display());
-            let report = self.root.join("check.json");
-            let ok = std::process::Command::new("python3")
-                .stdout(std::io::stderr())
-                .arg(repo_root().join("bench/check.py"))
-                .arg(&self.src)
-                .arg(dst)
-                .arg(&report)
-                .status()
-                .context("run bench/check.py")?;
-            ensure!(ok.success(), "bench/check.py failed on {}", dst.display());
-            let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
-            ensure!(
-                json["ok"] == true,
-                "{} differs from the source: {}",
-                dst.display(),
-                json["errors"]
-            );
-            checked.push(json["meta_preserved"] == true);
-        }
-        Ok(checked)
+        last.iter()
+            .map(|dst| check_copy(&self.src, dst, &self.root.join("check.json")))
+            .collect()
     }
+}
+
+/// Release builds of ferry-agent and ferry-operator from here on (`ferry_e2e::workspace_bin`
+/// reads `FERRY_E2E_RELEASE`): a benchmark of debug builds measures the compiler.
+pub(crate) fn release_builds() {
+    if std::env::var_os("FERRY_E2E_RELEASE").is_none_or(|v| v != "1") {
+        std::env::set_var("FERRY_E2E_RELEASE", "1");
+    }
+}
+
+/// `ftzz`, the benchmark's tree generator, as `bench/install-tools.sh` installs it.
+pub(crate) fn ftzz() -> Result<PathBuf> {
+    let tools = std::env::var_os("FERRY_TOOLS")
+        .map_or_else(|| PathBuf::from("/var/cache/ferry-tools"), PathBuf::from);
+    let ftzz = tools.join("cargo/bin/ftzz");
+    ensure!(
+        ftzz.exists(),
+        "{} is missing: run bench/install-tools.sh",
+        ftzz.display()
+    );
+    Ok(ftzz)
+}
+
+/// `dst` against `src` by the file benchmark's correctness gate (`bench/check.py`: paths,
+/// types, sizes, bytes), its JSON report written to `report`; an error when they differ,
+/// else whether mode, owner and mtimes were kept.
+pub(crate) fn check_copy(src: &Path, dst: &Path, report: &Path) -> Result<bool> {
+    eprintln!("bench/check.py {} ...", dst.display());
+    let ok = std::process::Command::new("python3")
+        .stdout(std::io::stderr())
+        .arg(repo_root().join("bench/check.py"))
+        .arg(src)
+        .arg(dst)
+        .arg(report)
+        .status()
+        .context("run bench/check.py")?;
+    ensure!(ok.success(), "bench/check.py failed on {}", dst.display());
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report)?)?;
+    ensure!(
+        json["ok"] == true,
+        "{} differs from the source: {}",
+        dst.display(),
+        json["errors"]
+    );
+    Ok(json["meta_preserved"] == true)
 }
 
 /// The Markdown section for `bench/CONTROL-PLANE.md`.
