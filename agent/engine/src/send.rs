@@ -304,6 +304,30 @@ fn spawn<'s, W: Write + Send>(
     });
 }
 
+std::thread_local! {
+    /// Each worker's read buffer, kept between the chunks and files it sends: a fresh
+    /// megabyte for every chunk cost a page fault per 4 KiB and the zeroing of each page.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The worker's read buffer, [`MAX_DATA`] long, given back when dropped.
+struct ReadBuf(Vec<u8>);
+
+impl ReadBuf {
+    fn take() -> Self {
+        let mut v = READ_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        v.resize(MAX_DATA, 0);
+        Self(v)
+    }
+}
+
+impl Drop for ReadBuf {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        READ_BUF.with(|b| *b.borrow_mut() = v);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -474,6 +498,18 @@ impl<W: Write + Send> Half<'_, W> {
         // Flushed frame by frame: a TLS writer may keep what it encrypted until asked, and
         // a request's last frame left there would have both sides wait for each other.
         if let Err(e) = frame::write_frame(w, frame, buf).and_then(|()| w.flush()) {
+            *failed = Some(e);
+        }
+    }
+
+    /// [`Half::send`] of a [`Frame::Data`], its data written from where it is.
+    fn send_data(&self, head: (u32, u64, bool), data: &[u8]) {
+        let mut out = lock(&self.out);
+        if out.failed.is_some() {
+            return;
+        }
+        let Out { w, failed, .. } = &mut *out;
+        if let Err(e) = frame::write_data(w, head, data).and_then(|()| w.flush()) {
             *failed = Some(e);
         }
     }
@@ -1092,7 +1128,8 @@ impl<W: Write + Send> Half<'_, W> {
     /// Send what the credit allows of a file; then go on if more credit came meanwhile,
     /// wait for it, or end the file.
     fn read(&self, req: u32, mut r: Box<ReadState>) -> Option<Job> {
-        let mut buf = vec![0u8; MAX_DATA];
+        let mut buf = ReadBuf::take();
+        let buf = &mut buf.0;
         let size = r.st.st_size as u64;
         let mut shrank = false;
         while r.off < size && (r.hash_only || r.credit > 0) {
@@ -1141,26 +1178,22 @@ impl<W: Write + Send> Half<'_, W> {
                 h.update(data);
             }
             if !r.hash_only {
-                let mut raw = data.to_vec();
+                // Sent from the read buffer itself (hashed already: a change now is one in
+                // flight, as the test hook means it).
+                let raw = &mut buf[..n];
                 if std::mem::take(&mut r.corrupt) {
                     raw[0] ^= 0xff;
                 }
                 // Level 1: a link slow enough to want compression still wants the CPU.
                 let packed = r
                     .zstd
-                    .then(|| zstd::bulk::compress(&raw, 1).ok())
+                    .then(|| zstd::bulk::compress(raw, 1).ok())
                     .flatten()
                     .filter(|p| p.len() < raw.len());
-                let (zstd, data) = match packed {
-                    Some(p) => (true, p),
-                    None => (false, raw),
-                };
-                self.send(&Frame::Data {
-                    req,
-                    offset: r.off,
-                    zstd,
-                    data,
-                });
+                match &packed {
+                    Some(p) => self.send_data((req, r.off, true), p),
+                    None => self.send_data((req, r.off, false), raw),
+                }
                 self.sent.fetch_add(n as u64, Ordering::Relaxed);
                 r.credit -= n as u64;
             }

@@ -258,7 +258,7 @@ impl Frame {
             Frame::Listing { .. } => 7,
             Frame::More { .. } => 8,
             Frame::Read { .. } => 9,
-            Frame::Data { .. } => 10,
+            Frame::Data { .. } => DATA_KIND,
             Frame::FileEnd { .. } => 11,
             Frame::Credit { .. } => 12,
             Frame::Failed { .. } => 13,
@@ -641,10 +641,63 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<Frame> {
     r.read_exact(&mut header)?;
     let (kind, len) =
         check_header(header).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let invalid = |e: Error| io::Error::new(io::ErrorKind::InvalidData, e);
+    // File data, most of what crosses: read straight into the frame's own buffer (one copy,
+    // no zeroing), checked as `decode` checks it.
+    if kind == DATA_KIND && len >= DATA_PREFIX {
+        let mut prefix = [0u8; DATA_PREFIX];
+        r.read_exact(&mut prefix)?;
+        let mut p = Reader::new(&prefix);
+        let (req, offset) = (
+            p.u32("request").map_err(invalid)?,
+            p.u64("offset").map_err(invalid)?,
+        );
+        let zstd = flag(&mut p, "compression").map_err(invalid)?;
+        let n = p.u32("data").map_err(invalid)? as usize;
+        Error::at_most("data", n, MAX_DATA).map_err(invalid)?;
+        if DATA_PREFIX + n != len {
+            let e = match DATA_PREFIX + n > len {
+                true => Error::Truncated("data"),
+                false => Error::Trailing {
+                    what: "data",
+                    n: len - DATA_PREFIX - n,
+                },
+            };
+            return Err(invalid(e));
+        }
+        if offset.checked_add(n as u64).is_none() {
+            return Err(invalid(Error::Invalid {
+                what: "data offset",
+                why: "overflows with its length",
+            }));
+        }
+        let mut data = Vec::with_capacity(n);
+        read_exactly(r, &mut data, n)?;
+        return Ok(Frame::Data {
+            req,
+            offset,
+            zstd,
+            data,
+        });
+    }
+    read_exactly(r, buf, len)?;
+    Frame::decode(kind, buf).map_err(invalid)
+}
+
+/// The frame kind of [`Frame::Data`], and the bytes of its payload before the data: the
+/// request (u32), the offset (u64), the compression flag (u8), the data's length (u32).
+const DATA_KIND: u8 = 10;
+const DATA_PREFIX: usize = 4 + 8 + 1 + 4;
+
+/// Read exactly `n` bytes into `buf` (cleared first), without zeroing it beforehand.
+fn read_exactly(r: &mut impl Read, buf: &mut Vec<u8>, n: usize) -> io::Result<()> {
     buf.clear();
-    buf.resize(len, 0);
-    r.read_exact(buf)?;
-    Frame::decode(kind, buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    buf.reserve(n);
+    r.by_ref().take(n as u64).read_to_end(buf)?;
+    match buf.len() == n {
+        true => Ok(()),
+        false => Err(io::ErrorKind::UnexpectedEof.into()),
+    }
 }
 
 /// Write one frame; `buf` is reused for its encoding.
@@ -654,6 +707,26 @@ pub fn write_frame(w: &mut impl Write, frame: &Frame, buf: &mut Vec<u8>) -> io::
         .encode(buf)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     w.write_all(buf)
+}
+
+/// Write a [`Frame::Data`] of `data` as [`write_frame`] would, without copying the data
+/// into a frame first (a sender's chunk goes from its read buffer to the writer).
+pub fn write_data(
+    w: &mut impl Write,
+    (req, offset, zstd): (u32, u64, bool),
+    data: &[u8],
+) -> io::Result<()> {
+    Error::at_most("data", data.len(), MAX_DATA)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut head = [0u8; HEADER + DATA_PREFIX];
+    head[0] = DATA_KIND;
+    head[1..5].copy_from_slice(&((DATA_PREFIX + data.len()) as u32).to_le_bytes());
+    head[5..9].copy_from_slice(&req.to_le_bytes());
+    head[9..17].copy_from_slice(&offset.to_le_bytes());
+    head[17] = u8::from(zstd);
+    head[18..22].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    w.write_all(&head)?;
+    w.write_all(data)
 }
 
 #[cfg(test)]
@@ -1033,5 +1106,54 @@ mod tests {
             Frame::decode(16, &w.buf),
             Err(Error::Unknown { what: "links", .. })
         ));
+    }
+
+    #[test]
+    fn data_frames_are_written_from_a_slice_and_read_into_their_own_buffer_as_any_frame() {
+        for (req, offset, zstd, len) in [
+            (3u32, 0u64, false, 0usize),
+            (9, 1 << 40, true, 5),
+            (1, 7, false, MAX_DATA),
+        ] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
+            let frame = Frame::Data {
+                req,
+                offset,
+                zstd,
+                data: data.clone(),
+            };
+            let mut framed = Vec::new();
+            write_frame(&mut framed, &frame, &mut Vec::new()).expect("write_frame");
+            let mut sliced = Vec::new();
+            write_data(&mut sliced, (req, offset, zstd), &data).expect("write_data");
+            assert_eq!(sliced, framed, "{len} bytes");
+            let read = read_frame(&mut sliced.as_slice(), &mut Vec::new()).expect("read");
+            assert_eq!(read, frame);
+            // Cut anywhere: an error, never a frame.
+            for cut in [1, HEADER + 3, HEADER + DATA_PREFIX, sliced.len() - 1] {
+                if cut < sliced.len() {
+                    assert!(
+                        read_frame(&mut &sliced[..cut], &mut Vec::new()).is_err(),
+                        "cut at {cut}"
+                    );
+                }
+            }
+            // A payload longer than its data says: refused as a trailing byte.
+            let mut long = sliced.clone();
+            long.push(0);
+            let plen = u32::from_le_bytes([long[1], long[2], long[3], long[4]]) + 1;
+            long[1..5].copy_from_slice(&plen.to_le_bytes());
+            let e = read_frame(&mut long.as_slice(), &mut Vec::new()).expect_err("trailing");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        }
+        // A compression flag other than 0 or 1, and an offset that overflows with the length.
+        let mut bad = Vec::new();
+        write_data(&mut bad, (1, 0, false), b"xyz").expect("write");
+        bad[HEADER + 12] = 2;
+        assert!(read_frame(&mut bad.as_slice(), &mut Vec::new()).is_err());
+        let mut over = Vec::new();
+        write_data(&mut over, (1, u64::MAX - 1, false), b"xyz").expect("write");
+        assert!(read_frame(&mut over.as_slice(), &mut Vec::new()).is_err());
+        assert!(write_data(&mut Vec::new(), (1, 0, false), &vec![0; MAX_DATA + 1]).is_err());
     }
 }
