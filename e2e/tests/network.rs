@@ -196,18 +196,9 @@ fn tree_bytes(root: &Path) -> Result<u64> {
 /// `xxh128sum -c` of the job's manifest on node-b, in its destination.
 fn manifest_checks(nodes: &Nodes, name: &str, status: &Value) -> Result<()> {
     let manifest = status["manifest"].as_str().context("status.manifest")?;
-    let check = std::process::Command::new("xxh128sum")
-        .args(["--quiet", "-c"])
-        .arg(nodes.root("node-b").join(manifest))
-        .current_dir(nodes.root("node-b").join(name))
-        .output()?;
-    ensure!(
-        check.status.success(),
-        "{name}: the manifest does not check: {}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-    Ok(())
+    let root = nodes.root("node-b");
+    tree::xxh128sum_check(&root.join(name), &root.join(manifest))
+        .with_context(|| format!("{name}'s manifest"))
 }
 
 #[test]

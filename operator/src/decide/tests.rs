@@ -59,6 +59,17 @@ fn decide_with(
     eligible: &[&str],
     lost: &[(&str, u64)],
 ) -> Decision {
+    decide_in(job, endpoints, eligible, &Default::default(), lost)
+}
+
+/// [`decide_with`], with where each endpoint's volume is.
+fn decide_in(
+    job: &CopyJob,
+    endpoints: &Endpoints,
+    eligible: &[&str],
+    reachable: &[crate::resolve::Reachable; 2],
+    lost: &[(&str, u64)],
+) -> Decision {
     let lost_for = |node: &str| {
         lost.iter()
             .find(|(n, _)| *n == node)
@@ -68,7 +79,7 @@ fn decide_with(
         job,
         endpoints,
         eligible: &names(eligible),
-        reachable: &Default::default(),
+        reachable,
         lost_for: &lost_for,
         node_deadline: DEADLINE,
         transfers: &|_: &str| true,
@@ -208,20 +219,7 @@ fn decide_apart(
     reachable: &[crate::resolve::Reachable; 2],
     lost: &[(&str, u64)],
 ) -> Decision {
-    let lost_for = |node: &str| {
-        lost.iter()
-            .find(|(n, _)| *n == node)
-            .map(|(_, secs)| Duration::from_secs(*secs))
-    };
-    decide(&Inputs {
-        job,
-        endpoints: &volumes(false),
-        eligible: &[],
-        reachable,
-        lost_for: &lost_for,
-        node_deadline: DEADLINE,
-        transfers: &|_: &str| true,
-    })
+    decide_in(job, &volumes(false), &[], reachable, lost)
 }
 
 #[test]
