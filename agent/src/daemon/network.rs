@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_crds::{ticket_secret, CopyJob, ShardStatus, Ticket, STATE_DIR};
+use ferry_crds::{ticket_secret, CopyJob, ShardStatus, Ticket};
 use ferry_engine::recv::Connection;
 use ferry_engine::send::{SendOptions, SourceTop};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -133,11 +133,12 @@ impl SenderGrants {
             .map_err(|e| format!("the source on node {me}: {}", crate::with_causes(&e)))?;
         let spec = &job.spec;
         let options = send_options(&self.settings, spec)?;
-        let (host, path) = (
+        let (host, node, path) = (
             self.settings.host_root.clone(),
+            me.clone(),
             PathBuf::from(&spec.source.path),
         );
-        let open: transfer::OpenSource = Arc::new(move || open_source(&host, &root, &path));
+        let open: transfer::OpenSource = Arc::new(move || open_source(&host, &node, &root, &path));
         Ok(Grant {
             job: uid.to_string(),
             shard,
@@ -157,7 +158,6 @@ fn send_options(
     settings: &Settings,
     spec: &ferry_crds::CopyJobSpec,
 ) -> Result<SendOptions, String> {
-    let at_top = |p: &str| p.split('/').all(|c| c.is_empty() || c == ".");
     let bandwidth_limit = match &spec.transfer.bandwidth_limit {
         Some(q) => Some(
             ferry_crds::parse_rate(q)
@@ -169,13 +169,8 @@ fn send_options(
     let filter =
         ferry_crds::Filter::new(&spec.include, &spec.exclude).map_err(|e| format!("spec.{e}"))?;
     Ok(SendOptions {
-        workers: match spec.parallelism.workers_per_agent {
-            n if n > 0 => n as usize,
-            _ => settings.workers,
-        }
-        .min(ferry_crds::MAX_WORKERS as usize),
-        reserved_top: at_top(&spec.source.path)
-            .then(|| std::ffi::CString::new(STATE_DIR).unwrap_or_default()),
+        workers: super::shard::workers_of(spec, settings.workers),
+        reserved_top: super::shard::reserved_top(&spec.source.path),
         xattrs: spec.preserve.xattrs,
         bandwidth_limit,
         // `path` (from the source's top): once per connection; `path#n`: n times.
@@ -197,17 +192,12 @@ fn send_options(
 /// copy opens its source.
 fn open_source(
     host: &std::path::Path,
+    node: &str,
     root: &str,
     path: &std::path::Path,
 ) -> Result<SourceTop, String> {
-    let host = std::fs::File::open(host)
-        .map_err(|e| format!("opening the host root {}: {e}", host.display()))?;
-    let root_fd = ferry_engine::open_host_path(host.as_fd(), root).map_err(|e| {
-        format!(
-            "the source root {root} is not a directory on this node: {}",
-            crate::with_causes(&e)
-        )
-    })?;
+    let root_fd =
+        super::shard::open_root(host, node, "source", root).map_err(|e| crate::with_causes(&e))?;
     SourceTop::beneath(root_fd.as_fd(), path).map_err(|e| crate::with_causes(&e))
 }
 

@@ -188,7 +188,6 @@ async fn run_shard(
         src,
         dst: Arc::new(dst_fd),
     };
-    let dst = dst.clone();
     if job.spec.dry_run {
         return dry_run(node, target, &roots).await;
     }
@@ -453,7 +452,7 @@ async fn dial_until(
 /// openat2 and no symlinks (ferry_engine::copy_beneath). A root is the admin's (or the
 /// kubelet's) to create: a missing one is a mount that is not there, and writing into the
 /// node's own disk below it would hide the data.
-fn open_root(
+pub(super) fn open_root(
     host_root: &Path,
     node: &str,
     what: &'static str,
@@ -618,10 +617,8 @@ fn options(
     // A copy between nodes asks its sender for zstd frames (ignored by a local copy).
     opts.compress = job.spec.transfer.compression == ferry_crds::Compression::Zstd;
     // Ferry's state at the top of a root is neither read nor written as data.
-    let at_top = |p: &str| p.split('/').all(|c| c.is_empty() || c == ".");
-    if at_top(&job.spec.source.path) || at_top(&job.spec.destination.path) {
-        opts.reserved_top = Some(std::ffi::CString::new(STATE_DIR).unwrap_or_default());
-    }
+    opts.reserved_top =
+        reserved_top(&job.spec.source.path).or_else(|| reserved_top(&job.spec.destination.path));
     // Staging names every run of this shard shares (on any node, at any epoch), so a
     // resumed run adopts what a killed one staged and sweeps its leftovers.
     opts.staging_tag = Some(format!(
@@ -642,21 +639,34 @@ fn options(
     Ok(opts)
 }
 
+/// [`STATE_DIR`], the name reserved at the top of a root, when `path` (a job's relative
+/// path) names the root itself.
+pub(super) fn reserved_top(path: &str) -> Option<std::ffi::CString> {
+    path.split('/')
+        .all(|c| c.is_empty() || c == ".")
+        .then(|| std::ffi::CString::new(STATE_DIR).unwrap_or_default())
+}
+
+/// The workers a shard runs (or a sender serves it with): the job's, else the agent's.
+/// At most MAX_WORKERS whatever asks (a job the operator let through, a node with more
+/// CPUs): with 1 MiB of buffer a worker, that bounds a shard's buffers. 0 stays 0: the
+/// engine's default pool (at most 64) runs only as many workers as CPUs while the copy
+/// does not wait on storage; a number asked for always runs.
+pub(super) fn workers_of(spec: &CopyJobSpec, agent_workers: usize) -> usize {
+    match spec.parallelism.workers_per_agent {
+        n if n > 0 => n as usize,
+        _ => agent_workers,
+    }
+    .min(ferry_crds::MAX_WORKERS as usize)
+}
+
 fn engine_options(
     spec: &CopyJobSpec,
     workers: usize,
     manifest: Option<PathBuf>,
 ) -> ferry_engine::Options {
-    // At most MAX_WORKERS whatever asks (a job the operator let through, a node with more
-    // CPUs): with 1 MiB of buffer a worker, that bounds a shard's buffers. 0 stays 0: the
-    // engine's default pool (at most 64) runs only as many workers as CPUs while the copy
-    // does not wait on storage; a number asked for always runs.
     ferry_engine::Options {
-        workers: match (spec.parallelism.workers_per_agent, workers) {
-            (n, _) if n > 0 => n as usize,
-            (_, w) => w,
-        }
-        .min(ferry_crds::MAX_WORKERS as usize),
+        workers: workers_of(spec, workers),
         reflink: spec.reflink,
         verify: spec.verify,
         overwrite: spec.overwrite,
