@@ -406,6 +406,11 @@ impl ShardStatus {
                     && (f.reason == Reason::NodeUnavailable || Reason::REVOKES.contains(&f.reason))
             })
     }
+
+    /// Copied between nodes: another node's agent serves its source (`sender`).
+    pub fn between_nodes(&self) -> bool {
+        !self.sender.is_empty()
+    }
 }
 
 /// One failed path (the first few are kept).

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_crds::{CopyJob, CopyJobStatus, Phase, ShardState, OPERATOR_MANAGER};
+use ferry_crds::{CopyJob, CopyJobStatus, Phase, ShardState, ShardStatus, OPERATOR_MANAGER};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -170,7 +170,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         let finished = |p: Option<Phase>| matches!(p, Some(Phase::Succeeded | Phase::Failed));
         if finished(status.phase)
             && !finished(old.phase)
-            && old.shards.iter().any(|s| !s.sender.is_empty())
+            && old.shards.iter().any(ShardStatus::between_nodes)
         {
             crate::ticket::revoke(&ctx.client, &ctx.namespace, job).await?;
         }
@@ -200,7 +200,7 @@ pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         .status
         .iter()
         .flat_map(|s| &s.shards)
-        .any(|s| !s.sender.is_empty());
+        .any(ShardStatus::between_nodes);
     let running: Vec<&str> = job
         .status
         .iter()

@@ -391,7 +391,7 @@ fn schedule_shards(
             ),
         ),
         (true, _) => (Reason::NoAgent, no_node(input.reachable, input.transfers)),
-        (false, 1) => match shards.iter().find(|s| !s.sender.is_empty()) {
+        (false, 1) => match shards.iter().find(|s| s.between_nodes()) {
             Some(s) => (
                 Reason::Assigned,
                 format!(

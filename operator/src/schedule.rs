@@ -132,7 +132,7 @@ pub fn handle_lost(
         .filter(|s| !s.node.is_empty() && !s.state.finished())
     {
         // A copy between nodes needs both of its agents.
-        let sender = (!s.sender.is_empty()).then(|| s.sender.clone());
+        let sender = s.between_nodes().then(|| s.sender.clone());
         let Some((node, lost)) = lost_for(&s.node)
             .map(|l| (s.node.clone(), l))
             .or_else(|| sender.and_then(|n| lost_for(&n).map(|l| (n, l))))

@@ -222,7 +222,7 @@ fn copied_message(p: &Progress, verify: Verify, overwrite: Overwrite) -> String 
 /// How the shards move data: Network when one is served by another node's agent, Local
 /// once one is assigned, else not decided yet.
 pub fn mode_of(shards: &[ShardStatus]) -> Option<CopyMode> {
-    if shards.iter().any(|s| !s.sender.is_empty()) {
+    if shards.iter().any(ShardStatus::between_nodes) {
         Some(CopyMode::Network)
     } else if shards.iter().any(|s| !s.node.is_empty()) {
         Some(CopyMode::Local)

@@ -17,9 +17,12 @@ pub const JOB_UID_LABEL: &str = "ferry.dev/job-uid";
 
 /// Whether these shards need tickets: some unfinished shard is copied between nodes.
 pub fn needed(shards: &[ShardStatus]) -> bool {
-    shards
-        .iter()
-        .any(|s| !s.sender.is_empty() && !s.node.is_empty() && !s.state.finished())
+    shards.iter().any(|s| paired(&s))
+}
+
+/// An unfinished shard given to a pair of agents: what a ticket is for.
+fn paired(s: &&ShardStatus) -> bool {
+    s.between_nodes() && !s.node.is_empty() && !s.state.finished()
 }
 
 /// Write a fresh ticket for every unfinished shard of `job` that is copied between nodes, at
@@ -33,10 +36,7 @@ pub async fn issue(
 ) -> Result<(), crate::Error> {
     let uid = job.uid().unwrap_or_default();
     let mut data = BTreeMap::new();
-    for s in shards
-        .iter()
-        .filter(|s| !s.sender.is_empty() && !s.node.is_empty() && !s.state.finished())
-    {
+    for s in shards.iter().filter(paired) {
         let bytes = ferry_link::random_ticket().map_err(crate::Error::Ticket)?;
         let t = Ticket::new(s.epoch, &s.sender, &s.node, bytes);
         let json = serde_json::to_vec(&t).unwrap_or_default();

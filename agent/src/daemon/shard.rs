@@ -125,7 +125,7 @@ async fn run_shard(
     // A copy between nodes: the source is served by the sender's agent, which resolves and
     // opens it itself; this agent has only the destination.
     let me = &node.settings.node;
-    let network = !shard.sender.is_empty() && shard.sender != *me;
+    let network = shard.between_nodes() && shard.sender != *me;
     if network && job.spec.delete_extraneous {
         return Err(ShardError::Refused {
             reason: Reason::InvalidSpec,
