@@ -160,7 +160,8 @@ fn two_halves(
     let top = SourceTop::open(&args.src).map_err(io("open source"))?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io("socketpair"))?;
     let send_opts = SendOptions {
-        workers: opts.workers_resolved(),
+        // As an agent serves a source: the default pool, its depth adaptive.
+        workers: opts.workers,
         reserved_top: opts.reserved_top.clone(),
         xattrs: opts.preserve.xattrs,
         ..SendOptions::default()

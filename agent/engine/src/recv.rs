@@ -156,9 +156,9 @@ impl Connection {
 /// The reader thread: every answer to the worker waiting for it; answers to requests no
 /// one waits for any more (closed) are dropped.
 fn answers(mut reader: impl Read, conn: std::sync::Weak<Connection>) {
-    let mut buf = Vec::new();
+    let (mut buf, pool) = (Vec::new(), ferry_transfer::Buffers::default());
     loop {
-        let frame = frame::read_frame(&mut reader, &mut buf);
+        let frame = frame::read_frame_pooled(&mut reader, &mut buf, &pool);
         let Some(conn) = conn.upgrade() else {
             return;
         };

@@ -28,7 +28,7 @@ use std::sync::{Mutex, PoisonError};
 use ferry_transfer::frame::{
     self, Fingerprint, Frame, Inline, INLINE_BYTES, INLINE_MAX, LISTING_ENTRY_BYTES, MAX_DATA,
 };
-use ferry_transfer::{Entry, Kind, Time, Xattr};
+use ferry_transfer::{Buffers, Entry, Kind, Time, Xattr};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use crate::copy::{Depth, SrcAt};
@@ -220,11 +220,6 @@ pub fn serve<R: Read, W: Write + Send>(
         }
         _ => Depth::fixed(),
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(workers)
-        .thread_name(|i| format!("ferry-send-{i}"))
-        .build()
-        .map_err(|e| SendError::Threads(e.to_string()))?;
     let sent_before = opts.sent.as_ref().map_or(0, |s| s.load(Ordering::Relaxed));
     let half = Half {
         top,
@@ -239,11 +234,24 @@ pub fn serve<R: Read, W: Write + Send>(
         files: AtomicU64::new(0),
         corrupted: Default::default(),
         bucket: opts.bandwidth_limit.map(Bucket::new),
+        root: sys::geteuid() == 0,
+        buffers: Buffers::default(),
     };
     let mut requests = 0u64;
-    let ended = pool.in_place_scope(|scope| {
+    let queue = Queue::default();
+    let ended = std::thread::scope(|scope| {
+        for index in 0..workers {
+            let (half, depth, queue) = (&half, &depth, &queue);
+            let started = std::thread::Builder::new()
+                .name(format!("ferry-send-{index}"))
+                .spawn_scoped(scope, move || work(half, depth, queue, index));
+            if let Err(e) = started {
+                queue.close();
+                return Err(SendError::Threads(e.to_string()));
+            }
+        }
         let mut buf = Vec::new();
-        loop {
+        let ended = loop {
             let frame = match frame::read_frame(&mut reader, &mut buf) {
                 Ok(f) => f,
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break Ok(()),
@@ -257,11 +265,15 @@ pub fn serve<R: Read, W: Write + Send>(
             }
             requests += 1;
             match half.dispatch(frame) {
-                Ok(Some(job)) => spawn(&half, &depth, job, scope),
+                Ok(Some(job)) => queue.push(job),
                 Ok(None) => {}
                 Err(e) => break Err(e),
             }
-        }
+        };
+        // The jobs queued are still run (the receiver may wait for their answers); then the
+        // workers end.
+        queue.close();
+        ended
     });
     if let Err(SendError::Protocol(why) | SendError::Aborted(why)) = &ended {
         half.send(&Frame::Abort {
@@ -279,21 +291,64 @@ pub fn serve<R: Read, W: Write + Send>(
     })
 }
 
-/// Run `job` on the pool: on a worker the depth lets run (one past it hands the job back
-/// and rests).
-fn spawn<'s, W: Write + Send>(
-    half: &'s Half<'s, W>,
-    depth: &'s Depth,
-    job: Job,
-    scope: &rayon::Scope<'s>,
-) {
-    scope.spawn(move |s| {
-        let index = rayon::current_thread_index().unwrap_or(0);
-        if !depth.runs(index) {
-            spawn(half, depth, job, s);
-            depth.rest(index);
-            return;
+/// The jobs waiting for a worker, first in first out, and whether more may come.
+#[derive(Default)]
+struct Queue {
+    jobs: Mutex<(std::collections::VecDeque<Job>, bool)>,
+    ready: std::sync::Condvar,
+}
+
+impl Queue {
+    fn push(&self, job: Job) {
+        lock(&self.jobs).0.push_back(job);
+        self.ready.notify_one();
+    }
+
+    /// No more jobs: the workers end once the queue is empty.
+    fn close(&self) {
+        lock(&self.jobs).1 = true;
+        self.ready.notify_all();
+    }
+
+    fn closed(&self) -> bool {
+        lock(&self.jobs).1
+    }
+
+    /// The next job, waiting for one; `None` once the queue is closed and empty.
+    fn take(&self) -> Option<Job> {
+        let mut jobs = lock(&self.jobs);
+        loop {
+            if let Some(job) = jobs.0.pop_front() {
+                return Some(job);
+            }
+            if jobs.1 {
+                return None;
+            }
+            jobs = self
+                .ready
+                .wait(jobs)
+                .unwrap_or_else(PoisonError::into_inner);
         }
+    }
+}
+
+/// One worker: runs jobs while the depth lets it (past the depth it rests, taking none, and
+/// looks again), until the queue is closed and empty. An idle worker sleeps on the queue's
+/// condition variable: a job wakes one worker, which runs it. (A work-stealing pool spun
+/// and yielded between requests, and bounced jobs between workers past the depth: a
+/// quarter of the sender's CPU on a warm tree.)
+fn work<W: Write + Send>(half: &Half<'_, W>, depth: &Depth, queue: &Queue, index: usize) {
+    loop {
+        if !depth.runs(index) {
+            if queue.closed() {
+                return;
+            }
+            depth.rest(index);
+            continue;
+        }
+        let Some(job) = queue.take() else {
+            return;
+        };
         let run = std::panic::AssertUnwindSafe(|| half.run(job));
         if std::panic::catch_unwind(run).is_err() {
             // The receiver must not wait for an answer that never comes.
@@ -301,7 +356,7 @@ fn spawn<'s, W: Write + Send>(
                 reason: "the source half failed (an internal error)".into(),
             });
         }
-    });
+    }
 }
 
 std::thread_local! {
@@ -417,6 +472,10 @@ struct Half<'a, W> {
     /// Corruptions the test hook has made.
     corrupted: std::sync::atomic::AtomicU32,
     bucket: Option<Bucket>,
+    /// Buffers for the small files of listings, reused once sent.
+    buffers: Buffers,
+    /// Root may open without moving access times (`O_NOATIME`): asked once, not per file.
+    root: bool,
 }
 
 /// A token bucket for the bandwidth limit, shared by a connection's requests: every send
@@ -806,7 +865,7 @@ impl<W: Write + Send> Half<'_, W> {
 
     /// Open an entry for reading, without changing its access time where we may.
     fn open_at(&self, dir: BorrowedFd<'_>, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
-        if sys::geteuid() == 0 {
+        if self.root {
             match sys::open_beneath(dir, name, flags | libc::O_NOATIME) {
                 Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
                 other => return other,
@@ -978,6 +1037,9 @@ impl<W: Write + Send> Half<'_, W> {
             ..
         } = &mut *state;
         let mut listing = Listing::resume(dir.as_fd(), dents, *cursor);
+        // The small files' bytes are read into one buffer (reused from listing to listing),
+        // each a slice of it.
+        let mut arena = self.buffers.take(INLINE_BYTES);
         let result = loop {
             // Past every entry taken or skipped so far, in the buffer as it is now.
             *cursor = listing.cursor();
@@ -1023,20 +1085,18 @@ impl<W: Write + Send> Half<'_, W> {
             }
             entry_bytes += encoded_len(&entry);
             if *want_inline && small {
-                if let Some(mut data) = fd.as_ref().and_then(|f| read_small(f.as_fd(), &st)) {
+                let start = arena.len();
+                if fd.is_some_and(|f| read_small(f.as_fd(), &st, &mut arena)) {
+                    let data = &mut arena[start..];
                     if let Some(b) = &self.bucket {
                         b.take(data.len() as u64);
                     }
                     inline_bytes += data.len();
-                    let hash = hash.then(|| xxh3_128(&data));
+                    let hash = hash.then(|| xxh3_128(data));
                     if !data.is_empty() && self.corrupts(&child(path, name.to_bytes())) {
                         data[0] ^= 0xff;
                     }
-                    inline.push(Inline {
-                        index: entries.len() as u32,
-                        hash,
-                        data,
-                    });
+                    inline.push((entries.len() as u32, hash, start..arena.len()));
                 }
             }
             entries.push(entry);
@@ -1049,6 +1109,15 @@ impl<W: Write + Send> Half<'_, W> {
                 return None;
             }
         };
+        let arena = self.buffers.share(arena);
+        let inline: Vec<Inline> = inline
+            .into_iter()
+            .map(|(index, hash, range)| Inline {
+                index,
+                hash,
+                data: arena.slice(range),
+            })
+            .collect();
         let files = inline.len() as u64;
         self.sent.fetch_add(inline_bytes as u64, Ordering::Relaxed);
         self.files.fetch_add(files, Ordering::Relaxed);
@@ -1256,20 +1325,28 @@ const DIR_PATH: libc::c_int = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLO
 
 /// A small file's bytes, whole, if it reads as the size it was opened with and did not
 /// change meanwhile (otherwise the receiver asks for it by itself, and sees the change).
-fn read_small(fd: BorrowedFd<'_>, st: &Stat) -> Option<Vec<u8>> {
-    let size = st.st_size as usize;
-    let mut data = vec![0u8; size];
+/// Append a small file's bytes to `arena`: `true` when they were read whole and the file
+/// did not change meanwhile; else `arena` is as it was.
+fn read_small(fd: BorrowedFd<'_>, st: &Stat, arena: &mut Vec<u8>) -> bool {
+    let (start, size) = (arena.len(), st.st_size as usize);
+    arena.resize(start + size, 0);
     let mut got = 0;
-    while got < size {
-        match sys::pread(fd, &mut data[got..], got as u64) {
-            Ok(0) => return None,
+    let whole = loop {
+        if got == size {
+            break true;
+        }
+        match sys::pread(fd, &mut arena[start + got..], got as u64) {
+            Ok(0) => break false,
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
+            Err(_) => break false,
         }
+    };
+    let unchanged = whole && sys::fstat(fd).is_ok_and(|now| fingerprint(&now) == fingerprint(st));
+    if !unchanged {
+        arena.truncate(start);
     }
-    let now = sys::fstat(fd).ok()?;
-    (fingerprint(&now) == fingerprint(st)).then_some(data)
+    unchanged
 }
 
 fn hash_zeros(h: &mut Xxh3, mut n: u64) {

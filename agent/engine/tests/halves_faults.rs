@@ -411,7 +411,7 @@ fn data_that_decompresses_past_a_frame_fails_its_file_without_filling_memory() -
         req: 0,
         offset: 0,
         zstd: true,
-        data: bomb,
+        data: bomb.into(),
     };
     let (ours, theirs) = UnixStream::pair()?;
     std::thread::spawn(move || hostile_sender(theirs, data));

@@ -101,7 +101,7 @@ impl Receiver {
                     for f in inline {
                         let e = &entries[f.index as usize];
                         ensure!(f.hash == Some(xxh3_128(&f.data)), "inline hash");
-                        files.insert(e.name.clone(), f.data);
+                        files.insert(e.name.clone(), f.data.to_vec());
                     }
                     all.extend(entries);
                     if last {

@@ -27,11 +27,12 @@
 //!
 //! [`Frame::Abort`] ends a connection, either way, with a reason.
 
+use bytes::Bytes;
 use std::io::{self, Read, Write};
 
 use crate::codec::{Reader, Writer};
 use crate::entry::{self, check_name, Entry};
-use crate::Error;
+use crate::{Buffers, Error};
 
 /// The protocol version a [`Frame::Hello`] and a [`Frame::Welcome`] carry.
 pub const VERSION: u16 = 3;
@@ -73,7 +74,8 @@ pub struct Fingerprint {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inline {
     pub index: u32,
-    pub data: Vec<u8>,
+    /// A slice of the listing's payload once decoded by [`read_frame`] (no copy per file).
+    pub data: Bytes,
     /// xxh3-128 of `data`, when the receiver hashes.
     pub hash: Option<u128>,
 }
@@ -137,7 +139,7 @@ pub enum Frame {
         req: u32,
         offset: u64,
         zstd: bool,
-        data: Vec<u8>,
+        data: Bytes,
     },
     /// Sender: file `req` is sent. `len`: its length (holes at its end included); `hash`:
     /// xxh3-128 of what was read, holes as zeros; `changed`: the file was not what the
@@ -443,6 +445,16 @@ impl Frame {
     /// Decode the payload of a frame of kind `kind` (its header already checked by
     /// [`check_header`]).
     pub fn decode(kind: u8, payload: &[u8]) -> Result<Frame, Error> {
+        Self::decode_in(kind, payload, None)
+    }
+
+    /// [`Frame::decode`] of a payload held in `payload`: a listing's inline files are
+    /// slices of it, sharing its buffer, not copies.
+    pub fn decode_shared(kind: u8, payload: &Bytes) -> Result<Frame, Error> {
+        Self::decode_in(kind, payload, Some(payload))
+    }
+
+    fn decode_in(kind: u8, payload: &[u8], shared: Option<&Bytes>) -> Result<Frame, Error> {
         if payload.len() > MAX_PAYLOAD {
             return Err(Error::FrameTooLarge {
                 len: payload.len(),
@@ -497,7 +509,11 @@ impl Frame {
                 let (mut total, mut prev) = (0, None);
                 for _ in 0..m {
                     let index = r.u32("inline index")?;
-                    let data = r.bytes(INLINE_MAX, "inline file")?.to_vec();
+                    let data = r.bytes(INLINE_MAX, "inline file")?;
+                    let data = match shared {
+                        Some(b) => b.slice_ref(data),
+                        None => Bytes::copy_from_slice(data),
+                    };
                     total += data.len();
                     Error::at_most("inline data of a listing", total, INLINE_BYTES)?;
                     let f = Inline {
@@ -542,7 +558,11 @@ impl Frame {
                 let req = r.u32("request")?;
                 let offset = r.u64("offset")?;
                 let zstd = flag(&mut r, "compression")?;
-                let data = r.bytes(MAX_DATA, "data")?.to_vec();
+                let data = r.bytes(MAX_DATA, "data")?;
+                let data = match shared {
+                    Some(b) => b.slice_ref(data),
+                    None => Bytes::copy_from_slice(data),
+                };
                 // (Compressed data is checked once decompressed, by the receiver.)
                 if offset.checked_add(data.len() as u64).is_none() {
                     return Err(Error::Invalid {
@@ -635,8 +655,19 @@ pub fn check_header(header: [u8; HEADER]) -> Result<(u8, usize), Error> {
 
 /// Read one frame; `buf` is reused for payloads (it grows to at most [`MAX_PAYLOAD`]). A
 /// malformed frame is an `InvalidData` error; a connection closed between frames is
-/// `UnexpectedEof` from the header's read.
+/// `UnexpectedEof` from the header's read. (A connection's reader uses
+/// [`read_frame_pooled`], which reuses the buffers of file bytes too.)
 pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<Frame> {
+    read_frame_pooled(r, buf, &Buffers::default())
+}
+
+/// [`read_frame`], a data frame's bytes and a listing's payload (with its inline files)
+/// read into a buffer from `pool`, which gets it back when they are dropped.
+pub fn read_frame_pooled(
+    r: &mut impl Read,
+    buf: &mut Vec<u8>,
+    pool: &Buffers,
+) -> io::Result<Frame> {
     let mut header = [0u8; HEADER];
     r.read_exact(&mut header)?;
     let (kind, len) =
@@ -671,18 +702,28 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<Frame> {
                 why: "overflows with its length",
             }));
         }
-        let mut data = Vec::with_capacity(n);
+        let mut data = pool.take(n);
         read_exactly(r, &mut data, n)?;
         return Ok(Frame::Data {
             req,
             offset,
             zstd,
-            data,
+            data: pool.share(data),
         });
+    }
+    // A listing's payload is kept whole, its inline files slices of it (one allocation per
+    // listing, not a copy per file).
+    if kind == LISTING_KIND {
+        let mut payload = pool.take(len);
+        read_exactly(r, &mut payload, len)?;
+        return Frame::decode_shared(kind, &pool.share(payload)).map_err(invalid);
     }
     read_exactly(r, buf, len)?;
     Frame::decode(kind, buf).map_err(invalid)
 }
+
+/// The frame kind of [`Frame::Listing`].
+const LISTING_KIND: u8 = 7;
 
 /// The frame kind of [`Frame::Data`], and the bytes of its payload before the data: the
 /// request (u32), the offset (u64), the compression flag (u8), the data's length (u32).
@@ -785,12 +826,12 @@ mod tests {
                 inline: vec![
                     Inline {
                         index: 0,
-                        data: b"hello".to_vec(),
+                        data: Bytes::from_static(b"hello"),
                         hash: Some(5),
                     },
                     Inline {
                         index: 3,
-                        data: vec![],
+                        data: Bytes::new(),
                         hash: None,
                     },
                 ],
@@ -821,13 +862,13 @@ mod tests {
                 req: 3,
                 offset: 1 << 40,
                 zstd: false,
-                data: vec![1, 2, 3],
+                data: vec![1, 2, 3].into(),
             },
             Frame::Data {
                 req: 3,
                 offset: 0,
                 zstd: true,
-                data: vec![0x28, 0xb5, 0x2f, 0xfd],
+                data: vec![0x28, 0xb5, 0x2f, 0xfd].into(),
             },
             Frame::FileEnd {
                 req: 3,
@@ -991,7 +1032,7 @@ mod tests {
         };
         let one = |index: u32, data: &[u8]| Inline {
             index,
-            data: data.to_vec(),
+            data: Bytes::copy_from_slice(data),
             hash: None,
         };
         for (inline, why) in [
@@ -1042,7 +1083,7 @@ mod tests {
         let inline = (1..=files as u32)
             .map(|index| Inline {
                 index,
-                data: vec![1; INLINE_MAX],
+                data: vec![1; INLINE_MAX].into(),
                 hash: Some(1),
             })
             .collect();
@@ -1063,7 +1104,7 @@ mod tests {
             req: 0,
             offset: 0,
             zstd: false,
-            data: vec![0; MAX_DATA + 1],
+            data: vec![0; MAX_DATA + 1].into(),
         };
         assert!(data.encode(&mut Vec::new()).is_err());
         let mut w = Writer::default();
@@ -1120,7 +1161,7 @@ mod tests {
                 req,
                 offset,
                 zstd,
-                data: data.clone(),
+                data: data.clone().into(),
             };
             let mut framed = Vec::new();
             write_frame(&mut framed, &frame, &mut Vec::new()).expect("write_frame");

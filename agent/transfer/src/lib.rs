@@ -5,10 +5,12 @@
 //! bound before anything is allocated for it, and every field the receiver hands to a
 //! syscall (names, symlink targets, attribute names, times) is validated on decode.
 
+pub mod buffers;
 mod codec;
 pub mod entry;
 pub mod frame;
 
+pub use buffers::Buffers;
 pub use entry::{Entry, Kind, Time, Xattr};
 pub use frame::{read_frame, write_frame, Fingerprint, Frame, Inline};
 

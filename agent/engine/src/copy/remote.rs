@@ -11,6 +11,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use ferry_transfer::frame::{Frame, MAX_DATA};
 use ferry_transfer::{Entry, Kind, Time, Xattr};
 
@@ -46,8 +47,9 @@ pub(super) struct Rec {
     pub st: Stat,
     pub xattrs: Vec<Xattr>,
     pub target: Option<CString>,
-    /// A small file's bytes and their hash (when hashing), sent with the listing.
-    pub inline: Option<(Vec<u8>, Option<u128>)>,
+    /// A small file's bytes and their hash (when hashing), sent with the listing: a slice
+    /// of the listing's payload (cloned without copying).
+    pub inline: Option<(Bytes, Option<u128>)>,
 }
 
 /// The extended attributes to give a copy: read from the source's descriptor, or as a
@@ -67,7 +69,7 @@ pub(super) struct RemoteFile {
     path: Vec<u8>,
     st: Stat,
     xattrs: Vec<Xattr>,
-    inline: Option<(Vec<u8>, Option<u128>)>,
+    inline: Option<(Bytes, Option<u128>)>,
 }
 
 impl SrcFile {
@@ -128,7 +130,7 @@ pub(super) fn stat_of(e: &Entry) -> Stat {
     st
 }
 
-pub(super) fn rec_of(e: Entry, inline: Option<(Vec<u8>, Option<u128>)>) -> Rec {
+pub(super) fn rec_of(e: Entry, inline: Option<(Bytes, Option<u128>)>) -> Rec {
     let st = stat_of(&e);
     let target = match e.kind {
         // (The decoder checked it has no NUL.)
@@ -367,7 +369,8 @@ impl Ctx<'_> {
                                 "the sender's compressed data does not decompress within {MAX_DATA} bytes: {e}"
                             ));
                             ("read source", e)
-                        })?,
+                        })?
+                        .into(),
                         false => data,
                     };
                     if offset.checked_add(data.len() as u64).is_none() {
