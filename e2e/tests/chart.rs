@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use ferry_e2e::{
-    assert_same_tree, http_get, prometheus_operator_crds_or_skip, repo_root, wait_for,
+    assert_same_tree, http_get, merge_patch, prometheus_operator_crds_or_skip, repo_root, wait_for,
     ControlPlane, Proc,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const NS: &str = "ferry-system";
 const NODES: [&str; 2] = ["node-a", "node-b"];
@@ -553,6 +553,22 @@ fn json_patch_status(kc: &Path, ns: &str, name: &str, patch: &str) -> Result<(St
     Ok((code.to_string(), body.to_string()))
 }
 
+/// The `FERRY_HOLDER_IMAGE` the rendered chart gives the operator.
+fn holder_image() -> Result<String> {
+    let docs = documents(&rendered("ferry.yaml"))?;
+    docs.iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .flat_map(|d| {
+            d["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .find(|e| e["name"] == "FERRY_HOLDER_IMAGE")
+        .and_then(|e| e["value"].as_str().map(str::to_string))
+        .context("the chart gives the operator no FERRY_HOLDER_IMAGE")
+}
+
 /// The operator and one agent per node (made by `add_node`) as processes, each with a
 /// kubeconfig holding its own ServiceAccount's token. Returns the processes and the endpoint
 /// ports of the operator and of each agent.
@@ -580,6 +596,8 @@ fn start_with_tokens(cp: &ControlPlane) -> Result<(Vec<Proc>, Vec<u16>)> {
         );
     }
     let operator_kc = operator_kc.to_string_lossy();
+    // The holder pods' image, as the chart gives it to the operator (and to its policy).
+    let image = holder_image()?;
     // The spawned process's KUBECONFIG replaces the admin's.
     let mut procs = vec![cp.spawn_operator(
         "operator",
@@ -587,6 +605,7 @@ fn start_with_tokens(cp: &ControlPlane) -> Result<(Vec<Proc>, Vec<u16>)> {
             ("KUBECONFIG", &operator_kc),
             ("FERRY_NAMESPACE", NS),
             ("POD_NAME", "ferry-operator-0"),
+            ("FERRY_HOLDER_IMAGE", &image),
         ],
     )?];
     let mut ports = vec![cp.operator_port()?];
@@ -774,8 +793,8 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
     cp.wait_succeeded("team-a", "from-pvc", 120)?;
     assert_same_tree(&pv_tree, &hosts.join("node-b/srv/data/from-pvc"))?;
 
-    // A claim on a CSI volume that no pod mounts: the operator lists the namespace's pods
-    // and says it waits for one.
+    // A claim on a CSI volume that no pod mounts: the operator lists the namespace's pods,
+    // finds none, and starts a holder pod for it (through the chart's admission policy).
     cp.apply("apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-csi\nspec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  csi: {driver: fake.csi.ferry.dev, volumeHandle: vol-1}\n  claimRef: {namespace: team-a, name: csi-data}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: csi-data\n  namespace: team-a\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  volumeName: pv-csi\n  resources: {requests: {storage: 1Gi}}\n")?;
     cp.wait_claim_bound("team-a", "csi-data")?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-csi\n  namespace: team-a\nspec:\n  source: {pvc: csi-data, path: src}\n  destination: {root: team-data, path: from-csi}\n")?;
@@ -786,6 +805,7 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
         Duration::from_secs(60),
         |r| r == "VolumeNotMounted",
     )?;
+    held_claim_is_copied_and_its_holder_deleted(&cp, &hosts)?;
 
     // A refusal is a condition and an event (events.k8s.io, created by the operator).
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: no-root\n  namespace: team-a\nspec:\n  source: {root: missing, path: src}\n  destination: {root: team-data, path: x}\n")?;
@@ -884,6 +904,125 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
     Ok(())
 }
 
+/// Job `from-csi` of the test above waits for claim `csi-data` (CSI volume `pv-csi`), which
+/// no pod mounts: the operator has started a holder pod (the restricted shape its admission
+/// policy allows) and says so. No scheduler or kubelet runs here: the test binds the pod to
+/// node-b, makes the kubelet's mount directory and reports the pod Running, as they would;
+/// the copy then runs on node-b, and the holder is deleted when the job has succeeded. The
+/// operator's token cannot create any other pod.
+fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) -> Result<()> {
+    let uid = cp.get("copyjob/from-csi", "team-a", "{.metadata.uid}")?;
+    let holder = format!(
+        "ferry-holder-{}-source",
+        uid.replace('-', "").get(..8).unwrap_or_default()
+    );
+    cp.wait_until(
+        "copyjob/from-csi",
+        "team-a",
+        "{.status.conditions[?(@.type==\"Resolved\")].message}",
+        Duration::from_secs(60),
+        |m| {
+            m.contains(&format!(
+                "Ferry started holder pod {holder:?} to mount claim \"csi-data\""
+            ))
+        },
+    )?;
+    let pod = get_json(cp, &["get", "pod", &holder, "-n", "team-a", "-o", "json"])?;
+    let labels = &pod["metadata"]["labels"];
+    ensure!(
+        labels["ferry.dev/holder-of"] == uid.as_str() && labels["ferry.dev/holds"] == "source",
+        "holder labels {labels}"
+    );
+    let owner = &pod["metadata"]["ownerReferences"][0];
+    ensure!(
+        owner["kind"] == "CopyJob" && owner["name"] == "from-csi" && owner["uid"] == uid.as_str(),
+        "holder owner {owner}"
+    );
+    let spec = &pod["spec"];
+    ensure!(
+        spec["volumes"][0]["persistentVolumeClaim"]
+            == json!({"claimName": "csi-data", "readOnly": true}),
+        "the source's holder does not mount it read-only: {}",
+        spec["volumes"]
+    );
+    ensure!(
+        spec["automountServiceAccountToken"] == false
+            && spec["securityContext"]["runAsNonRoot"] == true
+            && spec["containers"][0]["securityContext"]["capabilities"]["drop"] == json!(["ALL"])
+            && spec["containers"][0]["args"] == json!(["pause"]),
+        "holder spec {spec}"
+    );
+    // The scheduler's part: bind it to node-b (where the destination root is).
+    cp.kubectl_stdin(
+        &["create", "-f", "-"],
+        &format!("apiVersion: v1\nkind: Binding\nmetadata: {{name: {holder}, namespace: team-a}}\ntarget: {{apiVersion: v1, kind: Node, name: node-b}}\n"),
+    )
+    .and_then(|out| {
+        ensure!(out.status.success(), "binding the holder: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(())
+    })?;
+    cp.wait_until(
+        "copyjob/from-csi",
+        "team-a",
+        "{.status.conditions[?(@.type==\"Resolved\")].message}",
+        Duration::from_secs(60),
+        |m| m.contains("on node \"node-b\"") && m.contains("waiting for it to run"),
+    )?;
+    // The kubelet's part: the volume mounted for the pod, then the pod Running.
+    let pod_uid = cp.get(&format!("pod/{holder}"), "team-a", "{.metadata.uid}")?;
+    let tree = hosts
+        .join("node-b/var/lib/kubelet/pods")
+        .join(&pod_uid)
+        .join("volumes/kubernetes.io~csi/pv-csi/mount/src");
+    std::fs::create_dir_all(tree.join("deeper"))?;
+    for f in 0..8u64 {
+        std::fs::write(
+            tree.join(format!("deeper/f{f}")),
+            vec![f as u8 + 1; (f * 733) as usize],
+        )?;
+    }
+    cp.kubectl_ok(&merge_patch(
+        &format!("pod/{holder}"),
+        "team-a",
+        true,
+        r#"{"status":{"phase":"Running"}}"#,
+    ))?;
+    cp.wait_succeeded("team-a", "from-csi", 120)?;
+    assert_same_tree(&tree, &hosts.join("node-b/srv/data/from-csi"))?;
+    // Finished: the holder is deleted (with no kubelet here to see its container stop, a
+    // pod bound to a node stays, terminating: the deletion is what the operator did).
+    cp.wait_until(
+        &format!("pods/{holder}"),
+        "team-a",
+        "{.metadata.deletionTimestamp}",
+        Duration::from_secs(60),
+        |t| !t.is_empty(),
+    )?;
+    // The operator's token may create pods (RBAC cannot narrow that), but the chart's policy
+    // lets it create only a holder: not a privileged pod dressed as one, nor any other.
+    let op = as_component("ferry-operator");
+    let mut args: Vec<&str> = op.iter().map(String::as_str).collect();
+    args.extend(["create", "-f", "-"]);
+    for (pod, why) in [
+        (
+            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: sneaky, namespace: team-a}}\nspec: {{containers: [{{name: c, image: {}}}]}}\n", holder_image()?),
+            "creates and deletes only its holder pods",
+        ),
+        (
+            format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: ferry-holder-evil\n  namespace: team-a\n  labels: {{app.kubernetes.io/name: ferry-holder}}\n  ownerReferences: [{{apiVersion: ferry.dev/v1alpha1, kind: CopyJob, name: from-csi, uid: {uid}}}]\nspec:\n  automountServiceAccountToken: false\n  securityContext: {{runAsNonRoot: true}}\n  containers: [{{name: hold, image: {}, args: [pause], securityContext: {{privileged: true, capabilities: {{drop: [ALL]}}}}, volumeMounts: [{{name: host, mountPath: /host}}]}}]\n  volumes: [{{name: host, hostPath: {{path: /}}}}]\n", holder_image()?),
+            "a holder pod is this chart's image running pause",
+        ),
+    ] {
+        let out = cp.kubectl_stdin(&args, &pod)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && err.contains(why),
+            "the operator's token created a pod that is not a holder ({why}): {err}"
+        );
+    }
+    Ok(())
+}
+
 /// The permissions RBAC objects in `docs` give ServiceAccount `sa` of the release namespace,
 /// one line per (scope, group/resource, verb[, resource name]).
 fn granted(docs: &[Value], sa: &str) -> BTreeSet<String> {
@@ -972,6 +1111,9 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster core/persistentvolumeclaims get", // reach_pvc
         "cluster core/persistentvolumes get", // reach_pvc
         "cluster core/pods list",          // CSI: a pod that mounts the claim
+        "cluster core/pods get",           // holder::hold: the job's holder pod
+        "cluster core/pods create",        // holder::hold (narrowed by the -holder-pods policy)
+        "cluster core/pods delete",        // holder::release
         "cluster events.k8s.io/events create", // Recorder::publish
         "cluster events.k8s.io/events patch", // Recorder::publish, a repeat
         "ferry-system coordination.k8s.io/leases list", // heartbeats reflector
@@ -1106,7 +1248,9 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         (op, &["update", "leases/ferry-operator", "-n", NS], true),
         (op, &["get", "secrets", "-n", NS], false),
         (op, &["list", "secrets", "-A"], false),
-        (op, &["create", "pods", "-n", "team"], false),
+        // Holder pods: RBAC allows any pod; the chart's admission policy narrows it (tested
+        // with the operator's own token in the test above).
+        (op, &["create", "pods", "-n", "team"], true),
         // A CopySchedule's runs: the operator creates CopyJobs (in the schedule's own
         // namespace, from its template), but never CopySchedules, nor changes their spec.
         (op, &["create", "copyjobs.ferry.dev", "-n", "team"], true),
@@ -1537,9 +1681,12 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "ValidatingAdmissionPolicyBinding/copier-agent-leases",
         "ValidatingAdmissionPolicy/copier-agent-shards",
         "ValidatingAdmissionPolicyBinding/copier-agent-shards",
+        "ValidatingAdmissionPolicy/copier-holder-pods",
+        "ValidatingAdmissionPolicyBinding/copier-holder-pods",
     ]);
     ensure!(names == expected, "custom render has {names:?}");
-    // The policies are about the renamed agent account.
+    // The policies are about the renamed accounts: the agents', and the operator's for its
+    // holder pods.
     for policy in docs
         .iter()
         .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
@@ -1547,8 +1694,12 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         let matches = policy["spec"]["matchConditions"][0]["expression"]
             .as_str()
             .unwrap_or_default();
+        let account = match policy["metadata"]["name"] == "copier-holder-pods" {
+            true => "copier-operator",
+            false => "copier-agent",
+        };
         ensure!(
-            matches.contains(&format!("system:serviceaccount:{NS}:copier-agent")),
+            matches.contains(&format!("system:serviceaccount:{NS}:{account}\"")),
             "{} matches {matches:?}",
             policy["metadata"]["name"]
         );

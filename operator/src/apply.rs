@@ -31,6 +31,8 @@ pub struct Context {
     pub node_deadline: Duration,
     /// Ferry's own namespace: the agents' Leases, the tickets of copies between nodes.
     pub namespace: String,
+    /// The image of holder pods (see [`crate::holder`]); `None`: none are made.
+    pub holder_image: Option<String>,
 }
 
 /// Read what the decision needs (the endpoints, who is lost, the eligible nodes when
@@ -44,11 +46,23 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     let unset = CopyJobStatus::default();
     let old = job.status.as_ref().unwrap_or(&unset);
     // A finished job is history: it is not resolved again.
-    let endpoints = if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
+    let mut endpoints = if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
         Endpoints::Finished
     } else {
         resolve::check(&ctx.client, &ns, job).await?
     };
+    // A CSI claim no running pod mounts: hold it with a pod of our own (not for a job being
+    // deleted), and say what the holders are doing instead of asking the user for a pod.
+    if let (Endpoints::Blocked(b), Some(image)) = (&mut endpoints, &ctx.holder_image) {
+        if b.reason == ferry_crds::Reason::VolumeNotMounted
+            && job.meta().deletion_timestamp.is_none()
+        {
+            let unmounted = resolve::unmounted_claims(&ctx.client, &ns, job).await?;
+            if !unmounted.is_empty() {
+                b.message = crate::holder::hold(&ctx.client, &ns, job, &unmounted, image).await?;
+            }
+        }
+    }
     // One look at the heartbeats of the nodes that hold shards of a job being scheduled,
     // so that what decides whether Nodes are listed and what decides with them agree.
     let lost: BTreeMap<&str, Option<Duration>> = match endpoints {
@@ -174,6 +188,10 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         {
             crate::ticket::revoke(&ctx.client, &ctx.namespace, job).await?;
         }
+        // Nor its holder pods (the agents are done with the volumes).
+        if finished(status.phase) && ctx.holder_image.is_some() {
+            crate::holder::release(&ctx.client, &ns, job).await?;
+        }
     }
     // ttlSecondsAfterFinished: delete the finished job once its time is up (the finalizer
     // runs as for any deletion), or come back when it will be.
@@ -209,9 +227,15 @@ pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         .map(|s| s.node.as_str())
         .collect();
     if running.is_empty() {
-        // Its tickets go with it (the receivers have stopped: nothing dials for it).
+        // Its tickets go with it (the receivers have stopped: nothing dials for it), and
+        // its holder pods (no agent copies through their mounts any more).
         if between_nodes {
             crate::ticket::revoke(&ctx.client, &ctx.namespace, job).await?;
+        }
+        if ctx.holder_image.is_some() {
+            if let Some(ns) = job.namespace() {
+                crate::holder::release(&ctx.client, &ns, job).await?;
+            }
         }
         return Ok(Action::await_change());
     }

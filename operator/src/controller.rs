@@ -53,6 +53,7 @@ pub async fn run(
         heartbeats: heartbeats.clone(),
         node_deadline,
         namespace: agent_namespace(),
+        holder_image: holder_image(),
     });
     // An agent that comes or goes changes no CopyJob, and a Lease that expires sends no
     // event at all: so the set of live agents is watched here, and every job is looked at
@@ -140,4 +141,12 @@ fn error_policy(_job: Arc<CopyJob>, error: &Error, _ctx: Arc<Context>) -> Action
 /// Namespace of the agents' heartbeat Leases (the operator's own namespace).
 fn agent_namespace() -> String {
     std::env::var("FERRY_NAMESPACE").unwrap_or_else(|_| "ferry-system".into())
+}
+
+/// The image of the holder pods (`FERRY_HOLDER_IMAGE`, the chart's own image); unset or
+/// empty, none are made and a job on a CSI claim no pod mounts waits for one.
+fn holder_image() -> Option<String> {
+    std::env::var("FERRY_HOLDER_IMAGE")
+        .ok()
+        .filter(|i| !i.trim().is_empty())
 }

@@ -15,6 +15,7 @@ pub mod copyschedule;
 pub mod cron;
 pub mod decide;
 pub mod heartbeat;
+pub mod holder;
 pub mod leader;
 pub mod metrics;
 pub mod schedule;

@@ -262,6 +262,63 @@ async fn resolve(
     }
 }
 
+/// A CSI claim of a job that no running pod mounts: Ferry reaches it only through a pod
+/// that does, so the operator may start one (a holder) for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unmounted {
+    /// Whether it is the job's destination (else its source: held read-only).
+    pub destination: bool,
+    pub claim: String,
+    /// The node where the job's other endpoint is already reachable (a pod mounts it), if
+    /// it is a claim: a holder goes there when it can, and the copy is then local.
+    pub other_node: Option<String>,
+}
+
+/// The job's CSI claims that no running pod of its namespace mounts. Endpoints that do not
+/// resolve for another reason are left out (the job is refused for that reason anyway).
+pub async fn unmounted_claims(
+    client: &Client,
+    ns: &str,
+    job: &CopyJob,
+) -> Result<Vec<Unmounted>, kube::Error> {
+    let ends = [
+        ("spec.source", &job.spec.source, false),
+        ("spec.destination", &job.spec.destination, true),
+    ];
+    let mut csi = Vec::new();
+    for (field, e, destination) in ends {
+        if e.pvc.is_none() {
+            continue;
+        }
+        if let Ok(Reach::Csi { claim, .. }) = reach(client, ns, field, e, destination).await? {
+            csi.push((destination, claim));
+        }
+    }
+    if csi.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    let node_of = |claim: &str| {
+        volume::mounting_pod(&pods.items, claim)
+            .and_then(|p| p.spec.as_ref())
+            .and_then(|s| s.node_name.clone())
+    };
+    Ok(csi
+        .iter()
+        .filter(|(_, claim)| node_of(claim).is_none())
+        .map(|(destination, claim)| Unmounted {
+            destination: *destination,
+            claim: claim.clone(),
+            other_node: csi
+                .iter()
+                .find(|(d, _)| d != destination)
+                .and_then(|(_, other)| node_of(other)),
+        })
+        .collect())
+}
+
 /// Resolve one `root` endpoint: the StorageRoot exists, this namespace may use it, and a
 /// destination is not read-only.
 async fn resolve_root(

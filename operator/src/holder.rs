@@ -1,0 +1,378 @@
+//! Holder pods: a CSI volume is reachable on a node only while a pod there mounts it (the
+//! kubelet attaches and mounts it for a pod, and Ferry's agent copies through that pod's
+//! volume directory). When no running pod mounts a claim a job needs, the operator starts
+//! one: the Ferry image's do-nothing `pause`, nothing privileged (the `restricted` Pod
+//! Security level), tiny requests, no ServiceAccount token, owned by the CopyJob, the claim
+//! mounted read-only when it is the source. It is deleted when the job finishes or is
+//! deleted.
+//!
+//! Placement: the destination's holder prefers the node where the source already is (a
+//! user's pod that mounts it, or the source's holder), so that when the volumes' topology
+//! allows, the copy is local (reflink, `copy_file_range`); when it does not, the scheduler
+//! puts it where it can be mounted and the copy goes between nodes. A holder is made only
+//! for a claim no running pod mounts: a claim in use is copied where it is, never mounted a
+//! second time on another node.
+
+use std::collections::BTreeMap;
+
+use ferry_crds::CopyJob;
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, NodeAffinity, NodeSelectorRequirement, NodeSelectorTerm,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, PreferredSchedulingTerm,
+    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+use ferry_resolve::Unmounted;
+
+/// The label naming the CopyJob (its uid) a holder pod is for.
+pub const HOLDER_OF: &str = "ferry.dev/holder-of";
+/// The label saying which endpoint it holds: `source` or `destination`.
+pub const HOLDS: &str = "ferry.dev/holds";
+/// The user the holder runs as (the image's, and not root).
+const HOLDER_UID: i64 = 65532;
+
+fn end(destination: bool) -> &'static str {
+    match destination {
+        true => "destination",
+        false => "source",
+    }
+}
+
+/// The holder pod's name: `ferry-holder-<first 8 of the job's uid>-<end>`, stable, so a
+/// second reconcile finds the pod the first one made.
+pub fn name(job: &CopyJob, destination: bool) -> String {
+    let uid = job.uid().unwrap_or_default();
+    let short: String = uid.chars().filter(|c| *c != '-').take(8).collect();
+    format!("ferry-holder-{short}-{}", end(destination))
+}
+
+/// The pod that holds `claim` mounted for `job` (its source's read-only), preferring
+/// `prefer_node` when given.
+pub fn pod(
+    job: &CopyJob,
+    destination: bool,
+    claim: &str,
+    image: &str,
+    prefer_node: Option<&str>,
+) -> Pod {
+    let read_only = !destination;
+    let labels = BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            "ferry-holder".to_string(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "ferry-operator".to_string(),
+        ),
+        (HOLDER_OF.to_string(), job.uid().unwrap_or_default()),
+        (HOLDS.to_string(), end(destination).to_string()),
+    ]);
+    let affinity = prefer_node.map(|node| Affinity {
+        node_affinity: Some(NodeAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                PreferredSchedulingTerm {
+                    weight: 100,
+                    preference: NodeSelectorTerm {
+                        match_expressions: Some(vec![NodeSelectorRequirement {
+                            key: "kubernetes.io/hostname".into(),
+                            operator: "In".into(),
+                            values: Some(vec![node.to_string()]),
+                        }]),
+                        match_fields: None,
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let quantity = |q: &str| Quantity(q.to_string());
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name(job, destination)),
+            namespace: job.namespace(),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                "ferry.dev/copyjob".to_string(),
+                job.name_any(),
+            )])),
+            // No blockOwnerDeletion: that would need update on copyjobs/finalizers, and the
+            // operator deletes its holders itself anyway.
+            owner_references: Some(vec![OwnerReference {
+                api_version: "ferry.dev/v1alpha1".into(),
+                kind: "CopyJob".into(),
+                name: job.name_any(),
+                uid: job.uid().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            // It talks to nothing: no token, no service variables.
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            termination_grace_period_seconds: Some(1),
+            affinity,
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(HOLDER_UID),
+                run_as_group: Some(HOLDER_UID),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
+            containers: vec![Container {
+                name: "hold".into(),
+                image: Some(image.to_string()),
+                // The image's `ferry-agent pause`: sleeps until it is stopped.
+                args: Some(vec!["pause".into()]),
+                resources: Some(ResourceRequirements {
+                    requests: Some(BTreeMap::from([
+                        ("cpu".to_string(), quantity("1m")),
+                        ("memory".to_string(), quantity("8Mi")),
+                    ])),
+                    limits: Some(BTreeMap::from([("memory".to_string(), quantity("32Mi"))])),
+                    ..Default::default()
+                }),
+                security_context: Some(SecurityContext {
+                    allow_privilege_escalation: Some(false),
+                    read_only_root_filesystem: Some(true),
+                    capabilities: Some(Capabilities {
+                        drop: Some(vec!["ALL".into()]),
+                        add: None,
+                    }),
+                    ..Default::default()
+                }),
+                volume_mounts: Some(vec![VolumeMount {
+                    name: "data".into(),
+                    mount_path: "/data".into(),
+                    read_only: Some(read_only),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }],
+            volumes: Some(vec![Volume {
+                name: "data".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.to_string(),
+                    read_only: Some(read_only),
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// What a holder pod is doing, for the job's condition: started and waiting to run, or not
+/// schedulable (the scheduler's reason).
+fn state(pod: &Pod, claim: &str) -> String {
+    let name = pod.name_any();
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    let unschedulable = pod
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    match (node, unschedulable) {
+        (None, Some(c)) => format!(
+            "holder pod {name:?} for claim {claim:?} cannot be scheduled ({}): {}",
+            c.reason.as_deref().unwrap_or("Unschedulable"),
+            c.message.as_deref().unwrap_or("no reason given")
+        ),
+        (None, None) => format!(
+            "Ferry started holder pod {name:?} to mount claim {claim:?}; waiting for it to be scheduled"
+        ),
+        (Some(node), _) => format!(
+            "Ferry started holder pod {name:?} on node {node:?} to mount claim {claim:?}; waiting for it to run"
+        ),
+    }
+}
+
+/// Make sure every claim in `unmounted` has its holder pod, and say what they are doing
+/// (the job's condition message while it waits for them). The destination's holder is made
+/// once the source's place is known (a node where it is mounted, or where its holder was
+/// scheduled), so that it can prefer that node.
+pub async fn hold(
+    client: &Client,
+    ns: &str,
+    job: &CopyJob,
+    unmounted: &[Unmounted],
+    image: &str,
+) -> Result<String, kube::Error> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let mut said = Vec::new();
+    let mut source_node: Option<String> = None;
+    // The source first: the destination's holder prefers its node.
+    let mut ends: Vec<&Unmounted> = unmounted.iter().collect();
+    ends.sort_by_key(|u| u.destination);
+    for u in ends {
+        let name = name(job, u.destination);
+        let existing = pods.get_opt(&name).await?;
+        let pod = match existing {
+            Some(p) => p,
+            None => {
+                let prefer = match u.destination {
+                    true => u.other_node.clone().or_else(|| source_node.clone()),
+                    false => u.other_node.clone(),
+                };
+                let source_unplaced = unmounted.iter().any(|s| !s.destination);
+                if u.destination && prefer.is_none() && source_unplaced {
+                    said.push(
+                        "the destination's holder pod waits for the source's to be scheduled"
+                            .to_string(),
+                    );
+                    continue;
+                }
+                let made = pod(job, u.destination, &u.claim, image, prefer.as_deref());
+                match pods.create(&PostParams::default(), &made).await {
+                    Ok(p) => {
+                        tracing::info!(job = %job.name_any(), pod = %name, claim = %u.claim, "started a holder pod");
+                        p
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => pods.get(&name).await?,
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        if !u.destination {
+            source_node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        }
+        said.push(state(&pod, &u.claim));
+    }
+    Ok(said.join("; "))
+}
+
+/// Delete the job's holder pods (when it finished, or is being deleted).
+pub async fn release(client: &Client, ns: &str, job: &CopyJob) -> Result<(), kube::Error> {
+    let Some(uid) = job.uid() else {
+        return Ok(());
+    };
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let held = pods
+        .list(&ListParams::default().labels(&format!("{HOLDER_OF}={uid}")))
+        .await?;
+    for p in held.items {
+        match pods.delete(&p.name_any(), &Default::default()).await {
+            Ok(_) => {
+                tracing::info!(job = %job.name_any(), pod = %p.name_any(), "deleted a holder pod")
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> CopyJob {
+        let mut job: CopyJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1",
+            "kind": "CopyJob",
+            "metadata": {"name": "move", "namespace": "team-a", "uid": "0b5e2c1e-6a4c-4a5e-9d51-1f0e7c9c2d10"},
+            "spec": {"source": {"pvc": "data"}, "destination": {"pvc": "copy"}}
+        }))
+        .expect("a job");
+        job.metadata.resource_version = Some("1".into());
+        job
+    }
+
+    #[test]
+    fn a_source_holder_is_restricted_read_only_and_owned_by_its_job() {
+        let p = pod(&job(), false, "data", "ferry:1", None);
+        assert_eq!(p.name_any(), "ferry-holder-0b5e2c1e-source");
+        assert_eq!(p.namespace().as_deref(), Some("team-a"));
+        let owner = &p.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("CopyJob", "move")
+        );
+        assert_eq!(owner.uid, "0b5e2c1e-6a4c-4a5e-9d51-1f0e7c9c2d10");
+        let spec = p.spec.as_ref().expect("spec");
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let psc = spec.security_context.as_ref().expect("pod security");
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert_eq!(
+            psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+            Some("RuntimeDefault")
+        );
+        let c = &spec.containers[0];
+        let sc = c.security_context.as_ref().expect("container security");
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
+        assert!(
+            sc.privileged.is_none()
+                && sc
+                    .capabilities
+                    .as_ref()
+                    .and_then(|c| c.add.clone())
+                    .is_none()
+        );
+        let vol = spec.volumes.as_ref().expect("volumes")[0]
+            .persistent_volume_claim
+            .clone()
+            .expect("a claim");
+        assert_eq!(
+            (vol.claim_name.as_str(), vol.read_only),
+            ("data", Some(true))
+        );
+        assert_eq!(
+            c.volume_mounts.as_ref().expect("mounts")[0].read_only,
+            Some(true)
+        );
+        assert!(spec.affinity.is_none());
+    }
+
+    #[test]
+    fn a_destination_holder_is_writable_and_prefers_the_sources_node() {
+        let p = pod(&job(), true, "copy", "ferry:1", Some("node-b"));
+        assert_eq!(p.name_any(), "ferry-holder-0b5e2c1e-destination");
+        let spec = p.spec.as_ref().expect("spec");
+        let vol = spec.volumes.as_ref().expect("volumes")[0]
+            .persistent_volume_claim
+            .clone()
+            .expect("a claim");
+        assert_eq!(vol.read_only, Some(false));
+        let preferred = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| {
+                n.preferred_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .expect("a preference");
+        let req = &preferred[0]
+            .preference
+            .match_expressions
+            .as_ref()
+            .expect("expr")[0];
+        assert_eq!(req.key, "kubernetes.io/hostname");
+        assert_eq!(req.values.as_deref(), Some(&["node-b".to_string()][..]));
+        // Preferred, not required: a volume that cannot be mounted there goes elsewhere
+        // and the copy goes between nodes.
+        assert!(spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| n
+                .required_during_scheduling_ignored_during_execution
+                .as_ref())
+            .is_none());
+    }
+}
