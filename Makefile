@@ -32,10 +32,17 @@ kube-deps: deps
 
 ## Every check: format, lints, the chart scored by kube-score, unit/integration tests
 ## (root-only ones run as root).
-test: kube-deps check-generated score
+test: kube-deps check-generated score test-csi
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
+
+## The real-node tier's CSI driver (e2e/csi, Go): formatting, vet and its tests (as root they
+## mount; otherwise they say why they skip).
+.PHONY: test-csi
+test-csi:
+	@cd e2e/csi && out=$$(gofmt -l .) && { [ -z "$$out" ] || { echo "gofmt would change: $$out" >&2; exit 1; }; }
+	cd e2e/csi && GOFLAGS=-buildvcs=false go vet ./... && GOFLAGS=-buildvcs=false go test -count=1 ./...
 
 ## Regenerate generated files: the CRD YAML from the Rust types, then (helm lint, helm template)
 ## the rendered chart in deploy/ (helm from `make deps`).

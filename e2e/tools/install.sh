@@ -15,6 +15,8 @@
 #   kube-router (--kube)         built from github.com/cloudnativelabs/kube-router/v2 at
 #                                $KUBE_ROUTER_VERSION; only its NetworkPolicy firewall runs, so the
 #                                real-node tier enforces the chart's NetworkPolicies
+#   ferry-csi (--kube)           the real-node tier's CSI driver, built from e2e/csi in this repo
+#                                (the kubernetes-csi hostpath driver is not served: e2e/csi/README.md)
 #   prometheus-operator CRDs     ServiceMonitor, PodMonitor, PrometheusRule, copied from the Go
 #                                module github.com/prometheus-operator/prometheus-operator at
 #                                $PROMETHEUS_OPERATOR_VERSION (the chart test applies them)
@@ -25,6 +27,7 @@
 #   ${FERRY_TOOLS:-/var/cache/ferry-tools}/helm/<version>/bin/helm
 #   ${FERRY_TOOLS:-/var/cache/ferry-tools}/kube-score/<version>/bin/kube-score
 #   ${FERRY_TOOLS:-/var/cache/ferry-tools}/kube-router/<version>/bin/kube-router
+#   ${FERRY_TOOLS:-/var/cache/ferry-tools}/ferry-csi/<hash of e2e/csi's sources>/bin/ferry-csi
 # and ${FERRY_TOOLS}/env.sh exports PATH (those bins first) plus FERRY_* paths.
 #
 # Idempotent: a binary already in the cache is not rebuilt, so a second run takes seconds.
@@ -35,9 +38,9 @@
 # Usage: e2e/tools/install.sh [--smoke] [--no-smoke] [--kube]
 #   --smoke     also run smoke.sh (real etcd + kube-apiserver) even if nothing was built
 #   --no-smoke  skip smoke.sh even after a fresh build
-#   --kube      also kubelet, kube-scheduler, kube-proxy and prometheus with Kubernetes
-#               discovery, for the real-node tier (make kube-up, make test); without it
-#               make demo's first run does not wait for them
+#   --kube      also kubelet, kube-scheduler, kube-proxy, prometheus with Kubernetes
+#               discovery, kube-router and ferry-csi, for the real-node tier (make kube-up,
+#               make test); without it make demo's first run does not wait for them
 # By default smoke.sh runs only when this invocation built something.
 set -euo pipefail
 
@@ -59,7 +62,7 @@ for arg in "$@"; do
     --smoke) smoke=yes ;;
     --no-smoke) smoke=no ;;
     --kube) kube=yes ;;
-    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,/^# By default/p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "install.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -76,7 +79,8 @@ fi
 
 built_any=0
 # Leftovers of an interrupted earlier run (we hold the lock, so nobody else is writing them).
-rm -rf "$FERRY_TOOLS"/k8s/*/bin/.*.tmp.* "$FERRY_TOOLS"/{helm,prometheus,kube-score,kube-router}/*/.gobin.* 2>/dev/null || true
+rm -rf "$FERRY_TOOLS"/k8s/*/bin/.*.tmp.* "$FERRY_TOOLS"/{helm,prometheus,kube-score,kube-router}/*/.gobin.* \
+  "$FERRY_TOOLS"/ferry-csi/*/bin/.*.tmp.* 2>/dev/null || true
 
 # ---------------------------------------------------------------------------
 # 1. Debian packages
@@ -281,6 +285,23 @@ if [[ $kube == yes && ! -x $router_dir/bin/kube-router ]]; then
   go_install "$router_dir" "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION" "-s -w"
 fi
 
+# --- ferry-csi: the real-node tier's CSI driver (source in this repo) -------------------
+# Keyed by a hash of its sources (names and contents), not a version: an edited driver is
+# rebuilt, an unchanged one is not. Builds of older sources are left in place (another
+# checkout sharing $FERRY_TOOLS may still use one). Built in its own module with
+# -mod=readonly, so a build never rewrites the repo's go.mod or go.sum.
+csi_src=$(cd "$here/../csi" && pwd)
+csi_hash=$(cd "$csi_src" && LC_ALL=C sha256sum go.mod go.sum *.go | sha256sum | cut -c1-16)
+csi_dir=$FERRY_TOOLS/ferry-csi/$csi_hash
+if [[ $kube == yes && ! -x $csi_dir/bin/ferry-csi ]]; then
+  mkdir -p "$csi_dir/bin"
+  tmp=$csi_dir/bin/.ferry-csi.tmp.$$
+  run_build "ferry-csi $csi_hash" "$FERRY_TOOLS/logs/ferry-csi-$csi_hash.log" \
+    env GOFLAGS=-buildvcs=false go -C "$csi_src" build -p 2 -trimpath \
+      -ldflags "-s -w -X main.version=$csi_hash" -o "$tmp" .
+  mv -f "$tmp" "$csi_dir/bin/ferry-csi"
+fi
+
 # --- prometheus-operator CRDs (no binary: the YAML its module ships) -------
 promop_crds=$FERRY_TOOLS/prometheus-operator/$PROMETHEUS_OPERATOR_VERSION/crds
 promop_files=(monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_podmonitors.yaml
@@ -316,6 +337,7 @@ export FERRY_PROMETHEUS_OPERATOR_CRDS="$promop_crds"
 export FERRY_HELM="$helm_bin/helm"
 export FERRY_KUBE_SCORE="$score_dir/bin/kube-score"
 export FERRY_KUBE_ROUTER="$router_dir/bin/kube-router"
+export FERRY_CSI="$csi_dir/bin/ferry-csi"
 export FERRY_ETCD="$etcd_path"
 export FERRY_PROMETHEUS="$prom_path"
 export FERRY_PROMTOOL="$promtool_path"
@@ -344,6 +366,10 @@ v_prom=$(check "$prom_path" --version)
 [[ $v_kubectl == "Client Version: $K8S_VERSION" ]] || die "kubectl reports '$v_kubectl', want 'Client Version: $K8S_VERSION'"
 [[ $v_kcm == "Kubernetes $K8S_VERSION" ]] || die "kube-controller-manager reports '$v_kcm', want 'Kubernetes $K8S_VERSION'"
 [[ $v_helm == "$HELM_VERSION"* ]] || die "helm reports '$v_helm', want $HELM_VERSION"
+if [[ $kube == yes ]]; then
+  v_csi=$(check "$csi_dir/bin/ferry-csi" --version)
+  [[ $v_csi == "ferry-csi $csi_hash" ]] || die "ferry-csi reports '$v_csi', want 'ferry-csi $csi_hash'"
+fi
 
 if [[ $smoke == yes || ($smoke == auto && $built_any == 1) ]]; then
   log "running smoke test ($here/smoke.sh)"
@@ -364,3 +390,6 @@ promtool        $promtool_path
 env file        $FERRY_TOOLS/env.sh
 export PATH="$k8s_bin:$helm_bin:\$PATH"
 EOF
+if [[ $kube == yes ]]; then
+  echo "ferry-csi       $csi_dir/bin/ferry-csi  ($v_csi, $(size "$csi_dir/bin/ferry-csi"))"
+fi
