@@ -145,8 +145,9 @@ pub fn run(args: &CopyArgs) -> ExitCode {
     }
 }
 
-/// The copy through both halves of a copy between nodes, joined by a socket pair: the
-/// source half serves SRC on a thread of its own, the destination half copies from it.
+/// The copy through both halves of a copy between nodes, joined by two socket pairs (the
+/// streams an agent opens): a source half serves SRC on each, on threads of their own, and
+/// the destination half copies from both.
 fn two_halves(
     args: &CopyArgs,
     opts: &Options,
@@ -157,8 +158,6 @@ fn two_halves(
         let path = args.src.clone();
         move |e: std::io::Error| ferry_engine::Error::io(op, path, e)
     };
-    let top = SourceTop::open(&args.src).map_err(io("open source"))?;
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io("socketpair"))?;
     let send_opts = SendOptions {
         // As an agent serves a source: the default pool, its depth adaptive.
         workers: opts.workers,
@@ -166,24 +165,43 @@ fn two_halves(
         xattrs: opts.preserve.xattrs,
         ..SendOptions::default()
     };
-    let reader = theirs.try_clone().map_err(io("socketpair"))?;
-    let sender = std::thread::spawn(move || serve(&top, reader, theirs, &send_opts));
-    let conn_reader = ours.try_clone().map_err(io("socketpair"))?;
-    let conn = ferry_engine::recv::Connection::start(
-        conn_reader,
-        ours.try_clone().map_err(io("socketpair"))?,
-    )
-    .map_err(io("start the destination half"))?;
+    // Two streams, as an agent opens (transfer::STREAMS): each served by a source half of
+    // its own, as two connections are on the sender's node.
+    let mut senders = Vec::new();
+    let mut streams: Vec<ferry_engine::recv::Stream> = Vec::new();
+    let mut ours_all = Vec::new();
+    for _ in 0..2 {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io("socketpair"))?;
+        let reader = theirs.try_clone().map_err(io("socketpair"))?;
+        let (top, send_opts) = (
+            SourceTop::open(&args.src).map_err(io("open source"))?,
+            send_opts.clone(),
+        );
+        senders.push(std::thread::spawn(move || {
+            serve(&top, reader, theirs, &send_opts)
+        }));
+        streams.push((
+            Box::new(ours.try_clone().map_err(io("socketpair"))?),
+            Box::new(ours.try_clone().map_err(io("socketpair"))?),
+        ));
+        ours_all.push(ours);
+    }
+    let conn = ferry_engine::recv::Connection::start_streams(streams)
+        .map_err(io("start the destination half"))?;
     let result = ferry_engine::copy_from(&conn, &args.src, &args.dst, opts, progress);
-    // The receiver is done: closing its side ends the sender's loop.
+    // The receiver is done: closing its side ends the senders' loops.
     drop(conn);
-    let _ = ours.shutdown(std::net::Shutdown::Both);
-    match sender.join() {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            eprintln!("ferry-agent copy: the source half: {e}");
+    for ours in &ours_all {
+        let _ = ours.shutdown(std::net::Shutdown::Both);
+    }
+    for sender in senders {
+        match sender.join() {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                eprintln!("ferry-agent copy: the source half: {e}");
+            }
+            Err(_) => eprintln!("ferry-agent copy: the source half panicked"),
         }
-        Err(_) => eprintln!("ferry-agent copy: the source half panicked"),
     }
     result
 }

@@ -397,6 +397,38 @@ pub async fn dial(
 ) -> Result<Arc<Connection>, TransferError> {
     let config = ferry_link::client_config(&tls.trust, &tls.chain_pem, &tls.key_pem, sender_node)?;
     let connector = tokio_rustls::TlsConnector::from(config);
+    // Several TLS connections, each past its own hello, one engine connection over them.
+    let mut streams = Vec::new();
+    for _ in 0..streams_per_shard() {
+        streams.push(dial_stream(addr, &connector, hello).await?);
+    }
+    Connection::start_streams(streams).map_err(|e| TransferError::Hello(e.to_string()))
+}
+
+/// TLS connections a receiver opens to its sender for one shard: `FERRY_TRANSFER_STREAMS`
+/// (1 to 8), else [`STREAMS`].
+fn streams_per_shard() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("FERRY_TRANSFER_STREAMS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|n| (1..=8).contains(n))
+            .unwrap_or(STREAMS)
+    })
+}
+
+/// The default of [`streams_per_shard`]: the decryption, encryption and socket copies of a
+/// large file spread over two threads on each node (one connection left the receiver's one
+/// reader thread doing all of them for 2 GiB while the machine was 20% idle).
+pub const STREAMS: usize = 2;
+
+/// One TLS connection to the sender, its hello answered with a welcome.
+async fn dial_stream(
+    addr: SocketAddr,
+    connector: &tokio_rustls::TlsConnector,
+    hello: &Hello,
+) -> Result<ferry_engine::recv::Stream, TransferError> {
     let tcp = timed("connecting", TcpStream::connect(addr))
         .await?
         .map_err(|source| TransferError::Connect { addr, source })?;
@@ -434,7 +466,7 @@ pub async fn dial(
     }
     let (r, w) = tokio::io::split(stream);
     let w = CloseOnDrop(Some(SyncIoBridge::new(w)));
-    Connection::start(SyncIoBridge::new(r), w).map_err(|e| TransferError::Hello(e.to_string()))
+    Ok((Box::new(SyncIoBridge::new(r)), Box::new(w)))
 }
 
 /// The write half of a receiver's connection. Dropped with the connection (the copy is

@@ -21,9 +21,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A connection to a source half, shared by a copy's workers.
+/// One stream's reading and writing ends.
+pub type Stream = (Box<dyn Read + Send>, Box<dyn Write + Send>);
+
+/// A connection to a source half, shared by a copy's workers: one stream or several (TLS
+/// connections, in an agent), each request and everything about it (its `more`, credit and
+/// close, and the sender's answers) on one of them, the requests spread over all (request
+/// `n` on stream `n % streams`). Several streams spread the encryption, decryption and
+/// socket copies over as many threads on both nodes (one reader thread each here, one serve
+/// loop each on the sender), and over as many TCP flows on the network.
 pub struct Connection {
-    out: Mutex<(Box<dyn Write + Send>, Vec<u8>)>,
+    outs: Vec<Mutex<(Box<dyn Write + Send>, Vec<u8>)>>,
     waiting: Mutex<HashMap<u32, Sender<Frame>>>,
     next: AtomicU32,
     /// Why the connection is over, once it is.
@@ -49,19 +57,42 @@ impl Connection {
         reader: impl Read + Send + 'static,
         writer: impl Write + Send + 'static,
     ) -> io::Result<Arc<Self>> {
+        Self::start_streams(vec![(Box::new(reader), Box::new(writer))])
+    }
+
+    /// [`Connection::start`] over several streams to the same source half (each already
+    /// past its hello): a reader thread each. At least one.
+    pub fn start_streams(streams: Vec<Stream>) -> io::Result<Arc<Self>> {
+        if streams.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a connection needs at least one stream",
+            ));
+        }
+        let (readers, writers): (Vec<_>, Vec<_>) = streams.into_iter().unzip();
         let conn = Arc::new(Self {
-            out: Mutex::new((Box::new(writer), Vec::new())),
+            outs: writers
+                .into_iter()
+                .map(|w| Mutex::new((w, Vec::new())))
+                .collect(),
             waiting: Mutex::new(HashMap::new()),
             next: AtomicU32::new(1),
             lost: Mutex::new(None),
             is_lost: Default::default(),
             received: Default::default(),
         });
-        let weak = Arc::downgrade(&conn);
-        std::thread::Builder::new()
-            .name("ferry-recv".into())
-            .spawn(move || answers(reader, weak))?;
+        for reader in readers {
+            let weak = Arc::downgrade(&conn);
+            std::thread::Builder::new()
+                .name("ferry-recv".into())
+                .spawn(move || answers(reader, weak))?;
+        }
         Ok(conn)
+    }
+
+    /// How many streams it has.
+    pub fn streams(&self) -> usize {
+        self.outs.len()
     }
 
     /// Why the connection ended, if it has.
@@ -141,7 +172,18 @@ impl Connection {
     }
 
     pub(crate) fn send(&self, f: &Frame) -> io::Result<()> {
-        let mut out = lock(&self.out);
+        // Everything about a request goes on its stream (the sender keeps its state there).
+        let req = match f {
+            Frame::Stat { req, .. }
+            | Frame::List { req, .. }
+            | Frame::More { req }
+            | Frame::Close { req }
+            | Frame::Read { req, .. }
+            | Frame::Credit { req, .. }
+            | Frame::Count { req, .. } => *req,
+            _ => 0,
+        };
+        let mut out = lock(&self.outs[req as usize % self.outs.len()]);
         let (w, buf) = &mut *out;
         let sent = frame::write_frame(w, f, buf).and_then(|()| w.flush());
         drop(out);

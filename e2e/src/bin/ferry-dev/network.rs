@@ -90,6 +90,15 @@ impl Settings {
     }
 }
 
+/// `sync`, then drop the clean page cache (`echo 1 > /proc/sys/vm/drop_caches`; root). A
+/// failure only makes the runs noisier: it is said, not fatal.
+fn drop_page_cache() {
+    let _ = Command::new("sync").status();
+    if let Err(e) = std::fs::write("/proc/sys/vm/drop_caches", "1") {
+        eprintln!("could not drop the page cache before a run: {e}");
+    }
+}
+
 /// One way of moving a tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Tool {
@@ -543,6 +552,11 @@ impl Net {
     fn run(&self, tool: Tool, tree: &str, tag: &str, timeout: u32) -> Result<(Sample, Made)> {
         let name = format!("{}-{tree}-{tag}", tool.slug());
         let src = self.a.join("src").join(tree);
+        // Untimed: the clean page cache the runs before filled is dropped, so that no copy
+        // pays for reclaiming it (on this machine the writer of a 2 GiB copy did, in direct
+        // reclaim, in some runs and not others: 1.7 to 3.8 s for the same copy). The trees
+        // are on tmpfs and stay in memory: the copies are as warm as before.
+        drop_page_cache();
         let pids = self.agent_pids();
         let agents = || pids.map(|p| cpu_secs(p, false));
         let cluster = || {
@@ -1102,7 +1116,7 @@ fn report(
     writeln!(md, "- `ferry-local CopyJob`: a CopyJob `vol-a:src/TREE` -> `vol-a:local/NAME` at the CRD's defaults: node-a's agent copies on its own (the local fast path, `copy_file_range`), timed as `ferry-network`.")?;
     writeln!(md, "- `ferry-local CLI`: `ferry-agent copy --no-progress --verify checksum --sync --manifest M SRC DST` on node-a's tmpfs: a CopyJob's engine work without the control plane (`make bench-throughput`'s CLI).")?;
     writeln!(md, "- `ferry-local CLI, verify none`: `ferry-agent copy --no-progress --verify none SRC DST` (the `ferry-local` of the peers-only table this file held before).")?;
-    writeln!(md, "\nProtocol: each tree is made for the run with `bench/run.sh`'s generator and seed (the same bytes as its `many` and `large`), one untimed warmup of every tool, then {runs} rounds (`NET_RUNS`), each running every tool once, the order rotated by one each round. The wall time of each command is taken by the harness around the process, as `hyperfine -N` does. After every run, untimed: the copy's files, directories and bytes are counted against the source's, a job is deleted (`kubectl delete --wait`), the copy and its manifest are removed. In the last round every tool's copy is compared with the source by `bench/check.py` (paths, types, sizes, bytes; then whether mode, owner and mtimes were kept). Machine CPU: the CPU-seconds the whole machine was busy during a run (`/proc/stat`; every process, the control plane's and the kernel's included).\n")?;
+    writeln!(md, "\nProtocol: each tree is made for the run with `bench/run.sh`'s generator and seed (the same bytes as its `many` and `large`), one untimed warmup of every tool, then {runs} rounds (`NET_RUNS`), each running every tool once, the order rotated by one each round; before each run (untimed) the clean page cache is dropped (`sync; echo 1 > /proc/sys/vm/drop_caches`: the trees are on tmpfs and stay in memory, but without it a copy's writer sometimes paid for reclaiming the cache earlier runs filled, 1.7 to 3.8 s for the same 2 GiB copy). The wall time of each command is taken by the harness around the process, as `hyperfine -N` does. After every run, untimed: the copy's files, directories and bytes are counted against the source's, a job is deleted (`kubectl delete --wait`), the copy and its manifest are removed. In the last round every tool's copy is compared with the source by `bench/check.py` (paths, types, sizes, bytes; then whether mode, owner and mtimes were kept). Machine CPU: the CPU-seconds the whole machine was busy during a run (`/proc/stat`; every process, the control plane's and the kernel's included).\n")?;
 
     writeln!(md, "## Results\n")?;
     writeln!(md, "Mean ± σ (sample standard deviation) of {runs} runs.\n")?;
