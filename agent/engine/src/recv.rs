@@ -24,6 +24,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// One stream's reading and writing ends.
 pub type Stream = (Box<dyn Read + Send>, Box<dyn Write + Send>);
 
+/// A stream's writing end and the buffer its frames are encoded in.
+type Out = Mutex<(Box<dyn Write + Send>, Vec<u8>)>;
+
 /// A connection to a source half, shared by a copy's workers: one stream or several (TLS
 /// connections, in an agent), each request and everything about it (its `more`, credit and
 /// close, and the sender's answers) on one of them, the requests spread over all (request
@@ -31,7 +34,7 @@ pub type Stream = (Box<dyn Read + Send>, Box<dyn Write + Send>);
 /// socket copies over as many threads on both nodes (one reader thread each here, one serve
 /// loop each on the sender), and over as many TCP flows on the network.
 pub struct Connection {
-    outs: Vec<Mutex<(Box<dyn Write + Send>, Vec<u8>)>>,
+    outs: Vec<Out>,
     waiting: Mutex<HashMap<u32, Sender<Frame>>>,
     next: AtomicU32,
     /// Why the connection is over, once it is.
