@@ -952,6 +952,22 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
             && spec["containers"][0]["args"] == json!(["pause"]),
         "holder spec {spec}"
     );
+    // A scheduler that cannot place it says why on the pod; the job says it too.
+    cp.kubectl_ok(&merge_patch(
+        &format!("pod/{holder}"),
+        "team-a",
+        true,
+        r#"{"status":{"conditions":[{"type":"PodScheduled","status":"False","reason":"Unschedulable","message":"0/2 nodes are available: 2 node(s) had untolerated taint {dedicated: storage}."}]}}"#,
+    ))?;
+    cp.wait_until(
+        "copyjob/from-csi",
+        "team-a",
+        "{.status.conditions[?(@.type==\"Resolved\")].message}",
+        Duration::from_secs(60),
+        |m| {
+            m.contains(&format!("holder pod {holder:?} for claim \"csi-data\" cannot be scheduled (Unschedulable): 0/2 nodes are available: 2 node(s) had untolerated taint"))
+        },
+    )?;
     // The scheduler's part: bind it to node-b (where the destination root is).
     cp.kubectl_stdin(
         &["create", "-f", "-"],
