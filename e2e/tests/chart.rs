@@ -912,21 +912,25 @@ fn operator_and_agents_on_tokens_bound_only_by_the_charts_rbac_copy_resolve_refu
 /// operator's token cannot create any other pod.
 fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) -> Result<()> {
     let uid = cp.get("copyjob/from-csi", "team-a", "{.metadata.uid}")?;
+    // The job's Resolved condition, once `says` holds for its message.
+    let resolved_says = |says: &dyn Fn(&str) -> bool| {
+        cp.wait_until(
+            "copyjob/from-csi",
+            "team-a",
+            "{.status.conditions[?(@.type==\"Resolved\")].message}",
+            Duration::from_secs(60),
+            says,
+        )
+    };
     let holder = format!(
         "ferry-holder-{}-source",
         uid.replace('-', "").get(..8).unwrap_or_default()
     );
-    cp.wait_until(
-        "copyjob/from-csi",
-        "team-a",
-        "{.status.conditions[?(@.type==\"Resolved\")].message}",
-        Duration::from_secs(60),
-        |m| {
-            m.contains(&format!(
-                "Ferry started holder pod {holder:?} to mount claim \"csi-data\""
-            ))
-        },
-    )?;
+    resolved_says(&|m: &str| {
+        m.contains(&format!(
+            "Ferry started holder pod {holder:?} to mount claim \"csi-data\""
+        ))
+    })?;
     let pod = get_json(cp, &["get", "pod", &holder, "-n", "team-a", "-o", "json"])?;
     let labels = &pod["metadata"]["labels"];
     ensure!(
@@ -959,15 +963,9 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
         true,
         r#"{"status":{"conditions":[{"type":"PodScheduled","status":"False","reason":"Unschedulable","message":"0/2 nodes are available: 2 node(s) had untolerated taint {dedicated: storage}."}]}}"#,
     ))?;
-    cp.wait_until(
-        "copyjob/from-csi",
-        "team-a",
-        "{.status.conditions[?(@.type==\"Resolved\")].message}",
-        Duration::from_secs(60),
-        |m| {
-            m.contains(&format!("holder pod {holder:?} for claim \"csi-data\" cannot be scheduled (Unschedulable): 0/2 nodes are available: 2 node(s) had untolerated taint"))
-        },
-    )?;
+    resolved_says(&|m: &str| {
+        m.contains(&format!("holder pod {holder:?} for claim \"csi-data\" cannot be scheduled (Unschedulable): 0/2 nodes are available: 2 node(s) had untolerated taint"))
+    })?;
     // The scheduler's part: bind it to node-b (where the destination root is).
     cp.kubectl_stdin(
         &["create", "-f", "-"],
@@ -977,13 +975,9 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
         ensure!(out.status.success(), "binding the holder: {}", String::from_utf8_lossy(&out.stderr));
         Ok(())
     })?;
-    cp.wait_until(
-        "copyjob/from-csi",
-        "team-a",
-        "{.status.conditions[?(@.type==\"Resolved\")].message}",
-        Duration::from_secs(60),
-        |m| m.contains("on node \"node-b\"") && m.contains("waiting for it to run"),
-    )?;
+    resolved_says(&|m: &str| {
+        m.contains("on node \"node-b\"") && m.contains("waiting for it to run")
+    })?;
     // The kubelet's part: the volume mounted for the pod, then the pod Running.
     let pod_uid = cp.get(&format!("pod/{holder}"), "team-a", "{.metadata.uid}")?;
     let tree = hosts
