@@ -1010,16 +1010,17 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
     )?;
     // The operator's token may create pods (RBAC cannot narrow that), but the chart's policy
     // lets it create only a holder: not a privileged pod dressed as one, nor any other.
+    let image = holder_image()?;
     let op = as_component("ferry-operator");
     let mut args: Vec<&str> = op.iter().map(String::as_str).collect();
     args.extend(["create", "-f", "-"]);
     for (pod, why) in [
         (
-            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: sneaky, namespace: team-a}}\nspec: {{containers: [{{name: c, image: {}}}]}}\n", holder_image()?),
+            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: sneaky, namespace: team-a}}\nspec: {{containers: [{{name: c, image: {image}}}]}}\n"),
             "creates and deletes only its holder pods",
         ),
         (
-            format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: ferry-holder-evil\n  namespace: team-a\n  labels: {{app.kubernetes.io/name: ferry-holder}}\n  ownerReferences: [{{apiVersion: ferry.dev/v1alpha1, kind: CopyJob, name: from-csi, uid: {uid}}}]\nspec:\n  automountServiceAccountToken: false\n  securityContext: {{runAsNonRoot: true}}\n  containers: [{{name: hold, image: {}, args: [pause], securityContext: {{privileged: true, capabilities: {{drop: [ALL]}}}}, volumeMounts: [{{name: host, mountPath: /host}}]}}]\n  volumes: [{{name: host, hostPath: {{path: /}}}}]\n", holder_image()?),
+            format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: ferry-holder-evil\n  namespace: team-a\n  labels: {{app.kubernetes.io/name: ferry-holder}}\n  ownerReferences: [{{apiVersion: ferry.dev/v1alpha1, kind: CopyJob, name: from-csi, uid: {uid}}}]\nspec:\n  automountServiceAccountToken: false\n  securityContext: {{runAsNonRoot: true}}\n  containers: [{{name: hold, image: {image}, args: [pause], securityContext: {{privileged: true, capabilities: {{drop: [ALL]}}}}, volumeMounts: [{{name: host, mountPath: /host}}]}}]\n  volumes: [{{name: host, hostPath: {{path: /}}}}]\n"),
             "a holder pod is this chart's image running pause",
         ),
     ] {

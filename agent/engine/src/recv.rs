@@ -93,11 +93,6 @@ impl Connection {
         Ok(conn)
     }
 
-    /// How many streams it has.
-    pub fn streams(&self) -> usize {
-        self.outs.len()
-    }
-
     /// Why the connection ended, if it has.
     pub fn lost(&self) -> Option<String> {
         if !self.is_lost.load(Ordering::Acquire) {

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 
 /// The benchmark's own tmpfs (unmounted when dropped, also on error).
 pub(crate) use ferry_e2e::Tmpfs;
@@ -210,4 +210,14 @@ impl std::ops::Sub for CpuSnapshot {
             children: self.children - o.children,
         }
     }
+}
+
+/// `sync`, then `echo <what> > /proc/sys/vm/drop_caches` (root): 1 the clean page cache, 3
+/// with dentries and inodes too.
+pub(crate) fn drop_caches(what: &str) -> Result<()> {
+    let synced = std::process::Command::new("sync")
+        .status()
+        .context("run sync")?;
+    ensure!(synced.success(), "sync failed");
+    std::fs::write("/proc/sys/vm/drop_caches", what).context("drop the page cache (root needed)")
 }

@@ -90,12 +90,11 @@ impl Settings {
     }
 }
 
-/// `sync`, then drop the clean page cache (`echo 1 > /proc/sys/vm/drop_caches`; root). A
-/// failure only makes the runs noisier: it is said, not fatal.
+/// `sync`, then drop the clean page cache (root). A failure only makes the runs noisier: it
+/// is said, not fatal.
 fn drop_page_cache() {
-    let _ = Command::new("sync").status();
-    if let Err(e) = std::fs::write("/proc/sys/vm/drop_caches", "1") {
-        eprintln!("could not drop the page cache before a run: {e}");
+    if let Err(e) = crate::machine::drop_caches("1") {
+        eprintln!("could not drop the page cache before a run: {e:#}");
     }
 }
 

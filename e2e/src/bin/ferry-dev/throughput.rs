@@ -249,12 +249,7 @@ impl Bench {
     /// the tree from the device. Warm: nothing.
     fn drop_caches(&self) -> Result<()> {
         if self.cache == Cache::Cold {
-            let synced = std::process::Command::new("sync")
-                .status()
-                .context("run sync")?;
-            ensure!(synced.success(), "sync failed");
-            std::fs::write("/proc/sys/vm/drop_caches", "3")
-                .context("drop the page cache (root needed)")?;
+            crate::machine::drop_caches("3")?;
         }
         Ok(())
     }
