@@ -557,7 +557,7 @@ pub struct CopyJobStatus {
     /// Standard conditions, by type and the reasons each has. Accepted: Valid, or False
     /// with InvalidEndpoint, InvalidSpec, PathEscape, CrossNamespace, RootNotAllowed,
     /// ReadOnlyRoot. Resolved: Resolved, or False with PVCNotFound, PVCNotBound,
-    /// VolumeNotMounted, VolumeNotSupported, RootNotFound. Scheduled: Assigned, or False
+    /// VolumeNotMounted, VolumeInUse, VolumeNotSupported, RootNotFound. Scheduled: Assigned, or False
     /// with WaitingForNode, NoAgent. Complete: Copied, or Planned (a dry run). Failed: the
     /// first reason that stopped a shard (DestinationFull, NodeUnavailable, PathEscape,
     /// SymlinkRejected, Openat2Unavailable, CannotStart), else IOError, else

@@ -63,6 +63,9 @@ wire_enum! {
         PVCNotBound,
         /// No Running pod mounts the CSI claim yet.
         VolumeNotMounted,
+        /// A `ReadWriteOncePod` claim is used by a pod that is not Ferry's: only one pod
+        /// may use it, so the job waits until that pod stops.
+        VolumeInUse,
         /// The claim's volume is of a kind Ferry cannot reach.
         VolumeNotSupported,
         /// No such StorageRoot.

@@ -26,6 +26,17 @@ repo="${repo:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 # shellcheck source=scripts/image-name.sh
 source "$repo/scripts/image-name.sh"
 
+# The CSI driver and sidecars e2e/tools/install.sh --kube builds (it exports these paths in
+# env.sh; the defaults are where it puts them).
+CSI_NAME=csi.ferry.dev
+# The driver is this checkout's build, whatever env.sh says (it may be another checkout's).
+CSI_DRIVER="$FERRY_TOOLS/ferry-csi/$("$repo/e2e/csi/source-hash.sh")/bin/ferry-csi"
+CSI_PROVISIONER="${FERRY_CSI_PROVISIONER:-$FERRY_TOOLS/csi/external-provisioner-v6.4.0/bin/csi-provisioner}"
+CSI_ATTACHER="${FERRY_CSI_ATTACHER:-$FERRY_TOOLS/csi/external-attacher-v4.13.0/bin/csi-attacher}"
+CSI_SNAPSHOTTER="${FERRY_CSI_SNAPSHOTTER:-$FERRY_TOOLS/csi/external-snapshotter-v8.4.0/bin/csi-snapshotter}"
+SNAPSHOT_CONTROLLER="${FERRY_SNAPSHOT_CONTROLLER:-$FERRY_TOOLS/csi/external-snapshotter-v8.4.0/bin/snapshot-controller}"
+SNAPSHOT_CRDS="${FERRY_SNAPSHOT_CRDS:-$FERRY_TOOLS/csi/external-snapshotter-v8.4.0/crds}"
+
 log() { printf '[kube %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { printf '[kube] error: %s\n' "$*" >&2; exit 1; }
 

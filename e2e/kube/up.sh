@@ -34,6 +34,11 @@ preflight() {
     done
     [[ -x "$HELM" ]] || die "$HELM is missing; run 'make deps'"
     [[ -x "$KUBE_ROUTER" ]] || die "$KUBE_ROUTER is missing; run 'make kube-deps' (e2e/tools/install.sh --kube builds it)"
+    for b in "$CSI_DRIVER" "$CSI_PROVISIONER" "$CSI_ATTACHER" "$CSI_SNAPSHOTTER" "$SNAPSHOT_CONTROLLER"; do
+        [[ -x "$b" ]] || die "$b is missing; run 'make kube-deps' (e2e/tools/install.sh --kube builds it)"
+    done
+    [[ -f "$SNAPSHOT_CRDS/snapshot.storage.k8s.io_volumesnapshots.yaml" ]] ||
+        die "the VolumeSnapshot CRDs are missing from $SNAPSHOT_CRDS; run 'make kube-deps'"
     [[ -f "$IMAGE_ARCHIVE" ]] || die "$IMAGE_ARCHIVE is missing; run 'make image'"
     if [[ -e "$STATE" ]] || grep -qw "$NETNS" <<<"$(ip netns list)"; then
         die "a cluster is already up (or left over) at $STATE / netns $NETNS: run 'make kube-down' first"
@@ -90,7 +95,7 @@ EOF
     # ServiceAccounts get exactly the chart's roles), not the components'.
     : >"$p/tokens.csv"
     local who
-    for who in admin "system:node:$NODE" kube-controller-manager kube-scheduler kube-proxy; do
+    for who in admin "system:node:$NODE" kube-controller-manager kube-scheduler kube-proxy csi; do
         local token
         token="$(openssl rand -hex 16)"
         local groups='"system:masters"'
@@ -143,7 +148,7 @@ control_plane() {
         --kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
         --root-ca-file="$p/ca.crt" --service-account-private-key-file="$p/sa.key" \
         --use-service-account-credentials=false --leader-elect=false \
-        --controllers='*,-nodeipam,-cloud-node-lifecycle,-service,-route,-attachdetach,-persistentvolume-expander' \
+        --controllers='*,-nodeipam,-cloud-node-lifecycle,-service,-route,-persistentvolume-expander' \
         --bind-address=127.0.0.1 --secure-port=10257
     start kube-scheduler "$K8S_BIN/kube-scheduler" \
         --kubeconfig="$STATE/kube-scheduler.kubeconfig" --leader-elect=false \
@@ -263,6 +268,36 @@ EOF
     done
 }
 
+# A real CSI driver (e2e/csi: volumes are directories under $STATE/csi, snapshots copies of
+# them) and the upstream controllers around it, all host processes like the control plane:
+# the kubelet finds the driver through its plugins_registry socket and stages and publishes
+# its volumes into pods; the attach-detach controller and csi-attacher make real
+# VolumeAttachments; csi-provisioner provisions claims of the StorageClasses ferry-csi and
+# ferry-csi-wffc; snapshot-controller and csi-snapshotter take VolumeSnapshots.
+csi() {
+    log "CSI driver $CSI_NAME, its sidecars and the snapshot controller"
+    kc apply -f "$SNAPSHOT_CRDS" >/dev/null
+    wait_until "the VolumeSnapshotClass CRD" 30 \
+        kc wait --for=condition=Established crd/volumesnapshotclasses.snapshot.storage.k8s.io --timeout=5s
+    kc apply -f "$here/csi.yaml" >/dev/null
+    local sock="$STATE/kubelet/plugins/$CSI_NAME/csi.sock" kcfg="$STATE/csi.kubeconfig"
+    start snapshot-controller "$SNAPSHOT_CONTROLLER" --kubeconfig="$kcfg" --leader-election=false
+    start ferry-csi "$CSI_DRIVER" --driver-name="$CSI_NAME" --node-id="$NODE" \
+        --csi-socket="$sock" --registration-dir="$STATE/kubelet/plugins_registry" \
+        --data-dir="$STATE/csi" --topology-key="topology.$CSI_NAME/node"
+    wait_until "the CSI socket $sock" 30 test -S "$sock"
+    local common=(--csi-address="$sock" --kubeconfig="$kcfg" --leader-election=false)
+    start csi-provisioner "$CSI_PROVISIONER" "${common[@]}" --extra-create-metadata
+    start csi-attacher "$CSI_ATTACHER" "${common[@]}"
+    start csi-snapshotter "$CSI_SNAPSHOTTER" "${common[@]}" --extra-create-metadata
+    wait_until "the CSINode of $NODE to list $CSI_NAME" 60 csinode_lists_driver
+}
+
+# The kubelet has registered the driver: its CSINode names it.
+csinode_lists_driver() {
+    [[ " $(kc get csinode "$NODE" -o 'jsonpath={.spec.drivers[*].name}') " == *" $CSI_NAME "* ]]
+}
+
 ferry() {
     log "helm install ferry ($IMAGE) into ferry-system"
     kc create namespace ferry-system >/dev/null
@@ -289,6 +324,7 @@ main() {
     control_plane
     runtime
     node
+    csi
     ferry
     trap - EXIT
     log "up in $((SECONDS - t0)) s"

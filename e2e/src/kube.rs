@@ -88,6 +88,12 @@ impl KubeTier {
         PathBuf::from(STATE).join("kubelet")
     }
 
+    /// Where the tier's CSI driver keeps its volumes, one directory per volume handle
+    /// (`e2e/csi`): a test writes a claim's data there, and reads it back.
+    pub fn csi_volumes(&self) -> PathBuf {
+        PathBuf::from(STATE).join("csi/volumes")
+    }
+
     /// A command run inside the tier's network namespace (where pod and Service addresses
     /// are reachable).
     pub fn in_netns(&self, program: &str) -> Command {

@@ -189,11 +189,32 @@ impl Kubectl {
     /// kubectl's own start-up outside the timing. Give it half a second to start watching
     /// before the object is made.
     pub fn watch(&self, kind: &str, ns: &str, name: &str, jsonpath: &str) -> Result<Watch> {
+        self.watch_where(
+            kind,
+            ns,
+            &format!("--field-selector=metadata.name={name}"),
+            jsonpath,
+        )
+    }
+
+    /// Like [`Kubectl::watch`], for every object of `kind` in `ns` with labels that match
+    /// `selector` (a label selector, e.g. `app=x` or just a key).
+    pub fn watch_labelled(
+        &self,
+        kind: &str,
+        ns: &str,
+        selector: &str,
+        jsonpath: &str,
+    ) -> Result<Watch> {
+        self.watch_where(kind, ns, &format!("--selector={selector}"), jsonpath)
+    }
+
+    fn watch_where(&self, kind: &str, ns: &str, selector: &str, jsonpath: &str) -> Result<Watch> {
         let mut child = Command::new(&self.bin)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["get", kind, "-n", ns, "-w", "--output-watch-events"])
-            .arg(format!("--field-selector=metadata.name={name}"))
+            .arg(selector)
             .arg(format!("-o=jsonpath={jsonpath}{{\"\\n\"}}"))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -234,6 +255,11 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// The lines that have arrived so far (waiting for none).
+    pub fn seen(&self) -> Vec<String> {
+        self.lines.try_iter().map(|(_, line)| line).collect()
+    }
+
     /// The events up to and including the first whose line satisfies `done`.
     pub fn until(
         &self,

@@ -1121,6 +1121,7 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster core/nodes list",         // eligible_nodes
         "cluster core/persistentvolumeclaims get", // reach_pvc
         "cluster core/persistentvolumes get", // reach_pvc
+        "cluster storage.k8s.io/storageclasses get", // waits_for_first_consumer
         "cluster core/pods list",          // CSI: a pod that mounts the claim
         "cluster core/pods get",           // holder::hold: the job's holder pod
         "cluster core/pods create",        // holder::hold (narrowed by the -holder-pods policy)

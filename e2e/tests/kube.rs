@@ -12,6 +12,9 @@ use anyhow::{bail, ensure, Context, Result};
 use ferry_e2e::kube::{KubeTier, NODE};
 use ferry_e2e::{assert_same_tree, wait_for, Tmpfs};
 
+#[path = "kube/csi.rs"]
+mod csi;
+
 const NS: &str = "ferry-system";
 
 type Check = fn(&KubeTier, &Path) -> Result<()>;
@@ -26,7 +29,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 11] = [
+    let checks: [(&str, Check); 15] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -52,10 +55,26 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
             "a copy into tmpfs over the memory limit is refused",
             tmpfs_under_a_memory_limit,
         ),
-        // Last: it slows the agent down (and puts it back).
         (
-            "agent deleted or rolled mid-copy: resumed",
-            agent_replaced_mid_copy,
+            "CSI claims no pod mounts: held by the operator, copied, let go",
+            csi::claims_no_pod_mounts,
+        ),
+        (
+            "a CSI claim in use: copied where its pod has it",
+            csi::claim_in_use,
+        ),
+        (
+            "a ReadWriteOncePod claim in use: waits for its user to stop",
+            csi::exclusive_claim_in_use,
+        ),
+        (
+            "another namespace's claim: not found, not held",
+            csi::other_namespaces_claim,
+        ),
+        // Last: they slow the agent down (and put it back).
+        (
+            "agent deleted or rolled mid-copy: resumed; a CSI job deleted mid-copy lets go",
+            slowed_agent,
         ),
     ];
     let mut failed = Vec::new();
@@ -629,8 +648,9 @@ fn upgrade_and_roll(tier: &KubeTier, sets: &[&str]) -> Result<()> {
     .map(drop)
 }
 
-fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
-    // 30 ms per file at 2 workers: a 400-file copy takes long enough to act on mid-way.
+/// With the agent slowed down (30 ms per file at 2 workers: a 400-file copy takes long
+/// enough to act on mid-way), then back to full speed for whatever runs next.
+fn slowed_agent(tier: &KubeTier, data: &Path) -> Result<()> {
     upgrade_and_roll(
         tier,
         &[
@@ -642,59 +662,67 @@ fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
             "agent.extraEnv[0].value=30",
         ],
     )?;
-    let result = (|| {
-        for (job, how) in [("deleted", "delete"), ("rolled", "upgrade")] {
-            let root = data.join(job);
-            let src = root.join("src");
-            dated_tree(&src, 400)?;
-            storage_root(tier, job, &root)?;
-            tier.apply(&format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {{name: {job}, namespace: default}}\nspec:\n  source: {{root: {job}, path: src}}\n  destination: {{root: {job}, path: copy}}\n"))?;
-            tier.wait_until(
-                &format!("copyjob/{job}"),
-                "default",
-                "{.status.progress.filesDone}",
-                Duration::from_secs(120),
-                |n| n.parse::<u64>().is_ok_and(|n| n >= 60),
-            )?;
-            let before = pods(tier, "agent")?;
-            let done = finished_files(&root)?;
-            ensure!(
-                done.len() >= 30,
-                "{job}: only {} files finished before the agent was replaced",
-                done.len()
-            );
-            match how {
-                "delete" => {
-                    tier.kubectl_ok(&["delete", "pod", &before[0], "-n", NS, "--wait=false"])?;
-                }
-                _ => {
-                    upgrade(tier, &["--set-string", "agent.podAnnotations.rolled=yes"])?;
-                }
-            }
-            tier.wait_succeeded("default", job, 180)?;
-            let after = pods(tier, "agent")?;
-            ensure!(
-                after != before,
-                "{job}: the agent pod was not replaced ({after:?})"
-            );
-            let dst = root.join("copy");
-            assert_same_tree(&src, &dst)?;
-            let mut recopied = Vec::new();
-            for (rel, ino) in &done {
-                if std::fs::metadata(dst.join(rel))?.ino() != *ino {
-                    recopied.push(rel.display().to_string());
-                }
-            }
-            ensure!(recopied.is_empty(), "{job}: {} of {} files finished before the agent was replaced were copied again: {:?}", recopied.len(), done.len(), &recopied[..recopied.len().min(5)]);
-        }
-        Ok(())
-    })();
-    // Back to full speed for whatever runs next.
+    let result =
+        agent_replaced_mid_copy(tier, data).and_then(|()| csi::deleted_mid_copy(tier, data));
     upgrade(
         tier,
         &["--set", "agent.extraEnv=null", "--set", "agent.workers=0"],
     )?;
     result
+}
+
+fn agent_replaced_mid_copy(tier: &KubeTier, data: &Path) -> Result<()> {
+    for (job, how) in [("deleted", "delete"), ("rolled", "upgrade")] {
+        let root = data.join(job);
+        let src = root.join("src");
+        dated_tree(&src, 400)?;
+        storage_root(tier, job, &root)?;
+        tier.apply(&format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {{name: {job}, namespace: default}}\nspec:\n  source: {{root: {job}, path: src}}\n  destination: {{root: {job}, path: copy}}\n"))?;
+        tier.wait_until(
+            &format!("copyjob/{job}"),
+            "default",
+            "{.status.progress.filesDone}",
+            Duration::from_secs(120),
+            |n| n.parse::<u64>().is_ok_and(|n| n >= 60),
+        )?;
+        let before = pods(tier, "agent")?;
+        let done = finished_files(&root)?;
+        ensure!(
+            done.len() >= 30,
+            "{job}: only {} files finished before the agent was replaced",
+            done.len()
+        );
+        match how {
+            "delete" => {
+                tier.kubectl_ok(&["delete", "pod", &before[0], "-n", NS, "--wait=false"])?;
+            }
+            _ => {
+                upgrade(tier, &["--set-string", "agent.podAnnotations.rolled=yes"])?;
+            }
+        }
+        tier.wait_succeeded("default", job, 180)?;
+        let after = pods(tier, "agent")?;
+        ensure!(
+            after != before,
+            "{job}: the agent pod was not replaced ({after:?})"
+        );
+        let dst = root.join("copy");
+        assert_same_tree(&src, &dst)?;
+        let mut recopied = Vec::new();
+        for (rel, ino) in &done {
+            if std::fs::metadata(dst.join(rel))?.ino() != *ino {
+                recopied.push(rel.display().to_string());
+            }
+        }
+        ensure!(
+            recopied.is_empty(),
+            "{job}: {} of {} files finished before the agent was replaced were copied again: {:?}",
+            recopied.len(),
+            done.len(),
+            &recopied[..recopied.len().min(5)]
+        );
+    }
+    Ok(())
 }
 
 /// `curl -s URL` from the host (the tier's node address is reachable over the veth); the body.

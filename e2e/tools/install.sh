@@ -51,6 +51,10 @@ PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
 KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.19.0}
 # The only kube-router v2 release the Go module proxy serves (later tags answer 403).
 KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
+# The CSI sidecars' releases the proxy serves (nearest to what Kubernetes 1.35's own e2e runs).
+CSI_PROVISIONER_VERSION=${CSI_PROVISIONER_VERSION:-v6.4.0}
+CSI_ATTACHER_VERSION=${CSI_ATTACHER_VERSION:-v4.13.0}
+CSI_SNAPSHOTTER_VERSION=${CSI_SNAPSHOTTER_VERSION:-v8.4.0}
 FERRY_TOOLS=${FERRY_TOOLS:-/var/cache/ferry-tools}
 export FERRY_TOOLS
 
@@ -80,7 +84,7 @@ fi
 built_any=0
 # Leftovers of an interrupted earlier run (we hold the lock, so nobody else is writing them).
 rm -rf "$FERRY_TOOLS"/k8s/*/bin/.*.tmp.* "$FERRY_TOOLS"/{helm,prometheus,kube-score,kube-router}/*/.gobin.* \
-  "$FERRY_TOOLS"/ferry-csi/*/bin/.*.tmp.* 2>/dev/null || true
+  "$FERRY_TOOLS"/ferry-csi/*/bin/.*.tmp.* "$FERRY_TOOLS"/csi/*/bin/.*.tmp.* 2>/dev/null || true
 
 # ---------------------------------------------------------------------------
 # 1. Debian packages
@@ -291,7 +295,7 @@ fi
 # checkout sharing $FERRY_TOOLS may still use one). Built in its own module with
 # -mod=readonly, so a build never rewrites the repo's go.mod or go.sum.
 csi_src=$(cd "$here/../csi" && pwd)
-csi_hash=$(cd "$csi_src" && LC_ALL=C sha256sum go.mod go.sum *.go | sha256sum | cut -c1-16)
+csi_hash=$("$csi_src/source-hash.sh")
 csi_dir=$FERRY_TOOLS/ferry-csi/$csi_hash
 if [[ $kube == yes && ! -x $csi_dir/bin/ferry-csi ]]; then
   mkdir -p "$csi_dir/bin"
@@ -301,6 +305,58 @@ if [[ $kube == yes && ! -x $csi_dir/bin/ferry-csi ]]; then
       -ldflags "-s -w -X main.version=$csi_hash" -o "$tmp" .
   mv -f "$tmp" "$csi_dir/bin/ferry-csi"
 fi
+
+# --- the CSI sidecars: provisioner, attacher, snapshotter (+ its CRDs) -----------------
+# The upstream controllers that drive a CSI driver's controller service, built from the
+# exact releases the Go module proxy serves (most of kubernetes-csi answers 403:
+# e2e/tools/CSI-PLAN.md, section 1). Each is built inside a writable copy of its own module,
+# so its go.mod, go.sum and replace lines apply exactly; the snapshotter's go.mod replaces
+# its client module with ./client, which the proxy ships as a module of its own.
+# csi_sidecar NAME MODULE VERSION [CLIENT_MODULE] -- CMD...
+csi_sidecar() {
+  local name=$1 module=$2 version=$3 client=""
+  shift 3
+  if [[ $1 != -- ]]; then client=$1; shift; fi
+  shift
+  local dir=$FERRY_TOOLS/csi/$name-$version cmd missing=()
+  for cmd in "$@"; do [[ -x $dir/bin/$cmd ]] || missing+=("$cmd"); done
+  ((${#missing[@]})) || return 0
+  log "downloading $module@$version"
+  local mod src=$dir/src
+  mod=$(json_field Dir <<<"$(mod_download "$module@$version")")
+  rm -rf "$src"
+  mkdir -p "$dir/bin"
+  cp -r "$mod" "$src"
+  if [[ -n $client ]]; then
+    cp -r "$(json_field Dir <<<"$(mod_download "$client@$version")")" "$src/client"
+  fi
+  chmod -R u+w "$src"
+  for cmd in "${missing[@]}"; do
+    local tmp=$dir/bin/.$cmd.tmp.$$
+    run_build "$cmd $version" "$FERRY_TOOLS/logs/$cmd-$version.log" \
+      go -C "$src" build -p 2 -trimpath -ldflags "-s -w -X main.version=$version" -o "$tmp" "./cmd/$cmd"
+    mv -f "$tmp" "$dir/bin/$cmd"
+  done
+  if [[ -n $client ]]; then
+    # The snapshot CRDs; groupsnapshot ones too, though v8.4 leaves group snapshots off.
+    rm -rf "$dir/crds.tmp"
+    mkdir -p "$dir/crds.tmp"
+    cp "$src"/client/config/crd/snapshot.storage.k8s.io_*.yaml "$dir/crds.tmp/"
+    rm -rf "$dir/crds"
+    mv "$dir/crds.tmp" "$dir/crds"
+  fi
+  rm -rf "$src"
+}
+if [[ $kube == yes ]]; then
+  csi_sidecar external-provisioner github.com/kubernetes-csi/external-provisioner/v6 \
+    "$CSI_PROVISIONER_VERSION" -- csi-provisioner
+  csi_sidecar external-attacher github.com/kubernetes-csi/external-attacher/v4 \
+    "$CSI_ATTACHER_VERSION" -- csi-attacher
+  csi_sidecar external-snapshotter github.com/kubernetes-csi/external-snapshotter/v8 \
+    "$CSI_SNAPSHOTTER_VERSION" github.com/kubernetes-csi/external-snapshotter/client/v8 \
+    -- snapshot-controller csi-snapshotter
+fi
+csi_bin() { echo "$FERRY_TOOLS/csi/$1-$2/bin/$3"; }
 
 # --- prometheus-operator CRDs (no binary: the YAML its module ships) -------
 promop_crds=$FERRY_TOOLS/prometheus-operator/$PROMETHEUS_OPERATOR_VERSION/crds
@@ -338,6 +394,11 @@ export FERRY_HELM="$helm_bin/helm"
 export FERRY_KUBE_SCORE="$score_dir/bin/kube-score"
 export FERRY_KUBE_ROUTER="$router_dir/bin/kube-router"
 export FERRY_CSI="$csi_dir/bin/ferry-csi"
+export FERRY_CSI_PROVISIONER="$(csi_bin external-provisioner "$CSI_PROVISIONER_VERSION" csi-provisioner)"
+export FERRY_CSI_ATTACHER="$(csi_bin external-attacher "$CSI_ATTACHER_VERSION" csi-attacher)"
+export FERRY_CSI_SNAPSHOTTER="$(csi_bin external-snapshotter "$CSI_SNAPSHOTTER_VERSION" csi-snapshotter)"
+export FERRY_SNAPSHOT_CONTROLLER="$(csi_bin external-snapshotter "$CSI_SNAPSHOTTER_VERSION" snapshot-controller)"
+export FERRY_SNAPSHOT_CRDS="$FERRY_TOOLS/csi/external-snapshotter-$CSI_SNAPSHOTTER_VERSION/crds"
 export FERRY_ETCD="$etcd_path"
 export FERRY_PROMETHEUS="$prom_path"
 export FERRY_PROMTOOL="$promtool_path"
@@ -369,6 +430,15 @@ v_prom=$(check "$prom_path" --version)
 if [[ $kube == yes ]]; then
   v_csi=$(check "$csi_dir/bin/ferry-csi" --version)
   [[ $v_csi == "ferry-csi $csi_hash" ]] || die "ferry-csi reports '$v_csi', want 'ferry-csi $csi_hash'"
+  for sidecar in "external-provisioner $CSI_PROVISIONER_VERSION csi-provisioner" \
+    "external-attacher $CSI_ATTACHER_VERSION csi-attacher" \
+    "external-snapshotter $CSI_SNAPSHOTTER_VERSION csi-snapshotter" \
+    "external-snapshotter $CSI_SNAPSHOTTER_VERSION snapshot-controller"; do
+    read -r module version cmd <<<"$sidecar"
+    bin=$(csi_bin "$module" "$version" "$cmd")
+    v=$(check "$bin" --version)
+    [[ $v == *" $version" ]] || die "$cmd reports '$v', want $version"
+  done
 fi
 
 if [[ $smoke == yes || ($smoke == auto && $built_any == 1) ]]; then
@@ -392,4 +462,5 @@ export PATH="$k8s_bin:$helm_bin:\$PATH"
 EOF
 if [[ $kube == yes ]]; then
   echo "ferry-csi       $csi_dir/bin/ferry-csi  ($v_csi, $(size "$csi_dir/bin/ferry-csi"))"
+  echo "CSI sidecars    $FERRY_TOOLS/csi/  (provisioner $CSI_PROVISIONER_VERSION, attacher $CSI_ATTACHER_VERSION, snapshotter $CSI_SNAPSHOTTER_VERSION)"
 fi

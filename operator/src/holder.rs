@@ -29,7 +29,7 @@ use kube::{Api, Client, ResourceExt};
 use ferry_resolve::Unmounted;
 
 /// The label naming the CopyJob (its uid) a holder pod is for.
-pub const HOLDER_OF: &str = "ferry.dev/holder-of";
+pub use ferry_resolve::HOLDER_OF;
 /// The label saying which endpoint it holds: `source` or `destination`.
 pub const HOLDS: &str = "ferry.dev/holds";
 /// The user the holder runs as (the image's, and not root).

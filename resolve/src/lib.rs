@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use ferry_crds::{ConditionType, CopyJob, Endpoint, Reason, StorageRoot};
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
@@ -41,7 +42,13 @@ pub enum Endpoints {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reach {
     Direct(Volume),
-    Csi { pv_name: String, claim: String },
+    Csi {
+        pv_name: String,
+        claim: String,
+        /// A `ReadWriteOncePod` claim: only one pod may use it, so Ferry reaches it only
+        /// through its own holder, never through a user's pod.
+        exclusive: bool,
+    },
 }
 
 /// Check a PVC endpoint: a claim in the job's own namespace, bound to its volume, which is
@@ -68,6 +75,16 @@ async fn reach_pvc(
         return unresolved(Reason::PVCNotFound, format!("{field}.pvc: no PersistentVolumeClaim {claim:?} in namespace {ns:?} (claims of other namespaces cannot be used)"));
     };
     if let Err(blocked) = claim_is_bound(field, ns, claim, &pvc) {
+        // A claim of a WaitForFirstConsumer class is bound only once a pod that uses it is
+        // scheduled: the operator's holder pod can be that pod, like any other CSI claim
+        // that no pod mounts.
+        if waits_for_first_consumer(client, &pvc).await? {
+            return Ok(Ok(Reach::Csi {
+                pv_name: String::new(),
+                claim: claim.to_string(),
+                exclusive: exclusive(&pvc),
+            }));
+        }
         return Ok(Err(blocked));
     }
     let pv_name = pvc
@@ -97,6 +114,7 @@ async fn reach_pvc(
         Ok(PvAccess::Csi) => Ok(Ok(Reach::Csi {
             pv_name,
             claim: claim.to_string(),
+            exclusive: exclusive(&pvc),
         })),
         Err(why) => unresolved(
             Reason::VolumeNotSupported,
@@ -105,27 +123,87 @@ async fn reach_pvc(
     }
 }
 
+/// The label naming the CopyJob (its uid) a holder pod is for.
+pub const HOLDER_OF: &str = "ferry.dev/holder-of";
+
+/// Whether a claim asks that only one pod at a time use its volume.
+fn exclusive(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.access_modes.as_ref())
+        .is_some_and(|m| m.iter().any(|m| m == "ReadWriteOncePod"))
+}
+
 /// A CSI volume is reached through the kubelet's mount for a running pod of the claim's
-/// namespace that uses it, on that pod's node.
+/// namespace that uses it, on that pod's node. An exclusive claim only through the job's
+/// own holder: a user's pod that has it is its one user, and Ferry does not share it.
+#[allow(clippy::too_many_arguments)]
 async fn through_a_pod(
     client: &Client,
     ns: &str,
     field: &str,
     pv_name: &str,
     claim: &str,
+    exclusive: bool,
+    job_uid: &str,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
+    let not_mounted = || Blocked {
+        condition: ConditionType::Resolved,
+        reason: Reason::VolumeNotMounted,
+        message: if pv_name.is_empty() {
+            format!("{field}.pvc: claim {claim:?} waits for its first consumer (its StorageClass binds volumes only for a scheduled pod); start a pod in namespace {ns:?} that mounts it (a pause pod is enough) and Ferry will copy on that pod's node")
+        } else {
+            format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node")
+        },
+    };
+    // Not bound yet when the claim was read: the next look finds its volume.
+    if pv_name.is_empty() {
+        return Ok(Err(not_mounted()));
+    }
     let pods = Api::<Pod>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await?;
-    Ok(
-        volume::from_csi_mount(&volume::kubelet_dir(), pv_name, claim, &pods.items).ok_or_else(
-            || Blocked {
+    if exclusive {
+        let ours = |p: &Pod| {
+            !job_uid.is_empty() && p.labels().get(HOLDER_OF).map(String::as_str) == Some(job_uid)
+        };
+        if let Some(user) = volume::mounting_pod(&pods.items, claim).filter(|p| !ours(p)) {
+            return Ok(Err(Blocked {
                 condition: ConditionType::Resolved,
-                reason: Reason::VolumeNotMounted,
-                message: format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node"),
-            },
-        ),
+                reason: Reason::VolumeInUse,
+                message: format!("{field}.pvc: claim {claim:?} is ReadWriteOncePod and pod {:?} uses it; only one pod may, so Ferry waits: stop that pod (scale its workload to zero) and Ferry mounts the claim itself and copies", user.name_any()),
+            }));
+        }
+    }
+    Ok(
+        volume::from_csi_mount(&volume::kubelet_dir(), pv_name, claim, &pods.items)
+            .ok_or_else(not_mounted),
     )
+}
+
+/// Whether an unbound claim waits for a pod to be scheduled before its volume is
+/// provisioned or bound: its StorageClass's `volumeBindingMode` is `WaitForFirstConsumer`.
+async fn waits_for_first_consumer(
+    client: &Client,
+    pvc: &PersistentVolumeClaim,
+) -> Result<bool, kube::Error> {
+    let phase = pvc.status.as_ref().and_then(|s| s.phase.as_deref());
+    let class = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref());
+    let (Some("Pending"), Some(class)) = (phase, class) else {
+        return Ok(false);
+    };
+    if class.is_empty() {
+        return Ok(false);
+    }
+    Ok(Api::<StorageClass>::all(client.clone())
+        .get_opt(class)
+        .await?
+        .and_then(|c| c.volume_binding_mode)
+        .as_deref()
+        == Some("WaitForFirstConsumer"))
 }
 
 /// A claim is the tenant's way to a volume only once Kubernetes has bound it: its phase is
@@ -245,20 +323,24 @@ async fn reach(
         }))
 }
 
-/// Resolve one endpoint to a host path and the nodes that have it.
+/// Resolve one endpoint of the job whose uid is `job_uid` to a host path and the nodes
+/// that have it.
 async fn resolve(
     client: &Client,
     ns: &str,
     field: &str,
     e: &Endpoint,
     destination: bool,
+    job_uid: &str,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
     match reach(client, ns, field, e, destination).await? {
         Err(b) => Ok(Err(b)),
         Ok(Reach::Direct(v)) => Ok(Ok(v)),
-        Ok(Reach::Csi { pv_name, claim }) => {
-            through_a_pod(client, ns, field, &pv_name, &claim).await
-        }
+        Ok(Reach::Csi {
+            pv_name,
+            claim,
+            exclusive,
+        }) => through_a_pod(client, ns, field, &pv_name, &claim, exclusive, job_uid).await,
     }
 }
 
@@ -470,15 +552,24 @@ pub async fn check(client: &Client, ns: &str, job: &CopyJob) -> Result<Endpoints
             message: refusal.message,
         }));
     }
-    let source = match resolve(client, ns, "spec.source", &job.spec.source, false).await? {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    let source = match resolve(client, ns, "spec.source", &job.spec.source, false, uid).await? {
         Err(b) => return Ok(Endpoints::Blocked(b)),
         Ok(src) => src,
     };
-    let destination =
-        match resolve(client, ns, "spec.destination", &job.spec.destination, true).await? {
-            Err(b) => return Ok(Endpoints::Blocked(b)),
-            Ok(dst) => dst,
-        };
+    let destination = match resolve(
+        client,
+        ns,
+        "spec.destination",
+        &job.spec.destination,
+        true,
+        uid,
+    )
+    .await?
+    {
+        Err(b) => return Ok(Endpoints::Blocked(b)),
+        Ok(dst) => dst,
+    };
     Ok(Endpoints::Resolved {
         source,
         destination,
