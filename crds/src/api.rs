@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, T
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::{Compare, Overwrite, Part, Preserve, Reason, Reflink, ShardState, Verify};
+use crate::{Compare, CopyMethod, Overwrite, Part, Preserve, Reason, Reflink, ShardState, Verify};
 
 /// A relative path inside a root or volume: never absolute, never `..`, never NUL.
 /// (The same rules are checked again by the operator and by the agent at open time.)
@@ -18,11 +18,13 @@ const PATH_RULES: &str =
 const STATE_DIR_RULE: &str =
     "self.split('/').filter(c, c != '' && c != '.').size() == 0 || self.split('/').filter(c, c != '' && c != '.')[0] != '.ferry'";
 
-/// Where data comes from or goes to: a `StorageRoot` or a `PersistentVolumeClaim` in the
-/// job's namespace, plus a path inside it.
+/// Where data comes from or goes to: a `StorageRoot`, a `PersistentVolumeClaim` or (a source
+/// only) a `VolumeSnapshot` in the job's namespace, plus a path inside it.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.root) != has(self.pvc)").message("set exactly one of root or pvc"))]
+#[x_kube(validation = Rule::new("[has(self.root), has(self.pvc), has(self.snapshot)].filter(x, x).size() == 1").message("set exactly one of root, pvc or snapshot"))]
+#[x_kube(validation = Rule::new("!has(self.copyMethod) || self.copyMethod == 'Direct' || has(self.pvc)").message("copyMethod Snapshot snapshots a claim: it needs pvc"))]
+#[x_kube(validation = Rule::new("!has(self.volumeSnapshotClassName) || (has(self.copyMethod) && self.copyMethod == 'Snapshot')").message("volumeSnapshotClassName is for copyMethod Snapshot"))]
 pub struct Endpoint {
     /// Name of a cluster-scoped `StorageRoot` that this namespace may use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -32,6 +34,23 @@ pub struct Endpoint {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub pvc: Option<String>,
+    /// Source only: name of a ready `VolumeSnapshot` in the job's own namespace. The operator
+    /// restores it to a temporary claim, copies from that, and deletes the claim afterwards
+    /// (the snapshot is yours and stays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub snapshot: Option<String>,
+    /// Source claims only: how the claim is read. Direct (the default): the live volume.
+    /// Snapshot: the operator takes a `VolumeSnapshot` of it first, restores that to a
+    /// temporary claim and copies from it, so the copy is one point in time even while an
+    /// application writes; both are deleted afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_method: Option<CopyMethod>,
+    /// With copyMethod Snapshot: the `VolumeSnapshotClass` to take it with (default: the
+    /// class the cluster marks default for the claim's CSI driver).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub volume_snapshot_class_name: Option<String>,
     /// Path inside the root or volume, relative ("" or "." for all of it). Absolute paths,
     /// `..` components and NUL bytes are refused, and so is `.ferry` (Ferry's state directory)
     /// or anything in it.
@@ -105,7 +124,8 @@ pub struct CopyJobSpec {
     /// What to copy.
     pub source: Endpoint,
     /// Where to copy it. A missing path becomes a copy of the source; an existing directory
-    /// gets the source's contents merged into it under `overwrite`.
+    /// gets the source's contents merged into it under `overwrite`. A root or a pvc.
+    #[x_kube(validation = Rule::new("!has(self.snapshot) && !has(self.copyMethod) && !has(self.volumeSnapshotClassName)").message("a destination is a root or a pvc: snapshot, copyMethod and volumeSnapshotClassName are for the source"))]
     pub destination: Endpoint,
     /// Reflink policy.
     #[serde(default)]
@@ -557,7 +577,8 @@ pub struct CopyJobStatus {
     /// Standard conditions, by type and the reasons each has. Accepted: Valid, or False
     /// with InvalidEndpoint, InvalidSpec, PathEscape, CrossNamespace, RootNotAllowed,
     /// ReadOnlyRoot. Resolved: Resolved, or False with PVCNotFound, PVCNotBound,
-    /// VolumeNotMounted, VolumeInUse, VolumeNotSupported, RootNotFound. Scheduled: Assigned, or False
+    /// VolumeNotMounted, VolumeInUse, VolumeNotSupported, RootNotFound, SnapshotNotFound,
+    /// SnapshotNotReady. Scheduled: Assigned, or False
     /// with WaitingForNode, NoAgent. Complete: Copied, or Planned (a dry run). Failed: the
     /// first reason that stopped a shard (DestinationFull, NodeUnavailable, PathEscape,
     /// SymlinkRejected, Openat2Unavailable, CannotStart), else IOError, else

@@ -21,7 +21,7 @@ pub mod reason;
 pub mod shard;
 
 pub use filter::Filter;
-pub use policy::{Compare, Overwrite, Policy, Preserve, Reflink, Verify};
+pub use policy::{Compare, CopyMethod, Overwrite, Policy, Preserve, Reflink, Verify};
 pub use reason::{ConditionType, Reason};
 pub use shard::{in_state_dir, ManifestName, Part, ShardState, STATE_DIR};
 

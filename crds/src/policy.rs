@@ -210,3 +210,16 @@ mod tests {
         assert_eq!(Preserve::ALL.without("colour"), None);
     }
 }
+
+wire_enum! {
+    /// How a source claim is read.
+    #[derive(Default)]
+    pub enum CopyMethod {
+        /// The live volume, through a pod that mounts it.
+        #[default]
+        Direct,
+        /// A `VolumeSnapshot` the operator takes first, restored to a temporary claim: one
+        /// point in time, whatever writes to the claim meanwhile.
+        Snapshot,
+    }
+}

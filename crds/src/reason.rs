@@ -63,6 +63,12 @@ wire_enum! {
         PVCNotBound,
         /// No Running pod mounts the CSI claim yet.
         VolumeNotMounted,
+        /// No `VolumeSnapshot` of that name in the job's namespace, or none can be taken
+        /// (no snapshot API, no class).
+        SnapshotNotFound,
+        /// The snapshot (or the claim restored from it) is not ready yet; the message says
+        /// what it waits for, or the snapshot's error.
+        SnapshotNotReady,
         /// A `ReadWriteOncePod` claim is used by a pod that is not Ferry's: only one pod
         /// may use it, so the job waits until that pod stops.
         VolumeInUse,

@@ -94,6 +94,12 @@ impl KubeTier {
         PathBuf::from(STATE).join("csi/volumes")
     }
 
+    /// Where the tier's CSI driver keeps its snapshots, one directory per snapshot handle
+    /// (a VolumeSnapshotContent's `status.snapshotHandle`).
+    pub fn csi_snapshots(&self) -> PathBuf {
+        PathBuf::from(STATE).join("csi/snapshots")
+    }
+
     /// A command run inside the tier's network namespace (where pod and Service addresses
     /// are reachable).
     pub fn in_netns(&self, program: &str) -> Command {

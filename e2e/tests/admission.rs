@@ -104,14 +104,69 @@ fn crds_are_served_and_bad_specs_are_refused_at_admission_with_what_to_change() 
         &cp,
         "root and pvc",
         &copyjob("b4", "{root: data, pvc: claim}", "{root: data}", ""),
-        "set exactly one of root or pvc",
+        "set exactly one of root, pvc or snapshot",
     )?;
     refused_with(
         &cp,
         "neither root nor pvc",
         &copyjob("b5", "{path: x}", "{root: data}", ""),
-        "set exactly one of root or pvc",
+        "set exactly one of root, pvc or snapshot",
     )?;
+    refused_with(
+        &cp,
+        "pvc and snapshot",
+        &copyjob("b5s", "{pvc: claim, snapshot: s}", "{root: data}", ""),
+        "set exactly one of root, pvc or snapshot",
+    )?;
+    refused_with(
+        &cp,
+        "a snapshot as destination",
+        &copyjob("b5d", "{root: data}", "{snapshot: s}", ""),
+        "snapshot, copyMethod and volumeSnapshotClassName are for the source",
+    )?;
+    refused_with(
+        &cp,
+        "copyMethod Snapshot of a root",
+        &copyjob(
+            "b5r",
+            "{root: data, copyMethod: Snapshot}",
+            "{root: out}",
+            "",
+        ),
+        "copyMethod Snapshot snapshots a claim: it needs pvc",
+    )?;
+    refused_with(
+        &cp,
+        "a snapshot class without copyMethod Snapshot",
+        &copyjob(
+            "b5c",
+            "{pvc: claim, volumeSnapshotClassName: fast}",
+            "{root: out}",
+            "",
+        ),
+        "volumeSnapshotClassName is for copyMethod Snapshot",
+    )?;
+    refused_with(
+        &cp,
+        "an unknown copyMethod",
+        &copyjob("b5u", "{pvc: claim, copyMethod: Clone}", "{root: out}", ""),
+        "Unsupported value: \"Clone\"",
+    )?;
+    let (ok, out) = apply(
+        &cp,
+        &copyjob(
+            "g5",
+            "{pvc: claim, copyMethod: Snapshot, volumeSnapshotClassName: fast}",
+            "{pvc: other}",
+            "",
+        ),
+    )?;
+    ensure!(ok, "copyMethod Snapshot of a claim refused: {out}");
+    let (ok, out) = apply(
+        &cp,
+        &copyjob("g6", "{snapshot: nightly, path: data}", "{pvc: other}", ""),
+    )?;
+    ensure!(ok, "a snapshot source refused: {out}");
     refused_with(
         &cp,
         "maxAgents 0",

@@ -1031,6 +1031,44 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
             "the operator's token created a pod that is not a holder ({why}): {err}"
         );
     }
+    // Nor may it make claims other than a restored one: not one bound to a volume it names
+    // (another tenant's), nor a "restored" one that also names a volume.
+    let restored = |name: &str, extra: &str| {
+        format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\n  namespace: team-a\n  ownerReferences: [{{apiVersion: ferry.dev/v1alpha1, kind: CopyJob, name: from-csi, uid: {uid}, controller: true}}]\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: 1Gi}}}}\n  dataSource: {{apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: s}}\n{extra}")
+    };
+    for (claim, why) in [
+        (
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: grab, namespace: team-a}\nspec: {accessModes: [ReadWriteOnce], volumeName: someone-elses, resources: {requests: {storage: 1Gi}}}\n".to_string(),
+            "creates and deletes only its restored claims",
+        ),
+        (
+            restored("ferry-restore-evil", "  volumeName: someone-elses\n"),
+            "provisioned new from a VolumeSnapshot",
+        ),
+    ] {
+        let out = cp.kubectl_stdin(&args, &claim)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && err.contains(why),
+            "the operator's token created a claim that is not a restored one ({why}): {err}"
+        );
+    }
+    let out = cp.kubectl_stdin(&args, &restored("ferry-restore-fine", ""))?;
+    ensure!(
+        out.status.success(),
+        "the operator's token could not create a restored claim: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut delete: Vec<&str> = op.iter().map(String::as_str).collect();
+    delete.extend([
+        "delete",
+        "pvc",
+        "ferry-restore-fine",
+        "-n",
+        "team-a",
+        "--wait=false",
+    ]);
+    cp.kubectl_ok(&delete)?;
     Ok(())
 }
 
@@ -1126,8 +1164,15 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster core/pods get",           // holder::hold: the job's holder pod
         "cluster core/pods create",        // holder::hold (narrowed by the -holder-pods policy)
         "cluster core/pods delete",        // holder::release
-        "cluster events.k8s.io/events create", // Recorder::publish
-        "cluster events.k8s.io/events patch", // Recorder::publish, a repeat
+        "cluster snapshot.storage.k8s.io/volumesnapshots get", // snapshot::prepare
+        "cluster snapshot.storage.k8s.io/volumesnapshots create", // snapshot::prepare: copyMethod Snapshot
+        "cluster snapshot.storage.k8s.io/volumesnapshots delete", // snapshot::release
+        "cluster snapshot.storage.k8s.io/volumesnapshotcontents get", // snapshot::prepare: bound back
+        "cluster core/persistentvolumeclaims create", // snapshot::prepare: the restored claim
+        "cluster core/persistentvolumeclaims delete", // snapshot::release
+        "cluster storage.k8s.io/storageclasses list", // snapshot::restore_class
+        "cluster events.k8s.io/events create",        // Recorder::publish
+        "cluster events.k8s.io/events patch",         // Recorder::publish, a repeat
         "ferry-system coordination.k8s.io/leases list", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases watch", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases create", // leader: first claim
@@ -1140,12 +1185,12 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster certificates.k8s.io/certificatesigningrequests/status update", // the certificate
         "cluster certificates.k8s.io/signers approve ferry.dev/transfer", // checked on approval
         "cluster certificates.k8s.io/signers sign ferry.dev/transfer", // checked on the certificate
-        "ferry-system core/configmaps create", // signer: the first trust bundle
+        "ferry-system core/configmaps create",        // signer: the first trust bundle
         "ferry-system core/configmaps get ferry-transfer-trust", // signer: publish
         "ferry-system core/configmaps update ferry-transfer-trust", // signer: publish
-        "ferry-system core/secrets create", // ticket::issue (apply, first time)
-        "ferry-system core/secrets patch", // ticket::issue (apply)
-        "ferry-system core/secrets delete", // ticket::revoke
+        "ferry-system core/secrets create",           // ticket::issue (apply, first time)
+        "ferry-system core/secrets patch",            // ticket::issue (apply)
+        "ferry-system core/secrets delete",           // ticket::revoke
     ])
 }
 
@@ -1695,6 +1740,8 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "ValidatingAdmissionPolicyBinding/copier-agent-shards",
         "ValidatingAdmissionPolicy/copier-holder-pods",
         "ValidatingAdmissionPolicyBinding/copier-holder-pods",
+        "ValidatingAdmissionPolicy/copier-snapshot-sources",
+        "ValidatingAdmissionPolicyBinding/copier-snapshot-sources",
     ]);
     ensure!(names == expected, "custom render has {names:?}");
     // The policies are about the renamed accounts: the agents', and the operator's for its
@@ -1706,9 +1753,12 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         let matches = policy["spec"]["matchConditions"][0]["expression"]
             .as_str()
             .unwrap_or_default();
-        let account = match policy["metadata"]["name"] == "copier-holder-pods" {
-            true => "copier-operator",
-            false => "copier-agent",
+        let account = match policy["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("copier-agent"))
+        {
+            true => "copier-agent",
+            false => "copier-operator",
         };
         ensure!(
             matches.contains(&format!("system:serviceaccount:{NS}:{account}\"")),

@@ -29,7 +29,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 15] = [
+    let checks: [(&str, Check); 17] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -68,8 +68,16 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
             csi::exclusive_claim_in_use,
         ),
         (
-            "another namespace's claim: not found, not held",
+            "another namespace's claim or snapshot: not found, not held",
             csi::other_namespaces_claim,
+        ),
+        (
+            "a snapshot source while the app writes: the snapshot's contents exactly",
+            csi::snapshot_while_writing,
+        ),
+        (
+            "copyMethod Snapshot: the source at the snapshot, what it made deleted",
+            csi::copy_method_snapshot,
         ),
         // Last: they slow the agent down (and put it back).
         (

@@ -33,6 +33,9 @@ pub struct Context {
     pub namespace: String,
     /// The image of holder pods (see [`crate::holder`]); `None`: none are made.
     pub holder_image: Option<String>,
+    /// Whether snapshot sources may be used (`FERRY_SNAPSHOT_SOURCES=true`: the chart's
+    /// `operator.snapshotSources`, which grants what [`crate::snapshot`] needs).
+    pub snapshot_sources: bool,
 }
 
 /// Read what the decision needs (the endpoints, who is lost, the eligible nodes when
@@ -48,6 +51,8 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     // A finished job is history: it is not resolved again.
     let mut endpoints = if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
         Endpoints::Finished
+    } else if let Some(b) = snapshot_source(job, ctx, &ns).await? {
+        Endpoints::Blocked(b)
     } else {
         resolve::check(&ctx.client, &ns, job).await?
     };
@@ -188,9 +193,13 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         {
             crate::ticket::revoke(&ctx.client, &ctx.namespace, job).await?;
         }
-        // Nor its holder pods (the agents are done with the volumes).
+        // Nor its holder pods (the agents are done with the volumes), nor the claim its
+        // snapshot was restored to, nor a snapshot it took.
         if finished(status.phase) && ctx.holder_image.is_some() {
             crate::holder::release(&ctx.client, &ns, job).await?;
+        }
+        if finished(status.phase) && ctx.snapshot_sources {
+            crate::snapshot::release(&ctx.client, &ns, job).await?;
         }
     }
     // ttlSecondsAfterFinished: delete the finished job once its time is up (the finalizer
@@ -206,6 +215,25 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         requeue = Some(Duration::from_secs(left as u64));
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// A snapshot source not restored yet: why the job waits (see [`crate::snapshot`]).
+async fn snapshot_source(
+    job: &CopyJob,
+    ctx: &Context,
+    ns: &str,
+) -> Result<Option<resolve::Blocked>, Error> {
+    if !resolve::from_snapshot(&job.spec.source) {
+        return Ok(None);
+    }
+    if !ctx.snapshot_sources || ctx.holder_image.is_none() {
+        return Ok(Some(resolve::Blocked {
+            condition: ferry_crds::ConditionType::Accepted,
+            reason: ferry_crds::Reason::InvalidSpec,
+            message: "spec.source: snapshot sources are off in this installation (chart values operator.snapshotSources and operator.holderPods); copy the live claim, or ask an admin to turn them on".into(),
+        }));
+    }
+    Ok(crate::snapshot::prepare(&ctx.client, ns, job).await?)
 }
 
 /// Deletion: the agents see the deletion timestamp and stop their running shards at the
@@ -232,9 +260,12 @@ pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         if between_nodes {
             crate::ticket::revoke(&ctx.client, &ctx.namespace, job).await?;
         }
-        if ctx.holder_image.is_some() {
-            if let Some(ns) = job.namespace() {
+        if let Some(ns) = job.namespace() {
+            if ctx.holder_image.is_some() {
                 crate::holder::release(&ctx.client, &ns, job).await?;
+            }
+            if ctx.snapshot_sources {
+                crate::snapshot::release(&ctx.client, &ns, job).await?;
             }
         }
         return Ok(Action::await_change());

@@ -54,6 +54,7 @@ pub async fn run(
         node_deadline,
         namespace: agent_namespace(),
         holder_image: holder_image(),
+        snapshot_sources: std::env::var("FERRY_SNAPSHOT_SOURCES").is_ok_and(|v| v == "true"),
     });
     // An agent that comes or goes changes no CopyJob, and a Lease that expires sends no
     // event at all: so the set of live agents is watched here, and every job is looked at

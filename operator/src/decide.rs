@@ -227,9 +227,15 @@ pub fn decide(input: &Inputs) -> Decision {
         && old.mode == status.mode
         && !assignment_changed;
     // A refusal waits for the spec (or the StorageRoot, on the next resync) to change; a
-    // CSI volume waits for a pod to mount it (or stop using it), which changes no CopyJob.
+    // CSI volume waits for a pod to mount it (or stop using it), and a snapshot source for
+    // its snapshot and restored claim, none of which changes the CopyJob.
     let requeue = match blocked {
-        Some(b) if matches!(b.reason, Reason::VolumeNotMounted | Reason::VolumeInUse) => {
+        Some(b)
+            if matches!(
+                b.reason,
+                Reason::VolumeNotMounted | Reason::VolumeInUse | Reason::SnapshotNotReady
+            ) =>
+        {
             Some(Duration::from_secs(5))
         }
         Some(_) => Some(Duration::from_secs(60)),

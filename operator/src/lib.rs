@@ -20,6 +20,7 @@ pub mod leader;
 pub mod metrics;
 pub mod schedule;
 pub mod signer;
+pub mod snapshot;
 pub mod status;
 pub mod ticket;
 

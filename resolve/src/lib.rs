@@ -183,7 +183,7 @@ async fn through_a_pod(
 
 /// Whether an unbound claim waits for a pod to be scheduled before its volume is
 /// provisioned or bound: its StorageClass's `volumeBindingMode` is `WaitForFirstConsumer`.
-async fn waits_for_first_consumer(
+pub async fn waits_for_first_consumer(
     client: &Client,
     pvc: &PersistentVolumeClaim,
 ) -> Result<bool, kube::Error> {
@@ -296,14 +296,35 @@ fn writable(
     }
 }
 
-/// Check one endpoint and say how it is reached.
+/// The claim a snapshot source of job `job_uid` is restored to, in the job's namespace: the
+/// operator makes it (owned by the job), and operator and agents copy from it.
+pub fn restore_claim(job_uid: &str) -> String {
+    format!("ferry-restore-{job_uid}")
+}
+
+/// The VolumeSnapshot the operator takes of a `copyMethod: Snapshot` source of job `job_uid`.
+pub fn taken_snapshot(job_uid: &str) -> String {
+    format!("ferry-snapshot-{job_uid}")
+}
+
+/// Whether an endpoint is read from a snapshot (one named, or one the operator takes).
+pub fn from_snapshot(e: &Endpoint) -> bool {
+    e.snapshot.is_some() || e.copy_method == Some(ferry_crds::CopyMethod::Snapshot)
+}
+
+/// Check one endpoint of the job whose uid is `job_uid` and say how it is reached. A
+/// snapshot source is reached as the claim it is restored to.
 async fn reach(
     client: &Client,
     ns: &str,
     field: &str,
     e: &Endpoint,
     destination: bool,
+    job_uid: &str,
 ) -> Result<Result<Reach, Blocked>, kube::Error> {
+    if !destination && from_snapshot(e) {
+        return reach_pvc(client, ns, field, &restore_claim(job_uid), false).await;
+    }
     if let Some(claim) = &e.pvc {
         return reach_pvc(client, ns, field, claim, destination).await;
     }
@@ -333,7 +354,7 @@ async fn resolve(
     destination: bool,
     job_uid: &str,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
-    match reach(client, ns, field, e, destination).await? {
+    match reach(client, ns, field, e, destination, job_uid).await? {
         Err(b) => Ok(Err(b)),
         Ok(Reach::Direct(v)) => Ok(Ok(v)),
         Ok(Reach::Csi {
@@ -368,11 +389,12 @@ pub async fn unmounted_claims(
         ("spec.destination", &job.spec.destination, true),
     ];
     let mut csi = Vec::new();
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
     for (field, e, destination) in ends {
-        if e.pvc.is_none() {
+        if e.pvc.is_none() && e.snapshot.is_none() {
             continue;
         }
-        if let Ok(Reach::Csi { claim, .. }) = reach(client, ns, field, e, destination).await? {
+        if let Ok(Reach::Csi { claim, .. }) = reach(client, ns, field, e, destination, uid).await? {
             csi.push((destination, claim));
         }
     }
@@ -532,11 +554,21 @@ pub async fn reach_both(
             message: refusal.message,
         }));
     }
-    let source = match reach(client, ns, "spec.source", &job.spec.source, false).await? {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    let source = match reach(client, ns, "spec.source", &job.spec.source, false, uid).await? {
         Err(b) => return Ok(Err(b)),
         Ok(src) => src,
     };
-    match reach(client, ns, "spec.destination", &job.spec.destination, true).await? {
+    match reach(
+        client,
+        ns,
+        "spec.destination",
+        &job.spec.destination,
+        true,
+        uid,
+    )
+    .await?
+    {
         Err(b) => Ok(Err(b)),
         Ok(dst) => Ok(Ok((source, dst))),
     }

@@ -3,10 +3,10 @@
 //! must not open a hole) and adds what CEL cannot express. Each refusal has a stable
 //! reason for the `Accepted=False` condition and a message that says what to change.
 
-use ferry_crds::{CopyJobSpec, Endpoint, Reason, MAX_WORKERS, STATE_DIR};
+use ferry_crds::{CopyJobSpec, CopyMethod, Endpoint, Reason, MAX_WORKERS, STATE_DIR};
 
 /// A refused spec: the condition reason (PathEscape: a path is absolute, climbs out with
-/// `..`, holds a NUL byte or reaches Ferry's state directory; InvalidEndpoint: neither or both of root and pvc;
+/// `..`, holds a NUL byte or reaches Ferry's state directory; InvalidEndpoint: not exactly one of root, pvc and snapshot (a snapshot, or copyMethod, on a destination);
 /// InvalidSpec: a field is out of its range) and a message for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -43,29 +43,38 @@ pub fn check_relative_path(field: &str, path: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn check_endpoint(field: &str, e: &Endpoint) -> Result<(), Refusal> {
-    match (&e.root, &e.pvc) {
-        (Some(_), Some(_)) => {
-            return refuse(
-                Reason::InvalidEndpoint,
-                format!("{field} sets both root and pvc; keep one"),
-            )
-        }
-        (None, None) => {
-            return refuse(
-                Reason::InvalidEndpoint,
-                format!(
-                "{field} sets neither root nor pvc; name a StorageRoot or a PersistentVolumeClaim"
-            ),
-            )
-        }
-        (Some(name), None) | (None, Some(name)) if name.is_empty() => {
-            return refuse(
-                Reason::InvalidEndpoint,
-                format!("{field} names an empty root or pvc"),
-            )
-        }
-        _ => {}
+fn check_endpoint(field: &str, e: &Endpoint, source: bool) -> Result<(), Refusal> {
+    let named: Vec<(&str, &str)> = [
+        ("root", &e.root),
+        ("pvc", &e.pvc),
+        ("snapshot", &e.snapshot),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+    .collect();
+    let invalid = |message: String| refuse(Reason::InvalidEndpoint, message);
+    match named.as_slice() {
+        [] if source => invalid(format!("{field} sets none of root, pvc and snapshot; name a StorageRoot, a PersistentVolumeClaim or a VolumeSnapshot")),
+        [] => invalid(format!("{field} sets neither root nor pvc; name a StorageRoot or a PersistentVolumeClaim")),
+        [(kind, "")] => invalid(format!("{field} names an empty {kind}")),
+        [_] => Ok(()),
+        [(a, _), (b, _), ..] => invalid(format!("{field} sets both {a} and {b}; keep one")),
+    }?;
+    let snapshot_method = e.copy_method == Some(CopyMethod::Snapshot);
+    if !source && (e.snapshot.is_some() || e.copy_method.is_some()) {
+        return invalid(format!(
+            "{field} is a root or a pvc: snapshot and copyMethod are for the source"
+        ));
+    }
+    if snapshot_method && e.pvc.is_none() {
+        return invalid(format!(
+            "{field}.copyMethod Snapshot snapshots a claim: it needs {field}.pvc"
+        ));
+    }
+    if e.volume_snapshot_class_name.is_some() && !snapshot_method {
+        return invalid(format!(
+            "{field}.volumeSnapshotClassName is for copyMethod Snapshot; set that or remove it"
+        ));
     }
     check_relative_path(&format!("{field}.path"), &e.path)?;
     if ferry_crds::in_state_dir(&e.path) {
@@ -82,8 +91,8 @@ fn check_endpoint(field: &str, e: &Endpoint) -> Result<(), Refusal> {
 
 /// Validate a CopyJob spec; `Ok(())` when it may be scheduled.
 pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
-    check_endpoint("spec.source", &spec.source)?;
-    check_endpoint("spec.destination", &spec.destination)?;
+    check_endpoint("spec.source", &spec.source, true)?;
+    check_endpoint("spec.destination", &spec.destination, false)?;
     let p = &spec.parallelism;
     if !(0..=MAX_WORKERS).contains(&p.workers_per_agent) {
         return refuse(
@@ -170,8 +179,8 @@ mod tests {
     fn root(name: &str, path: &str) -> Endpoint {
         Endpoint {
             root: Some(name.into()),
-            pvc: None,
             path: path.into(),
+            ..Endpoint::default()
         }
     }
 
@@ -228,7 +237,7 @@ mod tests {
         let both = Endpoint {
             root: Some("r".into()),
             pvc: Some("c".into()),
-            path: String::new(),
+            ..Endpoint::default()
         };
         let neither = Endpoint::default();
         for e in [both, neither] {
@@ -236,6 +245,63 @@ mod tests {
             assert_eq!(err.reason, Reason::InvalidEndpoint);
             assert!(err.message.starts_with("spec.destination"));
         }
+    }
+
+    #[test]
+    fn snapshots_are_for_the_source_and_copy_method_snapshot_for_a_claim() {
+        let snapshot = Endpoint {
+            snapshot: Some("s".into()),
+            ..Endpoint::default()
+        };
+        let of_claim = Endpoint {
+            pvc: Some("c".into()),
+            copy_method: Some(CopyMethod::Snapshot),
+            volume_snapshot_class_name: Some("fast".into()),
+            ..Endpoint::default()
+        };
+        assert_eq!(validate(&spec(snapshot.clone(), root("r", "b"))), Ok(()));
+        assert_eq!(validate(&spec(of_claim.clone(), root("r", "b"))), Ok(()));
+        let refused = |src: Endpoint, dst: Endpoint, says: &str| {
+            let err = validate(&spec(src, dst)).expect_err(says);
+            assert_eq!(err.reason, Reason::InvalidEndpoint, "{says}");
+            assert!(err.message.contains(says), "{}", err.message);
+        };
+        refused(root("r", "a"), snapshot.clone(), "are for the source");
+        refused(root("r", "a"), of_claim.clone(), "are for the source");
+        refused(
+            Endpoint {
+                pvc: Some("c".into()),
+                ..snapshot.clone()
+            },
+            root("r", "b"),
+            "sets both pvc and snapshot",
+        );
+        refused(
+            Endpoint {
+                pvc: None,
+                root: Some("r".into()),
+                volume_snapshot_class_name: None,
+                ..of_claim.clone()
+            },
+            root("r", "b"),
+            "copyMethod Snapshot snapshots a claim",
+        );
+        refused(
+            Endpoint {
+                copy_method: None,
+                ..of_claim
+            },
+            root("r", "b"),
+            "volumeSnapshotClassName is for copyMethod Snapshot",
+        );
+        refused(
+            Endpoint {
+                snapshot: Some(String::new()),
+                ..Endpoint::default()
+            },
+            root("r", "b"),
+            "names an empty snapshot",
+        );
     }
 
     #[test]

@@ -231,14 +231,46 @@ pub fn exclusive_claim_in_use(tier: &KubeTier, _: &Path) -> Result<()> {
     all_let_go(tier, "default")
 }
 
-/// A job cannot name another namespace's claim: a claim of namespace `other-team` with the
-/// name the job gives is not used (`PVCNotFound`), and no holder mounts it.
+/// A job cannot name another namespace's claim or snapshot: a claim (or VolumeSnapshot) of
+/// namespace `other-team` with the name the job gives is not used (`PVCNotFound`,
+/// `SnapshotNotFound`), nothing is restored from it, and no holder mounts it.
 pub fn other_namespaces_claim(tier: &KubeTier, _: &Path) -> Result<()> {
     tier.kubectl_ok(&["create", "namespace", "other-team"])?;
     claim(tier, "other-team", "secrets", "ferry-csi", "ReadWriteOnce")?;
     claim(tier, "default", "stolen", "ferry-csi", "ReadWriteOnce")?;
     tier.wait_claim_bound("other-team", "secrets")?;
     job(tier, "steal", "secrets", "stolen")?;
+    tier.apply("apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata: {name: theirs, namespace: other-team}\nspec: {source: {persistentVolumeClaimName: secrets}}\n")?;
+    tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: steal-snapshot, namespace: default}\nspec:\n  source: {snapshot: theirs}\n  destination: {pvc: stolen, path: copy}\n")?;
+    let message = tier.wait_until(
+        "copyjob/steal-snapshot",
+        "default",
+        "{.status.conditions[?(@.type==\"Resolved\")].reason}: {.status.conditions[?(@.type==\"Resolved\")].message}",
+        Duration::from_secs(60),
+        |m| m.starts_with("SnapshotNotFound: "),
+    )?;
+    ensure!(
+        message.contains("snapshots of other namespaces cannot be used"),
+        "{message}"
+    );
+    let uid = tier.get("copyjob/steal-snapshot", "default", "{.metadata.uid}")?;
+    ensure!(
+        tier.get(
+            &format!("pvc/ferry-restore-{uid}"),
+            "default",
+            "{.metadata.name}"
+        )?
+        .is_empty(),
+        "a claim was restored from another namespace's snapshot"
+    );
+    tier.kubectl_ok(&[
+        "delete",
+        "copyjob",
+        "steal-snapshot",
+        "-n",
+        "default",
+        "--wait=true",
+    ])?;
     let message = tier.wait_until(
         "copyjob/steal",
         "default",
@@ -258,8 +290,9 @@ pub fn other_namespaces_claim(tier: &KubeTier, _: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Deleting a job mid-copy removes its holders and releases the volumes (run while the agent
-/// is slowed down, so the copy is still going when the job is deleted); the source is
+/// Deleting a job mid-copy (a `copyMethod: Snapshot` one) removes its holders, the snapshot
+/// it took and the claim it restored, and releases the volumes (run while the agent is
+/// slowed down, so the copy is still going when the job is deleted); the source is
 /// untouched and the claims stay.
 pub fn deleted_mid_copy(tier: &KubeTier, _: &Path) -> Result<()> {
     claim(tier, "default", "slow-src", "ferry-csi", "ReadWriteOnce")?;
@@ -274,7 +307,8 @@ pub fn deleted_mid_copy(tier: &KubeTier, _: &Path) -> Result<()> {
     let src = volume_dir(tier, "default", "slow-src")?.join("data");
     dated_tree(&src, 400)?;
     let before = tree_meta(&src)?;
-    job(tier, "slow", "slow-src", "slow-dst")?;
+    tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: slow, namespace: default}\nspec:\n  source: {pvc: slow-src, path: data, copyMethod: Snapshot}\n  destination: {pvc: slow-dst, path: copy}\n")?;
+    let uid = tier.get("copyjob/slow", "default", "{.metadata.uid}")?;
     tier.wait_until(
         "copyjob/slow",
         "default",
@@ -297,6 +331,7 @@ pub fn deleted_mid_copy(tier: &KubeTier, _: &Path) -> Result<()> {
         "--timeout=60s",
     ])?;
     all_let_go(tier, "default")?;
+    snapshot_objects_gone(tier, &uid)?;
     let pvs = [
         pv_of(tier, "default", "slow-src")?,
         pv_of(tier, "default", "slow-dst")?,
@@ -309,5 +344,185 @@ pub fn deleted_mid_copy(tier: &KubeTier, _: &Path) -> Result<()> {
             "claim {c} is not Bound any more"
         );
     }
+    Ok(())
+}
+
+/// A file rewritten over and over under `dir` (write then rename, so each version is
+/// whole) until the returned guard is dropped: an application that keeps writing.
+struct Writer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Writer {
+    fn start(dir: &Path) -> Writer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, dir) = (stop.clone(), dir.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let tmp = dir.join(".writing");
+                let _ = std::fs::write(&tmp, format!("version {n}\n").repeat(100));
+                let _ = std::fs::rename(&tmp, dir.join(format!("d{}/live-{}", n % 10, n % 50)));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            n
+        });
+        Writer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop writing; how many versions were written.
+    fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A VolumeSnapshot of claim `claim` in `default`, ready; the driver's directory holding it.
+fn snapshot(tier: &KubeTier, name: &str, claim: &str) -> Result<PathBuf> {
+    tier.apply(&format!(
+        "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata: {{name: {name}, namespace: default}}\nspec: {{source: {{persistentVolumeClaimName: {claim}}}}}\n"
+    ))?;
+    snapshot_dir(tier, name)
+}
+
+/// The driver's directory of VolumeSnapshot `name` in `default`, once it is ready.
+fn snapshot_dir(tier: &KubeTier, name: &str) -> Result<PathBuf> {
+    tier.wait_until(
+        &format!("volumesnapshot/{name}"),
+        "default",
+        "{.status.readyToUse}",
+        Duration::from_secs(60),
+        |r| r == "true",
+    )?;
+    let content = tier.get(
+        &format!("volumesnapshot/{name}"),
+        "default",
+        "{.status.boundVolumeSnapshotContentName}",
+    )?;
+    let handle = tier.get(
+        &format!("volumesnapshotcontent/{content}"),
+        "",
+        "{.status.snapshotHandle}",
+    )?;
+    ensure!(
+        !handle.is_empty(),
+        "content {content} has no snapshot handle"
+    );
+    Ok(tier.csi_snapshots().join(handle))
+}
+
+/// The job's restored claim and the snapshot it took are gone.
+fn snapshot_objects_gone(tier: &KubeTier, uid: &str) -> Result<()> {
+    for what in [
+        format!("pvc/ferry-restore-{uid}"),
+        format!("volumesnapshot/ferry-snapshot-{uid}"),
+    ] {
+        tier.wait_until(
+            &what,
+            "default",
+            "{.metadata.name}",
+            Duration::from_secs(60),
+            str::is_empty,
+        )?;
+    }
+    Ok(())
+}
+
+/// A copy from a VolumeSnapshot the user took, while an application keeps writing to the
+/// snapshotted claim: the copy is the snapshot's contents exactly, not a mix with what was
+/// written since. The user's snapshot stays; the claim it was restored to is deleted.
+pub fn snapshot_while_writing(tier: &KubeTier, _: &Path) -> Result<()> {
+    claim(tier, "default", "busy", "ferry-csi", "ReadWriteOnce")?;
+    claim(
+        tier,
+        "default",
+        "busy-copy",
+        "ferry-csi-wffc",
+        "ReadWriteOnce",
+    )?;
+    tier.wait_claim_bound("default", "busy")?;
+    let src = volume_dir(tier, "default", "busy")?.join("data");
+    dated_tree(&src, 300)?;
+    let writer = Writer::start(&src);
+    std::thread::sleep(Duration::from_millis(300));
+    let taken = snapshot(tier, "busy-at-noon", "busy")?;
+    tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: from-snapshot, namespace: default}\nspec:\n  source: {snapshot: busy-at-noon, path: data}\n  destination: {pvc: busy-copy, path: copy}\n")?;
+    tier.wait_succeeded("default", "from-snapshot", 180)?;
+    let versions = writer.stop();
+    let copy = volume_dir(tier, "default", "busy-copy")?.join("copy");
+    assert_same_tree(&taken.join("data"), &copy)
+        .context("the copy is not the snapshot's contents")?;
+    ensure!(
+        assert_same_tree(&src, &copy).is_err(),
+        "the live source equals the copy: the writer ({versions} versions) changed nothing after the snapshot"
+    );
+    let uid = tier.get("copyjob/from-snapshot", "default", "{.metadata.uid}")?;
+    snapshot_objects_gone(tier, &uid)?;
+    ensure!(
+        tier.get(
+            "volumesnapshot/busy-at-noon",
+            "default",
+            "{.status.readyToUse}"
+        )? == "true",
+        "the user's snapshot was touched"
+    );
+    all_let_go(tier, "default")
+}
+
+/// `copyMethod: Snapshot` on a claim a running application has: the operator snapshots it,
+/// copies the snapshot, and deletes what it made; what the application writes after the
+/// snapshot is not in the copy, and the application runs on undisturbed.
+pub fn copy_method_snapshot(tier: &KubeTier, data: &Path) -> Result<()> {
+    claim(tier, "default", "db", "ferry-csi", "ReadWriteOnce")?;
+    claim(tier, "default", "db-copy", "ferry-csi", "ReadWriteOnce")?;
+    tier.wait_claim_bound("default", "db")?;
+    let src = volume_dir(tier, "default", "db")?.join("data");
+    dated_tree(&src, 200)?;
+    // What the source is at the snapshot (cp -a keeps what the comparison looks at).
+    let before = data.join("db-before");
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(&before)
+        .status()?;
+    ensure!(st.success(), "cp -a");
+    user_pod(tier, "default", "db-app", "db")?;
+    tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: point-in-time, namespace: default}\nspec:\n  source: {pvc: db, path: data, copyMethod: Snapshot}\n  destination: {pvc: db-copy, path: copy}\n")?;
+    let uid = tier.get("copyjob/point-in-time", "default", "{.metadata.uid}")?;
+    let taken = format!("ferry-snapshot-{uid}");
+    snapshot_dir(tier, &taken)?;
+    // After the snapshot: changed, added and removed files.
+    std::fs::write(src.join("d1/f1"), "written after the snapshot\n")?;
+    std::fs::write(src.join("after"), "new\n")?;
+    std::fs::remove_file(src.join("d2/f2"))?;
+    tier.wait_succeeded("default", "point-in-time", 180)?;
+    let copy = volume_dir(tier, "default", "db-copy")?.join("copy");
+    assert_same_tree(&before, &copy).context("the copy is not the source at the snapshot")?;
+    snapshot_objects_gone(tier, &uid)?;
+    let (phase, app) = (
+        tier.get("pod/db-app", "default", "{.status.phase}")?,
+        tier.get(
+            "pod/db-app",
+            "default",
+            "{.status.containerStatuses[0].restartCount}",
+        )?,
+    );
+    ensure!(
+        phase == "Running" && app == "0",
+        "the application is {phase} after {app} restarts"
+    );
+    all_let_go(tier, "default")?;
+    tier.kubectl_ok(&["delete", "pod", "db-app", "-n", "default", "--wait=true"])?;
     Ok(())
 }
