@@ -402,7 +402,7 @@ mod tests {
                     pvc: Some("backup".into()),
                     ..Default::default()
                 },
-                ..serde_json::from_value(json!({"source": {}, "destination": {}})).unwrap()
+                ..serde_json::from_value(json!({"source": {}, "destination": {}})).expect("a spec")
             },
         );
         job.metadata.namespace = Some("team".into());
@@ -422,11 +422,11 @@ mod tests {
             Some("ferry-restore-0f1e2d3c-aaaa-bbbb-cccc-000000000001")
         );
         assert!(made_for(&c.metadata, &j));
-        let spec = c.spec.unwrap();
+        let spec = c.spec.expect("a spec");
         // Provisioned new: never bound to a volume it names, nor one a selector finds.
         assert_eq!(spec.volume_name, None);
         assert_eq!(spec.selector, None);
-        let source = spec.data_source.unwrap();
+        let source = spec.data_source.expect("a data source");
         assert_eq!(
             (
                 source.api_group.as_deref(),
@@ -437,7 +437,7 @@ mod tests {
         );
         assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
         assert_eq!(
-            spec.resources.unwrap().requests.unwrap()["storage"],
+            spec.resources.and_then(|r| r.requests).expect("requests")["storage"],
             Quantity("2Gi".into())
         );
     }
