@@ -40,10 +40,7 @@ pub struct Endpoint {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub snapshot: Option<String>,
-    /// Source claims only: how the claim is read. Direct (the default): the live volume.
-    /// Snapshot: the operator takes a `VolumeSnapshot` of it first, restores that to a
-    /// temporary claim and copies from it, so the copy is one point in time even while an
-    /// application writes; both are deleted afterwards.
+    /// How a source claim is read (the schema shows [`CopyMethod`]'s description).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_method: Option<CopyMethod>,
     /// With copyMethod Snapshot: the `VolumeSnapshotClass` to take it with (default: the

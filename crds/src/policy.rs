@@ -212,7 +212,10 @@ mod tests {
 }
 
 wire_enum! {
-    /// How a source claim is read.
+    /// Source claims only: how the claim is read. Direct (the default): the live volume.
+    /// Snapshot: the operator takes a `VolumeSnapshot` of it first, restores that to a
+    /// temporary claim and copies from it, so the copy is one point in time even while an
+    /// application writes; both are deleted afterwards.
     #[derive(Default)]
     pub enum CopyMethod {
         /// The live volume, through a pod that mounts it.
