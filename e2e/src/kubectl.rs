@@ -154,6 +154,20 @@ impl Kubectl {
         .map(drop)
     }
 
+    /// Wait until pod `name` in `ns` is Ready (its containers started and their probes
+    /// answer).
+    pub fn wait_pod_ready(&self, ns: &str, name: &str, timeout_secs: u32) -> Result<()> {
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Ready",
+            &format!("pod/{name}"),
+            "-n",
+            ns,
+            &format!("--timeout={timeout_secs}s"),
+        ])
+        .map(drop)
+    }
+
     /// `kubectl apply -f -` that must succeed.
     pub fn apply(&self, yaml: &str) -> Result<()> {
         let out = self.kubectl_stdin(&["apply", "-f", "-"], yaml)?;

@@ -381,14 +381,7 @@ fn network_policies(tier: &KubeTier, _: &Path) -> Result<()> {
         ))?;
     }
     for (ns, name, _) in clients {
-        tier.kubectl_ok(&[
-            "wait",
-            "--for=condition=Ready",
-            &format!("pod/{name}"),
-            "-n",
-            ns,
-            "--timeout=60s",
-        ])?;
+        tier.wait_pod_ready(ns, name, 60)?;
     }
     let ip = |ns: &str, pod: &str| tier.get(&format!("pod/{pod}"), ns, "{.status.podIP}");
     let agent_metrics = format!("http://{}:9090/metrics", ip(NS, &agent)?);

@@ -42,6 +42,19 @@ fn end(destination: bool) -> &'static str {
     }
 }
 
+/// A reference that makes `job` the controller of what the operator makes for it (holder
+/// pods, restored claims, snapshots), so that they go when it goes.
+pub fn owned_by(job: &CopyJob) -> OwnerReference {
+    OwnerReference {
+        api_version: "ferry.dev/v1alpha1".into(),
+        kind: "CopyJob".into(),
+        name: job.name_any(),
+        uid: job.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
 /// The holder pod's name: `ferry-holder-<first 8 of the job's uid>-<end>`, stable, so a
 /// second reconcile finds the pod the first one made.
 pub fn name(job: &CopyJob, destination: bool) -> String {
@@ -103,14 +116,7 @@ pub fn pod(
             )])),
             // No blockOwnerDeletion: that would need update on copyjobs/finalizers, and the
             // operator deletes its holders itself anyway.
-            owner_references: Some(vec![OwnerReference {
-                api_version: "ferry.dev/v1alpha1".into(),
-                kind: "CopyJob".into(),
-                name: job.name_any(),
-                uid: job.uid().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
+            owner_references: Some(vec![owned_by(job)]),
             ..Default::default()
         },
         spec: Some(PodSpec {

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{json, Value};
@@ -58,17 +58,6 @@ fn blocked(reason: Reason, message: String) -> Blocked {
     }
 }
 
-fn owner(job: &CopyJob) -> OwnerReference {
-    OwnerReference {
-        api_version: "ferry.dev/v1alpha1".into(),
-        kind: "CopyJob".into(),
-        name: job.name_any(),
-        uid: job.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    }
-}
-
 fn made_for(meta: &ObjectMeta, job: &CopyJob) -> bool {
     let uid = job.uid();
     meta.owner_references
@@ -99,7 +88,7 @@ fn snapshot_of_claim(job: &CopyJob, claim: &str) -> DynamicObject {
     );
     obj.metadata.namespace = job.namespace();
     obj.metadata.labels = Some(labels(job));
-    obj.metadata.owner_references = Some(vec![owner(job)]);
+    obj.metadata.owner_references = Some(vec![crate::holder::owned_by(job)]);
     obj.data = json!({ "spec": spec });
     obj
 }
@@ -117,7 +106,7 @@ pub fn claim_for(job: &CopyJob, snapshot: &str, class: &str, size: &str) -> Pers
                 "ferry.dev/copyjob".to_string(),
                 job.name_any(),
             )])),
-            owner_references: Some(vec![owner(job)]),
+            owner_references: Some(vec![crate::holder::owned_by(job)]),
             ..Default::default()
         },
         spec: Some(PersistentVolumeClaimSpec {

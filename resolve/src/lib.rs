@@ -384,13 +384,9 @@ pub async fn unmounted_claims(
     ns: &str,
     job: &CopyJob,
 ) -> Result<Vec<Unmounted>, kube::Error> {
-    let ends = [
-        ("spec.source", &job.spec.source, false),
-        ("spec.destination", &job.spec.destination, true),
-    ];
     let mut csi = Vec::new();
     let uid = job.metadata.uid.as_deref().unwrap_or_default();
-    for (field, e, destination) in ends {
+    for (field, e, destination) in ends(job) {
         if e.pvc.is_none() && e.snapshot.is_none() {
             continue;
         }
@@ -547,58 +543,50 @@ pub async fn reach_both(
     ns: &str,
     job: &CopyJob,
 ) -> Result<Result<(Reach, Reach), Blocked>, kube::Error> {
-    if let Err(refusal) = validate::validate(&job.spec) {
-        return Ok(Err(Blocked {
-            condition: ConditionType::Accepted,
-            reason: refusal.reason,
-            message: refusal.message,
-        }));
+    if let Some(b) = refused(job) {
+        return Ok(Err(b));
     }
     let uid = job.metadata.uid.as_deref().unwrap_or_default();
-    let source = match reach(client, ns, "spec.source", &job.spec.source, false, uid).await? {
+    let [(sf, src, sd), (df, dst, dd)] = ends(job);
+    let source = match reach(client, ns, sf, src, sd, uid).await? {
         Err(b) => return Ok(Err(b)),
         Ok(src) => src,
     };
-    match reach(
-        client,
-        ns,
-        "spec.destination",
-        &job.spec.destination,
-        true,
-        uid,
-    )
-    .await?
-    {
-        Err(b) => Ok(Err(b)),
-        Ok(dst) => Ok(Ok((source, dst))),
-    }
+    Ok(reach(client, ns, df, dst, dd, uid)
+        .await?
+        .map(|dst| (source, dst)))
+}
+
+/// The job's spec refused by validation, as a `Blocked`.
+fn refused(job: &CopyJob) -> Option<Blocked> {
+    validate::validate(&job.spec).err().map(|refusal| Blocked {
+        condition: ConditionType::Accepted,
+        reason: refusal.reason,
+        message: refusal.message,
+    })
+}
+
+/// The job's endpoints: field name, endpoint, whether it is the destination.
+fn ends(job: &CopyJob) -> [(&'static str, &Endpoint, bool); 2] {
+    [
+        ("spec.source", &job.spec.source, false),
+        ("spec.destination", &job.spec.destination, true),
+    ]
 }
 
 /// Validate the spec and resolve both endpoints: [`Endpoints::Resolved`], or
 /// [`Endpoints::Blocked`] with why it cannot go on.
 pub async fn check(client: &Client, ns: &str, job: &CopyJob) -> Result<Endpoints, kube::Error> {
-    if let Err(refusal) = validate::validate(&job.spec) {
-        return Ok(Endpoints::Blocked(Blocked {
-            condition: ConditionType::Accepted,
-            reason: refusal.reason,
-            message: refusal.message,
-        }));
+    if let Some(b) = refused(job) {
+        return Ok(Endpoints::Blocked(b));
     }
     let uid = job.metadata.uid.as_deref().unwrap_or_default();
-    let source = match resolve(client, ns, "spec.source", &job.spec.source, false, uid).await? {
+    let [(sf, src, sd), (df, dst, dd)] = ends(job);
+    let source = match resolve(client, ns, sf, src, sd, uid).await? {
         Err(b) => return Ok(Endpoints::Blocked(b)),
         Ok(src) => src,
     };
-    let destination = match resolve(
-        client,
-        ns,
-        "spec.destination",
-        &job.spec.destination,
-        true,
-        uid,
-    )
-    .await?
-    {
+    let destination = match resolve(client, ns, df, dst, dd, uid).await? {
         Err(b) => return Ok(Endpoints::Blocked(b)),
         Ok(dst) => dst,
     };

@@ -44,15 +44,7 @@ fn user_pod(tier: &KubeTier, ns: &str, name: &str, claim: &str) -> Result<()> {
     tier.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n  securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}\n  containers:\n  - name: app\n    image: {image}\n    args: [pause]\n    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  volumes:\n  - {{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}\n"
     ))?;
-    tier.kubectl_ok(&[
-        "wait",
-        "--for=condition=Ready",
-        &format!("pod/{name}"),
-        "-n",
-        ns,
-        "--timeout=90s",
-    ])
-    .map(drop)
+    tier.wait_pod_ready(ns, name, 90)
 }
 
 /// A CopyJob in `default` from claim `src` (path `data`) to claim `dst` (path `copy`).
