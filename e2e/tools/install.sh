@@ -318,9 +318,10 @@ csi_sidecar() {
   shift 3
   if [[ $1 != -- ]]; then client=$1; shift; fi
   shift
-  local dir=$FERRY_TOOLS/csi/$name-$version cmd missing=()
+  local dir=$FERRY_TOOLS/csi/$name-$version cmd missing=() crds=no
   for cmd in "$@"; do [[ -x $dir/bin/$cmd ]] || missing+=("$cmd"); done
-  ((${#missing[@]})) || return 0
+  [[ -z $client || -f $dir/crds/snapshot.storage.k8s.io_volumesnapshots.yaml ]] || crds=yes
+  ((${#missing[@]})) || [[ $crds == yes ]] || return 0
   log "downloading $module@$version"
   local mod src=$dir/src
   mod=$(json_field Dir <<<"$(mod_download "$module@$version")")
@@ -337,8 +338,9 @@ csi_sidecar() {
       go -C "$src" build -p 2 -trimpath -ldflags "-s -w -X main.version=$version" -o "$tmp" "./cmd/$cmd"
     mv -f "$tmp" "$dir/bin/$cmd"
   done
-  if [[ -n $client ]]; then
-    # The snapshot CRDs; groupsnapshot ones too, though v8.4 leaves group snapshots off.
+  if [[ $crds == yes ]]; then
+    # The three snapshot.storage.k8s.io CRDs (not the groupsnapshot ones: v8.4 leaves group
+    # snapshots off). Copied whole, then renamed into place.
     rm -rf "$dir/crds.tmp"
     mkdir -p "$dir/crds.tmp"
     cp "$src"/client/config/crd/snapshot.storage.k8s.io_*.yaml "$dir/crds.tmp/"

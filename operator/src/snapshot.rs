@@ -196,9 +196,9 @@ pub async fn prepare(
     if source_claim.is_some() && !made_for(&snapshot.metadata, job) {
         return Ok(Some(blocked(Reason::SnapshotNotReady, format!("VolumeSnapshot {name:?} exists but was not made by Ferry for this job; delete it, or name it in spec.source.snapshot"))));
     }
-    let status = snapshot.data.get("status").cloned().unwrap_or(Value::Null);
+    let status = snapshot.data.get("status").unwrap_or(&Value::Null);
     if status.get("readyToUse").and_then(Value::as_bool) != Some(true) {
-        let why = str_at(&status, &["error", "message"])
+        let why = str_at(status, &["error", "message"])
             .map(|m| format!("its error: {m}"))
             .unwrap_or_else(|| "waiting for the snapshot controller and the CSI driver".into());
         return Ok(Some(blocked(
@@ -208,15 +208,16 @@ pub async fn prepare(
     }
     // Bound both ways: its content names this very snapshot (a tenant's VolumeSnapshot may
     // name any content; only the content, which the tenant cannot write, says whose it is).
-    let content_name = str_at(&status, &["boundVolumeSnapshotContentName"]).unwrap_or_default();
-    let content = match contents(client).get_opt(content_name).await? {
-        Some(c) if !content_name.is_empty() => c,
-        _ => {
-            return Ok(Some(blocked(
-                Reason::SnapshotNotReady,
-                format!("VolumeSnapshot {name:?} is bound to no VolumeSnapshotContent yet"),
-            )))
-        }
+    // An empty name would make the GET a list of every content.
+    let content = match str_at(status, &["boundVolumeSnapshotContentName"]) {
+        Some(n) if !n.is_empty() => contents(client).get_opt(n).await?,
+        _ => None,
+    };
+    let Some(content) = content else {
+        return Ok(Some(blocked(
+            Reason::SnapshotNotReady,
+            format!("VolumeSnapshot {name:?} is bound to no VolumeSnapshotContent yet"),
+        )));
     };
     let back = content.data.pointer("/spec/volumeSnapshotRef");
     let names_it = back.is_some_and(|r| {
@@ -228,11 +229,11 @@ pub async fn prepare(
         return Ok(Some(Blocked {
             condition: ConditionType::Accepted,
             reason: Reason::CrossNamespace,
-            message: format!("spec.source.snapshot: VolumeSnapshotContent {content_name:?} is not bound to VolumeSnapshot {name:?} of namespace {ns:?}; use a snapshot the snapshot controller bound to its content"),
+            message: format!("spec.source.snapshot: VolumeSnapshotContent {:?} is not bound to VolumeSnapshot {name:?} of namespace {ns:?}; use a snapshot the snapshot controller bound to its content", content.name_any()),
         }));
     }
     let driver = str_at(&content.data, &["spec", "driver"]).unwrap_or_default();
-    let Some(size) = str_at(&status, &["restoreSize"])
+    let Some(size) = str_at(status, &["restoreSize"])
         .map(String::from)
         .or_else(|| {
             source_claim.as_ref().and_then(|c| {
@@ -359,7 +360,7 @@ pub async fn release(client: &Client, ns: &str, job: &CopyJob) -> Result<(), kub
     if job.spec.source.snapshot.is_none() {
         let api = snapshots(client, ns);
         let taken = ferry_resolve::taken_snapshot(&uid);
-        if let Some(s) = gone(api.get_opt(&taken).await)?.flatten() {
+        if let Some(s) = api.get_opt(&taken).await? {
             if made_for(&s.metadata, job) {
                 gone(api.delete(&taken, &Default::default()).await.map(drop))?;
                 tracing::info!(job = %job.name_any(), snapshot = %taken, "deleted the snapshot it took");

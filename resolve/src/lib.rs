@@ -43,7 +43,9 @@ pub enum Endpoints {
 pub enum Reach {
     Direct(Volume),
     Csi {
-        pv_name: String,
+        /// Its volume; `None` for a claim of a `WaitForFirstConsumer` class not bound yet
+        /// (a holder pod is the consumer it waits for; nothing can be copied before).
+        pv_name: Option<String>,
         claim: String,
         /// A `ReadWriteOncePod` claim: only one pod may use it, so Ferry reaches it only
         /// through its own holder, never through a user's pod.
@@ -80,7 +82,7 @@ async fn reach_pvc(
         // that no pod mounts.
         if waits_for_first_consumer(client, &pvc).await? {
             return Ok(Ok(Reach::Csi {
-                pv_name: String::new(),
+                pv_name: None,
                 claim: claim.to_string(),
                 exclusive: exclusive(&pvc),
             }));
@@ -112,7 +114,7 @@ async fn reach_pvc(
     match volume::from_pv(&pv) {
         Ok(PvAccess::Direct(v)) => Ok(Ok(Reach::Direct(v))),
         Ok(PvAccess::Csi) => Ok(Ok(Reach::Csi {
-            pv_name,
+            pv_name: Some(pv_name),
             claim: claim.to_string(),
             exclusive: exclusive(&pvc),
         })),
@@ -142,24 +144,20 @@ async fn through_a_pod(
     client: &Client,
     ns: &str,
     field: &str,
-    pv_name: &str,
+    pv_name: Option<&str>,
     claim: &str,
     exclusive: bool,
     job_uid: &str,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
-    let not_mounted = || Blocked {
+    let not_mounted = |message| Blocked {
         condition: ConditionType::Resolved,
         reason: Reason::VolumeNotMounted,
-        message: if pv_name.is_empty() {
-            format!("{field}.pvc: claim {claim:?} waits for its first consumer (its StorageClass binds volumes only for a scheduled pod); start a pod in namespace {ns:?} that mounts it (a pause pod is enough) and Ferry will copy on that pod's node")
-        } else {
-            format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node")
-        },
+        message,
     };
     // Not bound yet when the claim was read: the next look finds its volume.
-    if pv_name.is_empty() {
-        return Ok(Err(not_mounted()));
-    }
+    let Some(pv_name) = pv_name else {
+        return Ok(Err(not_mounted(format!("{field}.pvc: claim {claim:?} waits for its first consumer (its StorageClass binds volumes only for a scheduled pod); start a pod in namespace {ns:?} that mounts it (a pause pod is enough) and Ferry will copy on that pod's node"))));
+    };
     let pods = Api::<Pod>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await?;
@@ -176,8 +174,9 @@ async fn through_a_pod(
         }
     }
     Ok(
-        volume::from_csi_mount(&volume::kubelet_dir(), pv_name, claim, &pods.items)
-            .ok_or_else(not_mounted),
+        volume::from_csi_mount(&volume::kubelet_dir(), pv_name, claim, &pods.items).ok_or_else(
+            || not_mounted(format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node")),
+        ),
     )
 }
 
@@ -361,7 +360,18 @@ async fn resolve(
             pv_name,
             claim,
             exclusive,
-        }) => through_a_pod(client, ns, field, &pv_name, &claim, exclusive, job_uid).await,
+        }) => {
+            through_a_pod(
+                client,
+                ns,
+                field,
+                pv_name.as_deref(),
+                &claim,
+                exclusive,
+                job_uid,
+            )
+            .await
+        }
     }
 }
 

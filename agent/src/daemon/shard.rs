@@ -316,13 +316,14 @@ async fn own(
                 what,
                 node: me.to_string(),
             }),
-            Reach::Csi { pv_name, .. } if is_csi_mount(assigned, &kubelet_dir, pv_name) => {
-                Ok(assigned.to_string())
-            }
+            Reach::Csi {
+                pv_name: Some(pv), ..
+            } if is_csi_mount(assigned, &kubelet_dir, pv) => Ok(assigned.to_string()),
+            // Not its volume's mount, or a claim not bound to a volume yet.
             Reach::Csi { pv_name, .. } => Err(ShardError::NotTheVolume {
                 what,
                 path: assigned.to_string(),
-                pv: pv_name.clone(),
+                pv: pv_name.clone().unwrap_or_default(),
             }),
         }
     };

@@ -54,8 +54,7 @@ fn job(tier: &KubeTier, name: &str, src: &str, dst: &str) -> Result<()> {
     ))
 }
 
-/// Until no holder pod is left in `ns` and no volume is attached anywhere (the
-/// VolumeAttachments csi-attacher made are gone once nothing mounts the volumes).
+/// Until no holder pod is left in `ns`.
 fn all_let_go(tier: &KubeTier, ns: &str) -> Result<()> {
     wait_for("no holder pod left", Duration::from_secs(60), || {
         tier.kubectl_ok(&["get", "pods", "-n", ns, "-l", HOLDER, "-o", "name"])
@@ -69,8 +68,13 @@ fn all_let_go(tier: &KubeTier, ns: &str) -> Result<()> {
     })
 }
 
-/// Until no VolumeAttachment is left whose volume is in `pvs`.
-fn detached(tier: &KubeTier, pvs: &[&str]) -> Result<()> {
+/// Until no VolumeAttachment is left for the volumes of `claims` in `default` (those
+/// csi-attacher made are gone once nothing mounts the volumes).
+fn detached(tier: &KubeTier, claims: &[&str]) -> Result<()> {
+    let pvs = claims
+        .iter()
+        .map(|c| tier.get(&format!("pvc/{c}"), "default", "{.spec.volumeName}"))
+        .collect::<Result<Vec<_>>>()?;
     let attached = || -> Result<Vec<String>> {
         let all = tier.kubectl_ok(&[
             "get",
@@ -80,7 +84,7 @@ fn detached(tier: &KubeTier, pvs: &[&str]) -> Result<()> {
         ])?;
         Ok(all
             .lines()
-            .filter(|pv| pvs.contains(pv))
+            .filter(|pv| pvs.iter().any(|p| p == pv))
             .map(String::from)
             .collect())
     };
@@ -90,8 +94,16 @@ fn detached(tier: &KubeTier, pvs: &[&str]) -> Result<()> {
     .with_context(|| format!("still attached: {:?}", attached()))
 }
 
-fn pv_of(tier: &KubeTier, ns: &str, claim: &str) -> Result<String> {
-    tier.get(&format!("pvc/{claim}"), ns, "{.spec.volumeName}")
+/// Until job `name` in `default` waits with `reason`; its condition's message.
+fn waits_with(tier: &KubeTier, name: &str, reason: &str) -> Result<String> {
+    let said = tier.wait_until(
+        &format!("copyjob/{name}"),
+        "default",
+        "{.status.conditions[?(@.type==\"Resolved\")].reason}: {.status.conditions[?(@.type==\"Resolved\")].message}",
+        Duration::from_secs(60),
+        |m| m.starts_with(&format!("{reason}: ")),
+    )?;
+    Ok(said[reason.len() + 2..].to_string())
 }
 
 /// Two claims no pod mounts, one Immediate, one WaitForFirstConsumer (not even provisioned
@@ -130,11 +142,7 @@ pub fn claims_no_pod_mounts(tier: &KubeTier, _: &Path) -> Result<()> {
         );
     }
     all_let_go(tier, "default")?;
-    let pvs = [
-        pv_of(tier, "default", "held-src")?,
-        pv_of(tier, "default", "held-dst")?,
-    ];
-    detached(tier, &[&pvs[0], &pvs[1]])?;
+    detached(tier, &["held-src", "held-dst"])?;
     Ok(())
 }
 
@@ -192,13 +200,7 @@ pub fn exclusive_claim_in_use(tier: &KubeTier, _: &Path) -> Result<()> {
     dated_tree(&src, 50)?;
     user_pod(tier, "default", "solo-user", "solo")?;
     job(tier, "from-solo", "solo", "solo-copy")?;
-    let message = tier.wait_until(
-        "copyjob/from-solo",
-        "default",
-        "{.status.conditions[?(@.type==\"Resolved\")].reason}: {.status.conditions[?(@.type==\"Resolved\")].message}",
-        Duration::from_secs(60),
-        |m| m.starts_with("VolumeInUse: "),
-    )?;
+    let message = waits_with(tier, "from-solo", "VolumeInUse")?;
     ensure!(
         message.contains("pod \"solo-user\"") && message.contains("stop that pod"),
         "the message does not say which pod to stop: {message}"
@@ -234,13 +236,7 @@ pub fn other_namespaces_claim(tier: &KubeTier, _: &Path) -> Result<()> {
     job(tier, "steal", "secrets", "stolen")?;
     tier.apply("apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata: {name: theirs, namespace: other-team}\nspec: {source: {persistentVolumeClaimName: secrets}}\n")?;
     tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: steal-snapshot, namespace: default}\nspec:\n  source: {snapshot: theirs}\n  destination: {pvc: stolen, path: copy}\n")?;
-    let message = tier.wait_until(
-        "copyjob/steal-snapshot",
-        "default",
-        "{.status.conditions[?(@.type==\"Resolved\")].reason}: {.status.conditions[?(@.type==\"Resolved\")].message}",
-        Duration::from_secs(60),
-        |m| m.starts_with("SnapshotNotFound: "),
-    )?;
+    let message = waits_with(tier, "steal-snapshot", "SnapshotNotFound")?;
     ensure!(
         message.contains("snapshots of other namespaces cannot be used"),
         "{message}"
@@ -263,13 +259,7 @@ pub fn other_namespaces_claim(tier: &KubeTier, _: &Path) -> Result<()> {
         "default",
         "--wait=true",
     ])?;
-    let message = tier.wait_until(
-        "copyjob/steal",
-        "default",
-        "{.status.conditions[?(@.type==\"Resolved\")].reason}: {.status.conditions[?(@.type==\"Resolved\")].message}",
-        Duration::from_secs(60),
-        |m| m.starts_with("PVCNotFound: "),
-    )?;
+    let message = waits_with(tier, "steal", "PVCNotFound")?;
     ensure!(
         message.contains("other namespaces cannot be used"),
         "{message}"
@@ -324,11 +314,7 @@ pub fn deleted_mid_copy(tier: &KubeTier, _: &Path) -> Result<()> {
     ])?;
     all_let_go(tier, "default")?;
     snapshot_objects_gone(tier, &uid)?;
-    let pvs = [
-        pv_of(tier, "default", "slow-src")?,
-        pv_of(tier, "default", "slow-dst")?,
-    ];
-    detached(tier, &[&pvs[0], &pvs[1]])?;
+    detached(tier, &["slow-src", "slow-dst"])?;
     ensure!(tree_meta(&src)? == before, "the source changed");
     for c in ["slow-src", "slow-dst"] {
         ensure!(
