@@ -88,6 +88,13 @@ impl Default for Parallelism {
     }
 }
 
+// The cost bounds of a pattern list (crate::filter's MAX_LIST_BYTES and MAX_WILDCARDS),
+// at admission; the controller checks the same before it compiles anything.
+const PATTERN_BYTES_RULE: &str = "self.map(p, size(p)).sum() <= 16384";
+const PATTERN_BYTES_MESSAGE: &str = "the patterns of a list may have at most 16384 bytes in all: use fewer or shorter patterns (a directory pattern such as cache/ covers everything beneath it)";
+const PATTERN_WILDCARDS_RULE: &str = "self.map(p, size(p.findAll('[*?\\\\[]'))).sum() <= 1024";
+const PATTERN_WILDCARDS_MESSAGE: &str = "the patterns of a list may have at most 1024 wildcards (*, ? and [, escaped or not) in all: each costs memory to compile, so use fewer";
+
 /// A copy of one tree (or file) from `source` to `destination`, carried out by Ferry's
 /// node agents.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -144,16 +151,21 @@ pub struct CopyJobSpec {
     /// whose parent directory does (gitignore syntax, relative to the source path: `*.csv`
     /// at any depth, `/top.txt` anchored, `data/**/*.bin`, `keep/` for a directory).
     /// Directories are walked and made whatever this says. Empty: everything. At most 256
-    /// patterns of at most 4096 bytes each.
+    /// patterns of at most 4096 bytes each, 16384 bytes and 1024 wildcards (`*`, `?`, `[`)
+    /// in all: what compiling them costs the operator is bounded, not only their size.
     #[serde(default)]
     #[schemars(length(max = 256), inner(length(max = 4096)))]
+    #[x_kube(validation = Rule::new(PATTERN_BYTES_RULE).message(PATTERN_BYTES_MESSAGE))]
+    #[x_kube(validation = Rule::new(PATTERN_WILDCARDS_RULE).message(PATTERN_WILDCARDS_MESSAGE))]
     pub include: Vec<String>,
     /// Skip what matches one of these patterns (gitignore syntax, relative to the source
     /// path; `cache/` a directory, `*.tmp` at any depth, `!keep.tmp` takes an earlier one
     /// back); a matching directory is not entered. Wins over include. At most 256 patterns
-    /// of at most 4096 bytes each.
+    /// of at most 4096 bytes each, 16384 bytes and 1024 wildcards (`*`, `?`, `[`) in all.
     #[serde(default)]
     #[schemars(length(max = 256), inner(length(max = 4096)))]
+    #[x_kube(validation = Rule::new(PATTERN_BYTES_RULE).message(PATTERN_BYTES_MESSAGE))]
+    #[x_kube(validation = Rule::new(PATTERN_WILDCARDS_RULE).message(PATTERN_WILDCARDS_MESSAGE))]
     pub exclude: Vec<String>,
     /// Mirror: after a copy without failures, remove from the destination path what the
     /// source path lacks (rsync's `--delete-after`). Only beneath the destination path,
@@ -675,6 +687,38 @@ pub struct StorageRootSpec {
     /// Never a destination.
     #[serde(default)]
     pub read_only: bool,
+    /// As a destination, keep a source's privileged files: device nodes (made with mknod),
+    /// the setuid and setgid bits of files, and file capabilities (the
+    /// `security.capability` attribute). Default false: they are dropped, because each
+    /// lets whoever wrote the source act with privileges wherever this root is mounted (a
+    /// device node opens the node's hardware; a setuid or capable program runs with them):
+    /// a device node is not made (that entry fails with PermissionDenied, saying so),
+    /// setuid and setgid bits are cleared (a directory keeps its setgid bit), capabilities
+    /// are not copied. A job whose destination is a claim keeps them only when its source
+    /// is its own claim or snapshot (they are the tenant's files already). Even kept,
+    /// setuid/setgid bits and capabilities are dropped from a copy whose owner could not
+    /// be kept, as GNU cp does.
+    #[serde(default)]
+    pub allow_privileged_files: bool,
+}
+
+/// [`StorageRootSpec::allow_privileged_files`] as messages name it (a test checks it is the
+/// field's JSON name).
+pub const ALLOW_PRIVILEGED_FILES: &str = "spec.allowPrivilegedFiles: true";
+
+impl CopyJobSpec {
+    /// Whether this job's copy keeps a source's privileged files (device nodes,
+    /// setuid/setgid bits, file capabilities): into a root, when its StorageRoot
+    /// (`dst_root`, the destination's, if the destination is a root) allows them; into a
+    /// claim, only from the job's own claim or snapshot, whose files the tenant has already.
+    pub fn keeps_privileged_files(&self, dst_root: Option<&StorageRootSpec>) -> bool {
+        match (&self.destination.root, dst_root) {
+            (Some(_), Some(root)) => root.allow_privileged_files,
+            // A root that could not be read allows nothing.
+            (Some(_), None) => false,
+            (None, _) => self.source.root.is_none(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -732,6 +776,52 @@ mod tests {
         for t in crate::ConditionType::ALL {
             assert!(crd.contains(t.as_str()), "{t}");
         }
+    }
+
+    #[test]
+    fn privileged_files_are_kept_only_where_a_root_allows_them_or_a_claim_copies_its_own() {
+        let spec = |src: Endpoint, dst: Endpoint| -> CopyJobSpec {
+            serde_json::from_value(serde_json::json!({
+                "source": src,
+                "destination": dst,
+            }))
+            .expect("a spec")
+        };
+        let root = |n: &str| Endpoint {
+            root: Some(n.into()),
+            ..Endpoint::default()
+        };
+        let pvc = |n: &str| Endpoint {
+            pvc: Some(n.into()),
+            ..Endpoint::default()
+        };
+        let snapshot = Endpoint {
+            snapshot: Some("snap".into()),
+            ..Endpoint::default()
+        };
+        let mut allows: StorageRootSpec =
+            serde_json::from_value(serde_json::json!({"path": "/data", "shared": true}))
+                .expect("a root");
+        let denies = allows.clone();
+        allows.allow_privileged_files = true;
+        // Into a root: as the root says, whatever the source.
+        for src in [root("a"), pvc("c"), snapshot.clone()] {
+            let job = spec(src, root("b"));
+            assert!(job.keeps_privileged_files(Some(&allows)));
+            assert!(!job.keeps_privileged_files(Some(&denies)));
+            assert!(!job.keeps_privileged_files(None));
+        }
+        // Into a claim: only from the job's own claim or snapshot.
+        assert!(spec(pvc("c"), pvc("d")).keeps_privileged_files(None));
+        assert!(spec(snapshot, pvc("d")).keeps_privileged_files(None));
+        assert!(!spec(root("a"), pvc("d")).keeps_privileged_files(Some(&allows)));
+        // The name messages give the field is its JSON name, and it defaults to false.
+        let json = serde_json::to_value(&denies).expect("serialize");
+        let field = ALLOW_PRIVILEGED_FILES
+            .strip_prefix("spec.")
+            .and_then(|f| f.strip_suffix(": true"))
+            .expect("spec.<field>: true");
+        assert_eq!(json[field], serde_json::json!(false));
     }
 
     #[test]

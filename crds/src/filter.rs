@@ -30,6 +30,18 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 pub const MAX_PATTERNS: usize = 256;
 /// At most this many bytes in a pattern.
 pub const MAX_PATTERN_BYTES: usize = 4096;
+/// At most this many bytes in all the patterns of a list together. What compiling costs
+/// grows with the bytes and the wildcards of a list, not with its number of patterns: 256
+/// patterns of 4000 literal bytes each took ~110 MiB and 0.45 s to compile; 16 KiB a list
+/// keeps the most expensive list at a few MiB (see `MAX_WILDCARDS`).
+pub const MAX_LIST_BYTES: usize = 16 * 1024;
+/// At most this many `*`, `?` and `[` characters in a list (counted whether escaped or
+/// not, as the CRD's rule counts them). Each wildcard is a regex repetition or class: 256
+/// patterns of 2000 `*a` took the operator from 31 to ~620 MiB and 4-7 s of CPU. At the
+/// bounds of this list and [`MAX_LIST_BYTES`] the costliest pair of lists measured
+/// compiles in ~80 ms and ~11 MiB (release build; `tests/pattern_cost.rs` holds it under
+/// 32 MiB).
+pub const MAX_WILDCARDS: usize = 1024;
 
 /// The compiled `include` and `exclude` lists; the default selects everything.
 #[derive(Debug, Clone, Default)]
@@ -112,6 +124,27 @@ fn compile(list: &'static str, patterns: &[String]) -> Result<Option<Gitignore>,
             ),
         });
     }
+    // The cost bounds, before anything is compiled: a refusal costs a scan of the text.
+    let bytes: usize = patterns.iter().map(String::len).sum();
+    if bytes > MAX_LIST_BYTES {
+        return Err(BadPattern {
+            list,
+            pattern: String::new(),
+            problem: format!(
+                "has {bytes} bytes of patterns; at most {MAX_LIST_BYTES} are allowed in a list: use fewer or shorter patterns (a directory pattern such as `cache/` covers everything beneath it)"
+            ),
+        });
+    }
+    let wildcards = patterns.iter().map(|p| wildcards(p)).sum::<usize>();
+    if wildcards > MAX_WILDCARDS {
+        return Err(BadPattern {
+            list,
+            pattern: String::new(),
+            problem: format!(
+                "has {wildcards} wildcards (`*`, `?` and `[`); at most {MAX_WILDCARDS} are allowed in a list: each one costs memory to compile, so use fewer (`**` spans directories, `*.log` matches at any depth)"
+            ),
+        });
+    }
     // Relative to nothing: the walk passes paths relative to the source path.
     let mut builder = GitignoreBuilder::new("");
     for p in patterns {
@@ -162,6 +195,15 @@ fn compile(list: &'static str, patterns: &[String]) -> Result<Option<Gitignore>,
         problem: format!("does not compile: {e}"),
     })?;
     Ok(Some(matcher))
+}
+
+/// The `*`, `?` and `[` characters of `pattern`, escaped or not: what [`MAX_WILDCARDS`]
+/// bounds (the CRD's CEL rule counts the same characters).
+pub fn wildcards(pattern: &str) -> usize {
+    pattern
+        .bytes()
+        .filter(|b| matches!(b, b'*' | b'?' | b'['))
+        .count()
 }
 
 #[cfg(test)]

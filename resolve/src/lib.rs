@@ -569,11 +569,14 @@ pub async fn reach_both(
 
 /// The job's spec refused by validation, as a `Blocked`.
 fn refused(job: &CopyJob) -> Option<Blocked> {
-    validate::validate(&job.spec).err().map(|refusal| Blocked {
-        condition: ConditionType::Accepted,
-        reason: refusal.reason,
-        message: refusal.message,
-    })
+    let generation = job.metadata.generation;
+    validate::validate_memo(job.metadata.uid.as_deref(), generation, &job.spec)
+        .err()
+        .map(|refusal| Blocked {
+            condition: ConditionType::Accepted,
+            reason: refusal.reason,
+            message: refusal.message,
+        })
 }
 
 /// The job's endpoints: field name, endpoint, whether it is the destination.

@@ -3,6 +3,10 @@
 //! must not open a hole) and adds what CEL cannot express. Each refusal has a stable
 //! reason for the `Accepted=False` condition and a message that says what to change.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Mutex, OnceLock};
+
 use ferry_crds::{CopyJobSpec, CopyMethod, Endpoint, Reason, MAX_WORKERS, STATE_DIR};
 
 /// A refused spec: the condition reason (PathEscape: a path is absolute, climbs out with
@@ -145,6 +149,84 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
         }
     }
     Ok(())
+}
+
+/// Results computed from a stored object's spec, remembered by the object's uid and
+/// generation (a spec does not change without its generation). A reconcile runs on every
+/// status update, and compiling a job's patterns each time would cost the operator up to
+/// ~80 ms of CPU a reconcile for a job at the pattern bounds; a cron expression that
+/// never comes due costs ~100 ms to search. At most [`MEMO_ENTRIES`] are kept; past that
+/// the memo starts over (it is a cache, never a record).
+#[derive(Debug)]
+pub struct Memo<V> {
+    known: Mutex<Option<HashMap<MemoKey, V>>>,
+    /// Keys of the spec's hash: random a process, so a tenant cannot aim at a collision.
+    keys: OnceLock<RandomState>,
+}
+
+/// An object's uid and generation, and its spec's hash.
+type MemoKey = (String, i64, u64);
+
+/// At most this many results are remembered by a [`Memo`] (a refusal's message is at
+/// most a few hundred bytes: well under a MiB in all).
+pub const MEMO_ENTRIES: usize = 4096;
+
+impl<V: Clone> Memo<V> {
+    pub const fn new() -> Self {
+        Self {
+            known: Mutex::new(None),
+            keys: OnceLock::new(),
+        }
+    }
+
+    /// `compute()`'s result for `spec` of the object `uid` at `generation`, computed once;
+    /// computed every time for an object not stored yet (no uid or generation). The spec's
+    /// hash is part of the key too, so an object changed in memory without a new
+    /// generation (a test's fixture) is not answered for its old spec.
+    pub fn get<S: serde::Serialize>(
+        &self,
+        uid: Option<&str>,
+        generation: Option<i64>,
+        spec: &S,
+        compute: impl FnOnce() -> V,
+    ) -> V {
+        let (Some(uid), Some(generation), Ok(text)) = (uid, generation, serde_json::to_vec(spec))
+        else {
+            return compute();
+        };
+        let hash = self.keys.get_or_init(RandomState::new).hash_one(&text);
+        let key = (uid.to_string(), generation, hash);
+        let lock = || self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = lock().as_ref().and_then(|m| m.get(&key)) {
+            return known.clone();
+        }
+        // Computed outside the lock: another object's validation does not wait for this.
+        let value = compute();
+        let mut known = lock();
+        let known = known.get_or_insert_with(Default::default);
+        if known.len() >= MEMO_ENTRIES {
+            known.clear();
+        }
+        known.insert(key, value.clone());
+        value
+    }
+}
+
+impl<V: Clone> Default for Memo<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// [`validate`] of a stored object's spec (a CopyJob's, or a CopySchedule's template),
+/// through a [`Memo`].
+pub fn validate_memo(
+    uid: Option<&str>,
+    generation: Option<i64>,
+    spec: &CopyJobSpec,
+) -> Result<(), Refusal> {
+    static MEMO: Memo<Result<(), Refusal>> = Memo::new();
+    MEMO.get(uid, generation, spec, || validate(spec))
 }
 
 /// The least `spec.transfer.bandwidthLimit` taken (bytes a second), as the CRD's rule says.
@@ -405,4 +487,24 @@ mod tests {
             assert!(ferry_crds::parse_rate(bad).is_err(), "{bad}");
         }
     }
+
+    #[test]
+    fn a_stored_spec_is_validated_once_a_generation() {
+        let memo: Memo<usize> = Memo::new();
+        let calls = std::cell::Cell::new(0);
+        let count = || {
+            calls.set(calls.get() + 1);
+            calls.get()
+        };
+        let a = spec(root("r", "a"), root("r", "b"));
+        assert_eq!(memo.get(Some("u1"), Some(1), &a, count), 1);
+        assert_eq!(memo.get(Some("u1"), Some(1), &a, count), 1, "remembered");
+        assert_eq!(memo.get(Some("u1"), Some(2), &a, count), 2, "a new generation");
+        assert_eq!(memo.get(Some("u2"), Some(1), &a, count), 3, "another object");
+        let b = spec(root("r", "c"), root("r", "b"));
+        assert_eq!(memo.get(Some("u1"), Some(1), &b, count), 4, "another spec");
+        assert_eq!(memo.get(None, Some(1), &a, count), 5, "not stored yet");
+        assert_eq!(memo.get(None, Some(1), &a, count), 6, "not stored yet");
+    }
+
 }

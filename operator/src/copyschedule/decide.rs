@@ -21,7 +21,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::cron::Schedule;
 use crate::status::condition;
-use crate::validate::Refusal;
+use crate::validate::{Memo, Refusal};
 
 /// The longest wait between two looks at a schedule, whatever its next time: an edit is
 /// seen at once (it is watched), but a clock that jumps is not.
@@ -148,6 +148,16 @@ pub fn owned_by(schedule: &CopySchedule, job: &CopyJob) -> bool {
 /// field and the fix. The template is checked by the CopyJob's own rules, with its fields
 /// named where they are in a CopySchedule.
 pub fn validate(schedule: &CopySchedule) -> Result<Schedule, Refusal> {
+    // Compiled once a generation: a template's patterns and a cron expression that never
+    // comes due each cost up to ~100 ms (see ferry_resolve::validate::Memo).
+    static MEMO: Memo<Result<Schedule, Refusal>> = Memo::new();
+    let meta = &schedule.metadata;
+    MEMO.get(meta.uid.as_deref(), meta.generation, &schedule.spec, || {
+        checked(schedule)
+    })
+}
+
+fn checked(schedule: &CopySchedule) -> Result<Schedule, Refusal> {
     let spec = &schedule.spec;
     let timing = Schedule::new(&spec.schedule, &spec.time_zone)?;
     for (field, value) in [
