@@ -114,14 +114,14 @@ const PATTERN_WILDCARDS_MESSAGE: &str = "the patterns of a list may have at most
     printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.progress.eta"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new(
-        "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase == 'Pending' || \
+        "!has(oldSelf.status) || ((!has(oldSelf.status.phase) || oldSelf.status.phase == 'Pending') && (!has(oldSelf.status.shards) || size(oldSelf.status.shards) == 0)) || \
          (self.spec.source == oldSelf.spec.source && self.spec.destination == oldSelf.spec.destination && \
           self.spec.reflink == oldSelf.spec.reflink && self.spec.verify == oldSelf.spec.verify && \
           self.spec.overwrite == oldSelf.spec.overwrite && self.spec.compare == oldSelf.spec.compare && self.spec.preserve == oldSelf.spec.preserve && \
           self.spec.include == oldSelf.spec.include && self.spec.exclude == oldSelf.spec.exclude && \
           self.spec.deleteExtraneous == oldSelf.spec.deleteExtraneous && self.spec.deleteExcluded == oldSelf.spec.deleteExcluded && \
           self.spec.dryRun == oldSelf.spec.dryRun && self.spec.transfer == oldSelf.spec.transfer)"
-    ).message("a started CopyJob's spec cannot change except suspend, parallelism and ttlSecondsAfterFinished; create a new CopyJob instead"),
+    ).message("a started CopyJob's spec (one with shards, or past Pending) cannot change except suspend, parallelism and ttlSecondsAfterFinished; create a new CopyJob instead"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CopyJobSpec {
@@ -355,6 +355,11 @@ pub struct ShardStatus {
     /// Empty for a copy on one node.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub sender: String,
+    /// The digest of the spec this shard was cut for (`CopyJobSpec::digest`): an agent
+    /// runs it only while the job's spec still has it, and the operator fails the job
+    /// with SpecChanged when it no longer does. Empty on shards cut before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub spec_digest: String,
     /// Assignment epoch, raised each time the shard is given to an agent: an agent's
     /// updates are refused by the API server unless `node` and `epoch` are still the ones
     /// it was given (a JSON patch `test`), so an agent that lost its shard cannot publish.
@@ -589,7 +594,7 @@ pub struct CopyJobStatus {
     /// VolumeNotMounted, VolumeInUse, VolumeNotSupported, RootNotFound, SnapshotNotFound,
     /// SnapshotNotReady. Scheduled: Assigned, or False
     /// with WaitingForNode, NoAgent. Complete: Copied, or Planned (a dry run). Failed: the
-    /// first reason that stopped a shard (DestinationFull, NodeUnavailable, PathEscape,
+    /// first reason that stopped a shard (SpecChanged, DestinationFull, NodeUnavailable, PathEscape,
     /// SymlinkRejected, Openat2Unavailable, CannotStart), else IOError, else
     /// PartiallyFailed. Events carry the same reasons, and Reassigned when a lost agent's
     /// shard moves to another.

@@ -30,9 +30,16 @@ mod api;
 #[cfg(feature = "k8s")]
 pub use api::*;
 #[cfg(feature = "k8s")]
+mod digest;
+#[cfg(feature = "k8s")]
 mod schedule;
 #[cfg(feature = "k8s")]
 pub use schedule::*;
+
+/// What lets a destination root keep a source's privileged files, as messages name it: a
+/// StorageRoot's `allowPrivilegedFiles` (a test in `api` checks the field's JSON name).
+/// Here, without the `k8s` feature, for the engine's messages.
+pub const ALLOW_PRIVILEGED_FILES: &str = "spec.allowPrivilegedFiles: true";
 
 /// Most copy workers a shard runs (`parallelism.workersPerAgent`, the agent's `--workers`,
 /// a node's CPU count): each holds a 1 MiB buffer.

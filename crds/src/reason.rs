@@ -34,6 +34,9 @@ wire_enum! {
         PathEscape,
         /// A path passes a symlink (which is never followed inside a root).
         SymlinkRejected,
+        /// The spec changed after the job's shards were cut for it (what was copied is
+        /// where the old spec said); create a new CopyJob for the new spec.
+        SpecChanged,
         /// The kernel has no `openat2`, so paths cannot be resolved safely.
         Openat2Unavailable,
         /// The shard could not start (its root is not there on the node, ...): see the message.
@@ -109,7 +112,8 @@ impl Reason {
 
     /// The reasons that stop a whole shard rather than one entry, strongest first: the
     /// job's Failed condition names the first one any shard has.
-    pub const STOPS_SHARD: [Reason; 15] = [
+    pub const STOPS_SHARD: [Reason; 16] = [
+        Reason::SpecChanged,
         Reason::DestinationFull,
         Reason::NodeUnavailable,
         Reason::RootNotAllowed,
@@ -131,7 +135,8 @@ impl Reason {
     /// admitting its namespace or became read-only, a claim is no longer its own) or its
     /// endpoints no longer exist. The operator fails the job's unfinished shards with it, at
     /// a new epoch, so their agents stop. Agents never fail a shard with one of these.
-    pub const REVOKES: [Reason; 9] = [
+    pub const REVOKES: [Reason; 10] = [
+        Reason::SpecChanged,
         Reason::RootNotAllowed,
         Reason::ReadOnlyRoot,
         Reason::CrossNamespace,

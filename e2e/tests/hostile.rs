@@ -6,3 +6,6 @@
 //! volume is opened before it is known to be a regular file or directory.
 //!
 //! The README's security model names the test of each class.
+
+#[path = "hostile/spec.rs"]
+mod spec;

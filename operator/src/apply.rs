@@ -130,6 +130,9 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                     "id": s.id, "node": s.node, "sender": s.sender, "epoch": s.epoch, "part": s.part,
                     "sourceRoot": s.source_root, "destinationRoot": s.destination_root,
                 });
+                if !s.spec_digest.is_empty() {
+                    a["specDigest"] = s.spec_digest.clone().into();
+                }
                 if s.failed_by_operator() {
                     a["state"] = s.state.as_str().into();
                     a["failures"] = serde_json::to_value(&s.failures).unwrap_or_default();

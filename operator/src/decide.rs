@@ -62,11 +62,19 @@ pub struct Decision {
 /// fail with that reason at a new epoch. Their agents see the shard is no longer theirs
 /// and stop at the next file, and could not publish for the old epoch if they tried.
 /// Other refusals (a CSI volume waiting for a pod to mount it) leave running shards alone.
+///
+/// A spec changed since the shards were cut ([`Reason::SpecChanged`]) fails finished
+/// shards too: what they copied and verified was for another spec, and the status must
+/// not say it was copied for this one.
 fn revoke(shards: &mut [ShardStatus], b: &Blocked) {
     if !Reason::REVOKES.contains(&b.reason) {
         return;
     }
-    for s in shards.iter_mut().filter(|s| !s.state.finished()) {
+    let every = b.reason == Reason::SpecChanged;
+    for s in shards
+        .iter_mut()
+        .filter(|s| !s.state.finished() || (every && !s.failed_by_operator()))
+    {
         s.state = ferry_crds::ShardState::Failed;
         s.epoch += 1;
         s.failures = vec![ferry_crds::FailedPath::new(
@@ -75,6 +83,25 @@ fn revoke(shards: &mut [ShardStatus], b: &Blocked) {
             &format!("stopped: {} (files copied before are kept)", b.message),
         )];
     }
+}
+
+/// The refusal of a job whose spec is no longer the one its shards were cut for (the
+/// CRD's rule refuses such a change; this holds without the rule too): a shard runs and is
+/// reported only for the spec it was cut for.
+pub fn spec_changed(job: &CopyJob) -> Option<Blocked> {
+    let shards = job.status.as_ref().map_or(&[][..], |s| s.shards.as_slice());
+    if shards.iter().all(|s| s.spec_digest.is_empty()) {
+        return None;
+    }
+    let digest = job.spec.digest();
+    shards
+        .iter()
+        .any(|s| !s.spec_digest.is_empty() && s.spec_digest != digest)
+        .then(|| Blocked {
+            condition: ConditionType::Accepted,
+            reason: Reason::SpecChanged,
+            message: "the spec changed after the copy started (its shards were cut for another spec; what they copied is where that spec said): restore the spec, or create a new CopyJob for the new one".into(),
+        })
 }
 
 /// Whether [`decide`] will read the eligible nodes: there are shards to hand out (a new
@@ -110,7 +137,10 @@ pub fn decide(input: &Inputs) -> Decision {
     let old = job.status.as_ref().unwrap_or(&unset);
     let previous = old.conditions.as_slice();
     let mut shards = old.shards.clone();
-    let (conditions, scheduled) = match input.endpoints {
+    // A changed spec wins over what the endpoints say, a finished job included.
+    let changed = spec_changed(job).map(Endpoints::Blocked);
+    let endpoints = changed.as_ref().unwrap_or(input.endpoints);
+    let (conditions, scheduled) = match endpoints {
         // A finished job keeps what was decided when it ran.
         Endpoints::Finished => (
             previous
@@ -163,7 +193,7 @@ pub fn decide(input: &Inputs) -> Decision {
             (conditions, s)
         }
     };
-    let blocked = match input.endpoints {
+    let blocked = match endpoints {
         Endpoints::Blocked(b) => Some(b),
         _ => None,
     };
@@ -315,6 +345,11 @@ fn schedule_shards(
             &roots[0].host_path,
             &roots[1].host_path,
         );
+        // Cut for this spec, and run and reported for it alone (see spec_changed).
+        let digest = job.spec.digest();
+        for s in shards.iter_mut() {
+            s.spec_digest.clone_from(&digest);
+        }
     }
     let mut requeue = None;
     // Work held by agents that stopped heartbeating: moved on shared roots, waited for

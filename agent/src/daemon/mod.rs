@@ -296,6 +296,17 @@ impl Agent {
         // shards (same ids, same first epoch) must not pass for the old one's.
         let prefix = format!("{}/", job.uid().unwrap_or_default());
         let deleting = job.metadata.deletion_timestamp.is_some();
+        // A shard runs only for the spec it was cut for: a spec changed since (the CRD's
+        // rule refuses that; this holds without it) is the operator's to fail, never this
+        // agent's to copy and report as verified.
+        let digest = status
+            .shards
+            .iter()
+            .any(|s| !s.spec_digest.is_empty())
+            .then(|| job.spec.digest());
+        let cut_for_spec = |s: &ferry_crds::ShardStatus| {
+            s.spec_digest.is_empty() || Some(&s.spec_digest) == digest.as_ref()
+        };
         // Stop runs this job no longer wants here: suspended or deleted (they publish
         // where they stopped), or given to another node or epoch (they stop silently; the
         // API server would refuse what they publish).
@@ -308,10 +319,11 @@ impl Agent {
                     && s.node == self.node.settings.node
                     && s.epoch == active.epoch
                     && !s.failed_by_operator()
+                    && cut_for_spec(s)
             });
             if !mine && !active.fenced.swap(true, Ordering::Relaxed) {
                 active.cancel.store(true, Ordering::Relaxed);
-                tracing::warn!(shard = %key, epoch = active.epoch, "the shard was given to another node or epoch: stopping");
+                tracing::warn!(shard = %key, epoch = active.epoch, "the shard was given to another node or epoch, or the spec changed: stopping");
             } else if job.spec.suspend || deleting {
                 if deleting {
                     active.deleting.store(true, Ordering::Relaxed);
@@ -326,6 +338,10 @@ impl Agent {
         }
         for (index, shard) in status.shards.iter().enumerate() {
             if shard.node != self.node.settings.node || shard.state.over() {
+                continue;
+            }
+            if !cut_for_spec(shard) {
+                tracing::warn!(job = %job.name_any(), shard = %shard.id, "the job's spec changed since its shard was cut: not running it");
                 continue;
             }
             let key = format!("{prefix}{}", shard.id);

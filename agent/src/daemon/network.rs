@@ -121,13 +121,18 @@ impl SenderGrants {
         })?;
         // The status's account of the source root is used only for a CSI volume's pod
         // mount, and only if it is the kubelet's mount of that very volume.
-        let assigned = job
+        let entry = job
             .status
             .iter()
             .flat_map(|s| &s.shards)
-            .find(|s| s.id == shard.to_string())
-            .map(|s| s.source_root.clone())
-            .unwrap_or_default();
+            .find(|s| s.id == shard.to_string());
+        // Served only for the spec the shard was cut for (see the daemon's consider).
+        if entry.is_some_and(|s| !s.spec_digest.is_empty() && s.spec_digest != job.spec.digest()) {
+            return Err(format!(
+                "job {name}'s spec changed since shard {shard} was cut: not serving it"
+            ));
+        }
+        let assigned = entry.map(|s| s.source_root.clone()).unwrap_or_default();
         let root = super::shard::own_root(&self.client, me, &job, true, &assigned)
             .await
             .map_err(|e| format!("the source on node {me}: {}", crate::with_causes(&e)))?;

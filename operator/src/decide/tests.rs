@@ -645,3 +645,49 @@ fn a_running_job_waiting_for_a_csi_mount_keeps_its_shards() {
     assert_eq!(d.status.shards[0].state, ShardState::Running);
     assert_eq!(d.status.shards[0].epoch, 1);
 }
+
+#[test]
+fn a_spec_changed_after_its_shards_were_cut_fails_the_job_and_every_shard_even_a_finished_one() {
+    // Cut for the spec as it was: the shards carry its digest.
+    let first = job(serde_json::json!({}));
+    let d = decide_with(&first, &volumes(false), &["node-a"], &[]);
+    let digest = first.spec.digest();
+    assert!(d.status.shards.iter().all(|s| s.spec_digest == digest));
+    // The job went back to Pending (its volume unmounted) while the shard ran on, and the
+    // destination path was changed; then the old shard finished, "verified".
+    let mut changed = job(serde_json::json!({"destination": {"root": "dst", "path": "elsewhere"}}));
+    changed.metadata.generation = Some(2);
+    let mut done = d.status.shards[0].clone();
+    done.state = ShardState::Succeeded;
+    done.files_done = 40;
+    let mut pending = with_shards(vec![done]);
+    pending.phase = Some(Phase::Pending);
+    let changed = after(changed, pending);
+    for endpoints in [
+        volumes(false),
+        Endpoints::Finished,
+        Endpoints::Blocked(Blocked {
+            condition: ConditionType::Resolved,
+            reason: Reason::VolumeNotMounted,
+            message: "no pod mounts it".into(),
+        }),
+    ] {
+        let d = decide_with(&changed, &endpoints, &["node-a"], &[]);
+        assert_eq!(d.status.phase, Some(Phase::Failed), "{endpoints:?}");
+        assert_eq!(
+            cond(&d, ConditionType::Accepted),
+            ("False", "SpecChanged", cond(&d, ConditionType::Accepted).2)
+        );
+        assert_eq!(cond(&d, ConditionType::Failed).1, "SpecChanged");
+        let shard = &d.status.shards[0];
+        assert_eq!(shard.state, ShardState::Failed);
+        assert!(shard.epoch > 1, "a new epoch stops its agent");
+        assert!(
+            condition_of(&d, ConditionType::Complete).is_none_or(|c| c.status != "True"),
+            "never Complete for a spec it did not run"
+        );
+    }
+    // The spec restored: the shards stand again for what they copied.
+    let restored = after(first.clone(), changed.status.clone().expect("a status"));
+    assert_eq!(spec_changed(&restored), None);
+}
