@@ -1031,10 +1031,11 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
             "the operator's token created a pod that is not a holder ({why}): {err}"
         );
     }
-    // Nor may it make claims other than a restored one: not one bound to a volume it names
-    // (another tenant's), nor a "restored" one that also names a volume.
-    let restored = |name: &str, extra: &str| {
-        format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\n  namespace: team-a\n  ownerReferences: [{{apiVersion: ferry.dev/v1alpha1, kind: CopyJob, name: from-csi, uid: {uid}, controller: true}}]\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: 1Gi}}}}\n  dataSource: {{apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: s}}\n{extra}")
+    // Nor may it make claims other than a restored one (as operator/src/snapshot.rs makes it
+    // for this job): not one bound to a volume it names (another tenant's), nor a "restored"
+    // one that also names a volume.
+    let restored = |extra: &str| {
+        format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: ferry-restore-{uid}\n  namespace: team-a\n  labels: {{app.kubernetes.io/managed-by: ferry-operator, ferry.dev/snapshot-of: {uid}}}\n  annotations: {{ferry.dev/copyjob: from-csi}}\n  ownerReferences: [{{apiVersion: ferry.dev/v1alpha1, kind: CopyJob, name: from-csi, uid: {uid}, controller: true}}]\nspec:\n  storageClassName: csi\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: 1Gi}}}}\n  dataSource: {{apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: s}}\n{extra}")
     };
     for (claim, why) in [
         (
@@ -1042,7 +1043,7 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
             "creates and deletes only its restored claims",
         ),
         (
-            restored("ferry-restore-evil", "  volumeName: someone-elses\n"),
+            restored("  volumeName: someone-elses\n"),
             "provisioned new from a VolumeSnapshot",
         ),
     ] {
@@ -1053,17 +1054,18 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
             "the operator's token created a claim that is not a restored one ({why}): {err}"
         );
     }
-    let out = cp.kubectl_stdin(&args, &restored("ferry-restore-fine", ""))?;
+    let out = cp.kubectl_stdin(&args, &restored(""))?;
     ensure!(
         out.status.success(),
         "the operator's token could not create a restored claim: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let restored_name = format!("ferry-restore-{uid}");
     let mut delete: Vec<&str> = op.iter().map(String::as_str).collect();
     delete.extend([
         "delete",
         "pvc",
-        "ferry-restore-fine",
+        &restored_name,
         "-n",
         "team-a",
         "--wait=false",

@@ -7,5 +7,7 @@
 //!
 //! The README's security model names the test of each class.
 
+#[path = "hostile/holder.rs"]
+mod holder;
 #[path = "hostile/spec.rs"]
 mod spec;

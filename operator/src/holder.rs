@@ -64,7 +64,9 @@ pub fn name(job: &CopyJob, destination: bool) -> String {
 }
 
 /// The pod that holds `claim` mounted for `job` (its source's read-only), preferring
-/// `prefer_node` when given.
+/// `prefer_node` when given. The chart's `-holder-pods` admission policy admits exactly this
+/// pod, field by field, to the operator's token: a field set here needs its value there, and
+/// a row in `e2e/tests/hostile/holder.rs` (which fails until both are there).
 pub fn pod(
     job: &CopyJob,
     destination: bool,

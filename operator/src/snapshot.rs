@@ -76,8 +76,10 @@ fn labels(job: &CopyJob) -> BTreeMap<String, String> {
     ])
 }
 
-/// The VolumeSnapshot the operator takes of a `copyMethod: Snapshot` source.
-fn snapshot_of_claim(job: &CopyJob, claim: &str) -> DynamicObject {
+/// The VolumeSnapshot the operator takes of a `copyMethod: Snapshot` source. It and
+/// [`claim_for`]'s claim are what the chart's `-snapshot-sources` admission policy admits,
+/// field by field (`e2e/tests/hostile/holder.rs` tries both).
+pub fn snapshot_of_claim(job: &CopyJob, claim: &str) -> DynamicObject {
     let mut spec = json!({"source": {"persistentVolumeClaimName": claim}});
     if let Some(class) = &job.spec.source.volume_snapshot_class_name {
         spec["volumeSnapshotClassName"] = json!(class);

@@ -1,0 +1,701 @@
+//! Hole 5: the holder-pod policy checked parts of the pod, not the pod. The operator's token
+//! may create pods in every namespace, narrowed only by the chart's `-holder-pods` admission
+//! policy; that policy compared image, args, volumes and capabilities, so a "holder" with a
+//! lifecycle hook, an exec probe, root, a Secret in its environment or a host port was
+//! admitted. Now it compares the whole pod with the one `operator/src/holder.rs` builds.
+//! Here, on the operator's own ServiceAccount token against the chart as rendered into
+//! `deploy/`: the holders the operator's code builds are admitted, and that pod with any one
+//! field added or changed is refused, with a message naming the field. The same for the
+//! restored claims and VolumeSnapshots the `-snapshot-sources` policy narrows.
+//!
+//! The tables are checked against the objects themselves before any API call: every value
+//! the code sets must be changed by some row and every object and list must get a field or
+//! an element added by some row, so a field added to holder.rs (or snapshot.rs) without a
+//! row here fails, as does one without its place in the policy (the exact object is then
+//! refused).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use ferry_crds::CopyJob;
+use ferry_e2e::{repo_root, wait_for, ControlPlane};
+use ferry_operator::{holder, snapshot};
+use serde_json::{json, Value};
+
+const NS: &str = "ferry-system";
+const TEAM: &str = "team-a";
+const UID: &str = "0b5e2c1e-6a4c-4a5e-9d51-1f0e7c9c2d10";
+/// The message of the `-holder-pods` policy's first rule (a pod that is no holder at all).
+const NOT_A_HOLDER: &str = "creates and deletes only its holder pods";
+/// The same of the `-snapshot-sources` policy.
+const NOT_OURS: &str = "creates and deletes only its restored claims";
+
+/// A CopyJob of `TEAM` (the policy cannot read it: only its reference in the pod counts).
+fn job(name: &str, uid: &str, snapshot_class: Option<&str>) -> Result<CopyJob> {
+    let mut source = json!({"pvc": "data"});
+    if let Some(class) = snapshot_class {
+        source["copyMethod"] = json!("Snapshot");
+        source["volumeSnapshotClassName"] = json!(class);
+    }
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "ferry.dev/v1alpha1",
+        "kind": "CopyJob",
+        "metadata": {"name": name, "namespace": TEAM, "uid": uid},
+        "spec": {"source": source, "destination": {"pvc": "copy"}}
+    }))?)
+}
+
+/// The image the rendered chart gives the operator for its holders (`FERRY_HOLDER_IMAGE`).
+fn holder_image() -> Result<String> {
+    let path = repo_root().join("deploy/ferry.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    for doc in text.split("\n---\n") {
+        let v: serde_yaml::Value = serde_yaml::from_str(doc)?;
+        let v = serde_json::to_value(v)?;
+        if v["kind"] != "Deployment" {
+            continue;
+        }
+        let env = v["spec"]["template"]["spec"]["containers"][0]["env"].as_array();
+        if let Some(e) = env
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == "FERRY_HOLDER_IMAGE")
+        {
+            return e["value"]
+                .as_str()
+                .map(str::to_string)
+                .context("FERRY_HOLDER_IMAGE has no value");
+        }
+    }
+    bail!("deploy/ferry.yaml gives the operator no FERRY_HOLDER_IMAGE")
+}
+
+/// One change to an object: the JSON pointer of a field (a new key, or the index one past
+/// a list's end, adds it) and its new value, or `None` to remove it.
+type Edit = (&'static str, Option<Value>);
+
+/// What the API server answers.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Admitted,
+    /// Refused, the answer naming this (a field the policy's message lists, or the rule).
+    Refused(&'static str),
+}
+
+/// Which of the objects the code builds a row starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Base {
+    /// The source's holder, no node preferred.
+    Source,
+    /// The destination's holder, preferring node-b.
+    Destination,
+    Claim,
+    Snapshot,
+}
+
+#[derive(Debug)]
+struct Row {
+    base: Base,
+    what: &'static str,
+    edits: Vec<Edit>,
+    answer: Answer,
+}
+
+fn row(base: Base, what: &'static str, edits: Vec<Edit>, answer: Answer) -> Row {
+    Row {
+        base,
+        what,
+        edits,
+        answer,
+    }
+}
+
+fn set(pointer: &'static str, value: Value) -> Edit {
+    (pointer, Some(value))
+}
+
+fn unescape(token: &str) -> String {
+    token.replace("~1", "/").replace("~0", "~")
+}
+
+/// Apply `edit` to `v`; a missing object on the way is made.
+fn apply(v: &mut Value, (pointer, value): &Edit) -> Result<()> {
+    let tokens: Vec<String> = pointer.split('/').skip(1).map(unescape).collect();
+    let (last, path) = tokens.split_last().context("an empty pointer")?;
+    let mut at = v;
+    for t in path {
+        at = match at {
+            Value::Object(m) => m.entry(t.clone()).or_insert_with(|| json!({})),
+            Value::Array(a) => a
+                .get_mut(t.parse::<usize>()?)
+                .with_context(|| format!("{pointer}: no element {t}"))?,
+            _ => bail!("{pointer}: {t} is not in an object or a list"),
+        };
+    }
+    match (at, value) {
+        (Value::Object(m), Some(new)) => {
+            m.insert(last.clone(), new.clone());
+        }
+        (Value::Object(m), None) => {
+            m.remove(last)
+                .with_context(|| format!("{pointer}: nothing to remove"))?;
+        }
+        (Value::Array(a), Some(new)) => {
+            let i: usize = last.parse()?;
+            match i.cmp(&a.len()) {
+                std::cmp::Ordering::Less => a[i] = new.clone(),
+                std::cmp::Ordering::Equal => a.push(new.clone()),
+                std::cmp::Ordering::Greater => bail!("{pointer}: past the list's end"),
+            }
+        }
+        _ => bail!("{pointer}: cannot edit there"),
+    }
+    Ok(())
+}
+
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// Every value (not object or list) in `v`, every object and every list, by pointer.
+fn walk(
+    v: &Value,
+    at: String,
+    leaves: &mut BTreeSet<String>,
+    objects: &mut BTreeSet<String>,
+    lists: &mut BTreeSet<(String, usize)>,
+) {
+    match v {
+        Value::Object(m) => {
+            objects.insert(at.clone());
+            for (k, v) in m {
+                walk(v, format!("{at}/{}", escape(k)), leaves, objects, lists);
+            }
+        }
+        Value::Array(a) => {
+            lists.insert((at.clone(), a.len()));
+            for (i, v) in a.iter().enumerate() {
+                walk(v, format!("{at}/{i}"), leaves, objects, lists);
+            }
+        }
+        _ => {
+            leaves.insert(at);
+        }
+    }
+}
+
+/// The rows of `objects`' bases cover them: each value the code sets is changed by a row,
+/// each object gets a field it does not have, each list an element, except `whole`: objects
+/// whose every field the code sets (nothing valid is left to add), and the top level.
+fn check_coverage(objects: &[(Base, Value)], rows: &[Row], whole: &[&str]) -> Result<()> {
+    let edited: BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| objects.iter().any(|(b, _)| *b == r.base))
+        .flat_map(|r| r.edits.iter().map(|(p, _)| *p))
+        .collect();
+    let mut missing = Vec::new();
+    for (base, v) in objects {
+        let (mut leaves, mut maps, mut lists) = Default::default();
+        walk(v, String::new(), &mut leaves, &mut maps, &mut lists);
+        for leaf in &leaves {
+            if leaf != "/apiVersion" && leaf != "/kind" && !edited.contains(leaf.as_str()) {
+                missing.push(format!("{base:?}: no row changes {leaf}"));
+            }
+        }
+        for map in maps.iter().filter(|m| !m.is_empty()) {
+            if whole.contains(&map.as_str()) {
+                continue;
+            }
+            let keys: BTreeSet<String> = v
+                .pointer(map)
+                .and_then(Value::as_object)
+                .map(|m| m.keys().map(|k| escape(k)).collect())
+                .unwrap_or_default();
+            let added = edited.iter().any(|p| {
+                p.strip_prefix(map.as_str())
+                    .and_then(|rest| rest.strip_prefix('/'))
+                    .is_some_and(|k| !k.contains('/') && !keys.contains(k))
+            });
+            if !added {
+                missing.push(format!("{base:?}: no row adds a field to {map}"));
+            }
+        }
+        for (list, len) in &lists {
+            if !edited.contains(format!("{list}/{len}").as_str()) {
+                missing.push(format!("{base:?}: no row adds an element to {list}"));
+            }
+        }
+    }
+    ensure!(
+        missing.is_empty(),
+        "the rows do not cover what the code builds (add a row, and the field to the policy):\n{}",
+        missing.join("\n")
+    );
+    Ok(())
+}
+
+/// The holder's rows: one field added or changed each (or a few that only make sense
+/// together), and the changes a holder may have (another claim, namespace, node, job).
+#[rustfmt::skip]
+fn holder_rows(image: &str) -> Vec<Row> {
+    use Answer::{Admitted, Refused};
+    use Base::{Destination as D, Source as S};
+    let exec = json!({"exec": {"command": ["sh", "-c", "rm -rf /data/*"]}});
+    let other_container = json!({"name": "wipe", "image": image, "command": ["sh", "-c", "rm -rf /data/*"],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}]});
+    vec![
+        // What varies from holder to holder.
+        row(S, "another claim", vec![set("/spec/volumes/0/persistentVolumeClaim/claimName", json!("other"))], Admitted),
+        row(S, "another namespace", vec![set("/metadata/namespace", json!("team-b"))], Admitted),
+        // What the API server adds in a cluster (the ServiceAccount admission, on in a cluster
+        // but not in this test's control plane; DefaultTolerationSeconds).
+        row(S, "the default ServiceAccount", vec![set("/spec/serviceAccountName", json!("default"))], Admitted),
+        row(S, "the default tolerations", vec![set("/spec/tolerations", json!([
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]))], Admitted),
+        row(D, "another preferred node", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/preference/matchExpressions/0/values/0", json!("node-a"))], Admitted),
+        row(S, "another job", vec![
+            set("/metadata/name", json!("ferry-holder-7c1d2e3f-source")),
+            set("/metadata/labels/ferry.dev~1holder-of", json!("7c1d2e3f-0000-4000-8000-000000000001")),
+            set("/metadata/annotations/ferry.dev~1copyjob", json!("another")),
+            set("/metadata/ownerReferences/0/name", json!("another")),
+            set("/metadata/ownerReferences/0/uid", json!("7c1d2e3f-0000-4000-8000-000000000001")),
+        ], Admitted),
+        // Metadata.
+        row(S, "a name not made from the job", vec![set("/metadata/name", json!("ferry-holder-0b5e2c1e-sourcex"))], Refused("metadata.name")),
+        row(S, "not labelled a holder", vec![set("/metadata/labels/app.kubernetes.io~1name", json!("ferry-holder-x"))], Refused(NOT_A_HOLDER)),
+        row(S, "managed by someone else", vec![set("/metadata/labels/app.kubernetes.io~1managed-by", json!("helm"))], Refused("metadata.labels")),
+        row(S, "holding for another job", vec![set("/metadata/labels/ferry.dev~1holder-of", json!("7c1d2e3f-0000-4000-8000-000000000001"))], Refused("metadata.labels")),
+        row(S, "the source's holder labelled the destination's", vec![set("/metadata/labels/ferry.dev~1holds", json!("destination"))], Refused("metadata.name")),
+        row(D, "the destination's holder labelled the source's", vec![set("/metadata/labels/ferry.dev~1holds", json!("source"))], Refused("metadata.name")),
+        row(S, "an extra label (a Service's selector)", vec![set("/metadata/labels/app", json!("web"))], Refused("metadata.labels")),
+        row(S, "an annotation naming another job", vec![set("/metadata/annotations/ferry.dev~1copyjob", json!("other"))], Refused("metadata.annotations")),
+        row(S, "an extra annotation (another network)", vec![set("/metadata/annotations/k8s.v1.cni.cncf.io~1networks", json!("host-net"))], Refused("metadata.annotations")),
+        row(S, "an owner of another API version", vec![set("/metadata/ownerReferences/0/apiVersion", json!("ferry.dev/v1"))], Refused("metadata.ownerReferences")),
+        row(S, "an owner of another kind", vec![set("/metadata/ownerReferences/0/kind", json!("CopySchedule"))], Refused("metadata.ownerReferences")),
+        row(S, "an owner other than the annotation's", vec![set("/metadata/ownerReferences/0/name", json!("other"))], Refused("metadata.annotations")),
+        row(S, "an owner other than the label's", vec![set("/metadata/ownerReferences/0/uid", json!("7c1d2e3f-0000-4000-8000-000000000001"))], Refused("metadata.labels")),
+        row(S, "an owner that is not the controller", vec![set("/metadata/ownerReferences/0/controller", json!(false))], Refused("metadata.ownerReferences")),
+        row(S, "an owner blocking deletion", vec![set("/metadata/ownerReferences/0/blockOwnerDeletion", json!(true))], Refused("metadata.ownerReferences")),
+        row(S, "a second owner", vec![set("/metadata/ownerReferences/1", json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "CopyJob", "name": "other", "uid": "7c1d2e3f-0000-4000-8000-000000000001"}))], Refused("metadata.ownerReferences")),
+        row(S, "a finalizer", vec![set("/metadata/finalizers", json!(["example.com/never"]))], Refused("metadata.finalizers")),
+        // The pod's spec.
+        row(S, "a ServiceAccount token", vec![set("/spec/automountServiceAccountToken", json!(true))], Refused("spec.automountServiceAccountToken")),
+        row(S, "the token's default (mounted)", vec![("/spec/automountServiceAccountToken", None)], Refused("spec.automountServiceAccountToken")),
+        row(S, "service links", vec![set("/spec/enableServiceLinks", json!(true))], Refused("spec.enableServiceLinks")),
+        row(S, "an hour to stop", vec![set("/spec/terminationGracePeriodSeconds", json!(3600))], Refused("spec.terminationGracePeriodSeconds")),
+        row(S, "hostNetwork", vec![set("/spec/hostNetwork", json!(true))], Refused("spec.hostNetwork")),
+        row(S, "hostPID", vec![set("/spec/hostPID", json!(true))], Refused("spec.hostPID")),
+        row(S, "hostIPC", vec![set("/spec/hostIPC", json!(true))], Refused("spec.hostIPC")),
+        row(S, "a nodeName (no scheduler)", vec![set("/spec/nodeName", json!("node-a"))], Refused("spec.nodeName")),
+        row(S, "a ServiceAccount", vec![set("/spec/serviceAccountName", json!("ferry-operator"))], Refused("spec.serviceAccountName")),
+        row(S, "an init container", vec![set("/spec/initContainers", json!([other_container]))], Refused("spec.initContainers")),
+        // The API server itself refuses ephemeral containers on create (and the operator's
+        // RBAC has no pods/ephemeralcontainers; the policy refuses that update too).
+        row(S, "an ephemeral container", vec![set("/spec/ephemeralContainers", json!([{"name": "debug", "image": image, "command": ["sh"]}]))], Refused("spec.ephemeralContainers")),
+        row(S, "a second container", vec![set("/spec/containers/1", other_container.clone())], Refused("spec.containers")),
+        row(S, "a runtime class", vec![set("/spec/runtimeClassName", json!("ferry-e2e"))], Refused("spec.runtimeClassName")),
+        // Without a RuntimeClass, the API server's RuntimeClass admission refuses an overhead.
+        row(S, "an overhead", vec![set("/spec/overhead", json!({"cpu": "1"}))], Refused("Overhead")),
+        row(S, "a priority class", vec![set("/spec/priorityClassName", json!("ferry-e2e-high"))], Refused("spec.priorityClassName")),
+        row(S, "its own DNS", vec![set("/spec/dnsPolicy", json!("None")), set("/spec/dnsConfig", json!({"nameservers": ["10.0.0.53"]}))], Refused("spec.dnsPolicy")),
+        row(S, "host aliases", vec![set("/spec/hostAliases", json!([{"ip": "10.0.0.1", "hostnames": ["kubernetes"]}]))], Refused("spec.hostAliases")),
+        row(S, "a shared process namespace", vec![set("/spec/shareProcessNamespace", json!(true))], Refused("spec.shareProcessNamespace")),
+        row(S, "a node selector", vec![set("/spec/nodeSelector", json!({"kubernetes.io/hostname": "node-a"}))], Refused("spec.nodeSelector")),
+        row(S, "a toleration of every taint", vec![set("/spec/tolerations", json!([{"operator": "Exists"}]))], Refused("spec.tolerations")),
+        row(S, "another scheduler", vec![set("/spec/schedulerName", json!("my-scheduler"))], Refused("spec.schedulerName")),
+        row(S, "a resource claim", vec![set("/spec/resourceClaims", json!([{"name": "gpu", "resourceClaimName": "gpu"}]))], Refused("spec.resourceClaims")),
+        row(S, "the host's user namespace choice", vec![set("/spec/hostUsers", json!(false))], Refused("spec.hostUsers")),
+        row(S, "an OS", vec![set("/spec/os", json!({"name": "linux"}))], Refused("spec.os")),
+        row(S, "image pull secrets", vec![set("/spec/imagePullSecrets", json!([{"name": "registry"}]))], Refused("spec.imagePullSecrets")),
+        row(S, "a restart policy", vec![set("/spec/restartPolicy", json!("Never"))], Refused("spec.restartPolicy")),
+        // Its volume.
+        row(S, "a second volume", vec![set("/spec/volumes/1", json!({"name": "host", "hostPath": {"path": "/"}}))], Refused("spec.volumes")),
+        row(S, "the host's root instead of the claim", vec![set("/spec/volumes/0", json!({"name": "data", "hostPath": {"path": "/"}}))], Refused("spec.volumes")),
+        row(S, "the source's claim writable", vec![set("/spec/volumes/0/persistentVolumeClaim/readOnly", json!(false))], Refused("spec.volumes")),
+        row(D, "the destination's claim read-only", vec![set("/spec/volumes/0/persistentVolumeClaim/readOnly", json!(true))], Refused("spec.volumes")),
+        row(S, "another volume name", vec![set("/spec/volumes/0/name", json!("other")), set("/spec/containers/0/volumeMounts/0/name", json!("other"))], Refused("spec.volumes")),
+        // Its security context.
+        row(S, "root", vec![set("/spec/securityContext/runAsUser", json!(0))], Refused("spec.securityContext.runAsUser")),
+        row(S, "root allowed", vec![set("/spec/securityContext/runAsNonRoot", json!(false))], Refused("spec.securityContext.runAsNonRoot")),
+        row(S, "the root group", vec![set("/spec/securityContext/runAsGroup", json!(0))], Refused("spec.securityContext.runAsGroup")),
+        row(S, "an fsGroup (the claim chowned)", vec![set("/spec/securityContext/fsGroup", json!(0))], Refused("spec.securityContext.fsGroup")),
+        row(S, "supplemental groups", vec![set("/spec/securityContext/supplementalGroups", json!([0]))], Refused("spec.securityContext.supplementalGroups")),
+        row(S, "sysctls", vec![set("/spec/securityContext/sysctls", json!([{"name": "kernel.shm_rmid_forced", "value": "1"}]))], Refused("spec.securityContext.sysctls")),
+        row(S, "no seccomp", vec![set("/spec/securityContext/seccompProfile/type", json!("Unconfined"))], Refused("spec.securityContext.seccompProfile")),
+        row(S, "an SELinux level", vec![set("/spec/securityContext/seLinuxOptions", json!({"level": "s0:c1,c2"}))], Refused("spec.securityContext.seLinuxOptions")),
+        // Its container.
+        row(S, "a postStart hook", vec![set("/spec/containers/0/lifecycle", json!({"postStart": exec}))], Refused("spec.containers[0].lifecycle")),
+        row(S, "an exec liveness probe", vec![set("/spec/containers/0/livenessProbe", exec.clone())], Refused("spec.containers[0].livenessProbe")),
+        row(S, "an exec readiness probe", vec![set("/spec/containers/0/readinessProbe", exec.clone())], Refused("spec.containers[0].readinessProbe")),
+        row(S, "an exec startup probe", vec![set("/spec/containers/0/startupProbe", exec.clone())], Refused("spec.containers[0].startupProbe")),
+        row(S, "a Secret in the environment", vec![set("/spec/containers/0/env", json!([{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "other", "key": "token"}}}]))], Refused("spec.containers[0].env")),
+        row(S, "a Secret as the environment", vec![set("/spec/containers/0/envFrom", json!([{"secretRef": {"name": "other"}}]))], Refused("spec.containers[0].envFrom")),
+        row(S, "a host port", vec![set("/spec/containers/0/ports", json!([{"containerPort": 8080, "hostPort": 8080}]))], Refused("spec.containers[0].ports")),
+        row(S, "a command", vec![set("/spec/containers/0/command", json!(["sh", "-c", "rm -rf /data/*"]))], Refused("spec.containers[0].command")),
+        row(S, "another program", vec![set("/spec/containers/0/args/0", json!("copy"))], Refused("spec.containers[0].args")),
+        row(S, "extra args", vec![set("/spec/containers/0/args/1", json!("--wipe"))], Refused("spec.containers[0].args")),
+        row(S, "another image", vec![set("/spec/containers/0/image", json!("busybox:1.36"))], Refused("spec.containers[0].image")),
+        row(S, "another container name", vec![set("/spec/containers/0/name", json!("shell"))], Refused("spec.containers[0].name")),
+        row(S, "an image never pulled", vec![set("/spec/containers/0/imagePullPolicy", json!("Never"))], Refused("spec.containers[0].imagePullPolicy")),
+        row(S, "a working directory", vec![set("/spec/containers/0/workingDir", json!("/data"))], Refused("spec.containers[0].workingDir")),
+        row(S, "a terminal", vec![set("/spec/containers/0/stdin", json!(true)), set("/spec/containers/0/tty", json!(true))], Refused("spec.containers[0].stdin")),
+        row(S, "a termination message in the claim", vec![set("/spec/containers/0/terminationMessagePath", json!("/data/.wipe"))], Refused("spec.containers[0].terminationMessagePath")),
+        row(S, "a large CPU request", vec![set("/spec/containers/0/resources/requests/cpu", json!("64"))], Refused("spec.containers[0].resources")),
+        row(S, "another memory request", vec![set("/spec/containers/0/resources/requests/memory", json!("16Mi"))], Refused("spec.containers[0].resources")),
+        row(S, "another memory limit", vec![set("/spec/containers/0/resources/limits/memory", json!("1Gi"))], Refused("spec.containers[0].resources")),
+        row(S, "a device", vec![set("/spec/containers/0/resources/requests/example.com~1gpu", json!("1")), set("/spec/containers/0/resources/limits/example.com~1gpu", json!("1"))], Refused("spec.containers[0].resources")),
+        row(S, "a claimed device", vec![set("/spec/containers/0/resources/claims", json!([{"name": "gpu"}])), set("/spec/resourceClaims", json!([{"name": "gpu", "resourceClaimName": "gpu"}]))], Refused("spec.containers[0].resources")),
+        row(S, "the source's mount writable", vec![set("/spec/containers/0/volumeMounts/0/readOnly", json!(false))], Refused("spec.containers[0].volumeMounts")),
+        row(D, "the destination's mount read-only", vec![set("/spec/containers/0/volumeMounts/0/readOnly", json!(true))], Refused("spec.containers[0].volumeMounts")),
+        row(S, "the claim mounted elsewhere", vec![set("/spec/containers/0/volumeMounts/0/mountPath", json!("/etc"))], Refused("spec.containers[0].volumeMounts")),
+        row(S, "a sub-path", vec![set("/spec/containers/0/volumeMounts/0/subPath", json!("other"))], Refused("spec.containers[0].volumeMounts")),
+        row(S, "a second mount", vec![set("/spec/containers/0/volumeMounts/1", json!({"name": "data", "mountPath": "/data2"}))], Refused("spec.containers[0].volumeMounts")),
+        // Its container's security context.
+        row(S, "privilege escalation", vec![set("/spec/containers/0/securityContext/allowPrivilegeEscalation", json!(true))], Refused("spec.containers[0].securityContext.allowPrivilegeEscalation")),
+        row(S, "a writable root", vec![set("/spec/containers/0/securityContext/readOnlyRootFilesystem", json!(false))], Refused("spec.containers[0].securityContext.readOnlyRootFilesystem")),
+        row(S, "privileged", vec![set("/spec/containers/0/securityContext/privileged", json!(true)), ("/spec/containers/0/securityContext/allowPrivilegeEscalation", None)], Refused("spec.containers[0].securityContext.privileged")),
+        row(S, "one capability kept", vec![set("/spec/containers/0/securityContext/capabilities/drop/0", json!("NET_RAW"))], Refused("spec.containers[0].securityContext.capabilities")),
+        row(S, "one more dropped", vec![set("/spec/containers/0/securityContext/capabilities/drop/1", json!("NET_RAW"))], Refused("spec.containers[0].securityContext.capabilities")),
+        row(S, "a capability added", vec![set("/spec/containers/0/securityContext/capabilities/add", json!(["SYS_ADMIN"]))], Refused("spec.containers[0].securityContext.capabilities")),
+        row(S, "the container as root", vec![set("/spec/containers/0/securityContext/runAsUser", json!(0))], Refused("spec.containers[0].securityContext.runAsUser")),
+        row(S, "the container without seccomp", vec![set("/spec/containers/0/securityContext/seccompProfile", json!({"type": "Unconfined"}))], Refused("spec.containers[0].securityContext.seccompProfile")),
+        // The destination's node preference.
+        row(D, "a lighter preference", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/weight", json!(1))], Refused("spec.affinity")),
+        row(D, "a preference by zone", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/preference/matchExpressions/0/key", json!("topology.kubernetes.io/zone"))], Refused("spec.affinity")),
+        row(D, "a preference against the node", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/preference/matchExpressions/0/operator", json!("NotIn"))], Refused("spec.affinity")),
+        row(D, "two nodes preferred", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/preference/matchExpressions/0/values/1", json!("node-c"))], Refused("spec.affinity")),
+        row(D, "a second expression", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/preference/matchExpressions/1", json!({"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}))], Refused("spec.affinity")),
+        row(D, "a field match", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/preference/matchFields", json!([{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]))], Refused("spec.affinity")),
+        row(D, "a second term", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/1", json!({"weight": 1, "preference": {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}}))], Refused("spec.affinity")),
+        row(D, "a required node", vec![set("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}))], Refused("spec.affinity")),
+        row(D, "a pod affinity", vec![set("/spec/affinity/podAffinity", json!({"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}))], Refused("spec.affinity")),
+    ]
+}
+
+/// Objects whose every field the holder sets: nothing valid is left to add there (a volume
+/// has one source: another one is the row replacing it).
+const HOLDER_WHOLE: &[&str] = &[
+    "/spec/volumes/0",
+    "/spec/volumes/0/persistentVolumeClaim",
+    "/spec/securityContext/seccompProfile",
+    "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0",
+    "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/preference/matchExpressions/0",
+];
+
+/// The restored claim's and the VolumeSnapshot's rows.
+#[rustfmt::skip]
+fn snapshot_rows() -> Vec<Row> {
+    use Answer::{Admitted, Refused};
+    use Base::{Claim as C, Snapshot as V};
+    const CLAIM: &str = "a restored claim is provisioned new from a VolumeSnapshot";
+    vec![
+        row(C, "another class", vec![set("/spec/storageClassName", json!("other"))], Admitted),
+        row(C, "another size", vec![set("/spec/resources/requests/storage", json!("5Gi"))], Admitted),
+        row(C, "another snapshot", vec![set("/spec/dataSource/name", json!("named-by-the-user"))], Admitted),
+        row(C, "not a restored claim", vec![set("/metadata/name", json!("grab"))], Refused(NOT_OURS)),
+        row(C, "a name not made from the job", vec![set("/metadata/name", json!("ferry-restore-evil"))], Refused("metadata.name")),
+        row(C, "another namespace's job's name", vec![set("/metadata/namespace", json!("team-b"))], Admitted),
+        row(C, "a provisioner's annotation", vec![set("/metadata/annotations/nfs.io~1storage-path", json!("team-b/data"))], Refused("metadata.annotations")),
+        row(C, "an annotation naming another job", vec![set("/metadata/annotations/ferry.dev~1copyjob", json!("other"))], Refused("metadata.annotations")),
+        row(C, "an extra label", vec![set("/metadata/labels/tenant", json!("team-b"))], Refused("metadata.labels")),
+        row(C, "managed by someone else", vec![set("/metadata/labels/app.kubernetes.io~1managed-by", json!("helm"))], Refused("metadata.labels")),
+        row(C, "for another job", vec![set("/metadata/labels/ferry.dev~1snapshot-of", json!("7c1d2e3f-0000-4000-8000-000000000001"))], Refused("metadata.labels")),
+        row(C, "an owner of another API version", vec![set("/metadata/ownerReferences/0/apiVersion", json!("ferry.dev/v1"))], Refused("metadata.ownerReferences")),
+        row(C, "an owner of another kind", vec![set("/metadata/ownerReferences/0/kind", json!("CopySchedule"))], Refused(NOT_OURS)),
+        row(C, "an owner other than the annotation's", vec![set("/metadata/ownerReferences/0/name", json!("other"))], Refused("metadata.annotations")),
+        row(C, "an owner other than the name's", vec![set("/metadata/ownerReferences/0/uid", json!("7c1d2e3f-0000-4000-8000-000000000001"))], Refused("metadata.name")),
+        row(C, "an owner that is not the controller", vec![set("/metadata/ownerReferences/0/controller", json!(false))], Refused(NOT_OURS)),
+        row(C, "an owner blocking deletion", vec![set("/metadata/ownerReferences/0/blockOwnerDeletion", json!(true))], Refused("metadata.ownerReferences")),
+        row(C, "a second owner", vec![set("/metadata/ownerReferences/1", json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "CopyJob", "name": "other", "uid": "7c1d2e3f-0000-4000-8000-000000000001"}))], Refused("metadata.ownerReferences")),
+        row(C, "a finalizer", vec![set("/metadata/finalizers", json!(["example.com/never"]))], Refused("metadata.finalizers")),
+        row(C, "another tenant's released volume", vec![set("/spec/volumeName", json!("someone-elses"))], Refused(CLAIM)),
+        row(C, "a volume selector", vec![set("/spec/selector", json!({"matchLabels": {"tenant": "team-b"}}))], Refused("spec.selector")),
+        row(C, "shared by many nodes", vec![set("/spec/accessModes/0", json!("ReadWriteMany"))], Refused("spec.accessModes")),
+        row(C, "two access modes", vec![set("/spec/accessModes/1", json!("ReadOnlyMany"))], Refused("spec.accessModes")),
+        row(C, "a block device", vec![set("/spec/volumeMode", json!("Block"))], Refused("spec.volumeMode")),
+        row(C, "a volume attributes class", vec![set("/spec/volumeAttributesClassName", json!("fast"))], Refused("spec.volumeAttributesClassName")),
+        row(C, "a storage limit", vec![set("/spec/resources/limits", json!({"storage": "1Ti"}))], Refused("spec.resources")),
+        row(C, "another resource", vec![set("/spec/resources/requests/example.com~1iops", json!("1"))], Refused("spec.resources")),
+        row(C, "a clone of another claim", vec![set("/spec/dataSource", json!({"kind": "PersistentVolumeClaim", "name": "other"}))], Refused("spec.dataSource")),
+        row(C, "a snapshot of another API group", vec![set("/spec/dataSource/apiGroup", json!("example.com"))], Refused("spec.dataSource")),
+        row(C, "another kind of source", vec![set("/spec/dataSource/kind", json!("VolumeSnapshotContent"))], Refused("spec.dataSource")),
+        row(V, "another class", vec![set("/spec/volumeSnapshotClassName", json!("other"))], Admitted),
+        row(V, "another claim", vec![set("/spec/source/persistentVolumeClaimName", json!("other"))], Admitted),
+        row(V, "not a taken snapshot", vec![set("/metadata/name", json!("grab"))], Refused(NOT_OURS)),
+        row(V, "a name not made from the job", vec![set("/metadata/name", json!("ferry-snapshot-evil"))], Refused("metadata.name")),
+        row(V, "an annotation", vec![set("/metadata/annotations", json!({"snapshot.storage.kubernetes.io/deletion-secret-name": "other"}))], Refused("metadata.annotations")),
+        row(V, "an extra label", vec![set("/metadata/labels/tenant", json!("team-b"))], Refused("metadata.labels")),
+        row(V, "managed by someone else", vec![set("/metadata/labels/app.kubernetes.io~1managed-by", json!("helm"))], Refused("metadata.labels")),
+        row(V, "for another job", vec![set("/metadata/labels/ferry.dev~1snapshot-of", json!("7c1d2e3f-0000-4000-8000-000000000001"))], Refused("metadata.labels")),
+        row(V, "another namespace", vec![set("/metadata/namespace", json!("team-b"))], Admitted),
+        row(V, "an owner of another API version", vec![set("/metadata/ownerReferences/0/apiVersion", json!("ferry.dev/v1"))], Refused("metadata.ownerReferences")),
+        row(V, "an owner of another kind", vec![set("/metadata/ownerReferences/0/kind", json!("CopySchedule"))], Refused(NOT_OURS)),
+        row(V, "an owner of another name", vec![set("/metadata/ownerReferences/0/name", json!("other"))], Admitted),
+        row(V, "an owner other than the name's", vec![set("/metadata/ownerReferences/0/uid", json!("7c1d2e3f-0000-4000-8000-000000000001"))], Refused("metadata.name")),
+        row(V, "an owner that is not the controller", vec![set("/metadata/ownerReferences/0/controller", json!(false))], Refused(NOT_OURS)),
+        row(V, "an owner blocking deletion", vec![set("/metadata/ownerReferences/0/blockOwnerDeletion", json!(true))], Refused("metadata.ownerReferences")),
+        row(V, "a second owner", vec![set("/metadata/ownerReferences/1", json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "CopyJob", "name": "other", "uid": "7c1d2e3f-0000-4000-8000-000000000001"}))], Refused("metadata.ownerReferences")),
+        row(V, "an existing content", vec![set("/spec/source/volumeSnapshotContentName", json!("someone-elses"))], Refused("spec.source")),
+        row(V, "an extra field", vec![set("/spec/deletionPolicy", json!("Retain"))], Refused("spec.deletionPolicy")),
+    ]
+}
+
+/// Objects whose every field snapshot.rs sets.
+const SNAPSHOT_WHOLE: &[&str] = &["/spec/dataSource"];
+
+/// Ask the API server, as the operator, to create `obj` (a dry run: admission runs, nothing
+/// is stored); `Err` with the answer when it is not `answer`.
+fn ask(cp: &ControlPlane, kc: &Path, obj: &Value, answer: Answer) -> Result<()> {
+    let kc = kc.to_string_lossy();
+    let out = cp.kubectl_stdin(
+        &["--kubeconfig", &kc, "create", "--dry-run=server", "-f", "-"],
+        &obj.to_string(),
+    )?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    match answer {
+        Answer::Admitted => ensure!(out.status.success(), "refused: {err}"),
+        Answer::Refused(why) => ensure!(
+            !out.status.success() && err.contains(why),
+            "expected a refusal naming {why:?}, got {}: {err}",
+            if out.status.success() {
+                "admitted"
+            } else {
+                "another refusal"
+            }
+        ),
+    }
+    Ok(())
+}
+
+/// Every row against the API server; all the failures at once.
+fn ask_all(cp: &ControlPlane, kc: &Path, bases: &[(Base, Value)], rows: &[Row]) -> Result<()> {
+    let mut failed = Vec::new();
+    for r in rows {
+        let mut obj = bases
+            .iter()
+            .find(|(b, _)| *b == r.base)
+            .map(|(_, v)| v.clone())
+            .context("no such base")?;
+        let asked = r
+            .edits
+            .iter()
+            .try_for_each(|e| apply(&mut obj, e))
+            .and_then(|()| ask(cp, kc, &obj, r.answer));
+        if let Err(e) = asked {
+            failed.push(format!("{:?} with {}: {e:#}", r.base, r.what));
+        }
+    }
+    ensure!(
+        failed.is_empty(),
+        "{} of {} rows answered otherwise:\n{}",
+        failed.len(),
+        rows.len(),
+        failed.join("\n")
+    );
+    Ok(())
+}
+
+/// `ask` until it gives `answer` (the API server applies a new policy, or sees a new
+/// PriorityClass, a moment after it is stored), for at most 30 s; then the last answer.
+fn ask_until(cp: &ControlPlane, kc: &Path, obj: &Value, answer: Answer) -> Result<()> {
+    let _ = wait_for("the answer", Duration::from_secs(30), || {
+        ask(cp, kc, obj, answer).is_ok()
+    });
+    ask(cp, kc, obj, answer)
+}
+
+/// The chart as rendered into `deploy/`, the job's namespaces, and the operator's
+/// ServiceAccount kubeconfig; returned once the chart's policies refuse `refused` (an
+/// object the policies have always refused).
+fn install(cp: &ControlPlane, refused: &Value, why: &'static str) -> Result<PathBuf> {
+    cp.install_rendered(NS, "ferry.yaml")?;
+    for ns in [TEAM, "team-b"] {
+        cp.kubectl_ok(&["create", "namespace", ns])?;
+    }
+    let kc = cp.service_account_kubeconfig(NS, "ferry-operator", None)?;
+    ask_until(cp, &kc, refused, Answer::Refused(why)).context("the chart's policies in force")?;
+    Ok(kc)
+}
+
+/// `obj` in namespace `ns`.
+fn moved(obj: &Value, ns: &str) -> Result<Value> {
+    let mut obj = obj.clone();
+    apply(&mut obj, &set("/metadata/namespace", json!(ns)))?;
+    Ok(obj)
+}
+
+#[test]
+fn holder_policy_admits_exactly_the_pod_holder_rs_builds_and_refuses_it_with_any_field_added_or_changed(
+) -> Result<()> {
+    let image = holder_image()?;
+    let job = job("move", UID, None)?;
+    let pod = |destination, claim, node| {
+        serde_json::to_value(holder::pod(&job, destination, claim, &image, node))
+    };
+    let source = pod(false, "data", None)?;
+    let destination = pod(true, "copy", Some("node-b"))?;
+    // The other holders the code makes: each end with and without a preferred node.
+    let also = [
+        pod(false, "data", Some("node-b"))?,
+        pod(true, "copy", None)?,
+    ];
+    let bases = [
+        (Base::Source, source.clone()),
+        (Base::Destination, destination.clone()),
+    ];
+    let rows = holder_rows(&image);
+    check_coverage(&bases, &rows, HOLDER_WHOLE)?;
+
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    let plain = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": TEAM},
+        "spec": {"containers": [{"name": "c", "image": image}]}});
+    let kc = install(&cp, &plain, NOT_A_HOLDER)?;
+    // What the rows name must exist, so that the refusal is the policy's, not a lookup's.
+    cp.apply("apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: ferry-e2e}\nhandler: runc\n")?;
+    cp.apply("apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: ferry-e2e-high}\nvalue: 1000000\n")?;
+    for exact in bases.iter().map(|(_, v)| v).chain(&also) {
+        ask(&cp, &kc, exact, Answer::Admitted)
+            .with_context(|| format!("the holder the code builds: {exact}"))?;
+    }
+    // It meets the `restricted` Pod Security level; and where a LimitRange gives containers
+    // a default CPU limit and ephemeral storage, the API server's additions are admitted.
+    cp.kubectl_ok(&["create", "namespace", "restricted"])?;
+    cp.kubectl_ok(&[
+        "label",
+        "namespace",
+        "restricted",
+        "pod-security.kubernetes.io/enforce=restricted",
+    ])?;
+    ask(&cp, &kc, &moved(&source, "restricted")?, Answer::Admitted)
+        .context("the holder in a restricted namespace")?;
+    cp.kubectl_ok(&["create", "namespace", "limited"])?;
+    cp.apply(concat!(
+        "apiVersion: v1\nkind: LimitRange\nmetadata: {name: defaults, namespace: limited}\n",
+        "spec:\n  limits:\n  - type: Container\n",
+        "    default: {cpu: 500m, ephemeral-storage: 1Gi}\n",
+        "    defaultRequest: {ephemeral-storage: 64Mi}\n",
+    ))?;
+    ask_until(&cp, &kc, &moved(&source, "limited")?, Answer::Admitted)
+        .context("the holder in a namespace with a LimitRange")?;
+    ask_all(&cp, &kc, &bases, &rows)?;
+
+    // And for real: created, then deleted, on the operator's token.
+    let kcs = kc.to_string_lossy();
+    let out = cp.kubectl_stdin(
+        &["--kubeconfig", &kcs, "create", "-f", "-"],
+        &source.to_string(),
+    )?;
+    ensure!(
+        out.status.success(),
+        "creating the holder: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = source["metadata"]["name"].as_str().context("a name")?;
+    cp.kubectl_ok(&[
+        "--kubeconfig",
+        &kcs,
+        "delete",
+        "pod",
+        name,
+        "-n",
+        TEAM,
+        "--wait=false",
+    ])?;
+
+    // A cluster whose default PriorityClass every pod gets: holders are refused until the
+    // chart lists it in operator.holderPriorityClassNames.
+    cp.apply("apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: ferry-e2e-default}\nvalue: 1000\nglobalDefault: true\n")?;
+    ask_until(&cp, &kc, &source, Answer::Refused("spec.priorityClassName"))
+        .context("a holder given the cluster's default PriorityClass")?;
+    let Some(helm) = ferry_e2e::helm_or_skip()? else {
+        return Ok(());
+    };
+    let out = std::process::Command::new(helm)
+        .current_dir(repo_root())
+        .args(["template", "ferry", "charts/ferry", "--namespace", NS])
+        .args(["--show-only", "templates/admission.yaml"])
+        .args([
+            "--set",
+            "operator.holderPriorityClassNames={ferry-e2e-default}",
+        ])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cp.kubectl_stdin(
+        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+        &String::from_utf8_lossy(&out.stdout),
+    )?;
+    ensure!(
+        out.status.success(),
+        "applying the policies with the class listed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ask_until(&cp, &kc, &source, Answer::Admitted)
+        .context("a holder of the listed default PriorityClass")?;
+    ask(
+        &cp,
+        &kc,
+        &with_class(&source, "ferry-e2e-high")?,
+        Answer::Refused("spec.priorityClassName"),
+    )
+    .context("a holder of a class not listed")
+}
+
+/// `obj` with PriorityClass `class`.
+fn with_class(obj: &Value, class: &str) -> Result<Value> {
+    let mut obj = obj.clone();
+    apply(&mut obj, &set("/spec/priorityClassName", json!(class)))?;
+    Ok(obj)
+}
+
+#[test]
+fn snapshot_sources_policy_admits_exactly_the_claim_and_snapshot_snapshot_rs_builds() -> Result<()>
+{
+    let job = job("move", UID, Some("csi-snapshots"))?;
+    let taken = ferry_operator::resolve::taken_snapshot(UID);
+    let claim = serde_json::to_value(snapshot::claim_for(&job, &taken, "csi", "1Gi"))?;
+    let snap = serde_json::to_value(snapshot::snapshot_of_claim(&job, "data"))?;
+    let bases = [(Base::Claim, claim.clone()), (Base::Snapshot, snap)];
+    let rows = snapshot_rows();
+    // Each kind on its own rows.
+    for base in &bases {
+        check_coverage(std::slice::from_ref(base), &rows, SNAPSHOT_WHOLE)?;
+    }
+
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    let mut grab = claim;
+    apply(&mut grab, &set("/metadata/name", json!("grab")))?;
+    let kc = install(&cp, &grab, NOT_OURS)?;
+    // The VolumeSnapshot API, as far as admission needs it: the kind, its fields kept as sent.
+    cp.apply(concat!(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n",
+        "metadata:\n  name: volumesnapshots.snapshot.storage.k8s.io\n",
+        "  annotations: {api-approved.kubernetes.io: \"https://github.com/kubernetes-csi/external-snapshotter/pull/419\"}\n",
+        "spec:\n  group: snapshot.storage.k8s.io\n  scope: Namespaced\n",
+        "  names: {kind: VolumeSnapshot, plural: volumesnapshots, singular: volumesnapshot, listKind: VolumeSnapshotList}\n",
+        "  versions:\n  - name: v1\n    served: true\n    storage: true\n",
+        "    schema: {openAPIV3Schema: {type: object, properties: {spec: {type: object, x-kubernetes-preserve-unknown-fields: true}}}}\n",
+    ))?;
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/volumesnapshots.snapshot.storage.k8s.io",
+    ])?;
+    for (_, exact) in &bases {
+        ask_until(&cp, &kc, exact, Answer::Admitted)
+            .with_context(|| format!("what the code builds: {exact}"))?;
+    }
+    ask_all(&cp, &kc, &bases, &rows)
+}
