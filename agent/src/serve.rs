@@ -57,6 +57,8 @@ pub struct Metrics {
     pub active_shards: IntGauge,
     /// `ferry_agent_ready`: what `/readyz` answers, as 1 or 0 (set at each scrape).
     pub ready: IntGauge,
+    /// `ferry_agent_jobs_watched`: CopyJobs this agent holds (those labelled for its node).
+    pub jobs_watched: IntGauge,
     jobs: Arc<JobGauges>,
     /// `ferry_agent_network_bytes_total{direction, copyjob_namespace, copyjob}`: file bytes of copies
     /// between nodes, sent (as a sender) or received (as a receiver).
@@ -140,6 +142,10 @@ impl Metrics {
             "ferry_agent_ready",
             "1 when the agent is ready (CopyJob watch synced, heartbeat Lease current), else 0",
         )?;
+        let jobs_watched = IntGauge::new(
+            "ferry_agent_jobs_watched",
+            "CopyJobs this agent holds: those with a shard on its node (labelled for it)",
+        )?;
         let job_gauge =
             |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &JOB_LABELS);
         let jobs = Arc::new(JobGauges {
@@ -195,6 +201,7 @@ impl Metrics {
             Box::new(file_copy_seconds.clone()),
             Box::new(active_shards.clone()),
             Box::new(ready.clone()),
+            Box::new(jobs_watched.clone()),
             Box::new(jobs.bytes_done.clone()),
             Box::new(jobs.bytes_total.clone()),
             Box::new(jobs.files_done.clone()),
@@ -222,6 +229,7 @@ impl Metrics {
             file_copy_seconds,
             active_shards,
             ready,
+            jobs_watched,
             jobs,
             network_bytes,
             network_jobs: Arc::default(),

@@ -32,6 +32,10 @@ pub use api::*;
 #[cfg(feature = "k8s")]
 mod digest;
 #[cfg(feature = "k8s")]
+mod node_label;
+#[cfg(feature = "k8s")]
+pub use node_label::{node_label, node_labels, NODE_LABEL_PREFIX};
+#[cfg(feature = "k8s")]
 mod schedule;
 #[cfg(feature = "k8s")]
 pub use schedule::*;

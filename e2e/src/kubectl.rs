@@ -26,6 +26,12 @@ impl Kubectl {
         }
     }
 
+    /// The same kubectl as another user: with `kubeconfig` (e.g. a ServiceAccount's, from
+    /// `ControlPlane::service_account_kubeconfig`).
+    pub fn as_user(&self, kubeconfig: PathBuf) -> Self {
+        Self::new(self.bin.clone(), kubeconfig, self.logs.clone())
+    }
+
     /// Run kubectl against this cluster.
     pub fn kubectl(&self, args: &[&str]) -> Result<Output> {
         Command::new(&self.bin)

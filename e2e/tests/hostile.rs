@@ -11,3 +11,5 @@
 mod holder;
 #[path = "hostile/spec.rs"]
 mod spec;
+#[path = "hostile/watch.rs"]
+mod watch;

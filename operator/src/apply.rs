@@ -205,6 +205,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             crate::snapshot::release(&ctx.client, &ns, job).await?;
         }
     }
+    label_nodes(job, &status, ctx, &ns).await?;
     // ttlSecondsAfterFinished: delete the finished job once its time is up (the finalizer
     // runs as for any deletion), or come back when it will be.
     if let (Some(ttl), Some(done)) = (job.spec.ttl_seconds_after_finished, &status.finished_at) {
@@ -218,6 +219,43 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         requeue = Some(Duration::from_secs(left as u64));
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Label the job for the agents that work on it (see [`ferry_crds::node_labels`]): the
+/// nodes of its unfinished shards, and no others. Checked on every reconcile, so a label a
+/// tenant removed or added (the chart's policy refuses that) is set right again.
+async fn label_nodes(
+    job: &CopyJob,
+    status: &CopyJobStatus,
+    ctx: &Context,
+    ns: &str,
+) -> Result<(), Error> {
+    let want = ferry_crds::node_labels(&status.shards);
+    let have: std::collections::BTreeSet<&String> = job
+        .labels()
+        .keys()
+        .filter(|k| k.starts_with(ferry_crds::NODE_LABEL_PREFIX))
+        .collect();
+    if have.len() == want.len() && want.iter().all(|w| have.contains(w)) {
+        return Ok(());
+    }
+    // A merge patch: every label of ours that should go is null, every one wanted is set.
+    let mut labels = serde_json::Map::new();
+    for k in have {
+        labels.insert(k.clone(), serde_json::Value::Null);
+    }
+    for k in want {
+        labels.insert(k, "".into());
+    }
+    let patch = serde_json::json!({ "metadata": { "labels": labels } });
+    Api::<CopyJob>::namespaced(ctx.client.clone(), ns)
+        .patch(
+            &job.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
 }
 
 /// A snapshot source not restored yet: why the job waits (see [`crate::snapshot`]).

@@ -157,10 +157,16 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         running: Mutex::default(),
         finished: Mutex::default(),
     });
+    // Only the jobs the operator labelled for this node (ferry_crds::node_label), and
+    // without their managedFields: an agent holds the jobs it works on, not the cluster's.
     let jobs = Api::<CopyJob>::all(client.clone());
-    let mut stream = reflector(writer, watcher(jobs, watcher::Config::default()))
-        .default_backoff()
-        .boxed();
+    let mine = watcher::Config::default().labels(&ferry_crds::node_label(&settings.node));
+    let mut stream = reflector(
+        writer,
+        watcher(jobs, mine).modify(|job| job.managed_fields_mut().clear()),
+    )
+    .default_backoff()
+    .boxed();
     // Look again at every job now and then (see RESCAN_EVERY), and stop runs the moment
     // the heartbeat is stale.
     {
@@ -178,12 +184,16 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             loop {
                 tokio::time::sleep(RESCAN_EVERY).await;
                 let jobs = store.state();
+                metrics.jobs_watched.set(jobs.len() as i64);
                 for job in &jobs {
                     agent.consider(job);
                 }
                 // Only from a complete list (the watch has listed once): journals of jobs
-                // finished or deleted go.
+                // finished or deleted go, and so does what this agent holds of jobs it no
+                // longer sees (a re-list after an outage sends no deletions).
                 if health.watching.load(Ordering::Relaxed) {
+                    let seen: HashSet<String> = jobs.iter().filter_map(|j| j.uid()).collect();
+                    agent.keep_only(&seen);
                     forget_finished(&journals, &jobs).await;
                 }
             }
@@ -214,9 +224,11 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             }
             Ok(watcher::Event::Delete(job)) => {
                 // A finished job's gauges stay (with their final values) as long as the
-                // job exists, and go with it.
+                // job exists (or is labelled for this node), and go with it.
                 let (ns, name) = job_key(&job);
                 metrics.forget_job(&ns, &name);
+                // Deleted, or no longer labelled for this node: nothing of it runs here.
+                agent.let_go(&job);
                 continue;
             }
             Err(e) => {
@@ -274,6 +286,32 @@ async fn forget_finished(journals: &Arc<journal::Journals>, jobs: &[Arc<CopyJob>
 }
 
 impl Agent {
+    /// Stop the runs of a job this agent no longer sees (deleted, or its shards no longer
+    /// on this node), as a run given to another node stops, and forget its finished runs.
+    fn let_go(&self, job: &CopyJob) {
+        let prefix = format!("{}/", job.uid().unwrap_or_default());
+        for (key, active) in lock(&self.running).iter() {
+            if key.starts_with(&prefix) && !active.fenced.swap(true, Ordering::Relaxed) {
+                active.cancel.store(true, Ordering::Relaxed);
+                tracing::warn!(shard = %key, "the job is no longer this node's to run: stopping");
+            }
+        }
+        lock(&self.finished).retain(|k| !k.starts_with(&prefix));
+    }
+
+    /// [`Agent::let_go`] of every job whose uid is not in `seen`: the set of finished runs
+    /// stays as small as the jobs this node works on.
+    fn keep_only(&self, seen: &HashSet<String>) {
+        let uid_of = |key: &str| key.split('/').next().unwrap_or_default().to_string();
+        for (key, active) in lock(&self.running).iter() {
+            if !seen.contains(&uid_of(key)) && !active.fenced.swap(true, Ordering::Relaxed) {
+                active.cancel.store(true, Ordering::Relaxed);
+                tracing::warn!(shard = %key, "the job is no longer this node's to run: stopping");
+            }
+        }
+        lock(&self.finished).retain(|k| seen.contains(&uid_of(k)));
+    }
+
     /// Stop every running shard when this agent may no longer hold work (its heartbeat has
     /// not been renewed for two thirds of a lease); they publish nothing (see run_shard).
     fn fence_if_stale(&self) {
