@@ -3,7 +3,8 @@
 //! (the process says whether it is ready, and if not why). HTTP/1.1 by hyper's server on a
 //! tokio listener, with a bound on everything a client controls: the size of a request
 //! head, the time to send it, a connection's lifetime, and how many connections are open
-//! at once. Used by `ferry-operator` and `ferry-agent run`.
+//! at once, per peer address and in all ([`Limits`], enforced by a [`gate::Gate`], which
+//! the agent's transfer port uses too). Used by `ferry-operator` and `ferry-agent run`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,7 +19,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+
+pub mod gate;
+use gate::{Gate, GateLimits};
 
 /// What a process exposes.
 pub trait Endpoints: Send + Sync + 'static {
@@ -36,18 +39,30 @@ pub fn render(registry: &Registry) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// What a client may make the server hold. Anyone who can reach the port is a client.
+/// What a client may make the server hold. Anyone who can reach the port is a client, and
+/// none proves anything: the connections are held in a [`Gate`], where a peer address has a
+/// share of them and a newcomer evicts the busiest peer's oldest connection rather than
+/// being refused, so a flood (idle connections, slow heads, unread answers) from a few
+/// addresses cannot starve the kubelet's probe, which sends its head at once and whose
+/// answer is a few bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Bytes of a request head (request line and headers); a longer one gets 431 and the
-    /// connection is closed. hyper's floor is 8 KiB.
+    /// connection is closed. hyper's floor is 8 KiB. Default 16 KiB.
     pub head_bytes: usize,
-    /// Time to send the request head.
+    /// Time from the connection's accept to its complete request head. Default 2 s: the
+    /// kubelet and Prometheus send theirs at once (a probe's own timeout is 1 s by default).
     pub head_timeout: Duration,
-    /// Time a connection may stay open at all.
+    /// Time a connection may stay open at all (the head, then writing the answer). Default
+    /// 10 s, Prometheus's default scrape timeout.
     pub connection_timeout: Duration,
-    /// Connections open at once; a connection beyond it is closed at once (rather than
-    /// queued, so a flood cannot delay the kubelet's probes behind it for long).
+    /// Connections one peer address may hold open; its next one evicts its oldest (one that
+    /// has not sent its head first). Default 8: a kubelet holds one or two (liveness and
+    /// readiness), a Prometheus one.
+    pub connections_per_peer: usize,
+    /// Connections open at once in all; the next one evicts the oldest of the peer holding
+    /// the most. Default 128 (file descriptors, and at most a head buffer and an answer
+    /// each).
     pub connections: usize,
 }
 
@@ -55,12 +70,17 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             head_bytes: 16 * 1024,
-            head_timeout: Duration::from_secs(5),
-            connection_timeout: Duration::from_secs(30),
-            connections: 64,
+            head_timeout: Duration::from_secs(2),
+            connection_timeout: Duration::from_secs(10),
+            connections_per_peer: 8,
+            connections: 128,
         }
     }
 }
+
+/// After a failed accept (out of file descriptors, say), the pause before the next: the
+/// error is the same until a connection closes, and retrying at once spins a core.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 
 /// Answer on `listener` until the process ends, within [`Limits::default`].
 pub async fn serve(listener: TcpListener, endpoints: Arc<dyn Endpoints>) {
@@ -69,19 +89,28 @@ pub async fn serve(listener: TcpListener, endpoints: Arc<dyn Endpoints>) {
 
 /// Answer on `listener` until the process ends, within `limits`.
 pub async fn serve_with(listener: TcpListener, endpoints: Arc<dyn Endpoints>, limits: Limits) {
-    let slots = Arc::new(Semaphore::new(limits.connections));
+    let gate = Gate::new(GateLimits {
+        per_peer: limits.connections_per_peer,
+        total: limits.connections,
+        pending_timeout: limits.head_timeout,
+    });
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
-        };
+        // Admitted here, in accept order, so that the eviction order is the arrival order.
+        let mut entry = gate.admit(peer.ip());
         let endpoints = endpoints.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let proof = entry.proof();
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                // The head is complete: from now on the head time no longer applies, and the
+                // peer's connections still without one are evicted before this one.
+                proof.proven();
                 let response = answer(req.method(), req.uri().path(), &*endpoints);
                 async move { Ok::<_, Infallible>(response) }
             });
@@ -91,8 +120,11 @@ pub async fn serve_with(listener: TcpListener, endpoints: Arc<dyn Endpoints>, li
                 .max_buf_size(limits.head_bytes.max(8192))
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
-            // The body of a request is never read; the connection closes after the answer.
-            let _ = tokio::time::timeout(limits.connection_timeout, connection).await;
+            // The body of a request is never read; the connection closes after the answer,
+            // when the gate evicts it, or at the connection timeout, whichever comes first.
+            let _ = entry
+                .run(tokio::time::timeout(limits.connection_timeout, connection))
+                .await;
         });
     }
 }
@@ -246,31 +278,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn connections_beyond_the_limit_are_closed_at_once_and_a_freed_slot_answers_again() {
+    async fn with_every_connection_taken_a_newcomer_evicts_the_oldest_idle_one_and_is_answered() {
         let limits = Limits {
             connections: 2,
-            head_timeout: Duration::from_millis(300),
             ..Limits::default()
         };
         let port = start_with(Ok(()), limits).await;
         let connect = || tokio::net::TcpStream::connect(("127.0.0.1", port));
-        let idle = [
-            connect().await.expect("connect"),
-            connect().await.expect("connect"),
-        ];
+        let mut oldest = connect().await.expect("connect");
+        let _idle = connect().await.expect("connect");
         // Give the server the time to accept both.
         tokio::time::sleep(Duration::from_millis(50)).await;
         let started = Instant::now();
-        let refused = get(port, "GET /healthz HTTP/1.0\r\n\r\n").await;
-        assert_eq!(refused, "", "a third connection was served");
-        assert!(
-            started.elapsed() < Duration::from_millis(250),
-            "it was queued"
-        );
-        // The idle ones time out; their slots serve again.
-        tokio::time::sleep(Duration::from_millis(500)).await;
         let h = get(port, "GET /healthz HTTP/1.0\r\n\r\n").await;
         assert!(code(&h) == "200", "{h}");
-        drop(idle);
+        assert!(started.elapsed() < Duration::from_secs(1), "it was queued");
+        // The oldest idle connection was closed for it, not the newer one.
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(1), oldest.read_to_end(&mut out));
+        assert!(
+            read.await.is_ok(),
+            "the oldest idle connection is still open"
+        );
     }
 }
