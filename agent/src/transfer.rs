@@ -26,10 +26,28 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::io::SyncIoBridge;
 
-/// How long a peer has to complete the TLS handshake and its hello.
+/// How long each step of reaching a sender may take on the receiver's side (connecting, the
+/// TLS handshake, the sender's answer), and on the sender's the hello of a peer that has
+/// completed its handshake and the lookup of its grant.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; more wait in the listen backlog.
+/// Authenticated connections (TLS handshake done with this install's certificate) served at
+/// once; one beyond waits for a slot for up to [`HANDSHAKE_TIMEOUT`]. No slot is taken
+/// before the handshake is done, so no peer without a certificate ever holds one.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Time a connection has from its accept to a completed TLS handshake. Such a handshake
+/// takes milliseconds (on a loaded node, well under a second); anyone on the network can
+/// open a connection, so one that has not shown a certificate is held only this long.
+pub const UNAUTHENTICATED_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections one peer address may hold before completing its handshake; its next one
+/// evicts its oldest. A receiver dials a shard's streams one after another, so an agent
+/// with `--max-shards` at its default of 4 has at most 4 handshakes in flight here; a
+/// hostile pod has one address and only ever evicts its own connections.
+pub const UNAUTHENTICATED_PER_PEER: usize = 16;
+/// Connections held before completing their handshake, in all (each a descriptor, a task and
+/// a TLS state of tens of KiB). When full, a newcomer evicts the oldest of the peer that
+/// holds the most, rather than being refused: a flood never keeps an agent's handshake,
+/// which completes in milliseconds, from starting (see `ferry_serve::gate`).
+pub const UNAUTHENTICATED_TOTAL: usize = 128;
 
 /// Why a transfer connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +65,12 @@ pub enum TransferError {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
+    },
+    #[error("the TLS handshake with {addr}: {closed}")]
+    Unauthenticated {
+        addr: SocketAddr,
+        #[source]
+        closed: ferry_serve::gate::Closed,
     },
     #[error("the sender refused the shard: {0}")]
     Refused(String),
@@ -165,17 +189,25 @@ impl Grants for NoGrants {
 
 /// Serve the transfer port: every connection is authenticated (TLS with the newest
 /// identity on `identity`, then its hello) and then served on a blocking thread, at most
-/// [`MAX_CONNECTIONS`] at once. Without an identity yet, connections are closed unanswered.
+/// [`MAX_CONNECTIONS`] at once. Until its handshake is done a connection is held in a
+/// bounded pool ([`UNAUTHENTICATED_PER_PEER`], [`UNAUTHENTICATED_TOTAL`],
+/// [`UNAUTHENTICATED_TIMEOUT`]), apart from the authenticated ones: a peer without this
+/// install's certificate cannot keep an agent's copy from being served. Without an identity
+/// yet, connections are closed unanswered.
 pub async fn serve(
     listener: TcpListener,
     identity: tokio::sync::watch::Receiver<Option<Arc<Tls>>>,
     grants: Arc<dyn Grants>,
 ) {
+    let gate = ferry_serve::gate::Gate::new(ferry_serve::gate::GateLimits {
+        per_peer: UNAUTHENTICATED_PER_PEER,
+        total: UNAUTHENTICATED_TOTAL,
+        pending_timeout: UNAUTHENTICATED_TIMEOUT,
+    });
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
+        // Accepted at once, whatever is open: a connection waiting in the listen backlog
+        // behind others cannot evict them, and its peer's handshake times out there.
         let (tcp, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
@@ -188,13 +220,25 @@ pub async fn serve(
             tracing::info!(%peer, "transfer connection closed: no certificate for this node yet");
             continue;
         };
+        // Admitted in accept order, so that the eviction order is the arrival order.
+        let entry = gate.admit(peer.ip());
         let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
         let grants = grants.clone();
+        let slots = slots.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(acceptor, tcp, grants).await {
-                tracing::info!(%peer, error = %e, "transfer connection refused or failed");
+            match connection(acceptor, tcp, peer, entry, slots, grants).await {
+                Ok(()) => {}
+                // Before its handshake is done a peer has shown nothing: a line at info for
+                // each such connection would let anyone on the network fill the node's log.
+                Err(
+                    e @ (TransferError::Unauthenticated { .. } | TransferError::Handshake { .. }),
+                ) => {
+                    tracing::debug!(%peer, error = %e, "transfer connection closed before its handshake was done");
+                }
+                Err(e) => {
+                    tracing::info!(%peer, error = %e, "transfer connection refused or failed");
+                }
             }
-            drop(permit);
         });
     }
 }
@@ -229,21 +273,29 @@ async fn timed<T>(
         .map_err(|_| TransferError::Timeout { what })
 }
 
-/// One connection: handshake, hello, then the source half until the receiver closes.
+/// One connection: handshake (in the gate's pool, as `entry`), then a slot of `slots`, the
+/// hello, and the source half until the receiver closes.
 async fn connection(
     acceptor: tokio_rustls::TlsAcceptor,
     tcp: TcpStream,
+    addr: SocketAddr,
+    mut entry: ferry_serve::gate::Entry,
+    slots: Arc<tokio::sync::Semaphore>,
     grants: Arc<dyn Grants>,
 ) -> Result<(), TransferError> {
-    let addr = tcp
-        .peer_addr()
-        .map_err(|e| TransferError::Hello(e.to_string()))?;
     let _ = tcp.set_nodelay(true);
     notice_a_vanished_peer(&tcp);
-    let mut tls = timed("the TLS handshake", acceptor.accept(tcp))
-        .await?
+    let mut tls = entry
+        .run(acceptor.accept(tcp))
+        .await
+        .map_err(|closed| TransferError::Unauthenticated { addr, closed })?
         .map_err(|source| TransferError::Handshake { addr, source })?;
+    // rustls completes the handshake only with a client certificate from this install's CA.
+    drop(entry);
     let peer = ferry_link::peer_node(tls.get_ref().1)?;
+    let _slot = timed("waiting for a free transfer slot", slots.acquire_owned())
+        .await?
+        .map_err(|e| TransferError::Hello(format!("the transfer slots: {e}")))?;
     let hello = timed("the hello", read_frame(&mut tls)).await??;
     let Frame::Hello {
         version,
