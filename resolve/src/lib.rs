@@ -158,14 +158,12 @@ async fn through_a_pod(
     let Some(pv_name) = pv_name else {
         return Ok(Err(not_mounted(format!("{field}.pvc: claim {claim:?} waits for its first consumer (its StorageClass binds volumes only for a scheduled pod); start a pod in namespace {ns:?} that mounts it (a pause pod is enough) and Ferry will copy on that pod's node"))));
     };
-    let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await?;
+    let pods = running_pods_with_claims(client, ns).await?;
     if exclusive {
         let ours = |p: &Pod| {
             !job_uid.is_empty() && p.labels().get(HOLDER_OF).map(String::as_str) == Some(job_uid)
         };
-        if let Some(user) = volume::mounting_pod(&pods.items, claim).filter(|p| !ours(p)) {
+        if let Some(user) = volume::mounting_pod(&pods, claim).filter(|p| !ours(p)) {
             return Ok(Err(Blocked {
                 condition: ConditionType::Resolved,
                 reason: Reason::VolumeInUse,
@@ -174,7 +172,7 @@ async fn through_a_pod(
         }
     }
     Ok(
-        volume::from_csi_mount(&volume::kubelet_dir(), pv_name, claim, &pods.items).ok_or_else(
+        volume::from_csi_mount(&volume::kubelet_dir(), pv_name, claim, &pods).ok_or_else(
             || not_mounted(format!("{field}.pvc: CSI volume {pv_name:?} is only reachable while a pod mounts it; start a pod in namespace {ns:?} that mounts claim {claim:?} (a pause pod is enough) and Ferry will copy on that pod's node")),
         ),
     )
@@ -407,11 +405,9 @@ pub async fn unmounted_claims(
     if csi.is_empty() {
         return Ok(Vec::new());
     }
-    let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await?;
+    let pods = running_pods_with_claims(client, ns).await?;
     let node_of = |claim: &str| {
-        volume::mounting_pod(&pods.items, claim)
+        volume::mounting_pod(&pods, claim)
             .and_then(|p| p.spec.as_ref())
             .and_then(|s| s.node_name.clone())
     };
@@ -565,6 +561,57 @@ pub async fn reach_both(
     Ok(reach(client, ns, df, dst, dd, uid)
         .await?
         .map(|dst| (source, dst)))
+}
+
+/// Pods listed a page at a time: what the operator holds of a namespace's pods at once.
+const POD_PAGE: u32 = 100;
+
+/// The Running pods of `ns` that mount a claim, with only what [`volume::mounting_pod`]
+/// reads of them. A job waiting for a CSI claim's pod looks every 5 s: the API server
+/// selects Running pods (a field selector), the list comes a page of [`POD_PAGE`] at a
+/// time, and a pod that mounts no claim, or the parts of one that say nothing about its
+/// mounts (containers, managed fields, annotations, most of its status), are dropped as
+/// each page arrives, so a namespace of many pods costs the operator one page of them.
+async fn running_pods_with_claims(client: &Client, ns: &str) -> Result<Vec<Pod>, kube::Error> {
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    let mut params = ListParams::default()
+        .fields("status.phase=Running")
+        .limit(POD_PAGE);
+    let mut kept = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        for mut pod in page.items {
+            let mounts_a_claim = pod.spec.as_ref().is_some_and(|s| {
+                s.volumes
+                    .iter()
+                    .flatten()
+                    .any(|v| v.persistent_volume_claim.is_some())
+            });
+            if !mounts_a_claim {
+                continue;
+            }
+            pod.metadata.managed_fields = None;
+            pod.metadata.annotations = None;
+            if let Some(spec) = pod.spec.as_mut() {
+                spec.containers.clear();
+                spec.init_containers = None;
+                if let Some(volumes) = spec.volumes.as_mut() {
+                    volumes.retain(|v| v.persistent_volume_claim.is_some());
+                }
+            }
+            if let Some(status) = pod.status.as_mut() {
+                *status = k8s_openapi::api::core::v1::PodStatus {
+                    phase: status.phase.take(),
+                    ..Default::default()
+                };
+            }
+            kept.push(pod);
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(kept),
+        }
+    }
 }
 
 /// The job's spec refused by validation, as a `Blocked`.

@@ -499,12 +499,19 @@ mod tests {
         let a = spec(root("r", "a"), root("r", "b"));
         assert_eq!(memo.get(Some("u1"), Some(1), &a, count), 1);
         assert_eq!(memo.get(Some("u1"), Some(1), &a, count), 1, "remembered");
-        assert_eq!(memo.get(Some("u1"), Some(2), &a, count), 2, "a new generation");
-        assert_eq!(memo.get(Some("u2"), Some(1), &a, count), 3, "another object");
+        assert_eq!(
+            memo.get(Some("u1"), Some(2), &a, count),
+            2,
+            "a new generation"
+        );
+        assert_eq!(
+            memo.get(Some("u2"), Some(1), &a, count),
+            3,
+            "another object"
+        );
         let b = spec(root("r", "c"), root("r", "b"));
         assert_eq!(memo.get(Some("u1"), Some(1), &b, count), 4, "another spec");
         assert_eq!(memo.get(None, Some(1), &a, count), 5, "not stored yet");
         assert_eq!(memo.get(None, Some(1), &a, count), 6, "not stored yet");
     }
-
 }
