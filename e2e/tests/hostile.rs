@@ -9,6 +9,8 @@
 
 #[path = "hostile/holder.rs"]
 mod holder;
+#[path = "hostile/listeners.rs"]
+mod listeners;
 #[path = "hostile/spec.rs"]
 mod spec;
 #[path = "hostile/watch.rs"]
