@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// Namespace for the heartbeat Lease (the agent's own namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "ferry-system")]
     pub namespace: String,
+    /// Namespace of the tickets of copies between nodes (Secrets read by name); unset: the
+    /// agent's own namespace. The chart gives them one of their own, so that the agent's
+    /// `get` on Secrets reaches nothing else.
+    #[arg(long, env = "FERRY_TICKET_NAMESPACE")]
+    pub ticket_namespace: Option<String>,
     /// Copy workers per shard unless the job sets parallelism.workersPerAgent (0: 16, or the
     /// CPUs if more, at most 64: a worker waits in every read of uncached data; of these only
     /// as many as CPUs run while the copy reads nothing from storage).

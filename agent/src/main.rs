@@ -17,6 +17,10 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
     let settings = ferry_agent::daemon::Settings {
         node: args.node,
         host_root: args.host_root,
+        ticket_namespace: args
+            .ticket_namespace
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| args.namespace.clone()),
         namespace: args.namespace,
         workers: args.workers.into(),
         max_shards: args.max_shards.into(),

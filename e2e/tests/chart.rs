@@ -20,6 +20,8 @@ use ferry_e2e::{
 use serde_json::{json, Value};
 
 const NS: &str = "ferry-system";
+/// Where the chart puts the tickets of copies between nodes (`<namespace>-tickets`).
+const TICKETS: &str = "ferry-system-tickets";
 const NODES: [&str; 2] = ["node-a", "node-b"];
 
 fn rendered(file: &str) -> PathBuf {
@@ -129,10 +131,14 @@ fn rendered_chart_is_accepted_by_the_apiserver_and_the_agent_pod_needs_a_privile
     for doc in documents(&rendered("ferry.yaml"))? {
         let kind = doc["kind"].as_str().unwrap_or_default().to_lowercase();
         let name = doc["metadata"]["name"].as_str().unwrap_or_default();
-        expected.insert(format!("{kind}/{name}"));
+        let ns = doc["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(NS)
+            .to_string();
+        expected.insert((format!("{kind}/{name}"), ns));
     }
-    for object in &expected {
-        let out = cp.kubectl(&["get", object, "-n", NS, "-o", "name"])?;
+    for (object, ns) in &expected {
+        let out = cp.kubectl(&["get", object, "-n", ns, "-o", "name"])?;
         ensure!(
             out.status.success(),
             "{object} from deploy/ferry.yaml is not there: {}",
@@ -150,13 +156,13 @@ fn rendered_chart_is_accepted_by_the_apiserver_and_the_agent_pod_needs_a_privile
         "poddisruptionbudget/ferry-operator",
     ] {
         ensure!(
-            expected.contains(object),
+            expected.contains(&(object.to_string(), NS.to_string())),
             "deploy/ferry.yaml lacks {object}: {expected:?}"
         );
     }
     // Monitoring objects are off by default.
     ensure!(
-        !expected.iter().any(|o| o.starts_with("servicemonitor")
+        !expected.iter().any(|(o, _)| o.starts_with("servicemonitor")
             || o.starts_with("podmonitor")
             || o.starts_with("prometheusrule")),
         "the default render has monitoring objects: {expected:?}"
@@ -604,13 +610,20 @@ fn start_with_tokens(cp: &ControlPlane) -> Result<(Vec<Proc>, Vec<u16>)> {
         &[
             ("KUBECONFIG", &operator_kc),
             ("FERRY_NAMESPACE", NS),
+            ("FERRY_TICKET_NAMESPACE", TICKETS),
             ("POD_NAME", "ferry-operator-0"),
             ("FERRY_HOLDER_IMAGE", &image),
         ],
     )?];
     let mut ports = vec![cp.operator_port()?];
     for (node, kc) in NODES.iter().zip(&agent_kcs) {
-        procs.push(cp.spawn_agent(node, &[("KUBECONFIG", &kc.to_string_lossy())])?);
+        procs.push(cp.spawn_agent(
+            node,
+            &[
+                ("KUBECONFIG", &kc.to_string_lossy()),
+                ("FERRY_TICKET_NAMESPACE", TICKETS),
+            ],
+        )?);
         ports.push(cp.agent_port(node)?);
     }
     Ok((procs, ports))
@@ -1190,9 +1203,9 @@ fn operator_permissions() -> BTreeSet<String> {
         "ferry-system core/configmaps create",        // signer: the first trust bundle
         "ferry-system core/configmaps get ferry-transfer-trust", // signer: publish
         "ferry-system core/configmaps update ferry-transfer-trust", // signer: publish
-        "ferry-system core/secrets create",           // ticket::issue (apply, first time)
-        "ferry-system core/secrets patch",            // ticket::issue (apply)
-        "ferry-system core/secrets delete",           // ticket::revoke
+        "ferry-system-tickets core/secrets create",   // ticket::issue (apply, first time)
+        "ferry-system-tickets core/secrets patch",    // ticket::issue (apply)
+        "ferry-system-tickets core/secrets delete",   // ticket::revoke
     ])
 }
 
@@ -1210,7 +1223,7 @@ fn agent_permissions() -> BTreeSet<String> {
         "ferry-system coordination.k8s.io/leases create", // heartbeat apply, first time
         "ferry-system coordination.k8s.io/leases patch",  // heartbeat apply
         "ferry-system coordination.k8s.io/leases get",    // a sender's transfer address
-        "ferry-system core/secrets get",                  // a shard's ticket, by name
+        "ferry-system-tickets core/secrets get",          // a shard's ticket, by name
         // Its transfer certificate (issue 14): requested, then read until issued.
         "cluster certificates.k8s.io/certificatesigningrequests create",
         "cluster certificates.k8s.io/certificatesigningrequests get",
@@ -1363,8 +1376,12 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         (ag, &["patch", "leases/ferry-agent-node-a", "-n", NS], true),
         (ag, &["create", "pods", "-n", "team"], false),
         (ag, &["create", "pods", "-n", NS], false),
-        // A shard's ticket, by name, in Ferry's namespace only; never a list.
-        (ag, &["get", "secrets", "-n", NS], true),
+        // A shard's ticket, by name, in the tickets' namespace only (nothing else of Ferry's
+        // namespace, Helm's release Secrets among them); never a list.
+        (ag, &["get", "secrets", "-n", TICKETS], true),
+        (ag, &["get", "secrets", "-n", NS], false),
+        (ag, &["list", "secrets", "-n", TICKETS], false),
+        (op, &["get", "secrets", "-n", TICKETS], false),
         (ag, &["get", "secrets", "-n", "team"], false),
         (ag, &["list", "secrets", "-n", NS], false),
         (ag, &["list", "secrets", "-A"], false),
@@ -1729,10 +1746,15 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "Deployment/copier-operator",
         "NetworkPolicy/copier-agent",
         "NetworkPolicy/copier-operator",
+        "Namespace/ferry-system-tickets",
         "Role/copier-agent",
+        "Role/copier-agent-tickets",
         "Role/copier-operator",
+        "Role/copier-operator-tickets",
         "RoleBinding/copier-agent",
+        "RoleBinding/copier-agent-tickets",
         "RoleBinding/copier-operator",
+        "RoleBinding/copier-operator-tickets",
         "Service/copier-operator",
         "ServiceAccount/copier-agent",
         "ServiceAccount/copier-operator",
@@ -1744,6 +1766,8 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "ValidatingAdmissionPolicyBinding/copier-holder-pods",
         "ValidatingAdmissionPolicy/copier-snapshot-sources",
         "ValidatingAdmissionPolicyBinding/copier-snapshot-sources",
+        "ValidatingAdmissionPolicy/copier-node-labels",
+        "ValidatingAdmissionPolicyBinding/copier-node-labels",
     ]);
     ensure!(names == expected, "custom render has {names:?}");
     // The policies are about the renamed accounts: the agents', and the operator's for its

@@ -29,8 +29,11 @@ pub struct Context {
     pub heartbeats: Arc<Heartbeats>,
     /// How long node-local work waits for a lost node before failing `NodeUnavailable`.
     pub node_deadline: Duration,
-    /// Ferry's own namespace: the agents' Leases, the tickets of copies between nodes.
+    /// Ferry's own namespace: the agents' Leases.
     pub namespace: String,
+    /// Where the tickets of copies between nodes are (`FERRY_TICKET_NAMESPACE`; the chart
+    /// gives them a namespace of their own, see `charts/ferry/templates/tickets.yaml`).
+    pub ticket_namespace: String,
     /// The image of holder pods (see [`crate::holder`]); `None`: none are made.
     pub holder_image: Option<String>,
     /// Whether snapshot sources may be used (`FERRY_SNAPSHOT_SOURCES=true`: the chart's
@@ -115,7 +118,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     // the receiver finds it when it sees the assignment (on a conflict below, the next
     // decision writes another; the one written here then opens nothing).
     if write && assignment_changed && crate::ticket::needed(&status.shards) {
-        crate::ticket::issue(&ctx.client, &ctx.namespace, job, &status.shards).await?;
+        crate::ticket::issue(&ctx.client, &ctx.ticket_namespace, job, &status.shards).await?;
     }
     if write {
         // The shard entries carry only the assignment: their progress fields belong to the
@@ -194,7 +197,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             && !finished(old.phase)
             && old.shards.iter().any(ShardStatus::between_nodes)
         {
-            crate::ticket::revoke(&ctx.client, &ctx.namespace, job).await?;
+            crate::ticket::revoke(&ctx.client, &ctx.ticket_namespace, job).await?;
         }
         // Nor its holder pods (the agents are done with the volumes), nor the claim its
         // snapshot was restored to, nor a snapshot it took.
@@ -299,7 +302,7 @@ pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         // Its tickets go with it (the receivers have stopped: nothing dials for it), and
         // its holder pods (no agent copies through their mounts any more).
         if between_nodes {
-            crate::ticket::revoke(&ctx.client, &ctx.namespace, job).await?;
+            crate::ticket::revoke(&ctx.client, &ctx.ticket_namespace, job).await?;
         }
         if let Some(ns) = job.namespace() {
             if ctx.holder_image.is_some() {

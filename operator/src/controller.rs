@@ -53,6 +53,10 @@ pub async fn run(
         heartbeats: heartbeats.clone(),
         node_deadline,
         namespace: agent_namespace(),
+        ticket_namespace: std::env::var("FERRY_TICKET_NAMESPACE")
+            .ok()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(agent_namespace),
         holder_image: holder_image(),
         snapshot_sources: std::env::var("FERRY_SNAPSHOT_SOURCES").is_ok_and(|v| v == "true"),
     });

@@ -99,7 +99,7 @@ impl SenderGrants {
         }
         let t = ticket(
             &self.client,
-            &self.settings.namespace,
+            &self.settings.ticket_namespace,
             uid,
             &shard.to_string(),
         )
@@ -228,7 +228,7 @@ pub(super) async fn dial(
         format!("node {me} has no transfer certificate yet (the operator's signer issues it)")
     })?;
     let uid = job.uid().unwrap_or_default();
-    let t = ticket(client, &settings.namespace, &uid, &shard.id).await?;
+    let t = ticket(client, &settings.ticket_namespace, &uid, &shard.id).await?;
     if &t.receiver != me || t.sender != shard.sender || t.epoch != shard.epoch {
         return Err(format!(
             "the ticket of shard {} pairs {} -> {} at epoch {}, not {} -> {me} at epoch {} (reassigned?)",

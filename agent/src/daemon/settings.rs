@@ -12,6 +12,8 @@ pub struct Settings {
     pub host_root: PathBuf,
     /// Namespace of the heartbeat Leases.
     pub namespace: String,
+    /// Namespace of the tickets of copies between nodes.
+    pub ticket_namespace: String,
     /// Copy workers per shard (0: CPUs).
     pub workers: usize,
     /// Shards run at once; the others wait for a slot.

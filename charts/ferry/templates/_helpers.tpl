@@ -52,6 +52,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{- define "ferry.ticketNamespace" -}}
+{{- default (printf "%s-tickets" .Release.Namespace) .Values.tickets.namespace }}
+{{- end }}
+
 {{- define "ferry.agent.serviceAccountName" -}}
 {{- if .Values.agent.serviceAccount.create }}
 {{- default (printf "%s-agent" (include "ferry.fullname" .)) .Values.agent.serviceAccount.name }}
