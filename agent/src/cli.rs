@@ -179,6 +179,14 @@ pub struct CopyArgs {
     /// copy.
     #[arg(long)]
     pub sync: bool,
+    /// Keep SRC's privileged files: make its device nodes, keep the setuid and setgid bits
+    /// of files and their capabilities (`security.capability`). Without it they are
+    /// dropped, as a CopyJob drops them unless its destination allows them: a device node
+    /// is not made (reported as a failure), setuid/setgid bits are cleared, capabilities are
+    /// not copied. Even kept, setuid/setgid bits and capabilities are dropped from a copy
+    /// whose owner could not be kept, as GNU cp does.
+    #[arg(long)]
+    pub keep_privileged_files: bool,
     /// Copy as a copy between nodes does, on this machine: the source half (walk beneath
     /// SRC, read, hash) and the destination half (everything that writes DST) in one
     /// process, joined by a local socket and the transfer protocol instead of shared

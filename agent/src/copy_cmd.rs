@@ -59,6 +59,10 @@ pub fn options(args: &CopyArgs) -> Result<Options, String> {
         resume: args.resume,
         staging_tag: args.staging_tag.clone(),
         sync: args.sync,
+        privileged: match args.keep_privileged_files {
+            true => ferry_engine::Privileged::Keep,
+            false => ferry_engine::Privileged::Drop,
+        },
         faults: ferry_engine::Faults {
             delay_per_file: args.fault_delay_per_file_ms.map(Duration::from_millis),
             ..ferry_engine::Faults::default()

@@ -54,7 +54,8 @@ fn modes_including_setuid_setgid_sticky_and_0555_dirs_are_preserved() -> Result<
     }
     chmod(&src, 0o750)?;
     let dst = tmp.path().join("dst");
-    copy_and_compare(&src, &dst, &[], Check::default())?;
+    // (setuid/setgid bits are privileged: dropped unless asked for.)
+    copy_and_compare(&src, &dst, &["--keep-privileged-files"], Check::default())?;
     // The point of the test, spelled out.
     ensure!(lstat(&dst.join("suid"))?.st_mode & 0o7777 == 0o4755);
     ensure!(lstat(&dst.join("sticky"))?.st_mode & 0o7777 == 0o1777);
@@ -83,7 +84,7 @@ fn ownership_is_preserved_when_running_as_root() -> Result<()> {
     chmod(&src.join("suid_user"), 0o4755)?;
     lchown(&src, 4321, 8765)?;
     let dst = tmp.path().join("dst");
-    copy_and_compare(&src, &dst, &[], Check::default())?;
+    copy_and_compare(&src, &dst, &["--keep-privileged-files"], Check::default())?;
     let st = lstat(&dst.join("suid_user"))?;
     ensure!(
         (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 5678, 0o4755),
@@ -357,7 +358,8 @@ fn fifo_socket_and_device_nodes_are_recreated_never_opened() -> Result<()> {
     let watch = OpenWatch::new(&watched.iter().map(|p| p.as_path()).collect::<Vec<_>>())?;
     let dst = tmp.path().join("dst");
     // A FIFO opened for reading would block the copy forever: the timeout catches that.
-    let json = copy_and_compare(&src, &dst, &[], Check::default())?;
+    // (Device nodes are privileged: made only when asked for.)
+    let json = copy_and_compare(&src, &dst, &["--keep-privileged-files"], Check::default())?;
     let touched = watch.touched();
     ensure!(touched.is_empty(), "special files were opened: {touched:?}");
     ensure!(

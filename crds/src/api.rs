@@ -707,10 +707,6 @@ pub struct StorageRootSpec {
     pub allow_privileged_files: bool,
 }
 
-/// [`StorageRootSpec::allow_privileged_files`] as messages name it (a test checks it is the
-/// field's JSON name).
-pub const ALLOW_PRIVILEGED_FILES: &str = "spec.allowPrivilegedFiles: true";
-
 impl CopyJobSpec {
     /// Whether this job's copy keeps a source's privileged files (device nodes,
     /// setuid/setgid bits, file capabilities): into a root, when its StorageRoot
@@ -822,7 +818,7 @@ mod tests {
         assert!(!spec(root("a"), pvc("d")).keeps_privileged_files(Some(&allows)));
         // The name messages give the field is its JSON name, and it defaults to false.
         let json = serde_json::to_value(&denies).expect("serialize");
-        let field = ALLOW_PRIVILEGED_FILES
+        let field = crate::ALLOW_PRIVILEGED_FILES
             .strip_prefix("spec.")
             .and_then(|f| f.strip_suffix(": true"))
             .expect("spec.<field>: true");

@@ -7,6 +7,8 @@
 //!
 //! The README's security model names the test of each class.
 
+#[path = "hostile/devices.rs"]
+mod devices;
 #[path = "hostile/holder.rs"]
 mod holder;
 #[path = "hostile/listeners.rs"]

@@ -49,9 +49,11 @@ impl Nodes {
             return Ok(None);
         };
         cp.kubectl_ok(&["create", "namespace", TEAM])?;
+        // The tree with everything cp -a keeps has a device node and setuid files: these
+        // roots keep privileged files.
         for (root, node) in [("vol-a", "node-a"), ("vol-b", "node-b")] {
             cp.apply(&format!(
-                "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: {root}\nspec:\n  path: /srv/vol\n  nodeSelector: {{ferry.dev/node: {node}}}\n  namespaces: {{names: [{TEAM}]}}\n"
+                "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: {root}\nspec:\n  path: /srv/vol\n  nodeSelector: {{ferry.dev/node: {node}}}\n  namespaces: {{names: [{TEAM}]}}\n  allowPrivilegedFiles: true\n"
             ))?;
         }
         let hosts = cp.dir().join("hosts");

@@ -61,13 +61,30 @@ fn join(parts: &[&[u8]]) -> CString {
 }
 
 /// Open `parts` (relative to `root`) with openat2, naming the failure the way a user can act
-/// on: escape, symlink, kernel too old.
+/// on: escape, symlink, kernel too old. Flags without `O_PATH` or `O_DIRECTORY` (which open
+/// nothing, or refuse anything but a directory before opening it) open only a regular file
+/// or a directory: the path is opened `O_PATH` first, and anything else there (a device, a
+/// FIFO) is refused unopened (see `sys::open_regular`).
 fn open_in(
     root: BorrowedFd<'_>,
     parts: &[&[u8]],
     flags: libc::c_int,
     shown: &Path,
 ) -> Result<OwnedFd, Error> {
+    if flags & (libc::O_PATH | libc::O_DIRECTORY) == 0 {
+        let path = open_in(root, parts, libc::O_PATH, shown)?;
+        return match sys::opened_if(path, flags, true).map_err(|e| Error::io("open", shown, e))? {
+            sys::Opened::Open(fd, _) => Ok(fd),
+            sys::Opened::Other(_) => Err(Error::io(
+                "open",
+                shown,
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "neither a regular file nor a directory (Ferry opens nothing else)",
+                ),
+            )),
+        };
+    }
     if parts.is_empty() {
         // The root itself.
         let fd = sys::openat(root, c".", flags | libc::O_NOFOLLOW, 0)

@@ -39,7 +39,8 @@ pub use error::{reason_of_io, Error, Failure};
 pub use ferry_crds::Reason;
 pub use options::{default_workers, IO_WORKERS};
 pub use options::{
-    Compare, Faults, Fence, Filter, Options, Overwrite, Part, Preserve, Records, Reflink, Verify,
+    Compare, Faults, Fence, Filter, Options, Overwrite, Part, Preserve, Privileged, Records,
+    Reflink, Verify,
 };
 pub use plan::{plan, plan_part, Totals};
 pub use progress::{NoProgress, Progress, Strategy};

@@ -1,14 +1,57 @@
 //! Metadata, applied by fd in the coreutils order: owner, then xattrs (chown clears
 //! `security.capability`), then mode (chown clears setuid/setgid), then times (every other
-//! change bumps them).
+//! change bumps them). Privileged bits and attributes (setuid/setgid, file capabilities)
+//! are given as [`Privileged`] says, and never to a copy whose owner is not the source's.
 
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 
 use crate::copy::SrcXattrs;
-use crate::options::Preserve;
+use crate::options::{Preserve, Privileged};
 use crate::sys::{self, Stat};
+
+/// The setuid and setgid bits.
+const SET_ID: u32 = libc::S_ISUID | libc::S_ISGID;
+
+/// The attribute that holds a file's capabilities.
+const CAPABILITY: &[u8] = b"security.capability";
+
+/// How metadata is given to a copy: what is kept (the copy's `preserve`), by whom, and
+/// whether privileged bits and attributes are (see [`Privileged`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules<'a> {
+    pub preserve: &'a Preserve,
+    pub who: &'a Identity,
+    pub privileged: Privileged,
+}
+
+impl Rules<'_> {
+    /// The mode a copy of `st` ends with: [`Identity::final_mode`], less the setuid and
+    /// setgid bits where privileged content is dropped (from anything but a directory,
+    /// whose setgid bit only passes its group on) or where the copy's owner is not the
+    /// source's (`owner_kept`: GNU cp drops them then too).
+    pub fn mode(&self, st: &Stat, owner_kept: bool) -> u32 {
+        let mode = self.who.final_mode(st, self.preserve);
+        let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        match owner_kept && (self.privileged == Privileged::Keep || is_dir) {
+            true => mode,
+            false => mode & !SET_ID,
+        }
+    }
+
+    /// Whether attribute `name` is copied: file capabilities only where privileged content
+    /// is kept and the copy has the source's owner (the kernel itself drops them when a
+    /// file changes owner).
+    fn copies_xattr(&self, name: &[u8], owner_kept: bool) -> bool {
+        name != CAPABILITY || (owner_kept && self.privileged == Privileged::Keep)
+    }
+
+    /// Whether a copy of `st` that is not chowned has the source's owner anyway.
+    fn owner_is_ours(&self, st: &Stat) -> bool {
+        (st.st_uid, st.st_gid) == (self.who.euid, self.who.egid)
+    }
+}
 
 /// Process facts the metadata code needs, read once per copy.
 #[derive(Debug, Clone, Copy)]
@@ -68,18 +111,19 @@ fn is_unsupported(err: &io::Error) -> bool {
 
 /// chown a new entry to the source's owner. Without CAP_CHOWN only the group can be kept
 /// (if we belong to it), and failing that nothing, which is what `cp -a` does quietly.
-fn chown(dst: BorrowedFd<'_>, st: &Stat, who: &Identity) -> io::Result<()> {
+/// `Ok(true)` when the entry has the source's owner and group.
+fn chown(dst: BorrowedFd<'_>, st: &Stat, who: &Identity) -> io::Result<bool> {
     // A new entry already belongs to us; skip the call when that is what the source has.
     // (Directories we merge into keep their owner: they get no metadata at all.)
     if st.st_uid == who.euid && st.st_gid == who.egid {
-        return Ok(());
+        return Ok(true);
     }
     match sys::fchown(dst, st.st_uid, st.st_gid) {
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
             let _ = sys::fchown(dst, u32::MAX, st.st_gid);
-            Ok(())
+            Ok(false)
         }
-        other => other,
+        other => other.map(|()| true),
     }
 }
 
@@ -93,18 +137,20 @@ fn set_xattr(dst: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Copy every xattr of `src` onto `dst`; `Ok(true)` if there were any. Attributes the
-/// destination cannot hold are skipped (see [`set_xattr`]); any other error fails the
-/// entry. A source on another node gives its attributes as its record carried them.
+/// Copy the xattrs of `src` onto `dst` that `copies` lets through (by name); `Ok(true)` if
+/// the source had any. Attributes the destination cannot hold are skipped (see
+/// [`set_xattr`]); any other error fails the entry. A source on another node gives its
+/// attributes as its record carried them.
 pub(crate) fn copy_xattrs(
     src: SrcXattrs<'_>,
     dst: BorrowedFd<'_>,
     bufs: &mut XattrBufs,
+    copies: impl Fn(&[u8]) -> bool,
 ) -> io::Result<bool> {
     let src = match src {
         SrcXattrs::Fd(fd) => fd,
         SrcXattrs::List(list) => {
-            for x in list {
+            for x in list.iter().filter(|x| copies(&x.name)) {
                 // (The decoder checked names have no NUL.)
                 let Ok(name) = std::ffi::CString::new(x.name.as_slice()) else {
                     continue;
@@ -128,6 +174,9 @@ pub(crate) fn copy_xattrs(
             let Ok(name) = CStr::from_bytes_with_nul(name) else {
                 continue;
             };
+            if !copies(name.to_bytes()) {
+                continue;
+            }
             match sys::fgetxattr(src, name, &mut bufs.value) {
                 Ok(()) => {}
                 // Removed since the listing.
@@ -153,21 +202,22 @@ pub(crate) fn apply_fd(
     src: SrcXattrs<'_>,
     dst: BorrowedFd<'_>,
     st: &Stat,
-    preserve: &Preserve,
-    who: &Identity,
+    rules: Rules<'_>,
     mode_done: bool,
     bufs: &mut XattrBufs,
 ) -> Result<(), (&'static str, io::Error)> {
-    if preserve.ownership {
-        chown(dst, st, who).map_err(|e| ("fchown", e))?;
-    }
+    let owner_kept = match rules.preserve.ownership {
+        true => chown(dst, st, rules.who).map_err(|e| ("fchown", e))?,
+        false => rules.owner_is_ours(st),
+    };
     let mut had_xattrs = false;
-    if preserve.xattrs {
-        had_xattrs = copy_xattrs(src, dst, bufs).map_err(|e| ("copy xattrs", e))?;
+    if rules.preserve.xattrs {
+        let copies = |name: &[u8]| rules.copies_xattr(name, owner_kept);
+        had_xattrs = copy_xattrs(src, dst, bufs, copies).map_err(|e| ("copy xattrs", e))?;
     }
     // An access ACL rewrites the group bits, so the mode is set again after it.
     if !mode_done || had_xattrs {
-        sys::fchmod(dst, who.final_mode(st, preserve)).map_err(|e| ("fchmod", e))?;
+        sys::fchmod(dst, rules.mode(st, owner_kept)).map_err(|e| ("fchmod", e))?;
     }
     Ok(())
 }
@@ -189,22 +239,25 @@ pub(crate) fn apply_at(
     dir: BorrowedFd<'_>,
     name: &CStr,
     st: &Stat,
-    preserve: &Preserve,
-    who: &Identity,
+    rules: Rules<'_>,
 ) -> Result<(), (&'static str, io::Error)> {
     let is_link = st.st_mode & libc::S_IFMT == libc::S_IFLNK;
-    if preserve.ownership && (st.st_uid != who.euid || st.st_gid != who.egid) {
+    let mut owner_kept = rules.owner_is_ours(st);
+    if rules.preserve.ownership && !owner_kept {
         match sys::lchownat(dir, name, st.st_uid, st.st_gid) {
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                 let _ = sys::lchownat(dir, name, u32::MAX, st.st_gid);
             }
-            other => other.map_err(|e| ("lchown", e))?,
+            other => {
+                other.map_err(|e| ("lchown", e))?;
+                owner_kept = true;
+            }
         }
     }
     if !is_link {
-        sys::fchmodat(dir, name, who.final_mode(st, preserve)).map_err(|e| ("fchmodat", e))?;
+        sys::fchmodat(dir, name, rules.mode(st, owner_kept)).map_err(|e| ("fchmodat", e))?;
     }
-    if preserve.timestamps {
+    if rules.preserve.timestamps {
         sys::lutimensat(dir, name, st).map_err(|e| ("utimensat", e))?;
     }
     Ok(())

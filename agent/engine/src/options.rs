@@ -101,9 +101,33 @@ pub struct Options {
     /// source nor written to the destination: the agent's `.ferry` state directory, when
     /// either end of a copy is the top of a root or volume. Not counted anywhere.
     pub reserved_top: Option<std::ffi::CString>,
+    /// Whether a source's privileged content (device nodes, setuid/setgid bits, file
+    /// capabilities) is recreated at the destination; see [`Privileged`]. Default: dropped.
+    pub privileged: Privileged,
     /// Test-only fault injection; empty in normal use.
     #[doc(hidden)]
     pub faults: Faults,
+}
+
+/// What a copy does with a source's privileged content: device nodes, the setuid and
+/// setgid bits of files, and file capabilities (the `security.capability` attribute). Made
+/// at the destination, each is a way to act with privileges the writer of the source may
+/// not have had there: a device node opens hardware (or the node's disks), a setuid root
+/// program or a file with capabilities runs with them wherever the destination is mounted
+/// without `nosuid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Privileged {
+    /// Recreated as the source has them; except that, as GNU cp does, setuid and setgid
+    /// bits (and, likewise, file capabilities) are not given to a copy whose owner is not
+    /// the source's (ownership not kept, or not allowed).
+    Keep,
+    /// Not recreated: a device node is not made (a failure of that entry, PermissionDenied,
+    /// whose message says what allows it, so nothing is lost silently), files get their
+    /// mode without the setuid and setgid bits (a directory keeps its setgid bit, which
+    /// only passes its group on), and `security.capability` is not copied. FIFOs, sockets
+    /// and symlinks are copied as ever.
+    #[default]
+    Drop,
 }
 
 impl Default for Options {
@@ -126,6 +150,7 @@ impl Default for Options {
             reserved_top: None,
             sync: false,
             compress: false,
+            privileged: Privileged::default(),
             faults: Faults::default(),
         }
     }

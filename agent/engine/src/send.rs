@@ -60,17 +60,15 @@ impl SourceTop {
     pub fn open(path: &std::path::Path) -> io::Result<Self> {
         let c = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
-        // O_NOATIME where we may: serving a tree does not disturb its access times.
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
-        let fd = match sys::open(&c, flags | libc::O_NOATIME) {
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::open(&c, flags)?,
-            other => other?,
-        };
-        let st = sys::fstat(fd.as_fd())?;
-        match st.st_mode & libc::S_IFMT {
-            libc::S_IFDIR => Ok(Self::Dir(fd)),
-            libc::S_IFREG => Ok(Self::File(fd)),
-            _ => Err(io::Error::new(
+        // O_NOATIME where we may: serving a tree does not disturb its access times. Only
+        // a directory or a regular file is opened (a device at the path never is).
+        let flags = libc::O_RDONLY | libc::O_NOATIME;
+        match sys::open_regular_path(&c, flags, true)? {
+            sys::Opened::Open(fd, st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                Ok(Self::Dir(fd))
+            }
+            sys::Opened::Open(fd, _) => Ok(Self::File(fd)),
+            sys::Opened::Other(_) => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the source is neither a directory nor a regular file",
             )),
@@ -93,26 +91,15 @@ impl SourceTop {
                 )))
             }
         };
-        let st =
-            sys::lstatat(parent.as_fd(), &name).map_err(|e| Error::io("stat source", path, e))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(not_a_top(path, &st));
-        }
-        // O_NONBLOCK: whatever was put at the name since the stat cannot hang the open, and
-        // the open resolves the name again without following a symlink planted there.
-        let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
-        let fd = match sys::openat2_beneath(parent.as_fd(), &name, flags | libc::O_NOATIME) {
-            // O_NOATIME is refused on files of other owners without CAP_FOWNER.
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                sys::openat2_beneath(parent.as_fd(), &name, flags)
-            }
-            other => other,
-        }
-        .map_err(|e| beneath::classify(e, path))?;
-        let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io("stat source", path, e))?;
-        match st.st_mode & libc::S_IFMT {
-            libc::S_IFREG => Ok(Self::File(fd)),
-            _ => Err(not_a_top(path, &st)),
+        // Opened only as the regular file it is (see `sys::open_regular`): a FIFO, device
+        // or symlink at the name, there all along or put there since the source was
+        // resolved, is refused unopened. O_NOATIME where the agent may.
+        let flags = libc::O_RDONLY | libc::O_NOCTTY | libc::O_NOATIME;
+        match sys::open_regular(parent.as_fd(), &name, flags)
+            .map_err(|e| beneath::classify(e, path))?
+        {
+            sys::Opened::Open(fd, _) => Ok(Self::File(fd)),
+            sys::Opened::Other(st) => Err(not_a_top(path, &st)),
         }
     }
 }
@@ -863,8 +850,10 @@ impl<W: Write + Send> Half<'_, W> {
         Ok(Some((dir, name)))
     }
 
-    /// Open an entry for reading, without changing its access time where we may.
+    /// Open a directory (`flags` has `O_DIRECTORY`, which refuses anything else before it
+    /// is opened), without changing its access time where we may.
     fn open_at(&self, dir: BorrowedFd<'_>, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+        debug_assert!(flags & libc::O_DIRECTORY != 0);
         if self.root {
             match sys::open_beneath(dir, name, flags | libc::O_NOATIME) {
                 Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
@@ -872,6 +861,27 @@ impl<W: Write + Send> Half<'_, W> {
             }
         }
         sys::open_beneath(dir, name, flags)
+    }
+
+    /// Open an entry for reading only if it is a regular file (`dirs`: or a directory),
+    /// with no window for a swap (see `sys::open_regular`): a device, FIFO, socket or
+    /// symlink comes back as its stat, never opened. Access times as [`Half::open_at`].
+    fn open_data_at(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        flags: libc::c_int,
+        dirs: bool,
+    ) -> io::Result<sys::Opened> {
+        let flags = if self.root {
+            flags | libc::O_NOATIME
+        } else {
+            flags
+        };
+        match dirs {
+            true => sys::open_regular_or_dir(dir, name, flags),
+            false => sys::open_regular(dir, name, flags),
+        }
     }
 
     /// The record of the entry at `path`.
@@ -907,9 +917,9 @@ impl<W: Write + Send> Half<'_, W> {
 
     /// [`Half::stat_at`] with the listing's type: an entry it says is a regular file or a
     /// directory is opened straight away (its stat is then the descriptor's: one `lstat`
-    /// less per file). As a local copy opens a listed file: `O_NONBLOCK`, so a FIFO swapped
-    /// in meanwhile cannot hang it, and what turns out not to be a file or a directory is
-    /// closed unread.
+    /// less per file). As a local copy opens a listed file: only once it is known to be a
+    /// regular file or a directory (see `sys::open_regular`), so a FIFO or device swapped
+    /// in meanwhile is never opened.
     fn stat_hinted(
         &self,
         dir: BorrowedFd<'_>,
@@ -926,19 +936,15 @@ impl<W: Write + Send> Half<'_, W> {
                 return Ok((st, None));
             }
         }
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-        match self.open_at(dir, name, flags) {
-            Ok(fd) => {
-                let st = sys::fstat(fd.as_fd())?;
-                match opens(st.st_mode & libc::S_IFMT) {
-                    true => Ok((st, Some(fd))),
-                    false => Ok((st, None)),
-                }
-            }
+        let flags = libc::O_RDONLY | libc::O_NOCTTY;
+        match self.open_data_at(dir, name, flags, true) {
+            Ok(sys::Opened::Open(fd, st)) => Ok((st, Some(fd))),
+            // Something else since the listing (a symlink, FIFO, socket or device): its
+            // record as its own stat has it.
+            Ok(sys::Opened::Other(st)) => Ok((st, None)),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Err(e),
-            // Something else since the listing (a symlink: ELOOP; a socket: ENXIO), or a
-            // file or directory this agent may not open: its record as `lstat` has it. (The
-            // receiver's read or listing of it then fails by itself, with the reason.)
+            // A file or directory this agent may not open: its record as `lstat` has it.
+            // (The receiver's read or listing of it then fails by itself, with the reason.)
             Err(_) => Ok((sys::lstatat(dir, name)?, None)),
         }
     }
@@ -1164,16 +1170,28 @@ impl<W: Write + Send> Half<'_, W> {
         credit: u64,
         (hash, hash_only, zstd): (bool, bool, bool),
     ) -> Result<Option<Box<ReadState>>, (&'static str, io::Error)> {
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-        let fd = match self.resolve(path).map_err(|e| ("open", e))? {
+        let flags = libc::O_RDONLY | libc::O_NOCTTY;
+        let (fd, st) = match self.resolve(path).map_err(|e| ("open", e))? {
             None => match self.top {
-                SourceTop::File(fd) => fd.try_clone(),
-                SourceTop::Dir(_) => Err(io::Error::from_raw_os_error(libc::EISDIR)),
+                // (A top file was opened as the regular file it is.)
+                SourceTop::File(fd) => fd.try_clone().map_err(|e| ("open", e)).and_then(|fd| {
+                    let st = sys::fstat(fd.as_fd()).map_err(|e| ("stat", e))?;
+                    Ok((fd, st))
+                })?,
+                SourceTop::Dir(_) => {
+                    return Err(("open", io::Error::from_raw_os_error(libc::EISDIR)))
+                }
             },
-            Some((dir, name)) => self.open_at(dir.as_fd(), &name, flags),
-        }
-        .map_err(|e| ("open", e))?;
-        let st = sys::fstat(fd.as_fd()).map_err(|e| ("stat", e))?;
+            // Never opened unless it is a regular file: something else at the name now is
+            // "not what was listed" (None), which the receiver reports as a change.
+            Some((dir, name)) => match self
+                .open_data_at(dir.as_fd(), &name, flags, false)
+                .map_err(|e| ("open", e))?
+            {
+                sys::Opened::Open(fd, st) => (fd, st),
+                sys::Opened::Other(_) => return Ok(None),
+            },
+        };
         if st.st_mode & libc::S_IFMT != libc::S_IFREG || fingerprint(&st) != *expect {
             return Ok(None);
         }

@@ -9,7 +9,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 pub use libc::stat as Stat;
 
@@ -120,6 +120,154 @@ pub fn open_beneath(dir: BorrowedFd<'_>, name: &CStr, flags: libc::c_int) -> io:
 pub fn open(path: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: `path` is a valid NUL-terminated string.
     owned(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) })
+}
+
+/// Create the regular file `path` with `mode` (`O_CREAT | O_EXCL | O_NOFOLLOW`): EEXIST
+/// whatever has the name, a symlink or a device included, which is never opened.
+pub fn create(path: &CStr, flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
+    let flags = flags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: `path` is a valid NUL-terminated string; the mode is passed as open(2)'s
+    // variadic argument, as an unsigned int.
+    owned(unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) })
+}
+
+/// Open again, with `flags`, the file that `fd` (an `O_PATH` descriptor) refers to, through
+/// its `/proc/self/fd` link: the kernel follows that link to the very inode `fd` holds, so
+/// the open cannot land on whatever has taken the name since. `O_NOFOLLOW` is dropped (the
+/// link is what is followed). Without `/proc` it fails with a message that says so.
+pub fn reopen(fd: BorrowedFd<'_>, flags: libc::c_int) -> io::Result<OwnedFd> {
+    // "/proc/self/fd/" and the number, written without allocating (one open per file).
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    let mut buf = [0u8; PREFIX.len() + 11];
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut n = fd.as_raw_fd().unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let end = PREFIX.len() + digits.len() - at;
+    buf[PREFIX.len()..end].copy_from_slice(&digits[at..]);
+    let flags = flags & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL);
+    // The number alone, in the process's own /proc/self/fd held open: one lookup instead
+    // of the walk through /proc and its `self` link (a fifth of the reopen, measured).
+    let (path, name) = (&buf[..=end], &buf[PREFIX.len()..=end]);
+    let opened = match proc_self_fd() {
+        Some(dir) => CStr::from_bytes_with_nul(name)
+            .map_err(io::Error::other)
+            .and_then(|name| openat(dir, name, flags, 0)),
+        None => CStr::from_bytes_with_nul(path)
+            .map_err(io::Error::other)
+            .and_then(|path| open(path, flags)),
+    };
+    opened.map_err(|e| match e.raw_os_error() {
+        // The descriptor is live, so its link exists: /proc is what is missing.
+        Some(libc::ENOENT) => io::Error::other(
+            "/proc is not mounted: Ferry opens a tenant's files through /proc/self/fd, so that it only ever opens regular files and directories",
+        ),
+        _ => e,
+    })
+}
+
+/// This process's `/proc/self/fd`, opened once; `None` without /proc, or in a child forked
+/// since (where the descriptor still shows its parent's descriptors).
+fn proc_self_fd() -> Option<BorrowedFd<'static>> {
+    static DIR: std::sync::OnceLock<Option<(u32, OwnedFd)>> = std::sync::OnceLock::new();
+    let (pid, dir) = DIR
+        .get_or_init(|| {
+            let dir = open(c"/proc/self/fd", libc::O_RDONLY | libc::O_DIRECTORY).ok()?;
+            Some((getpid(), dir))
+        })
+        .as_ref()?;
+    (*pid == getpid()).then(|| dir.as_fd())
+}
+
+pub fn getpid() -> u32 {
+    // SAFETY: getpid cannot fail.
+    unsafe { libc::getpid() as u32 }
+}
+
+/// What [`open_regular`] found at a name.
+#[derive(Debug)]
+pub enum Opened {
+    /// A regular file (or, for [`open_regular_or_dir`], a directory), opened with the
+    /// flags asked for; and its stat.
+    Open(OwnedFd, Stat),
+    /// Anything else (a device, FIFO, socket or symlink), never opened: its own stat.
+    Other(Stat),
+}
+
+/// Open entry `name` of `dir` for reading or writing only if it is a regular file, with no
+/// window for a swap: the name is opened `O_PATH | O_NOFOLLOW` beneath `dir` (which opens
+/// nothing: no driver's open runs, no FIFO waits, and a symlink is the link itself),
+/// `fstat` says what that is, and only a regular file is opened for real, by [`reopen`]
+/// through the `O_PATH` descriptor. A device node, whose mere open can act (a watchdog
+/// reboots the node when closed without its magic byte), is never opened; nor is
+/// anything swapped in at the name meanwhile. `O_NOATIME` in `flags` is dropped when the
+/// kernel refuses it (EPERM: another owner's file without CAP_FOWNER).
+pub fn open_regular(dir: BorrowedFd<'_>, name: &CStr, flags: libc::c_int) -> io::Result<Opened> {
+    opened_if(open_beneath(dir, name, libc::O_PATH)?, flags, false)
+}
+
+/// [`open_regular`], for a regular file or a directory.
+pub fn open_regular_or_dir(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: libc::c_int,
+) -> io::Result<Opened> {
+    opened_if(open_beneath(dir, name, libc::O_PATH)?, flags, true)
+}
+
+/// [`open_regular`] for a path a user or the agent names (resolved as `open(2)` resolves
+/// it, except that a symlink as its last component is not followed); `dirs`: a directory
+/// is opened too.
+pub fn open_regular_path(path: &CStr, flags: libc::c_int, dirs: bool) -> io::Result<Opened> {
+    opened_if(open(path, libc::O_PATH | libc::O_NOFOLLOW)?, flags, dirs)
+}
+
+/// Open the regular file at `path` ([`open_regular_path`]), or create it with `mode` when
+/// nothing has the name: never a device or FIFO planted there, never through a symlink.
+pub fn create_or_open_regular(path: &CStr, flags: libc::c_int, mode: u32) -> io::Result<Opened> {
+    // A name that appears between the look and the create is looked at again (a few
+    // times: someone creating and removing it in a loop gets the last error).
+    let mut tries = 0;
+    loop {
+        match open_regular_path(path, flags, false) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            other => return other,
+        }
+        match create(path, flags, mode) {
+            Ok(fd) => {
+                let st = fstat(fd.as_fd())?;
+                return Ok(Opened::Open(fd, st));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && tries < 3 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The second half of the `open_regular` family: what `path` (an `O_PATH` descriptor) is,
+/// and for a regular file (or a directory, with `dirs`) its reopening with `flags`.
+pub fn opened_if(path: OwnedFd, flags: libc::c_int, dirs: bool) -> io::Result<Opened> {
+    let st = fstat(path.as_fd())?;
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG => {}
+        libc::S_IFDIR if dirs => {}
+        _ => return Ok(Opened::Other(st)),
+    }
+    let fd = match reopen(path.as_fd(), flags) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) && flags & libc::O_NOATIME != 0 => {
+            reopen(path.as_fd(), flags & !libc::O_NOATIME)
+        }
+        other => other,
+    }?;
+    Ok(Opened::Open(fd, st))
 }
 
 /// `openat2(dir, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`:

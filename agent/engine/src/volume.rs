@@ -1,8 +1,13 @@
 //! What callers outside the engine may ask of a volume they hold open: which filesystem it
-//! is, how much room it has, and a flush. Safe wrappers, so `sys` stays private.
+//! is, how much room it has, a flush, and a file of Ferry's own in it opened safely. Safe
+//! wrappers, so `sys` stays private.
 
+use std::ffi::CString;
+use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 use crate::sys;
 
@@ -37,4 +42,19 @@ pub fn in_memory(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// the kernel may have dropped the dirty pages it could not write.
 pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     sys::syncfs(fd)
+}
+
+/// Open the file at `path` in a tenant's volume (e.g. in `.ferry/`, reached through a
+/// directory descriptor's `/proc/self/fd` path) to read it, only if it is a regular file:
+/// a symlink at the name is not followed, and a device, FIFO or socket is never opened
+/// (it is checked through an `O_PATH` descriptor first, then opened through that very
+/// descriptor: nothing swapped in meanwhile is opened either). `Ok(None)`: something
+/// other than a regular file has the name. The file comes with its length.
+pub fn open_regular_to_read(path: &Path) -> io::Result<Option<(File, u64)>> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    Ok(match sys::open_regular_path(&c, libc::O_RDONLY, false)? {
+        sys::Opened::Open(fd, st) => Some((File::from(fd), st.st_size as u64)),
+        sys::Opened::Other(_) => None,
+    })
 }

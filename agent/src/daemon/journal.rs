@@ -207,28 +207,23 @@ pub(super) fn copy_hashing(from: &mut impl Read, to: &mut impl Write) -> io::Res
     })
 }
 
-/// Open a file in the tenant's `.ferry/` to read: never through a link, never blocking on
-/// a FIFO (a tenant's, planted at the name), and only a regular file of at most `limit`
-/// bytes, so reading it is bounded in time and memory.
+/// Open a file in the tenant's `.ferry/` to read: never through a link, and only a regular
+/// file (a device or FIFO a tenant planted at the name is never opened: see
+/// `ferry_engine::volume::open_regular_to_read`) of at most `limit` bytes, so reading it
+/// is bounded in time and memory.
 pub(super) fn open_tenant_file(path: &Path, limit: u64) -> io::Result<impl Read> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = f.metadata()?;
-    if !meta.is_file() {
+    let Some((f, len)) = ferry_engine::volume::open_regular_to_read(path)? else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{} is not a regular file", path.display()),
         ));
-    }
-    if meta.len() > limit {
+    };
+    if len > limit {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "{} has {} bytes, more than the {limit} its files' lines can take",
+                "{} has {len} bytes, more than the {limit} its files' lines can take",
                 path.display(),
-                meta.len()
             ),
         ));
     }

@@ -200,7 +200,8 @@ async fn run_shard(
         tokio::task::spawn_blocking(move || StateDir::open(&dst, names)).await??
     };
     let lapses = node.fence.lapses();
-    let opts = options(node, target, active, (&state_dir, &dst), lapses)?;
+    let privileged = privileged_files(&node.client, job).await?;
+    let opts = options(node, target, active, (&state_dir, &dst), lapses, privileged)?;
     let live = Arc::new(Live::default());
     let resume = opts.resume;
     let (uid, base) = (
@@ -566,14 +567,37 @@ impl StateDir {
     }
 }
 
+/// Whether this job's copy keeps a source's privileged files (device nodes, setuid/setgid
+/// bits, file capabilities): as [`CopyJobSpec::keeps_privileged_files`] decides, from the
+/// destination's StorageRoot as it is now (a root that is gone allows nothing).
+async fn privileged_files(
+    client: &Client,
+    job: &ferry_crds::CopyJob,
+) -> Result<ferry_engine::Privileged, ShardError> {
+    let root = match &job.spec.destination.root {
+        Some(name) => Api::<ferry_crds::StorageRoot>::all(client.clone())
+            .get_opt(name)
+            .await
+            .map_err(ShardError::Api)?
+            .map(|r| r.spec),
+        None => None,
+    };
+    Ok(match job.spec.keeps_privileged_files(root.as_ref()) {
+        true => ferry_engine::Privileged::Keep,
+        false => ferry_engine::Privileged::Drop,
+    })
+}
+
 /// The engine's options for this run: the job's policies, resumption, the staging tag
-/// every run of the shard shares, the fence and the cancel flag.
+/// every run of the shard shares, the fence and the cancel flag, and whether privileged
+/// files are kept.
 fn options(
     node: &Node,
     target: Target<'_>,
     active: &Arc<Active>,
     (state_dir, dst_root): (&StateDir, &str),
     lapses: u64,
+    privileged: ferry_engine::Privileged,
 ) -> Result<ferry_engine::Options, ShardError> {
     let (settings, job, shard) = (&node.settings, target.job, target.shard);
     let select = shard.part;
@@ -631,6 +655,7 @@ fn options(
         move || !mine.fenced.load(Ordering::Relaxed) && fence.holds_since(lapses)
     })));
     opts.cancel = Some(active.cancel.clone());
+    opts.privileged = privileged;
     opts.faults.delay_per_file = settings.file_delay;
     opts.faults.corrupt_after_write = settings.corrupt_file.clone().map(String::into_bytes);
     opts.faults.change_source = settings

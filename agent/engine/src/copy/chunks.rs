@@ -162,8 +162,7 @@ impl<'a> Ctx<'a> {
                         super::SrcXattrs::Fd(file.src.as_fd()),
                         staged.fd.as_fd(),
                         &file.st,
-                        &self.opts.preserve,
-                        &self.who,
+                        self.rules(),
                         staged.mode_done,
                         &mut local.xattrs,
                     )

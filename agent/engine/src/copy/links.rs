@@ -227,21 +227,29 @@ impl<'a> Ctx<'a> {
                     self.manifest_line(hash, &path, Some(st));
                     Ok(Some(hash))
                 } else if self.hash {
-                    // O_NOATIME: reading it must not undo the atime it was given.
-                    let flags = libc::O_RDONLY | libc::O_NOFOLLOW;
-                    sys::open_beneath(dir.dst.as_fd(), name, flags | libc::O_NOATIME)
-                        .or_else(|_| sys::open_beneath(dir.dst.as_fd(), name, flags))
-                        .map_err(|e| ("open destination", e))
-                        .and_then(|fd| {
-                            data::hash_fd(
-                                fd.as_fd(),
-                                existing.st_size as u64,
-                                &mut local.buf,
-                                &self.guard(),
-                            )
-                            .map(|(h, _)| Some(h))
-                            .map_err(|e| ("read destination", e))
-                        })
+                    // O_NOATIME: reading it must not undo the atime it was given. Only the
+                    // regular file the lstat saw is opened: anything swapped in since (a
+                    // device, a FIFO) is never opened, and fails the group.
+                    let flags = libc::O_RDONLY | libc::O_NOATIME;
+                    match sys::open_regular(dir.dst.as_fd(), name, flags) {
+                        Ok(sys::Opened::Open(fd, _)) => Ok(fd),
+                        Ok(sys::Opened::Other(_)) => Err(std::io::Error::new(
+                            std::io::ErrorKind::AlreadyExists,
+                            "the destination stopped being a regular file while it was adopted",
+                        )),
+                        Err(e) => Err(e),
+                    }
+                    .map_err(|e| ("open destination", e))
+                    .and_then(|fd| {
+                        data::hash_fd(
+                            fd.as_fd(),
+                            existing.st_size as u64,
+                            &mut local.buf,
+                            &self.guard(),
+                        )
+                        .map(|(h, _)| Some(h))
+                        .map_err(|e| ("read destination", e))
+                    })
                 } else {
                     Ok(None)
                 };

@@ -49,7 +49,7 @@ use crate::sys::{self, Stat};
 use dirs::{OpenDir, OpenDirs};
 use failure::not_owner;
 use links::Group;
-use remote::{Rec, SrcDir, SrcFile};
+use remote::{Rec, SrcDir, SrcEntry, SrcFile};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panicking worker cannot leave these maps half-updated in a way later readers could
@@ -391,6 +391,15 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// How this copy gives metadata (see `meta::Rules`).
+    fn rules(&self) -> crate::meta::Rules<'_> {
+        crate::meta::Rules {
+            preserve: &self.opts.preserve,
+            who: &self.who,
+            privileged: self.opts.privileged,
+        }
+    }
+
     /// What a file's data loops consult: the test faults and this copy's stop signal.
     fn guard(&self) -> Guard<'_> {
         Guard {
@@ -423,14 +432,13 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Open an entry of a source directory. As root, with `O_NOATIME`: a copy does not
-    /// disturb the source's access times (nor dirty every source inode to record them).
+    /// Open a subdirectory of a source directory (`flags` has `O_DIRECTORY`, which the
+    /// kernel checks before it opens anything: a device or FIFO at the name is refused
+    /// unopened). As root, with `O_NOATIME`: a copy does not disturb the source's access
+    /// times (nor dirty every source inode to record them).
     fn open_source(&self, dir: &OpenDir, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
-        let Some(src) = dir.src.fd() else {
-            return Err(io::Error::other(
-                "internal: a local open in a remote directory",
-            ));
-        };
+        debug_assert!(flags & libc::O_DIRECTORY != 0);
+        let src = Self::local_src(dir)?;
         if self.who.euid == 0 {
             match sys::open_beneath(src, name, flags | libc::O_NOATIME) {
                 // Refused on files of other owners without CAP_FOWNER (e.g. in a user namespace).
@@ -439,6 +447,30 @@ impl<'a> Ctx<'a> {
             }
         }
         sys::open_beneath(src, name, flags)
+    }
+
+    /// Open an entry of a source directory for its data, only if it is a regular file
+    /// (see [`sys::open_regular`]: anything else, a device above all, is never opened, and
+    /// its stat comes back instead). `O_NOATIME` as root, as [`Ctx::open_source`] does.
+    fn open_source_file(
+        &self,
+        dir: &OpenDir,
+        name: &CStr,
+        flags: libc::c_int,
+    ) -> io::Result<sys::Opened> {
+        let src = Self::local_src(dir)?;
+        let noatime = if self.who.euid == 0 {
+            libc::O_NOATIME
+        } else {
+            0
+        };
+        sys::open_regular(src, name, flags | noatime)
+    }
+
+    fn local_src(dir: &OpenDir) -> io::Result<BorrowedFd<'_>> {
+        dir.src
+            .fd()
+            .ok_or_else(|| io::Error::other("internal: a local open in a remote directory"))
     }
 
     fn tmp_name(&self) -> CString {

@@ -20,15 +20,16 @@
 //! mtime nanoseconds and 4 bytes of zero. Paths are not stored: the re-run knows the path
 //! of the file it keeps.
 
+use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::sys::Stat;
+use crate::sys::{self, Stat};
 
 pub(super) const MAGIC: &[u8; 8] = b"FERRYR1\n";
 const RECORD: usize = 56;
@@ -117,22 +118,18 @@ impl Earlier {
     /// link, without waiting on a FIFO). The bulk is read by [`Lazy::get`], at most
     /// [`MAX_RECORDS`] of it; a cut-short last record is ignored.
     pub(super) fn open(path: &Path) -> io::Result<Lazy> {
-        let mut file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path)
-        {
+        let mut file = match open_own_file(path, libc::O_RDONLY, false) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Lazy::none()),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "not a regular file; records are one",
+                ))
+            }
             Err(e) => return Err(e),
         };
         let meta = file.metadata()?;
-        if !meta.is_file() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a regular file; records are one",
-            ));
-        }
         let mut magic = [0u8; 8];
         file.read_exact(&mut magic)?;
         if &magic != MAGIC {
@@ -271,12 +268,7 @@ impl Lazy {
 /// Open the file this copy's records go to: created (never through a link planted at
 /// its name), and appended to by a resumed copy, which keeps the interrupted run's.
 pub(super) fn create(path: &Path, resume: bool) -> io::Result<File> {
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
+    let mut file = open_own_file(path, libc::O_RDWR, true)?;
     let len = file.metadata()?.len();
     if resume && len >= 8 {
         let mut magic = [0u8; 8];
@@ -292,6 +284,26 @@ pub(super) fn create(path: &Path, resume: bool) -> io::Result<File> {
     file.set_len(0)?;
     io::Write::write_all(&mut file, MAGIC)?;
     Ok(file)
+}
+
+/// Open Ferry's own file at `path` (a manifest, records) only if it is a regular file, or
+/// with `create` make it (mode 0666 less the umask) when nothing has the name. Whatever
+/// else is there (a device, a FIFO, a symlink) is refused unopened (InvalidData; see
+/// `sys::open_regular`).
+pub(super) fn open_own_file(path: &Path, flags: libc::c_int, create: bool) -> io::Result<File> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    let opened = match create {
+        true => sys::create_or_open_regular(&c, flags, 0o666)?,
+        false => sys::open_regular_path(&c, flags, false)?,
+    };
+    match opened {
+        sys::Opened::Open(fd, _) => Ok(File::from(fd)),
+        sys::Opened::Other(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file (Ferry never opens anything else as its own file)",
+        )),
+    }
 }
 
 #[cfg(test)]

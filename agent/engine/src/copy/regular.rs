@@ -21,7 +21,7 @@ use crate::Reason;
 use super::failure::{checksum_mismatch, kind_of, source_changed, ReflinkRefused};
 use super::remote::SrcXattrs;
 use super::stage::Staged;
-use super::{is_type, Ctx, Fail, Local, OpenDir, Rec, Skip, SrcFile};
+use super::{is_type, Ctx, Fail, Local, OpenDir, Rec, Skip, SrcEntry, SrcFile};
 
 /// Files at least this large (and not cloned, sparse or hashed) are copied in chunks by
 /// several workers.
@@ -36,10 +36,11 @@ const REWRITES_AFTER_IO_ERROR: u32 = 1;
 /// Times a file from another node is sent again after its bytes arrived changed.
 const RESENDS_AFTER_MISMATCH: u32 = 1;
 
-/// How a regular file's source is opened. O_NONBLOCK: if a FIFO was swapped in since the
-/// listing, opening it must not hang; it is then recreated, never read.
-const SOURCE_FLAGS: libc::c_int =
-    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+/// How a regular file's source is opened, once it is known to be one (see
+/// `sys::open_regular`: a FIFO or device swapped in since the listing is recreated, never
+/// opened). (O_NONBLOCK, kept from when the check came after the open, is a no-op on a
+/// regular file.)
+const SOURCE_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
 
 /// Earlier attempts at one regular file, by why they failed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -86,22 +87,13 @@ impl<'a> Ctx<'a> {
                 }
             }
         }
-        let src = match self.src_open_file(dir, src_name, SOURCE_FLAGS, rec) {
-            Ok(src) => src,
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                // It became a symlink since the listing: copy the link.
-                let st = self
-                    .src_lstat(dir, src_name, rec)
-                    .map_err(|e| ("stat", e))?;
-                return self.non_regular(dir, src_name, dst_name, &st, rec);
-            }
+        let (src, st) = match self.src_open_file(dir, src_name, SOURCE_FLAGS, rec) {
+            Ok(SrcEntry::File(src, st)) => (src, st),
+            // It became a symlink, a FIFO or a device since the listing (never opened):
+            // copied as what it is now.
+            Ok(SrcEntry::Other(st)) => return self.non_regular(dir, src_name, dst_name, &st, rec),
             Err(e) => return Err(("open source", e)),
         };
-        let st = src.stat().map_err(|e| ("stat source", e))?;
-        if !is_type(&st, libc::S_IFREG) {
-            drop(src);
-            return self.non_regular(dir, src_name, dst_name, &st, rec);
-        }
         if self.compares_content(dir) {
             if self.kept_if_same(dir, dst_name, &src, &st, local)? {
                 return Ok(Some(Skip::Kept));
@@ -274,15 +266,16 @@ impl<'a> Ctx<'a> {
             _ => return Err((op, err)),
         }
         // (From another node: its record asked for again.)
-        let src = self
+        match self
             .src_open_file(dir, src_name, SOURCE_FLAGS, None)
-            .map_err(|e| ("open source", e))?;
-        let st = src.stat().map_err(|e| ("stat source", e))?;
-        if !is_type(&st, libc::S_IFREG) {
-            let msg = "the source stopped being a regular file while it was copied";
-            return Err(("open source", source_changed(msg.into())));
+            .map_err(|e| ("open source", e))?
+        {
+            SrcEntry::File(src, st) => Ok((src, st)),
+            SrcEntry::Other(_) => {
+                let msg = "the source stopped being a regular file while it was copied";
+                Err(("open source", source_changed(msg.into())))
+            }
         }
-        Ok((src, st))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -459,8 +452,7 @@ impl<'a> Ctx<'a> {
             xattrs,
             dst,
             st,
-            &opts.preserve,
-            &self.who,
+            self.rules(),
             staged.mode_done,
             &mut local.xattrs,
         )?;
@@ -563,11 +555,11 @@ pub(super) fn check_unchanged(src: BorrowedFd<'_>, st: &Stat) -> Result<(), Fail
 
 /// The `change_source` fault: append a byte to source file `dir/name`, as a writer would.
 fn change_source(dir: &OpenDir, name: &CStr) {
-    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW;
+    let flags = libc::O_WRONLY | libc::O_APPEND;
     let Some(src) = dir.src.fd() else {
         return;
     };
-    if let Ok(fd) = sys::openat(src, name, flags, 0) {
+    if let Ok(sys::Opened::Open(fd, _)) = sys::open_regular(src, name, flags) {
         let _ = sys::pwrite(fd.as_fd(), b"+", 0);
     }
 }

@@ -59,6 +59,13 @@ pub(crate) enum SrcXattrs<'a> {
     List(&'a [Xattr]),
 }
 
+/// A source entry that was to be a regular file: open, with its stat; or, when it is
+/// something else by the time it is opened, that thing's stat (it was not opened).
+pub(super) enum SrcEntry {
+    File(SrcFile, Stat),
+    Other(Stat),
+}
+
 /// A source regular file, open.
 pub(super) enum SrcFile {
     Fd(OwnedFd),
@@ -73,14 +80,6 @@ pub(super) struct RemoteFile {
 }
 
 impl SrcFile {
-    /// Its stat: for a local file, now; for a remote one, as its record said.
-    pub(super) fn stat(&self) -> io::Result<Stat> {
-        match self {
-            SrcFile::Fd(fd) => sys::fstat(fd.as_fd()),
-            SrcFile::Remote(r) => Ok(r.st),
-        }
-    }
-
     pub(super) fn xattrs(&self) -> SrcXattrs<'_> {
         match self {
             SrcFile::Fd(fd) => SrcXattrs::Fd(fd.as_fd()),
@@ -185,16 +184,20 @@ impl Ctx<'_> {
     }
 
     /// Open regular file `name` of source directory `dir` (remote: nothing is asked yet;
-    /// without a record, its record is).
+    /// without a record, its record is). Whatever is not a regular file by now (a symlink,
+    /// a FIFO, a device swapped in since the listing) comes back as its stat, unopened.
     pub(super) fn src_open_file(
         &self,
         dir: &OpenDir,
         name: &CStr,
         flags: libc::c_int,
         rec: Option<&Rec>,
-    ) -> io::Result<SrcFile> {
+    ) -> io::Result<SrcEntry> {
         match &dir.src {
-            SrcDir::Fd(_) => self.open_source(dir, name, flags).map(SrcFile::Fd),
+            SrcDir::Fd(_) => Ok(match self.open_source_file(dir, name, flags)? {
+                sys::Opened::Open(fd, st) => SrcEntry::File(SrcFile::Fd(fd), st),
+                sys::Opened::Other(st) => SrcEntry::Other(st),
+            }),
             SrcDir::Remote(p) => {
                 let path = child(p, name.to_bytes());
                 let (st, xattrs, inline) = match rec {
@@ -204,16 +207,16 @@ impl Ctx<'_> {
                         (r.st, r.xattrs, None)
                     }
                 };
-                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-                    // As a local open with O_NOFOLLOW says.
-                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                    return Ok(SrcEntry::Other(st));
                 }
-                Ok(SrcFile::Remote(Box::new(RemoteFile {
+                let file = RemoteFile {
                     path,
                     st,
                     xattrs,
                     inline,
-                })))
+                };
+                Ok(SrcEntry::File(SrcFile::Remote(Box::new(file)), st))
             }
         }
     }

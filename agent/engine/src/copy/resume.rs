@@ -159,12 +159,16 @@ impl<'a> Ctx<'a> {
         let Some(hash) = self.same_as_source(dir, name, src, st, local)? else {
             return Ok(false);
         };
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
-        let dst =
-            sys::open_beneath(dir.dst.as_fd(), name, flags).map_err(|e| ("open destination", e))?;
-        let d = sys::fstat(dst.as_fd()).map_err(|e| ("stat destination", e))?;
+        // Only the regular file that was compared: anything swapped in at the name since
+        // is never opened, and is replaced as a file that differs would be.
+        let (dst, d) = match sys::open_regular(dir.dst.as_fd(), name, libc::O_RDONLY) {
+            Ok(sys::Opened::Open(fd, d)) => (fd, d),
+            Ok(sys::Opened::Other(_)) => return Ok(false),
+            Err(e) => return Err(("open destination", e)),
+        };
         let p = &self.opts.preserve;
-        let differs = (p.permissions && d.st_mode != st.st_mode)
+        // (The mode the copy would get: without setuid/setgid where they are dropped.)
+        let differs = (p.permissions && d.st_mode & 0o7777 != self.rules().mode(st, true))
             || (p.ownership && (d.st_uid, d.st_gid) != (st.st_uid, st.st_gid))
             || (p.timestamps && (d.st_mtime, d.st_mtime_nsec) != (st.st_mtime, st.st_mtime_nsec));
         if differs {
@@ -174,8 +178,7 @@ impl<'a> Ctx<'a> {
                 src.xattrs(),
                 dst.as_fd(),
                 st,
-                p,
-                &self.who,
+                self.rules(),
                 false,
                 &mut local.xattrs,
             )?;
@@ -203,21 +206,15 @@ impl<'a> Ctx<'a> {
         st: &Stat,
         local: &mut Local,
     ) -> Result<Option<u128>, Fail> {
-        // O_NOATIME: reading it must not undo the atime it was given; O_NONBLOCK: a FIFO
-        // there must not hang the open.
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
-        let dst = match sys::open_beneath(dir.dst.as_fd(), name, flags | libc::O_NOATIME)
-            .or_else(|_| sys::open_beneath(dir.dst.as_fd(), name, flags))
-        {
-            Ok(fd) => fd,
-            // A symlink there is not our file.
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+        // O_NOATIME: reading it must not undo the atime it was given. Only a regular file
+        // is opened (see `sys::open_regular`): a symlink, FIFO or device there (a tenant's,
+        // or swapped in) is not our file, and is never opened.
+        let flags = libc::O_RDONLY | libc::O_NOATIME;
+        let dst = match sys::open_regular(dir.dst.as_fd(), name, flags) {
+            Ok(sys::Opened::Open(fd, d)) if d.st_size == st.st_size => fd,
+            Ok(_) => return Ok(None),
             Err(e) => return Err(("open destination", e)),
         };
-        let dst_st = sys::fstat(dst.as_fd()).map_err(|e| ("stat destination", e))?;
-        if !is_type(&dst_st, libc::S_IFREG) || dst_st.st_size != st.st_size {
-            return Ok(None);
-        }
         let size = st.st_size as u64;
         let (want, n) = self
             .src_hash(src, size, local)

@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
@@ -346,17 +345,13 @@ pub(crate) fn run(
     let manifest = match &options.manifest {
         // A resumed copy adds the files it commits to those the interrupted run listed.
         Some(p) => {
-            // Never written through a link planted at its name; one to be read back must
-            // not hang the open (a FIFO planted there).
-            let nonblock = if options.resume { libc::O_NONBLOCK } else { 0 };
-            let mut file = std::fs::OpenOptions::new()
-                .read(options.resume)
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW | nonblock)
-                .create(true)
-                .append(options.resume)
-                .truncate(!options.resume)
-                .open(p)
+            // Never written through a link planted at its name, and only a regular file
+            // is opened (a FIFO or device planted there never is).
+            let flags = match options.resume {
+                true => libc::O_RDWR | libc::O_APPEND,
+                false => libc::O_WRONLY | libc::O_TRUNC,
+            };
+            let mut file = records::open_own_file(p, flags, true)
                 .map_err(|e| Error::io("create manifest", p, e))?;
             if options.resume {
                 listed = read_manifest(&mut file).map_err(|e| Error::io("read manifest", p, e))?;

@@ -1,5 +1,5 @@
 //! Symlinks (copied verbatim, never followed), FIFOs, sockets and devices (recreated with
-//! mknod, never opened).
+//! mknod, never opened; a device only where privileged content is kept).
 
 use std::ffi::CStr;
 use std::os::fd::AsFd;
@@ -7,8 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::meta;
+use crate::options::Privileged;
 use crate::sys::{self, Stat};
 
+use super::failure::device_dropped;
 use super::{is_type, Ctx, Fail, OpenDir, Rec, Skip};
 
 impl<'a> Ctx<'a> {
@@ -57,17 +59,20 @@ impl<'a> Ctx<'a> {
             sys::symlinkat(&target, dir.dst.as_fd(), &tmp).map_err(|e| ("create symlink", e))?;
         } else {
             let kind = st.st_mode & libc::S_IFMT;
+            let device = kind == libc::S_IFCHR || kind == libc::S_IFBLK;
+            if device && self.opts.privileged == Privileged::Drop {
+                return Err(("mknod", device_dropped(st)));
+            }
             sys::mknodat(dir.dst.as_fd(), &tmp, kind | 0o600, st.st_rdev)
                 .map_err(|e| ("mknod", e))?;
         }
-        let staged = meta::apply_at(dir.dst.as_fd(), &tmp, st, &self.opts.preserve, &self.who)
-            .and_then(|()| {
-                if direct {
-                    Ok(true)
-                } else {
-                    self.commit(dir, &tmp, dst_name)
-                }
-            });
+        let staged = meta::apply_at(dir.dst.as_fd(), &tmp, st, self.rules()).and_then(|()| {
+            if direct {
+                Ok(true)
+            } else {
+                self.commit(dir, &tmp, dst_name)
+            }
+        });
         match staged {
             Ok(true) => {}
             Ok(false) => return Ok(Some(Skip::Kept)),

@@ -244,8 +244,7 @@ impl<'a> Ctx<'a> {
                     xattrs,
                     dir.dst.as_fd(),
                     &st,
-                    &self.opts.preserve,
-                    &self.who,
+                    self.rules(),
                     mode_done,
                     &mut XattrBufs::default(),
                 )
