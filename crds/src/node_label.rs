@@ -1,7 +1,8 @@
 //! Which agents see a CopyJob. The operator labels a job with one label a node for every
-//! node that runs or serves one of its unfinished shards, and each agent watches only the
-//! jobs labelled for its node: an agent holds the jobs it works on, not every job of the
-//! cluster (40 refused jobs in another namespace once grew an uninvolved agent by ~50
+//! node that runs or serves one of its shards (finished ones too: an agent keeps a job's
+//! per-job metrics, with their final values, as long as the job exists), and each agent
+//! watches only the jobs labelled for its node: an agent holds the jobs it works or worked
+//! on, not every job of the cluster (40 refused jobs in another namespace once grew an uninvolved agent by ~50
 //! MiB). The label only narrows what an agent is sent; what it runs is still decided by
 //! the shard assignment in the status and its own checks. The chart's admission policy
 //! lets no one but the operator set or change these labels.
@@ -25,12 +26,11 @@ pub fn node_label(node: &str) -> String {
     format!("{NODE_LABEL_PREFIX}h-{hex}")
 }
 
-/// The node labels a job with these shards should have: the nodes (and senders) of its
-/// unfinished shards.
+/// The node labels a job with these shards should have: the nodes (and senders) its shards
+/// are assigned to. A shard given to another node takes its label away from the first.
 pub fn node_labels(shards: &[crate::ShardStatus]) -> std::collections::BTreeSet<String> {
     shards
         .iter()
-        .filter(|s| !s.state.finished())
         .flat_map(|s| [&s.node, &s.sender])
         .filter(|n| !n.is_empty())
         .map(|n| node_label(n))

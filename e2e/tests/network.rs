@@ -89,7 +89,10 @@ impl Nodes {
     fn start_agent(&mut self, node: &str) -> Result<()> {
         let kc = certs::agent(&self.cp, node)?;
         let kc = kc.to_string_lossy().into_owned();
-        let mut env: Vec<(&str, &str)> = vec![("KUBECONFIG", &kc)];
+        let mut env: Vec<(&str, &str)> = vec![
+            ("KUBECONFIG", &kc),
+            ("FERRY_TICKET_NAMESPACE", certs::TICKETS),
+        ];
         env.extend(self.env[node].iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let agent = self.cp.spawn_agent(node, &env)?;
         self.agents.insert(node.into(), agent);
@@ -360,7 +363,7 @@ fn a_tree_with_everything_cp_a_keeps_is_copied_between_nodes_identical_verified_
             "secret",
             &format!("ferry-ticket-{uid}"),
             "-n",
-            certs::NS,
+            certs::TICKETS,
         ])?
         .status
         .success()
@@ -653,7 +656,7 @@ fn only_the_paired_receiver_with_its_shards_ticket_is_served() -> Result<()> {
                 "secret",
                 &format!("ferry-ticket-{uid}"),
                 "-n",
-                certs::NS,
+                certs::TICKETS,
                 "-o",
                 "jsonpath={.data.0}",
             ])?;

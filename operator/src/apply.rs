@@ -225,7 +225,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
 }
 
 /// Label the job for the agents that work on it (see [`ferry_crds::node_labels`]): the
-/// nodes of its unfinished shards, and no others. Checked on every reconcile, so a label a
+/// nodes of its shards, and no others. Checked on every reconcile, so a label a
 /// tenant removed or added (the chart's policy refuses that) is set right again.
 async fn label_nodes(
     job: &CopyJob,

@@ -16,6 +16,8 @@ use ferry_link::{client_config, NodeKey, Trust};
 use serde_json::Value;
 
 pub const NS: &str = "ferry-system";
+/// Where the chart keeps the tickets of copies between nodes (`<namespace>-tickets`).
+pub const TICKETS: &str = "ferry-system-tickets";
 pub const SIGNER: &str = "ferry.dev/transfer";
 pub const TRUST: &str = "ferry-transfer-trust";
 pub const AGENT: &str = "system:serviceaccount:ferry-system:ferry-agent";
@@ -33,6 +35,7 @@ pub fn start_operator(cp: &ControlPlane, kubeconfig: &Path) -> Result<Proc> {
         &[
             ("KUBECONFIG", &kubeconfig.to_string_lossy()),
             ("FERRY_NAMESPACE", NS),
+            ("FERRY_TICKET_NAMESPACE", TICKETS),
             ("POD_NAME", "ferry-operator-0"),
         ],
     )
