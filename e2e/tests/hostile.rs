@@ -17,3 +17,5 @@ mod listeners;
 mod spec;
 #[path = "hostile/watch.rs"]
 mod watch;
+#[path = "hostile/pods.rs"]
+mod pods;
