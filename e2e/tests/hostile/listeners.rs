@@ -70,7 +70,11 @@ impl Nodes {
             let listen = transfer.to_string();
             agents.push(cp.spawn_agent(
                 node,
-                &[("KUBECONFIG", &kc), ("FERRY_TRANSFER_LISTEN", &listen)],
+                &[
+                    ("KUBECONFIG", &kc),
+                    ("FERRY_TRANSFER_LISTEN", &listen),
+                    ("FERRY_TICKET_NAMESPACE", certs::TICKETS),
+                ],
             )?);
             std::fs::create_dir_all(cp.dir().join("hosts").join(node).join("srv/vol"))?;
         }
