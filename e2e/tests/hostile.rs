@@ -13,9 +13,9 @@ mod devices;
 mod holder;
 #[path = "hostile/listeners.rs"]
 mod listeners;
+#[path = "hostile/pods.rs"]
+mod pods;
 #[path = "hostile/spec.rs"]
 mod spec;
 #[path = "hostile/watch.rs"]
 mod watch;
-#[path = "hostile/pods.rs"]
-mod pods;
