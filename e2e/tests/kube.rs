@@ -285,7 +285,12 @@ fn copy_on_the_node(tier: &KubeTier, data: &Path) -> Result<()> {
     let root = data.join("root");
     let src = root.join("src");
     rich_tree(&src)?;
-    storage_root(tier, "node-disk", &root)?;
+    // The tree has a setuid file (cp -a keeps it), which a root receives only with
+    // allowPrivilegedFiles: by default the bit is dropped.
+    tier.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata: {{name: node-disk}}\nspec: {{path: {}, nodeSelector: {{kubernetes.io/hostname: {NODE}}}, namespaces: {{names: [default]}}, allowPrivilegedFiles: true}}\n",
+        root.display()
+    ))?;
     tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: on-the-node, namespace: default}\nspec:\n  source: {root: node-disk, path: src}\n  destination: {root: node-disk, path: copy}\n")?;
     tier.wait_succeeded("default", "on-the-node", 120)?;
     let dst = root.join("copy");
