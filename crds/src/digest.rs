@@ -21,13 +21,18 @@ impl CopyJobSpec {
         // Serialising plain structs, enums, strings and lists cannot fail; fields come out
         // in declaration order, so equal specs give equal text.
         let text = serde_json::to_vec(&what).unwrap_or_default();
-        let sum = ring::digest::digest(&ring::digest::SHA256, &text);
-        let hex: String = sum.as_ref()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        format!("sha256:{hex}")
+        format!("sha256:{}", sha256_128_hex(&text))
     }
+}
+
+/// The first 128 bits of the SHA-256 of `bytes`, in hex (32 characters): a name or a
+/// digest no one can aim a collision at.
+pub(crate) fn sha256_128_hex(bytes: &[u8]) -> String {
+    let sum = ring::digest::digest(&ring::digest::SHA256, bytes);
+    sum.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]

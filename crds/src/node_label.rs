@@ -2,8 +2,8 @@
 //! node that runs or serves one of its shards (finished ones too: an agent keeps a job's
 //! per-job metrics, with their final values, as long as the job exists), and each agent
 //! watches only the jobs labelled for its node: an agent holds the jobs it works or worked
-//! on, not every job of the cluster (40 refused jobs in another namespace once grew an uninvolved agent by ~50
-//! MiB). The label only narrows what an agent is sent; what it runs is still decided by
+//! on, not every job of the cluster (40 refused jobs in another namespace once grew an
+//! uninvolved agent by ~50 MiB). The label only narrows what an agent is sent; what it runs is still decided by
 //! the shard assignment in the status and its own checks. The chart's admission policy
 //! lets no one but the operator set or change these labels.
 
@@ -18,11 +18,7 @@ pub fn node_label(node: &str) -> String {
     if node.len() <= 63 {
         return format!("{NODE_LABEL_PREFIX}{node}");
     }
-    let sum = ring::digest::digest(&ring::digest::SHA256, node.as_bytes());
-    let hex: String = sum.as_ref()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = crate::digest::sha256_128_hex(node.as_bytes());
     format!("{NODE_LABEL_PREFIX}h-{hex}")
 }
 

@@ -7,6 +7,23 @@
 //!
 //! The README's security model names the test of each class.
 
+use anyhow::{Context, Result};
+
+/// Resident and peak resident memory of a process, in KiB (`VmRSS`, `VmHWM`): what the
+/// memory checks of these tests read.
+fn memory_kib(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{name} of pid {pid}"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
 #[path = "hostile/devices.rs"]
 mod devices;
 #[path = "hostile/holder.rs"]

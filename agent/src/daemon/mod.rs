@@ -289,27 +289,27 @@ impl Agent {
     /// Stop the runs of a job this agent no longer sees (deleted, or its shards no longer
     /// on this node), as a run given to another node stops, and forget its finished runs.
     fn let_go(&self, job: &CopyJob) {
-        let prefix = format!("{}/", job.uid().unwrap_or_default());
-        for (key, active) in lock(&self.running).iter() {
-            if key.starts_with(&prefix) && !active.fenced.swap(true, Ordering::Relaxed) {
-                active.cancel.store(true, Ordering::Relaxed);
-                tracing::warn!(shard = %key, "the job is no longer this node's to run: stopping");
-            }
-        }
-        lock(&self.finished).retain(|k| !k.starts_with(&prefix));
+        let uid = job.uid().unwrap_or_default();
+        self.let_go_where(|u| u == uid);
     }
 
     /// [`Agent::let_go`] of every job whose uid is not in `seen`: the set of finished runs
     /// stays as small as the jobs this node works on.
     fn keep_only(&self, seen: &HashSet<String>) {
+        self.let_go_where(|u| !seen.contains(u));
+    }
+
+    /// Stop the runs, and forget the finished runs, of the jobs whose uid is `gone`. Keys
+    /// are `<job uid>/<shard id>[/<epoch>]`.
+    fn let_go_where(&self, gone: impl Fn(&str) -> bool) {
         let uid_of = |key: &str| key.split('/').next().unwrap_or_default().to_string();
         for (key, active) in lock(&self.running).iter() {
-            if !seen.contains(&uid_of(key)) && !active.fenced.swap(true, Ordering::Relaxed) {
+            if gone(&uid_of(key)) && !active.fenced.swap(true, Ordering::Relaxed) {
                 active.cancel.store(true, Ordering::Relaxed);
                 tracing::warn!(shard = %key, "the job is no longer this node's to run: stopping");
             }
         }
-        lock(&self.finished).retain(|k| seen.contains(&uid_of(k)));
+        lock(&self.finished).retain(|k| !gone(&uid_of(k)));
     }
 
     /// Stop every running shard when this agent may no longer hold work (its heartbeat has

@@ -6,19 +6,8 @@
 
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use ferry_e2e::ControlPlane;
-
-/// Peak resident memory of a process, in KiB (`VmHWM`).
-fn peak_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("VmHWM")
-}
 
 #[test]
 fn a_namespace_of_large_pods_costs_the_operator_nothing_while_a_job_waits_for_a_mount() -> Result<()>
@@ -52,7 +41,7 @@ fn a_namespace_of_large_pods_costs_the_operator_nothing_while_a_job_waits_for_a_
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let before = peak_kib(operator)?;
+    let before = super::memory_kib(operator)?.1;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-csi\n  namespace: default\nspec:\n  source: {pvc: data, path: src}\n  destination: {root: backup, path: copy}\n")?;
     cp.wait_until(
         "copyjob/from-csi",
@@ -63,7 +52,7 @@ fn a_namespace_of_large_pods_costs_the_operator_nothing_while_a_job_waits_for_a_
     )?;
     // Three more looks (every 5 s).
     std::thread::sleep(Duration::from_secs(16));
-    let after = peak_kib(operator)?;
+    let after = super::memory_kib(operator)?.1;
     eprintln!(
         "{PODS} pods of 200 KiB: operator peak {} -> {} MiB while a job waits for a mount",
         before / 1024,

@@ -10,20 +10,6 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use ferry_e2e::{http_get, metric, wait_for, ControlPlane};
 
-/// Resident and peak resident memory of a process, in KiB (`VmRSS`, `VmHWM`).
-fn memory_kib(pid: u32) -> Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> Result<u64> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("{name} of pid {pid}"))
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
-}
-
 fn jobs_watched(cp: &ControlPlane, node: &str) -> Result<Option<f64>> {
     let port = cp.agent_port(node)?;
     Ok(http_get(port, "/metrics").and_then(|m| metric(&m, "ferry_agent_jobs_watched", &[])))
@@ -71,8 +57,8 @@ fn an_agent_holds_only_the_jobs_with_a_shard_on_its_node() -> Result<()> {
         Duration::from_secs(30),
         || jobs_watched(&cp, "node-b").ok().flatten().is_some(),
     )?;
-    let (_, operator_before) = memory_kib(operator)?;
-    let (agent_before, _) = memory_kib(agent_b)?;
+    let (_, operator_before) = super::memory_kib(operator)?;
+    let (agent_before, _) = super::memory_kib(agent_b)?;
     // 40 jobs at the pattern bounds, all on node-a.
     const HOSTILE: usize = 40;
     cp.apply(&hostile_jobs(HOSTILE))?;
@@ -135,8 +121,8 @@ fn an_agent_holds_only_the_jobs_with_a_shard_on_its_node() -> Result<()> {
         Duration::from_secs(60),
         || jobs_watched(&cp, "node-a").ok().flatten() == Some(0.0),
     )?;
-    let (agent_after, _) = memory_kib(agent_b)?;
-    let (operator_now, operator_peak) = memory_kib(operator)?;
+    let (agent_after, _) = super::memory_kib(agent_b)?;
+    let (operator_now, operator_peak) = super::memory_kib(operator)?;
     eprintln!(
         "{HOSTILE} jobs at the pattern bounds: operator peak {} MiB (before {} MiB, now {} MiB); uninvolved agent {} -> {} MiB",
         operator_peak / 1024,
