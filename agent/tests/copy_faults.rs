@@ -1,6 +1,6 @@
 //! `ferry-agent copy` from a source whose reads fail with EIO (a FUSE filesystem,
-//! agent/engine/tests/fuse/eiofs.py): the CLI's view of what the engine tests check in
-//! `agent/engine/tests/faults_while_copying.rs` (each such file retried once, then reported
+//! engine/tests/fuse/eiofs.py): the CLI's view of what the engine tests check in
+//! `engine/tests/faults_while_copying.rs` (each such file retried once, then reported
 //! as `IOError` in the JSON summary and left out of the manifest).
 
 mod common;

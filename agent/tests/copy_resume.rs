@@ -2,7 +2,7 @@
 //! then resumed with the same staging tag, ends equal to the source with every file listed
 //! once in its manifest, no staging names left, and nothing the killed runs committed copied
 //! again; a resume replaces the file a killed run was writing. (The engine's side of
-//! resuming is tested in `agent/engine/tests/resume.rs`.)
+//! resuming is tested in `engine/tests/resume.rs`.)
 
 mod common;
 

@@ -23,7 +23,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-#[path = "../link/tests/common/any_server.rs"]
+#[path = "../../link/tests/common/any_server.rs"]
 mod any_server;
 use any_server::AnyServer;
 

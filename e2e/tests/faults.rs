@@ -431,14 +431,14 @@ fn unreadable_and_changing_source_files_fail_partially_failed_and_the_rest_is_co
     Ok(())
 }
 
-/// `agent/engine/tests/fuse/eiofs.py` serving `root` at `at` (reads of `bad-*` files fail with
+/// `engine/tests/fuse/eiofs.py` serving `root` at `at` (reads of `bad-*` files fail with
 /// EIO, `flaky-*` files fail through their first open only); unmounted when dropped.
 struct Eiofs(PathBuf, std::process::Child);
 
 impl Eiofs {
     /// `None` (after saying why) where FUSE cannot be used.
     fn mount(root: &Path, at: &Path) -> Result<Option<Self>> {
-        let script = ferry_e2e::repo_root().join("agent/engine/tests/fuse/eiofs.py");
+        let script = ferry_e2e::repo_root().join("engine/tests/fuse/eiofs.py");
         let usable = Path::new("/dev/fuse").exists()
             && std::process::Command::new("/usr/bin/python3")
                 .args(["-c", "import fusepy"])

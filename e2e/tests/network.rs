@@ -10,7 +10,7 @@
 //! untouched (each side checks the other's certificate, not its address).
 
 mod certs;
-#[path = "../../agent/engine/tests/common/mod.rs"]
+#[path = "../../engine/tests/common/mod.rs"]
 mod tree;
 
 use std::collections::BTreeMap;

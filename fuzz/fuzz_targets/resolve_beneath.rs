@@ -1,9 +1,9 @@
 //! Fuzz Ferry's resolution of tenant paths inside a root against the kernel's `openat2`
-//! on a tree of symlink traps (the property lives in agent/engine/tests/oracle, shared with the
+//! on a tree of symlink traps (the property lives in engine/tests/oracle, shared with the
 //! exhaustive test `path_oracle.rs` that `make test` runs). Run: `make fuzz`.
 #![no_main]
 
-#[path = "../../agent/engine/tests/oracle/mod.rs"]
+#[path = "../../engine/tests/oracle/mod.rs"]
 mod oracle;
 
 use std::sync::OnceLock;

@@ -1,10 +1,10 @@
 //! Shared helpers for the black-box tests of `ferry-agent copy`: run the real binary with a
 //! timeout and read its JSON summary. Building and comparing trees is the engine tests'
-//! (`agent/engine/tests/common`), included here as `tree` so there is one copy of it.
+//! (`engine/tests/common`), included here as `tree` so there is one copy of it.
 
 #![allow(dead_code)]
 
-#[path = "../../engine/tests/common/mod.rs"]
+#[path = "../../../engine/tests/common/mod.rs"]
 mod tree;
 
 use std::ffi::{OsStr, OsString};

@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use ferry_e2e::ControlPlane;
 
-#[path = "../../../agent/engine/tests/common/mod.rs"]
+#[path = "../../../engine/tests/common/mod.rs"]
 mod tree;
 
 const ROOT: &str = "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: devices\nspec:\n  path: /srv/devices\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n";
