@@ -76,6 +76,17 @@ impl Filter {
         self.include.is_none() && self.exclude.is_none()
     }
 
+    /// Whether the entry at `rel` (relative to the source path) passes the filter: a
+    /// directory is entered ([`Filter::enters`]), anything else copied
+    /// ([`Filter::selects`]). The one question the copy's walk, its plan and its prune ask
+    /// of every entry, so they cannot disagree on what a copy carries.
+    pub fn admits(&self, rel: &[u8], is_dir: bool) -> bool {
+        match is_dir {
+            true => self.enters(rel),
+            false => self.selects(rel),
+        }
+    }
+
     /// Whether the walk enters the directory at `rel` (relative to the source path).
     pub fn enters(&self, rel: &[u8]) -> bool {
         !self
@@ -266,6 +277,32 @@ mod tests {
         assert!(all.is_all() && all.selects(b"any/thing") && all.enters(b"dir"));
         let none = filter(&[], &["*"]);
         assert!(!none.is_all() && !none.selects(b"a") && !none.enters(b"d"));
+    }
+
+    #[test]
+    fn admits_enters_directories_and_selects_everything_else() {
+        let f = filter(&["*.csv"], &["old/", "*.tmp"]);
+        // An include-only file pattern never stops a directory being entered...
+        assert!(f.admits(b"data", true) && f.admits(b"x/y", true));
+        // ...an excluded directory is not entered, and exclude wins over include.
+        assert!(!f.admits(b"old", true) && !f.admits(b"x/old", true));
+        assert!(f.admits(b"a.csv", false) && !f.admits(b"a.txt", false));
+        assert!(!f.admits(b"a.tmp", false) && !f.admits(b"x/b.tmp", false));
+        for (rel, is_dir) in [
+            (&b"a"[..], true),
+            (b"a", false),
+            (b"old", true),
+            (b"z.csv", false),
+        ] {
+            let asked = if is_dir {
+                f.enters(rel)
+            } else {
+                f.selects(rel)
+            };
+            assert_eq!(f.admits(rel, is_dir), asked);
+        }
+        let all = Filter::default();
+        assert!(all.admits(b"any", true) && all.admits(b"any/thing", false));
     }
 
     #[test]

@@ -121,13 +121,7 @@ pub(crate) fn count_dir(
                 path.extend_from_slice(name.to_bytes());
             }
             let is_dir = est.st_mode & libc::S_IFMT == libc::S_IFDIR;
-            if !filter.is_all()
-                && !(if is_dir {
-                    filter.enters(&path)
-                } else {
-                    filter.selects(&path)
-                })
-            {
+            if !filter.admits(&path, is_dir) {
                 continue;
             }
             match est.st_mode & libc::S_IFMT {

@@ -215,11 +215,7 @@ impl Pass<'_> {
                 }
             };
             let is_dir = dst_st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-            let selected = match is_dir {
-                true => self.opts.filter.enters(&path),
-                false => self.opts.filter.selects(&path),
-            };
-            if !selected {
+            if !self.opts.filter.admits(&path, is_dir) {
                 if self.opts.delete_excluded {
                     self.remove(dst.as_fd(), &name, &path, is_dir, true);
                 }

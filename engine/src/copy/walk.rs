@@ -494,16 +494,9 @@ impl<'a> Ctx<'a> {
             return false;
         }
         // include/exclude: an excluded directory is not entered, an unselected entry
-        // not copied (nor counted, nor in the manifest).
-        if !self.opts.filter.is_all() {
-            let rel = dir.child_path(name);
-            let wanted = match is_dir {
-                true => self.opts.filter.enters(&rel),
-                false => self.opts.filter.selects(&rel),
-            };
-            if !wanted {
-                return false;
-            }
+        // not copied (nor counted, nor in the manifest). Without patterns no path is built.
+        if !self.opts.filter.is_all() && !self.opts.filter.admits(&dir.child_path(name), is_dir) {
+            return false;
         }
         if is_dir {
             dir.pending.fetch_add(1, Ordering::Relaxed);
@@ -622,7 +615,7 @@ impl<'a> Ctx<'a> {
                 }
                 Ok(st) if is_type(&st, libc::S_IFDIR) => {
                     // A directory appeared where the listing saw something else.
-                    if !self.opts.filter.enters(&dir.child_path(src_name)) {
+                    if !self.opts.filter.admits(&dir.child_path(src_name), true) {
                         return;
                     }
                     dir.pending.fetch_add(1, Ordering::Relaxed);
