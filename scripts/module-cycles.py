@@ -177,7 +177,8 @@ class Crate:
                 continue
             imp = self.imports.get(cur, {}).get(seg)
             if imp is not None:
-                return self.resolve(cur, imp[0] + rest[i + 1:], seen)
+                # What `cur` takes from another crate is, to this one, `cur`'s.
+                return self.resolve(cur, imp[0] + rest[i + 1:], seen) or cur
             return cur
         return cur
 

@@ -8,14 +8,12 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
 
-use crate::copy::{run, DstAt, SrcAt};
-use crate::recv::Connection;
-use crate::{sys, Error, Options, Progress, Reason, Summary};
+use crate::ends::{DstAt, SrcAt};
+use crate::{sys, Error, Reason};
 
 fn refused(reason: Reason, message: String) -> Error {
     Error::Refused { reason, message }
@@ -243,45 +241,6 @@ fn make_dirs_in(root: BorrowedFd<'_>, parts: &[&[u8]], shown: &Path) -> Result<O
     Ok(dir)
 }
 
-/// Copy `src_path` inside `src_root` to `dst_path` inside `dst_root`, both relative and
-/// resolved without symlinks from the roots' fds. Missing parents of the destination are
-/// created (inside the root). The destination follows [`crate::copy`]'s rules, except that a
-/// symlink at the destination's name is refused instead of followed.
-pub fn copy_beneath(
-    src_root: BorrowedFd<'_>,
-    src_path: &Path,
-    dst_root: BorrowedFd<'_>,
-    dst_path: &Path,
-    options: &Options,
-    progress: &dyn Progress,
-) -> Result<Summary, Error> {
-    let src_parts = check_relative(src_path)?;
-    let dst_parts = check_relative(dst_path)?;
-    let src_at = open_source_in(src_root, &src_parts, src_path)?;
-    let dst_at = open_destination_in(dst_root, &dst_parts, dst_path)?;
-    run(src_at, dst_at, src_path, dst_path, options, progress)
-}
-
-/// Copy what the source half at the other end of `conn` serves (see [`crate::copy_from`])
-/// to `dst_path` inside `dst_root`, the destination resolved as [`copy_beneath`] resolves
-/// its own: relative, no symlink at any depth nor at its name, missing parents made inside
-/// the root. `src` only labels messages, and names a single file copied into an existing
-/// directory.
-pub fn copy_from_beneath(
-    conn: &Arc<Connection>,
-    src: &Path,
-    dst_root: BorrowedFd<'_>,
-    dst_path: &Path,
-    options: &Options,
-    progress: &dyn Progress,
-) -> Result<Summary, Error> {
-    // A bad destination is refused before anything is asked of the sender.
-    let dst_parts = check_relative(dst_path)?;
-    let src_at = SrcAt::remote(conn, src, options)?;
-    let dst_at = open_destination_in(dst_root, &dst_parts, dst_path)?;
-    run(src_at, dst_at, src, dst_path, options, progress)
-}
-
 /// A copy's source at `parts` (from [`check_relative`] of `path`) inside `root`: a
 /// directory, or an entry of its parent directory. A symlink anywhere on the way, its last
 /// component included, is refused.
@@ -388,33 +347,5 @@ fn dst_entry(parent: OwnedFd, name: CString, shown: &Path) -> Result<DstAt, Erro
             name,
             exists: true,
         }),
-    }
-}
-
-/// What a copy of `path` inside `root` would carry (the files of `select` that `filter`
-/// selects, hard links kept or not), resolved as the copy resolves it.
-pub fn plan_beneath(
-    root: BorrowedFd<'_>,
-    path: &Path,
-    select: crate::Part,
-    links: bool,
-    filter: &crate::Filter,
-) -> Result<crate::Totals, Error> {
-    let fd = resolve_beneath(root, path, libc::O_PATH)?;
-    let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io("stat", path, e))?;
-    match st.st_mode & libc::S_IFMT {
-        // "/." makes the walk go through the magic link to the directory itself.
-        libc::S_IFDIR => crate::plan_part(
-            Path::new(&format!("/proc/self/fd/{}/.", fd.as_raw_fd())),
-            select,
-            links,
-            filter,
-        ),
-        libc::S_IFREG if select == crate::Part::All => Ok(crate::Totals {
-            files: 1,
-            bytes: st.st_size as u64,
-            ..Default::default()
-        }),
-        _ => Ok(crate::Totals::default()),
     }
 }

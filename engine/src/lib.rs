@@ -12,16 +12,31 @@
 //! # Ok::<(), ferry_engine::Error>(())
 //! ```
 
+// The layers, lowest first; a module uses only those below it (scripts/module-cycles.py
+// checks that no import circle crosses them):
+// - `sys` (all `unsafe`), `dirent`, `error`, `options`, `progress`, `volume`: syscalls, the
+//   contract's types, errors and the progress seam;
+// - `data`, `meta`, `depth`, `record`, `open`: file data, metadata, how many workers run,
+//   records of the transfer protocol, opening the paths a caller names;
+// - `plan`, `recv`, `ends`, `beneath`, `prune`: counting, the connection to a source half,
+//   a copy's two ends opened by path or inside a root, pruning;
+// - `copy` (the copy), `send` (the source half of a copy between nodes);
+// - `api`: the entry points, re-exported here.
+mod api;
 mod beneath;
 mod copy;
 mod data;
+mod depth;
 mod dirent;
+mod ends;
 mod error;
 mod meta;
+mod open;
 mod options;
 mod plan;
 mod progress;
 mod prune;
+mod record;
 pub mod recv;
 pub mod send;
 mod sys;
@@ -29,12 +44,9 @@ pub mod volume;
 
 use std::time::Duration;
 
-pub use beneath::{
-    check_relative, copy_beneath, copy_from_beneath, open_host_path, plan_beneath, resolve_beneath,
-    state_dir,
-};
+pub use api::{copy, copy_beneath, copy_from, copy_from_beneath, plan_beneath};
+pub use beneath::{check_relative, open_host_path, resolve_beneath, state_dir};
 pub use copy::MAX_RECORDS;
-pub use copy::{copy, copy_from};
 pub use error::{reason_of_io, Error, Failure};
 pub use ferry_crds::Reason;
 pub use options::{default_workers, IO_WORKERS};

@@ -7,7 +7,8 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 
-use crate::copy::SrcXattrs;
+use ferry_transfer::Xattr;
+
 use crate::options::{Preserve, Privileged};
 use crate::sys::{self, Stat};
 
@@ -51,6 +52,13 @@ impl Rules<'_> {
     fn owner_is_ours(&self, st: &Stat) -> bool {
         (st.st_uid, st.st_gid) == (self.who.euid, self.who.egid)
     }
+}
+
+/// The extended attributes to give a copy: read from the source's descriptor, or as a
+/// record from another node carried them.
+pub(crate) enum SrcXattrs<'a> {
+    Fd(BorrowedFd<'a>),
+    List(&'a [Xattr]),
 }
 
 /// Process facts the metadata code needs, read once per copy.

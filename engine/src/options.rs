@@ -1,12 +1,30 @@
 //! What a copy should do: the policies (defined with the API, in `ferry_crds::policy`, so a
-//! CopyJob, the CLI and the engine share one set of defaults), the part of the tree, and
+//! CopyJob, the CLI and the engine share one set of defaults), the part of the tree (and
+//! [`part_of`], which part owns an entry: the one rule the copy and its plan share), and
 //! the hooks a caller steers a running copy by.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use xxhash_rust::xxh3::xxh3_64;
+
 pub use ferry_crds::{Compare, Filter, Overwrite, Part, Preserve, Reflink, Verify};
+
+/// Which part of a split copy owns an entry: by its path from the top, or for a hard-linked
+/// file by its inode, so all names of one file land in the same part.
+pub(crate) fn part_of(path: &[u8], inode: Option<(u64, u64)>, count: u32) -> u32 {
+    let h = match inode {
+        Some((dev, ino)) => {
+            let mut key = [0u8; 16];
+            key[..8].copy_from_slice(&dev.to_le_bytes());
+            key[8..].copy_from_slice(&ino.to_le_bytes());
+            xxh3_64(&key)
+        }
+        None => xxh3_64(path),
+    };
+    (h % u64::from(count.max(1))) as u32
+}
 
 /// Asked before anything becomes visible under a final name (a file linked or renamed
 /// into place, a staged directory renamed, the manifest's buffered lines written).
@@ -33,7 +51,7 @@ impl std::fmt::Debug for Fence {
 /// reads in flight. A warm copy does not, and on XFS the extra workers contend in file
 /// creation (100k files: 16 workers 3.1 s, 2 workers 2.0 s): so of this default pool only
 /// as many workers as CPUs run while the copy reads nothing from storage (see
-/// `copy::depth`); a worker count asked for (`Options::workers` > 0) always runs whole.
+/// `depth`); a worker count asked for (`Options::workers` > 0) always runs whole.
 pub fn default_workers() -> usize {
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())

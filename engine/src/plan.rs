@@ -9,8 +9,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::rc::Rc;
 
-use crate::copy::{cstring, open_source_dir, part_of};
-use crate::options::{Filter, Part};
+use crate::open::{cstring, open_source_dir};
+use crate::options::{part_of, Filter, Part};
 use crate::{dirent, sys, Error};
 
 /// What a copy of `src` would carry: regular files, their bytes, and directories.

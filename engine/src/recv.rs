@@ -257,7 +257,7 @@ impl Request {
                     // A directory replaced, or a symlink or file where the path had a
                     // directory: the source changed under the copy, as locally.
                     libc::ESTALE | libc::ELOOP | libc::ENOTDIR => {
-                        crate::copy::source_changed(format!("on the source's node: {message}"))
+                        crate::error::source_changed(format!("on the source's node: {message}"))
                     }
                     // The kernel's own errors keep their errno, so they are told apart
                     // (not found, permission denied) as a local copy's are.

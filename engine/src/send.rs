@@ -28,11 +28,13 @@ use std::sync::{Mutex, PoisonError};
 use ferry_transfer::frame::{
     self, Fingerprint, Frame, Inline, INLINE_BYTES, INLINE_MAX, LISTING_ENTRY_BYTES, MAX_DATA,
 };
-use ferry_transfer::{Buffers, Entry, Kind, Time, Xattr};
+use ferry_transfer::{Buffers, Entry, Kind, Xattr};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-use crate::copy::{Depth, SrcAt};
+use crate::depth::Depth;
 use crate::dirent::{DType, Listing};
+use crate::ends::SrcAt;
+use crate::record::{child, entry_of, fingerprint};
 use crate::sys::{self, Stat};
 use crate::{beneath, Error, Part, Totals};
 
@@ -514,24 +516,6 @@ fn busy() -> State {
     }
 }
 
-fn to_time(secs: i64, nanos: i64) -> Time {
-    Time {
-        secs,
-        nanos: nanos.clamp(0, 999_999_999) as u32,
-    }
-}
-
-/// What tells a file changed (its inode, size, mtime and ctime): compared by the sender
-/// with what a read request expects, and before and after each read.
-pub(crate) fn fingerprint(st: &Stat) -> Fingerprint {
-    Fingerprint {
-        ino: st.st_ino,
-        size: st.st_size as u64,
-        mtime: to_time(st.st_mtime, st.st_mtime_nsec),
-        ctime: to_time(st.st_ctime, st.st_ctime_nsec),
-    }
-}
-
 impl<W: Write + Send> Half<'_, W> {
     /// Write one frame; after a failed write nothing more is written (the reader loop
     /// sees the failure at its next frame).
@@ -949,6 +933,8 @@ impl<W: Write + Send> Half<'_, W> {
         }
     }
 
+    /// The record of entry `name` of stat `st` (`fd`: its descriptor, to read its extended
+    /// attributes through, when it was opened).
     fn record(
         &self,
         name: &[u8],
@@ -956,38 +942,11 @@ impl<W: Write + Send> Half<'_, W> {
         fd: Option<BorrowedFd<'_>>,
         target: Option<CString>,
     ) -> io::Result<Entry> {
-        let kind = match st.st_mode & libc::S_IFMT {
-            libc::S_IFREG => Kind::Regular,
-            libc::S_IFDIR => Kind::Directory,
-            libc::S_IFLNK => Kind::Symlink(target.map(CString::into_bytes).unwrap_or_default()),
-            libc::S_IFIFO => Kind::Fifo,
-            libc::S_IFSOCK => Kind::Socket,
-            libc::S_IFCHR => Kind::CharDevice(st.st_rdev),
-            _ => Kind::BlockDevice(st.st_rdev),
-        };
         let xattrs = match fd.filter(|_| self.opts.xattrs) {
             Some(fd) => read_xattrs(fd)?,
             None => Vec::new(),
         };
-        Ok(Entry {
-            name: name.to_vec(),
-            size: match kind {
-                Kind::Regular => st.st_size as u64,
-                _ => 0,
-            },
-            kind,
-            perm: st.st_mode & 0o7777,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            blocks: st.st_blocks as u64,
-            atime: to_time(st.st_atime, st.st_atime_nsec),
-            mtime: to_time(st.st_mtime, st.st_mtime_nsec),
-            ctime: to_time(st.st_ctime, st.st_ctime_nsec),
-            nlink: st.st_nlink as u32,
-            dev: st.st_dev,
-            ino: st.st_ino,
-            xattrs,
-        })
+        Ok(entry_of(name, st, target, xattrs))
     }
 
     fn open_listing(
@@ -1326,15 +1285,6 @@ impl<W: Write + Send> Half<'_, W> {
             changed,
         });
         None
-    }
-}
-
-/// The path of entry `name` of directory `dir` (both from the top, `/` between components):
-/// the paths both halves name entries by.
-pub(crate) fn child(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    match dir.is_empty() {
-        true => name.to_vec(),
-        false => [dir, b"/", name].concat(),
     }
 }
 

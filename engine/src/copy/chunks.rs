@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::data::{self, Caps, Moved, Range};
+use crate::error::source_changed;
 use crate::meta;
 use crate::sys::Stat;
 
-use super::failure::source_changed;
 use super::regular::{check_unchanged, Tries};
 use super::stage::Staged;
 use super::walk::Task;
@@ -159,7 +159,7 @@ impl<'a> Ctx<'a> {
             None => check_unchanged(file.src.as_fd(), &file.st)
                 .and_then(|()| {
                     meta::apply_fd(
-                        super::SrcXattrs::Fd(file.src.as_fd()),
+                        meta::SrcXattrs::Fd(file.src.as_fd()),
                         staged.fd.as_fd(),
                         &file.st,
                         self.rules(),

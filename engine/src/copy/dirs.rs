@@ -19,9 +19,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::error::source_changed;
 use crate::sys::{self, Stat};
 
-use super::failure::source_changed;
 use super::{lock, Ctx, DirNode, Fail, SrcDir};
 
 /// Directories kept open between uses, at most: two descriptors each. Deep enough for the
@@ -265,7 +265,7 @@ mod tests {
             HashSet::new(),
             Default::default(),
             32,
-            crate::copy::depth::Depth::fixed(),
+            crate::depth::Depth::fixed(),
         );
         assert_eq!(ctx.dirs.capacity, 2);
         let ((s, sst), (d, dst_st)) = (open_path(&src)?, open_path(&dst)?);
@@ -317,7 +317,7 @@ mod tests {
             panic!("another directory was taken for it");
         };
         assert_eq!(
-            super::super::failure::kind_of(&e),
+            crate::error::kind_of(&e),
             crate::Reason::DestinationConflict
         );
 

@@ -6,7 +6,6 @@
 //! went wrong), and `run` (opening both ends and producing the summary).
 
 mod chunks;
-mod depth;
 mod dirs;
 mod failure;
 mod links;
@@ -21,13 +20,8 @@ mod special;
 mod stage;
 mod walk;
 
-pub(crate) use depth::Depth;
-pub(crate) use failure::source_changed;
 pub use records::MAX_RECORDS;
-pub(crate) use remote::SrcXattrs;
-pub use run::copy;
-pub use run::copy_from;
-pub(crate) use run::{cstring, open_source_dir, run, DstAt, SrcAt};
+pub(crate) use run::run;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
@@ -40,6 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::data::{self, CapsCache, Guard};
+use crate::depth::Depth;
 use crate::error::Failure;
 use crate::meta::{Identity, XattrBufs};
 use crate::options::{Options, Verify};
@@ -59,21 +54,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// `Summary::aborted` of a cancelled copy.
 const CANCELLED: &str = "cancelled";
-
-/// Which part of a split copy owns an entry: by its path from the top, or for a hard-linked
-/// file by its inode, so all names of one file land in the same part.
-pub(crate) fn part_of(path: &[u8], inode: Option<(u64, u64)>, count: u32) -> u32 {
-    let h = match inode {
-        Some((dev, ino)) => {
-            let mut key = [0u8; 16];
-            key[..8].copy_from_slice(&dev.to_le_bytes());
-            key[8..].copy_from_slice(&ino.to_le_bytes());
-            xxhash_rust::xxh3::xxh3_64(&key)
-        }
-        None => xxhash_rust::xxh3::xxh3_64(path),
-    };
-    (h % u64::from(count.max(1))) as u32
-}
 
 fn is_type(st: &Stat, t: u32) -> bool {
     st.st_mode & libc::S_IFMT == t
@@ -311,7 +291,7 @@ struct Ctx<'a> {
     tmp_counter: AtomicU64,
     pid: u32,
     /// Which of the pool's workers run.
-    depth: depth::Depth,
+    depth: Depth,
     /// The connection to the source half on another node, for a copy from there.
     remote: Option<Arc<crate::recv::Connection>>,
 }
@@ -334,7 +314,7 @@ impl<'a> Ctx<'a> {
         listed: HashSet<u64>,
         (earlier, records): (records::Lazy, Option<File>),
         fd_limit: u64,
-        depth: depth::Depth,
+        depth: Depth,
     ) -> Self {
         // With a tag, staging names must not repeat those of an earlier attempt in the
         // directories a resumed walk does not sweep: start the counter from the clock.

@@ -12,14 +12,15 @@ use std::time::Instant;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::data::{self, Caps, Clone, Moved, Range};
-use crate::meta;
+use crate::error::{
+    checksum_mismatch, checksum_mismatch_msg, kind_of, source_changed, ReflinkRefused,
+};
+use crate::meta::{self, SrcXattrs};
 use crate::options::{Overwrite, Reflink, Verify};
 use crate::progress::Strategy;
 use crate::sys::{self, Stat};
 use crate::Reason;
 
-use super::failure::{checksum_mismatch, kind_of, source_changed, ReflinkRefused};
-use super::remote::SrcXattrs;
 use super::stage::Staged;
 use super::{is_type, Ctx, Fail, Local, OpenDir, Rec, Skip, SrcEntry, SrcFile};
 
@@ -258,7 +259,7 @@ impl<'a> Ctx<'a> {
             Reason::ChecksumMismatch if dir.src.fd().is_none() => {
                 if tries.mismatch >= RESENDS_AFTER_MISMATCH {
                     let msg = format!("{err} (again when sent once more from the source's node)");
-                    return Err((op, super::failure::checksum_mismatch_msg(msg)));
+                    return Err((op, checksum_mismatch_msg(msg)));
                 }
                 tries.mismatch += 1;
                 self.progress.resent();

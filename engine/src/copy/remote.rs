@@ -13,15 +13,16 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferry_transfer::frame::{Frame, MAX_DATA};
-use ferry_transfer::{Entry, Kind, Time, Xattr};
+use ferry_transfer::{Entry, Kind, Xattr};
 
 use crate::data::{self, Moved};
+use crate::error::source_changed;
+use crate::meta::SrcXattrs;
 use crate::progress::Strategy;
+use crate::record::{child, fingerprint, stat_of};
 use crate::recv::{Connection, CREDIT};
-use crate::send::{child, fingerprint};
 use crate::sys::{self, Stat};
 
-use super::failure::source_changed;
 use super::{Ctx, Fail, Local, OpenDir};
 
 /// A source directory.
@@ -50,13 +51,6 @@ pub(super) struct Rec {
     /// A small file's bytes and their hash (when hashing), sent with the listing: a slice
     /// of the listing's payload (cloned without copying).
     pub inline: Option<(Bytes, Option<u128>)>,
-}
-
-/// The extended attributes to give a copy: read from the source's descriptor, or as a
-/// record from another node carried them.
-pub(crate) enum SrcXattrs<'a> {
-    Fd(BorrowedFd<'a>),
-    List(&'a [Xattr]),
 }
 
 /// A source entry that was to be a regular file: open, with its stat; or, when it is
@@ -93,40 +87,6 @@ impl SrcFile {
             SrcFile::Remote(_) => None,
         }
     }
-}
-
-fn secs(t: Time) -> (i64, i64) {
-    (t.secs, i64::from(t.nanos))
-}
-
-/// The stat a record stands for (what the destination half reads of a stat: type, mode,
-/// owner, size, blocks, times, links, identity, device number).
-pub(super) fn stat_of(e: &Entry) -> Stat {
-    let mut st = sys::zeroed_stat();
-    let kind = match &e.kind {
-        Kind::Regular => libc::S_IFREG,
-        Kind::Directory => libc::S_IFDIR,
-        Kind::Symlink(_) => libc::S_IFLNK,
-        Kind::Fifo => libc::S_IFIFO,
-        Kind::Socket => libc::S_IFSOCK,
-        Kind::CharDevice(_) => libc::S_IFCHR,
-        Kind::BlockDevice(_) => libc::S_IFBLK,
-    };
-    st.st_mode = kind | e.perm;
-    st.st_uid = e.uid;
-    st.st_gid = e.gid;
-    st.st_size = e.size as i64;
-    st.st_blocks = e.blocks as i64;
-    st.st_nlink = e.nlink.into();
-    st.st_dev = e.dev;
-    st.st_ino = e.ino;
-    if let Kind::CharDevice(r) | Kind::BlockDevice(r) = e.kind {
-        st.st_rdev = r;
-    }
-    (st.st_atime, st.st_atime_nsec) = secs(e.atime);
-    (st.st_mtime, st.st_mtime_nsec) = secs(e.mtime);
-    (st.st_ctime, st.st_ctime_nsec) = secs(e.ctime);
-    st
 }
 
 pub(super) fn rec_of(e: Entry, inline: Option<(Bytes, Option<u128>)>) -> Rec {

@@ -1,63 +1,28 @@
-//! A copy from start to end: open both ends by path, refuse a copy into itself, set up the
-//! manifest and the top directory node (staged under a temporary name when new), run the
-//! workers, and turn the counters into a [`Summary`].
+//! A copy from start to end, once both ends are open (`ends`, `beneath`): refuse a copy
+//! into itself, set up the manifest and the top directory node (staged under a temporary
+//! name when new), run the workers, and turn the counters into a [`Summary`].
 
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
-use super::depth::Depth;
 use super::manifest::read_manifest;
 use super::overwrite::takes_source_meta;
 use super::records::{self, Earlier, Lazy};
 use super::walk::Task;
 use super::{Ctx, DirNode, OpenDir, SrcDir, CANCELLED};
+use crate::depth::Depth;
+use crate::ends::{DstAt, SrcAt};
+use crate::open::final_name;
 use crate::options::{Compare, Options, Overwrite, Part};
 use crate::progress::{Progress, Strategy};
-use crate::recv::Connection;
 use crate::sys;
 use crate::{Error, Summary};
 use ferry_transfer::Xattr;
-
-pub(crate) fn cstring(p: &Path) -> Result<CString, Error> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| Error::Usage(format!("{}: path contains a NUL byte", p.display())))
-}
-
-fn parent_of(p: &Path) -> &Path {
-    match p.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    }
-}
-
-fn final_name(p: &Path) -> Result<CString, Error> {
-    let name = p
-        .file_name()
-        .ok_or_else(|| Error::Usage(format!("{}: needs a final name component", p.display())))?;
-    CString::new(name.as_bytes())
-        .map_err(|_| Error::Usage(format!("{}: path contains a NUL byte", p.display())))
-}
-
-fn open_dir(p: &Path, op: &'static str) -> Result<OwnedFd, Error> {
-    sys::open(&cstring(p)?, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| Error::io(op, p, e))
-}
-
-/// The source's top directory, without moving its atime where we may (see `open_source`).
-pub(crate) fn open_source_dir(p: &Path) -> Result<OwnedFd, Error> {
-    let c = cstring(p)?;
-    let flags = libc::O_RDONLY | libc::O_DIRECTORY;
-    match sys::open(&c, flags | libc::O_NOATIME) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::open(&c, flags),
-        other => other,
-    }
-    .map_err(|e| Error::io("open source directory", p, e))
-}
 
 /// Refuse to copy a directory into itself: walk up from the destination through `..`
 /// (which crosses mounts correctly) looking for the source's inode.
@@ -88,88 +53,6 @@ fn check_not_inside(
         }
         cur = up;
     }
-}
-
-/// Copy `src` to `dst`.
-///
-/// - `dst` does not exist: it becomes a copy of `src` (as `cp -a src dst` makes it).
-/// - `dst` is an existing directory: `src`'s contents (or, for a file `src`, the file) are
-///   merged into it under `options.overwrite`; existing directories keep their own
-///   metadata unless `overwrite` is `Always`.
-/// - `dst` is an existing file and `src` a file: replaced according to `overwrite`.
-///
-/// Per-entry failures do not stop the copy; they are listed in the returned [`Summary`].
-/// An `Err` means the copy could not start (bad paths, unreadable source root).
-pub fn copy(
-    src: &Path,
-    dst: &Path,
-    options: &Options,
-    progress: &dyn Progress,
-) -> Result<Summary, Error> {
-    let src_c = cstring(src)?;
-    let src_st = sys::stat_path(&src_c, false).map_err(|e| Error::io("stat source", src, e))?;
-    let src_at = if src_st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-        SrcAt::Dir {
-            fd: open_source_dir(src)?,
-            st: src_st,
-        }
-    } else {
-        SrcAt::Entry {
-            parent: open_source_dir(parent_of(src))?,
-            name: final_name(src)?,
-        }
-    };
-    let dst_at = open_destination(dst)?;
-    run(src_at, dst_at, src, dst, options, progress)
-}
-
-/// Open `dst` as far as it exists. The user named it: a symlink to a directory is
-/// followed, as `cp` follows it.
-fn open_destination(dst: &Path) -> Result<DstAt, Error> {
-    let dst_c = cstring(dst)?;
-    let dst_at = match sys::stat_path(&dst_c, true) {
-        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
-            DstAt::Dir(open_dir(dst, "open destination")?)
-        }
-        Ok(_) => DstAt::Entry {
-            parent: open_dir(parent_of(dst), "open destination parent")?,
-            name: final_name(dst)?,
-            exists: true,
-        },
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-            if sys::stat_path(&dst_c, false).is_ok() {
-                return Err(Error::Usage(format!(
-                    "{} is a dangling symlink; Ferry never writes through links: remove it or choose another destination",
-                    dst.display()
-                )));
-            }
-            DstAt::Entry {
-                parent: open_dir(parent_of(dst), "open destination parent")?,
-                name: final_name(dst)?,
-                exists: false,
-            }
-        }
-        Err(e) => return Err(Error::io("stat destination", dst, e)),
-    };
-    Ok(dst_at)
-}
-
-/// Copy what a source half on another node serves (see [`crate::send`]) to `dst`, over
-/// `conn` (its hello already accepted), exactly as [`copy`] copies a local source: the
-/// same destination rules (staging, overwrite, resume, metadata, manifest, records).
-/// `src` only labels messages, and names a single file copied into an existing directory.
-/// Refused: a part of a split copy (a copy across nodes is one part) and `reflink: Always`
-/// (no blocks can be shared across nodes).
-pub fn copy_from(
-    conn: &Arc<Connection>,
-    src: &Path,
-    dst: &Path,
-    options: &Options,
-    progress: &dyn Progress,
-) -> Result<Summary, Error> {
-    let src_at = SrcAt::remote(conn, src, options)?;
-    let dst_at = open_destination(dst)?;
-    run(src_at, dst_at, src, dst, options, progress)
 }
 
 /// The top of a copy into an existing directory (or the directories of a single file's
@@ -233,80 +116,12 @@ fn staged_top(
     Ok(ctx.pinned(node, src, dst))
 }
 
-/// A copy's source, opened.
-pub(crate) enum SrcAt {
-    /// A directory, and its metadata.
-    Dir { fd: OwnedFd, st: sys::Stat },
-    /// Anything else: entry `name` of directory `parent`.
-    Entry { parent: OwnedFd, name: CString },
-    /// On another node, served at the other end of `conn`: a directory, with its record's
-    /// stat and attributes; or one regular file (the top is the file, at path "").
-    Remote {
-        conn: Arc<Connection>,
-        st: sys::Stat,
-        xattrs: Vec<Xattr>,
-    },
-}
-
-impl SrcAt {
-    /// The top that the source half at the other end of `conn` serves (its hello already
-    /// accepted), for a copy with `options` (`src` labels messages). Refused: a part of a
-    /// split copy (a copy across nodes is one part) and `reflink: Always` (no blocks can
-    /// be shared across nodes).
-    pub(crate) fn remote(
-        conn: &Arc<Connection>,
-        src: &Path,
-        options: &Options,
-    ) -> Result<Self, Error> {
-        if options.select != Part::All {
-            return Err(Error::Usage(
-                "a copy from another node is not split into parts; copy the whole tree".into(),
-            ));
-        }
-        if options.reflink == crate::options::Reflink::Always {
-            return Err(Error::Usage(
-                "reflink: Always cannot be met across nodes (no blocks are shared between them); use Auto or Never".into(),
-            ));
-        }
-        let mut req = conn
-            .request(|req| ferry_transfer::Frame::Stat {
-                req,
-                path: Vec::new(),
-            })
-            .map_err(|e| Error::io("stat source", src, e))?;
-        let top = match req.next().map_err(|e| Error::io("stat source", src, e))? {
-            ferry_transfer::Frame::Entry { entry, .. } => super::remote::rec_of(entry, None),
-            _ => {
-                let e = std::io::Error::other("the sender answered a stat with something else");
-                return Err(Error::io("stat source", src, e));
-            }
-        };
-        Ok(SrcAt::Remote {
-            conn: conn.clone(),
-            st: top.st,
-            xattrs: top.xattrs,
-        })
-    }
-}
-
 /// A copy's source as the walk starts from it.
 enum TopSrc {
     Dir((SrcDir, sys::Stat, Vec<Xattr>)),
     Entry {
         parent: (SrcDir, sys::Stat, Vec<Xattr>),
         name: CString,
-    },
-}
-
-/// A copy's destination, opened as far as it exists.
-pub(crate) enum DstAt {
-    /// An existing directory: the source is merged into it.
-    Dir(OwnedFd),
-    /// Entry `name` of directory `parent`: absent, or an existing non-directory.
-    Entry {
-        parent: OwnedFd,
-        name: CString,
-        exists: bool,
     },
 }
 

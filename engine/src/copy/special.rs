@@ -6,11 +6,11 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::error::device_dropped;
 use crate::meta;
 use crate::options::Privileged;
 use crate::sys::{self, Stat};
 
-use super::failure::device_dropped;
 use super::{is_type, Ctx, Fail, OpenDir, Rec, Skip};
 
 impl<'a> Ctx<'a> {

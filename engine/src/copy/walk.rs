@@ -25,14 +25,14 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::dirent::{DType, Listing};
-use crate::meta::{self, XattrBufs};
-use crate::options::Part;
+use crate::meta::{self, SrcXattrs, XattrBufs};
+use crate::options::{part_of, Part};
 use crate::sys;
 
 use super::chunks::LargeFile;
 use super::overwrite::takes_source_meta;
-use super::remote::{rec_of, SrcDir, SrcXattrs};
-use super::{is_type, lock, part_of, Ctx, DirNode, Fail, Local, OpenDir, Rec, Skip, CANCELLED};
+use super::remote::{rec_of, SrcDir};
+use super::{is_type, lock, Ctx, DirNode, Fail, Local, OpenDir, Rec, Skip, CANCELLED};
 
 /// Entries per batch when a directory is split across workers.
 const BATCH: usize = 512;
