@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, T
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::{Compare, CopyMethod, Overwrite, Part, Preserve, Reason, Reflink, ShardState, Verify};
+use crate::{Compare, CopyMethod, FailedPath, Overwrite, Preserve, Reflink, ShardStatus, Verify};
 
 /// A relative path inside a root or volume: never absolute, never `..`, never NUL.
 /// (The same rules are checked again by the operator and by the agent at open time.)
@@ -341,176 +341,6 @@ pub struct Progress {
     pub eta: Option<String>,
 }
 
-/// One shard of a job. The operator owns the assignment (`id`, `node`, `epoch`); the agent
-/// running it owns the progress fields. Both write with server-side apply under their own
-/// field managers, so neither overwrites the other.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", default)]
-pub struct ShardStatus {
-    /// Shard identity, stable for the job's life (list map key).
-    pub id: String,
-    /// Node whose agent runs it (in a copy between nodes, the destination's node).
-    pub node: String,
-    /// In a copy between nodes: the node whose agent serves the source to `node`'s agent.
-    /// Empty for a copy on one node.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub sender: String,
-    /// The digest of the spec this shard was cut for (`CopyJobSpec::digest`): an agent
-    /// runs it only while the job's spec still has it, and the operator fails the job
-    /// with SpecChanged when it no longer does. Empty on shards cut before it existed.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub spec_digest: String,
-    /// Assignment epoch, raised each time the shard is given to an agent: an agent's
-    /// updates are refused by the API server unless `node` and `epoch` are still the ones
-    /// it was given (a JSON patch `test`), so an agent that lost its shard cannot publish.
-    pub epoch: i64,
-    /// Host path of the source's root or volume, as resolved by the operator (the agent
-    /// joins the endpoint's relative path below it, under its host-root mount).
-    pub source_root: String,
-    /// Host path of the destination's root or volume.
-    pub destination_root: String,
-    /// Which part of the tree: empty for all of it; `i/n` for the entries whose path
-    /// hashes to i of n (a tree on shared roots split across agents); `directories` for
-    /// the last step of a split copy, which gives every directory its metadata and joins
-    /// the parts' manifests.
-    #[schemars(with = "String")]
-    pub part: Part,
-    /// Pending (or unset: not started), Running, Suspended (stopped by `suspend`; resumes
-    /// where it stopped), Stopped (the job is being deleted), Succeeded or Failed.
-    pub state: ShardState,
-    /// Regular files committed by this shard (a hard-linked file once).
-    pub files_done: i64,
-    /// Bytes (apparent size) of the files committed by this shard.
-    pub bytes_done: i64,
-    /// Bytes shared by reflink.
-    pub bytes_reflinked: i64,
-    /// Entries left as the destination had them, by the overwrite policy: not copied and
-    /// not verified by this job.
-    pub skipped: i64,
-    /// Entries that failed.
-    pub failed: i64,
-    /// Files this shard kept by the quick check that its manifest does not list (see
-    /// `progress.unlisted`).
-    pub unlisted: i64,
-    /// Average throughput of this shard so far, in bytes per second.
-    pub bytes_per_second: i64,
-    /// Entries this shard removed from the destination (deleteExtraneous), those inside a
-    /// removed directory included.
-    pub deleted: i64,
-    /// Dry run with deleteExtraneous: entries this shard would remove.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub planned_deletions: Option<i64>,
-    /// Dry run with deleteExtraneous: the first 20 paths it would remove (a directory once,
-    /// with a trailing `/`), relative to the destination path.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub to_delete: Vec<String>,
-    /// Dry run: regular files this shard would copy.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub planned_files: Option<i64>,
-    /// Dry run: bytes this shard would copy.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub planned_bytes: Option<i64>,
-    /// The first failures of this shard.
-    pub failures: Vec<FailedPath>,
-    /// A slice of a split job that succeeded: its part of the manifest as it wrote it to
-    /// the destination's `.ferry/`. The directories pass joins only parts that still
-    /// match, so nothing planted there gets into the job's manifest.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub manifest_part: Option<ManifestPart>,
-}
-
-/// A file as its writer left it: its length and xxHash3-64.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ManifestPart {
-    pub bytes: i64,
-    /// 16 hex digits.
-    #[schemars(length(max = 16))]
-    pub xxh3: String,
-}
-
-impl ShardStatus {
-    /// The operator failed this shard itself (its node stayed away too long, or the job
-    /// stopped being allowed: [`Reason::REVOKES`]): its state and failure are the
-    /// operator's, and no agent may run it.
-    pub fn failed_by_operator(&self) -> bool {
-        self.state == ShardState::Failed
-            && self.failures.iter().any(|f| {
-                f.path == "."
-                    && (f.reason == Reason::NodeUnavailable || Reason::REVOKES.contains(&f.reason))
-            })
-    }
-
-    /// Copied between nodes: another node's agent serves its source (`sender`).
-    pub fn between_nodes(&self) -> bool {
-        !self.sender.is_empty()
-    }
-}
-
-/// One failed path (the first few are kept).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct FailedPath {
-    /// Path relative to the source.
-    pub path: String,
-    /// Stable reason. Per entry: PermissionDenied, NotFound, SourceChanged (changed on
-    /// every one of 3 attempts), ChecksumMismatch, IOError (failed again on a fresh
-    /// rewrite), DestinationConflict (the name is taken by another type of entry, or by a
-    /// symlink where a directory is needed), ReflinkUnsupported (reflink Always where the
-    /// filesystems cannot clone), DestinationFull. For a whole shard (path "."):
-    /// DestinationFull (says how much more is needed), NodeUnavailable (its node's agent
-    /// did not come back in time), PathEscape (a path would leave its root),
-    /// SymlinkRejected (a path passes a symlink), Openat2Unavailable (the kernel cannot
-    /// resolve paths safely), CannotStart (see the message).
-    pub reason: Reason,
-    /// What happened.
-    pub message: String,
-}
-
-impl FailedPath {
-    /// Bytes an entry keeps of its path and of its message. A status holds up to 65 shards of
-    /// 20 entries each, and the whole object must stay under the API server's 1.5 MiB: paths
-    /// inside a tree have no length limit (only each name has), so they are shortened.
-    pub const ENTRY_BYTES: usize = 256;
-    /// Bytes a whole shard's failure (path ".") keeps of its message, which says what to do.
-    pub const SHARD_MESSAGE_BYTES: usize = 2048;
-
-    /// A failure as status carries it: path and message shortened to the bounds above
-    /// (head and tail kept around "…").
-    pub fn new(path: &str, reason: Reason, message: &str) -> Self {
-        let message_bytes = if path == "." {
-            Self::SHARD_MESSAGE_BYTES
-        } else {
-            Self::ENTRY_BYTES
-        };
-        Self {
-            path: shorten(path, Self::ENTRY_BYTES),
-            reason,
-            message: shorten(message, message_bytes),
-        }
-    }
-}
-
-/// `s` if it has at most `max` bytes, else its beginning and end around "…" in at most
-/// `max` bytes, cut at character boundaries (the end of a path names the file, the start
-/// where it is).
-pub fn shorten(s: &str, max: usize) -> String {
-    const MARK: &str = "…";
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let room = max.saturating_sub(MARK.len());
-    let mut head = room * 2 / 5;
-    while !s.is_char_boundary(head) {
-        head -= 1;
-    }
-    let mut tail = s.len() - (room - head);
-    while !s.is_char_boundary(tail) {
-        tail += 1;
-    }
-    format!("{}{MARK}{}", &s[..head], &s[tail..])
-}
-
 /// What a dry run found.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -727,6 +557,7 @@ mod tests {
     use kube::CustomResourceExt;
 
     use super::*;
+    use crate::{shorten, Reason, ShardState};
 
     fn descriptions(v: &serde_json::Value, out: &mut String) {
         match v {
@@ -832,27 +663,5 @@ mod tests {
         let short = shorten(&long, 256);
         assert!(short.len() <= 256, "{} bytes", short.len());
         assert!(short.starts_with("top/") && short.ends_with("/file.txt") && short.contains('…'));
-    }
-
-    #[test]
-    fn the_most_failures_a_status_can_hold_stay_well_under_the_object_size_limit() {
-        // 65 shards (64 slices and the directories pass), each with its own failure and the
-        // 20 entries an agent keeps, plus the job's 20: every path and message as long as a
-        // tree allows (a path has no length limit; 64 KiB here).
-        let path = "deep/".repeat(64 * 1024 / 5);
-        let message = "x".repeat(64 * 1024);
-        let shard: Vec<FailedPath> =
-            std::iter::once(FailedPath::new(".", Reason::CannotStart, &message))
-                .chain((0..20).map(|_| FailedPath::new(&path, Reason::IOError, &message)))
-                .collect();
-        let job: Vec<FailedPath> = (0..20)
-            .map(|_| FailedPath::new(&path, Reason::IOError, &message))
-            .collect();
-        let bytes = 65 * serde_json::to_vec(&shard).map_or(0, |v| v.len())
-            + serde_json::to_vec(&job).map_or(0, |v| v.len());
-        assert!(
-            bytes < 1024 * 1024,
-            "{bytes} bytes of failures (limit 1.5 MiB for the object)"
-        );
     }
 }

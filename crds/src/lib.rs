@@ -38,7 +38,11 @@ pub use node_label::{node_label, node_labels, NODE_LABEL_PREFIX};
 #[cfg(feature = "k8s")]
 mod schedule;
 #[cfg(feature = "k8s")]
+mod shard_status;
+#[cfg(feature = "k8s")]
 pub use schedule::*;
+#[cfg(feature = "k8s")]
+pub use shard_status::*;
 
 /// What lets a destination root keep a source's privileged files, as messages name it: a
 /// StorageRoot's `allowPrivilegedFiles` (a test in `api` checks the field's JSON name).

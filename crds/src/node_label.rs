@@ -27,7 +27,7 @@ pub fn node_label(node: &str) -> String {
 pub fn node_labels(shards: &[crate::ShardStatus]) -> std::collections::BTreeSet<String> {
     shards
         .iter()
-        .flat_map(|s| [&s.node, &s.sender])
+        .flat_map(|s| std::iter::once(&s.node).chain(&s.sender))
         .filter(|n| !n.is_empty())
         .map(|n| node_label(n))
         .collect()

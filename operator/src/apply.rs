@@ -77,7 +77,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         Endpoints::Resolved { .. } => old
             .shards
             .iter()
-            .flat_map(|s| [s.node.as_str(), s.sender.as_str()])
+            .flat_map(|s| std::iter::once(s.node.as_str()).chain(s.sender.as_deref()))
             .filter(|n| !n.is_empty())
             .map(|n| (n, ctx.heartbeats.lost_for(n)))
             .collect(),
@@ -137,8 +137,8 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                     a["specDigest"] = s.spec_digest.clone().into();
                 }
                 if s.failed_by_operator() {
-                    a["state"] = s.state.as_str().into();
-                    a["failures"] = serde_json::to_value(&s.failures).unwrap_or_default();
+                    a["state"] = s.progress.state.as_str().into();
+                    a["failures"] = serde_json::to_value(&s.progress.failures).unwrap_or_default();
                 }
                 a
             })
@@ -295,7 +295,7 @@ pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         .status
         .iter()
         .flat_map(|s| &s.shards)
-        .filter(|s| s.state == ShardState::Running && live.contains(&s.node))
+        .filter(|s| s.progress.state == ShardState::Running && live.contains(&s.node))
         .map(|s| s.node.as_str())
         .collect();
     if running.is_empty() {

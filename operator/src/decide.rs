@@ -73,12 +73,11 @@ fn revoke(shards: &mut [ShardStatus], b: &Blocked) {
     let every = b.reason == Reason::SpecChanged;
     for s in shards
         .iter_mut()
-        .filter(|s| !s.state.finished() || (every && !s.failed_by_operator()))
+        .filter(|s| !s.progress.state.finished() || (every && !s.failed_by_operator()))
     {
-        s.state = ferry_crds::ShardState::Failed;
+        s.progress.state = ferry_crds::ShardState::Failed;
         s.epoch += 1;
-        s.failures = vec![ferry_crds::FailedPath::new(
-            ".",
+        s.progress.failures = vec![ferry_crds::FailedPath::whole_shard(
             b.reason,
             &format!("stopped: {} (files copied before are kept)", b.message),
         )];
@@ -104,6 +103,34 @@ pub fn spec_changed(job: &CopyJob) -> Option<Blocked> {
         })
 }
 
+/// No node has both volumes (as read with the eligible nodes): a copy between nodes.
+fn apart([src_at, dst_at]: &[crate::resolve::Reachable; 2]) -> bool {
+    !src_at.nodes.is_empty() && !dst_at.nodes.iter().any(|n| src_at.nodes.contains(n))
+}
+
+/// The refusal of a job that is (or is about to be paired as) a copy between nodes for
+/// what such a copy cannot do ([`ferry_resolve::validate::between_nodes`]): decided when
+/// the operator pairs the nodes, so before any shard or ticket exists.
+fn refused_apart(input: &Inputs) -> Option<Blocked> {
+    let job = input.job;
+    if !matches!(input.endpoints, Endpoints::Resolved { .. }) {
+        return None;
+    }
+    let shards = job.status.as_ref().map_or(&[][..], |s| s.shards.as_slice());
+    let paired = shards.iter().any(ShardStatus::between_nodes);
+    let pairing =
+        !paired && needs_nodes(job, input.endpoints, input.lost_for) && apart(input.reachable);
+    if !(paired || pairing) {
+        return None;
+    }
+    let refusal = ferry_resolve::validate::between_nodes(&job.spec).err()?;
+    Some(Blocked {
+        condition: ConditionType::Accepted,
+        reason: refusal.reason,
+        message: refusal.message,
+    })
+}
+
 /// Whether [`decide`] will read the eligible nodes: there are shards to hand out (a new
 /// job, an unassigned shard, a lost agent's shard on shared roots), or a dry run of a
 /// splittable job reports where it would run.
@@ -125,7 +152,8 @@ pub fn needs_nodes(
     shards.is_empty()
         || (job.spec.dry_run && splittable)
         || shards.iter().any(|s| {
-            s.node.is_empty() || (shared && !s.state.finished() && lost_for(&s.node).is_some())
+            s.node.is_empty()
+                || (shared && !s.progress.state.finished() && lost_for(&s.node).is_some())
         })
 }
 
@@ -137,8 +165,11 @@ pub fn decide(input: &Inputs) -> Decision {
     let old = job.status.as_ref().unwrap_or(&unset);
     let previous = old.conditions.as_slice();
     let mut shards = old.shards.clone();
-    // A changed spec wins over what the endpoints say, a finished job included.
-    let changed = spec_changed(job).map(Endpoints::Blocked);
+    // A changed spec wins over what the endpoints say, a finished job included; then what
+    // a copy between nodes cannot do, once the endpoints say it is one.
+    let changed = spec_changed(job)
+        .or_else(|| refused_apart(input))
+        .map(Endpoints::Blocked);
     let endpoints = changed.as_ref().unwrap_or(input.endpoints);
     let (conditions, scheduled) = match endpoints {
         // A finished job keeps what was decided when it ran.
@@ -335,9 +366,7 @@ fn schedule_shards(
     // A copy between nodes (no node has both volumes) is one shard: parts would each walk
     // the whole tree over the network.
     let [src_at, dst_at] = input.reachable;
-    let apart = wants_nodes
-        && !src_at.nodes.is_empty()
-        && !dst_at.nodes.iter().any(|n| src_at.nodes.contains(n));
+    let apart = wants_nodes && apart(input.reachable);
     let split = splittable && !job.spec.dry_run && !apart;
     if shards.is_empty() {
         *shards = schedule::initial(
@@ -439,7 +468,8 @@ fn schedule_shards(
                 Reason::Assigned,
                 format!(
                     "copying between nodes: node {} serves the source to node {} over the network",
-                    s.sender, s.node
+                    s.sender.as_deref().unwrap_or_default(),
+                    s.node
                 ),
             ),
             None => (

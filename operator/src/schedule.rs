@@ -53,13 +53,13 @@ pub fn initial(parts: Option<i32>, source_root: &str, destination_root: &str) ->
 pub fn assign(shards: &mut [ShardStatus], eligible: &[String], max_agents: usize) -> bool {
     let mut busy: BTreeSet<String> = shards
         .iter()
-        .filter(|s| !s.node.is_empty() && !s.state.finished())
+        .filter(|s| !s.node.is_empty() && !s.progress.state.finished())
         .map(|s| s.node.clone())
         .collect();
     let parts_done = shards
         .iter()
         .filter(|s| s.part != Part::Directories)
-        .all(|s| s.state.finished());
+        .all(|s| s.progress.state.finished());
     let mut changed = false;
     for s in shards.iter_mut().filter(|s| s.node.is_empty()) {
         if s.part == Part::Directories && !parts_done {
@@ -93,7 +93,7 @@ pub fn assign_pair(shards: &mut [ShardStatus], sender: &str, receiver: &str) -> 
         .filter(|s| s.node.is_empty() && s.part == Part::All)
     {
         s.node = receiver.into();
-        s.sender = sender.into();
+        s.sender = Some(sender.into());
         s.epoch += 1;
         changed = true;
     }
@@ -129,10 +129,10 @@ pub fn handle_lost(
     let mut out = Lost::default();
     for s in shards
         .iter_mut()
-        .filter(|s| !s.node.is_empty() && !s.state.finished())
+        .filter(|s| !s.node.is_empty() && !s.progress.state.finished())
     {
         // A copy between nodes needs both of its agents.
-        let sender = s.between_nodes().then(|| s.sender.clone());
+        let sender = s.sender.clone();
         let Some((node, lost)) = lost_for(&s.node)
             .map(|l| (s.node.clone(), l))
             .or_else(|| sender.and_then(|n| lost_for(&n).map(|l| (n, l))))
@@ -140,15 +140,14 @@ pub fn handle_lost(
             continue;
         };
         if shared {
-            s.sender.clear();
+            s.sender = None;
             out.moved.push((s.id.clone(), std::mem::take(&mut s.node)));
         } else if suspended {
             out.waiting.push(node);
         } else if lost >= deadline {
-            s.state = ShardState::Failed;
+            s.progress.state = ShardState::Failed;
             s.epoch += 1;
-            s.failures = vec![FailedPath::new(
-                ".",
+            s.progress.failures = vec![FailedPath::whole_shard(
                 Reason::NodeUnavailable,
                 &format!(
                     "the agent on node {node} stopped heartbeating and did not come back within {}s; \
@@ -209,24 +208,24 @@ mod tests {
             "two agents at most, one part each"
         );
         // b finishes first and gets the next part; a is still busy.
-        shards[1].state = ShardState::Succeeded;
+        shards[1].progress.state = ShardState::Succeeded;
         assign(&mut shards, &agents, 2);
         assert_eq!(shards[2].node, "b");
         assert!(shards[3].node.is_empty());
         // Every part done except one: the directories pass waits.
         for s in shards.iter_mut().take(8) {
-            s.state = ShardState::Succeeded;
+            s.progress.state = ShardState::Succeeded;
             if s.node.is_empty() {
                 s.node = "a".into();
             }
         }
-        shards[7].state = ShardState::Running;
+        shards[7].progress.state = ShardState::Running;
         assign(&mut shards, &agents, 2);
         assert!(
             shards[8].node.is_empty(),
             "directories before the last part"
         );
-        shards[7].state = ShardState::Failed;
+        shards[7].progress.state = ShardState::Failed;
         assert!(assign(&mut shards, &agents, 2));
         assert_eq!(shards[8].part, Part::Directories);
         assert!(!shards[8].node.is_empty());
@@ -243,8 +242,8 @@ mod tests {
     fn a_lost_agents_shards_move_on_shared_roots_with_a_new_epoch() {
         let mut shards = initial(Some(2), "/s", "/d");
         assign(&mut shards, &nodes(&["a", "b"]), 2);
-        shards[0].state = ShardState::Running;
-        shards[1].state = ShardState::Succeeded;
+        shards[0].progress.state = ShardState::Running;
+        shards[1].progress.state = ShardState::Succeeded;
         let lost = |n: &str| (n == "a" || n == "b").then_some(Duration::from_secs(1));
         let out = handle_lost(&mut shards, lost, true, false, Duration::from_secs(60));
         // The finished shard stays where it ran; the running one is free again.
@@ -258,7 +257,7 @@ mod tests {
     fn node_local_work_waits_for_its_node_then_fails_node_unavailable() {
         let mut shards = initial(None, "/s", "/d");
         assign(&mut shards, &nodes(&["a"]), 1);
-        shards[0].state = ShardState::Running;
+        shards[0].progress.state = ShardState::Running;
         let deadline = Duration::from_secs(300);
         let out = handle_lost(
             &mut shards,
@@ -269,7 +268,10 @@ mod tests {
         );
         assert_eq!(out.waiting, vec!["a".to_string()]);
         assert_eq!(out.next_deadline, Some(Duration::from_secs(200)));
-        assert_eq!((shards[0].state, shards[0].epoch), (ShardState::Running, 1));
+        assert_eq!(
+            (shards[0].progress.state, shards[0].epoch),
+            (ShardState::Running, 1)
+        );
         // Suspended: no deadline.
         let out = handle_lost(
             &mut shards,
@@ -287,10 +289,10 @@ mod tests {
             deadline,
         );
         assert_eq!(out.failed, vec![("0".to_string(), "a".to_string())]);
-        assert_eq!(shards[0].state, ShardState::Failed);
+        assert_eq!(shards[0].progress.state, ShardState::Failed);
         assert_eq!(shards[0].epoch, 2, "the returning agent's epoch is stale");
         assert!(shards[0].failed_by_operator());
-        assert!(shards[0].failures[0].message.contains("node a"));
+        assert!(shards[0].progress.failures[0].message.contains("node a"));
         // A live node's shards are left alone.
         let mut shards = initial(None, "/s", "/d");
         assign(&mut shards, &nodes(&["a"]), 1);

@@ -71,14 +71,14 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     let mut p = Progress::default();
     let mut failures = Vec::new();
     for s in shards {
-        p.files_done += s.files_done;
-        p.skipped += s.skipped;
-        p.deleted += s.deleted.max(0);
-        p.unlisted += s.unlisted.max(0);
-        p.bytes_done += s.bytes_done;
-        p.bytes_reflinked += s.bytes_reflinked;
-        p.bytes_per_second += s.bytes_per_second;
-        failures.extend(s.failures.iter().cloned());
+        p.files_done += s.progress.files_done;
+        p.skipped += s.progress.skipped;
+        p.deleted += s.progress.deleted.max(0);
+        p.unlisted += s.progress.unlisted.max(0);
+        p.bytes_done += s.progress.bytes_done;
+        p.bytes_reflinked += s.progress.bytes_reflinked;
+        p.bytes_per_second += s.progress.bytes_per_second;
+        failures.extend(s.progress.failures.iter().cloned());
     }
     if p.bytes_per_second > 0 {
         p.rate = Some(format!("{}/s", human_bytes(p.bytes_per_second)));
@@ -89,9 +89,15 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
         .iter()
         .filter(|s| s.part != Part::Directories)
         .collect();
-    if !counted.is_empty() && counted.iter().all(|s| s.planned_files.is_some()) {
-        let files: i64 = counted.iter().filter_map(|s| s.planned_files).sum();
-        let bytes: i64 = counted.iter().filter_map(|s| s.planned_bytes).sum();
+    if !counted.is_empty() && counted.iter().all(|s| s.progress.planned_files.is_some()) {
+        let files: i64 = counted
+            .iter()
+            .filter_map(|s| s.progress.planned_files)
+            .sum();
+        let bytes: i64 = counted
+            .iter()
+            .filter_map(|s| s.progress.planned_bytes)
+            .sum();
         p.files_total = Some(files);
         p.bytes_total = Some(bytes);
         if bytes > 0 {
@@ -114,10 +120,13 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
     for f in &mut failures {
         *f = FailedPath::new(&f.path, f.reason, &f.message);
     }
-    let done = |s: &&ShardStatus| s.state.finished();
+    let done = |s: &&ShardStatus| s.progress.state.finished();
     let phase = if shards.is_empty() {
         Phase::Pending
-    } else if shards.iter().all(|s| s.state == ShardState::Succeeded) {
+    } else if shards
+        .iter()
+        .all(|s| s.progress.state == ShardState::Succeeded)
+    {
         p.percent = Some("100%".into());
         p.eta = None;
         Phase::Succeeded
@@ -125,7 +134,7 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
         Phase::Failed
     } else if shards
         .iter()
-        .any(|s| s.state == ShardState::Running || done(&s))
+        .any(|s| s.progress.state == ShardState::Running || done(&s))
     {
         Phase::Running
     } else {
@@ -138,12 +147,12 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
 /// full destination, a lost node, a refused path), else `IOError` when the volume returned
 /// read or write errors, else `PartiallyFailed`: some entries failed, the rest was copied.
 pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (Reason, String) {
-    let failed: i64 = shards.iter().map(|s| s.failed).sum::<i64>().max(1);
-    let files: i64 = shards.iter().map(|s| s.files_done).sum();
+    let failed: i64 = shards.iter().map(|s| s.progress.failed).sum::<i64>().max(1);
+    let files: i64 = shards.iter().map(|s| s.progress.files_done).sum();
     let first = |reason: Reason| failures.iter().find(|f| f.reason == reason);
     for reason in Reason::STOPS_SHARD {
         if let Some(f) = first(reason) {
-            let at = if f.path == "." {
+            let at = if f.is_whole_shard() {
                 String::new()
             } else {
                 format!("{}: ", f.path)
@@ -261,26 +270,26 @@ pub fn summarize(
                 // A copy between nodes: from the sender, to the receiver.
                 let nodes = shards
                     .iter()
-                    .flat_map(|s| [s.sender.clone(), s.node.clone()])
+                    .flat_map(|s| s.sender.iter().chain([&s.node]).cloned())
                     .filter(|n| !n.is_empty())
                     .collect();
                 (shards.len() as i64, nodes)
             });
         Plan {
-            files: shards.iter().filter_map(|s| s.planned_files).sum(),
-            bytes: shards.iter().filter_map(|s| s.planned_bytes).sum(),
+            files: shards.iter().filter_map(|s| s.progress.planned_files).sum(),
+            bytes: shards.iter().filter_map(|s| s.progress.planned_bytes).sum(),
             nodes,
             shards: count,
             mode: None,
             deletions: shards
                 .iter()
-                .filter_map(|s| s.planned_deletions)
+                .filter_map(|s| s.progress.planned_deletions)
                 .map(|n| n.max(0))
                 .sum(),
             // Agents wrote them: bounded again, in number and length.
             to_delete: shards
                 .iter()
-                .flat_map(|s| &s.to_delete)
+                .flat_map(|s| &s.progress.to_delete)
                 .take(20)
                 .map(|p| ferry_crds::shorten(p, FailedPath::ENTRY_BYTES))
                 .collect(),
@@ -366,9 +375,12 @@ mod tests {
     fn shard(state: ShardState, files: i64) -> ShardStatus {
         ShardStatus {
             id: files.to_string(),
-            state,
-            files_done: files,
-            bytes_done: files * 10,
+            progress: ferry_crds::ShardProgress {
+                state,
+                files_done: files,
+                bytes_done: files * 10,
+                ..Default::default()
+            },
             ..Default::default()
         }
     }
@@ -433,12 +445,12 @@ mod tests {
     #[test]
     fn totals_percent_and_eta_appear_once_every_part_is_counted() {
         let mut a = shard(ShardState::Running, 1);
-        a.bytes_done = 50;
-        a.bytes_per_second = 10;
-        a.planned_files = Some(4);
-        a.planned_bytes = Some(100);
+        a.progress.bytes_done = 50;
+        a.progress.bytes_per_second = 10;
+        a.progress.planned_files = Some(4);
+        a.progress.planned_bytes = Some(100);
         let mut b = shard(ShardState::Running, 0);
-        b.bytes_done = 0;
+        b.progress.bytes_done = 0;
         let dirs = ShardStatus {
             part: Part::Directories,
             ..Default::default()
@@ -449,8 +461,8 @@ mod tests {
             (p.bytes_total, p.percent.as_deref(), p.eta.as_deref()),
             (None, None, None)
         );
-        b.planned_files = Some(6);
-        b.planned_bytes = Some(100);
+        b.progress.planned_files = Some(6);
+        b.progress.planned_bytes = Some(100);
         let (phase, p, _) = aggregate(&[a, b, dirs]);
         assert_eq!(phase, Phase::Running);
         assert_eq!((p.files_total, p.bytes_total), (Some(10), Some(200)));

@@ -22,7 +22,7 @@ pub fn needed(shards: &[ShardStatus]) -> bool {
 
 /// An unfinished shard given to a pair of agents: what a ticket is for.
 fn paired(s: &&ShardStatus) -> bool {
-    s.between_nodes() && !s.node.is_empty() && !s.state.finished()
+    s.between_nodes() && !s.node.is_empty() && !s.progress.state.finished()
 }
 
 /// Write a fresh ticket for every unfinished shard of `job` that is copied between nodes, at
@@ -38,7 +38,12 @@ pub async fn issue(
     let mut data = BTreeMap::new();
     for s in shards.iter().filter(paired) {
         let bytes = ferry_link::random_ticket().map_err(crate::Error::Ticket)?;
-        let t = Ticket::new(s.epoch, &s.sender, &s.node, bytes);
+        let t = Ticket::new(
+            s.epoch,
+            s.sender.as_deref().unwrap_or_default(),
+            &s.node,
+            bytes,
+        );
         let json = serde_json::to_vec(&t).unwrap_or_default();
         data.insert(s.id.clone(), ByteString(json));
     }

@@ -151,6 +151,26 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// What a copy between nodes (no node has both volumes: one node's agent serves the source
+/// to another's over the network) cannot do yet. The operator applies it when it pairs the
+/// nodes, so such a job is refused `InvalidSpec` before any shard or ticket exists; the
+/// agent and the engine keep it as a guard.
+pub fn between_nodes(spec: &CopyJobSpec) -> Result<(), Refusal> {
+    if spec.delete_extraneous {
+        return refuse(
+            Reason::InvalidSpec,
+            "spec.deleteExtraneous: a copy between nodes (no node has both the source and the destination) cannot mirror yet; remove deleteExtraneous, or copy where one node has both volumes".into(),
+        );
+    }
+    if spec.reflink == ferry_crds::Reflink::Always {
+        return refuse(
+            Reason::InvalidSpec,
+            "spec.reflink: Always cannot be met between nodes (no node has both the source and the destination, and no blocks are shared across nodes); use Auto or Never".into(),
+        );
+    }
+    Ok(())
+}
+
 /// Results computed from a stored object's spec, remembered by the object's uid and
 /// generation (a spec does not change without its generation). A reconcile runs on every
 /// status update, and compiling a job's patterns each time would cost the operator up to
@@ -485,6 +505,34 @@ mod tests {
         assert_eq!(ferry_crds::parse_rate("2k"), Ok(2000));
         for bad in ["", "Mi", ".5Mi", "1..5Mi", "1e6", "99999999999Ei"] {
             assert!(ferry_crds::parse_rate(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_copy_between_nodes_refuses_what_it_cannot_do_and_names_the_field() {
+        let base = spec(root("a", "src"), root("b", "dst"));
+        assert_eq!(between_nodes(&base), Ok(()));
+        for (field, s) in [
+            (
+                "spec.deleteExtraneous",
+                CopyJobSpec {
+                    delete_extraneous: true,
+                    ..base.clone()
+                },
+            ),
+            (
+                "spec.reflink",
+                CopyJobSpec {
+                    reflink: ferry_crds::Reflink::Always,
+                    ..base.clone()
+                },
+            ),
+        ] {
+            let r = between_nodes(&s).expect_err(field);
+            assert_eq!(r.reason, Reason::InvalidSpec);
+            assert!(r.message.starts_with(field), "{}", r.message);
+            // Valid on one node: only the pairing refuses it.
+            assert_eq!(validate(&s), Ok(()));
         }
     }
 

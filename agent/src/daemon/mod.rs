@@ -375,7 +375,7 @@ impl Agent {
             return;
         }
         for (index, shard) in status.shards.iter().enumerate() {
-            if shard.node != self.node.settings.node || shard.state.over() {
+            if shard.node != self.node.settings.node || shard.progress.state.over() {
                 continue;
             }
             if !cut_for_spec(shard) {

@@ -219,6 +219,12 @@ pub(super) async fn dial(
     shard: &ShardStatus,
 ) -> Result<Arc<Connection>, String> {
     let me = &settings.node;
+    let Some(sender) = shard.sender.as_deref() else {
+        return Err(format!(
+            "shard {} is not a copy between nodes: it has no sender",
+            shard.id
+        ));
+    };
     let Some(identity) = identity else {
         return Err(format!(
             "the agent on node {me} serves no transfer port, so it has no certificate to receive with (chart value agent.transferPort, or --transfer-listen)"
@@ -229,33 +235,33 @@ pub(super) async fn dial(
     })?;
     let uid = job.uid().unwrap_or_default();
     let t = ticket(client, &settings.ticket_namespace, &uid, &shard.id).await?;
-    if &t.receiver != me || t.sender != shard.sender || t.epoch != shard.epoch {
+    if &t.receiver != me || t.sender != sender || t.epoch != shard.epoch {
         return Err(format!(
             "the ticket of shard {} pairs {} -> {} at epoch {}, not {} -> {me} at epoch {} (reassigned?)",
-            shard.id, t.sender, t.receiver, t.epoch, shard.sender, shard.epoch
+            shard.id, t.sender, t.receiver, t.epoch, sender, shard.epoch
         ));
     }
     let ticket = t.bytes().ok_or("the ticket is not 64 hex digits")?;
     let lease = Api::<Lease>::namespaced(client.clone(), &settings.namespace)
-        .get_opt(&lease_name(&shard.sender))
+        .get_opt(&lease_name(sender))
         .await
-        .map_err(|e| format!("reading node {}'s heartbeat Lease: {e}", shard.sender))?
+        .map_err(|e| format!("reading node {}'s heartbeat Lease: {e}", sender))?
         .ok_or_else(|| {
             format!(
                 "node {} has no heartbeat Lease (no agent runs there)",
-                shard.sender
+                sender
             )
         })?;
     let addr = lease.annotations().get(ADDRESS_ANNOTATION).ok_or_else(|| {
         format!(
             "the agent on node {} serves no transfer port (chart value agent.transferPort)",
-            shard.sender
+            sender
         )
     })?;
     let addr: std::net::SocketAddr = addr.parse().map_err(|_| {
         format!(
             "node {}'s transfer address {addr:?} is not an address:port",
-            shard.sender
+            sender
         )
     })?;
     let hello = Hello {
@@ -267,7 +273,7 @@ pub(super) async fn dial(
         epoch: shard.epoch as u64,
         ticket,
     };
-    transfer::dial(addr, &tls, &shard.sender, &hello)
+    transfer::dial(addr, &tls, sender, &hello)
         .await
         .map_err(|e| crate::with_causes(&e))
 }

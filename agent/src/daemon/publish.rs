@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ferry_crds::{CopyJob, FailedPath, ManifestPart, Reason, ShardState, ShardStatus};
+use ferry_crds::{
+    CopyJob, FailedPath, ManifestPart, Reason, ShardProgress, ShardState, ShardStatus,
+};
 use ferry_engine::{Failure, Progress, Strategy};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -67,7 +69,7 @@ impl Default for Live {
 }
 
 impl Live {
-    /// Report the shard as a whole failing for `reason` (a failure at path ".").
+    /// Report the shard as a whole failing for `reason` ([`FailedPath::whole_shard`]).
     pub(super) fn set_start_error(&self, reason: Reason, message: String) {
         *lock(&self.start_error) = Some((reason, message));
     }
@@ -210,8 +212,8 @@ impl From<kube::Error> for PublishError {
 
 /// Publish this shard's progress fields (and only those: the operator owns the
 /// assignment), as a JSON patch that first tests the shard is still this node's, at this
-/// epoch: an agent that lost its shard (its heartbeat expired and the work moved on) is
-/// refused by the API server, whatever it believes. `planned`: a dry run's (files, bytes).
+/// epoch ([`ShardProgress::fenced_patch`]): an agent that lost its shard (its heartbeat
+/// expired and the work moved on) is refused by the API server, whatever it believes. `planned`: a dry run's (files, bytes).
 pub(super) async fn publish(
     client: &Client,
     node: &str,
@@ -225,10 +227,10 @@ pub(super) async fn publish(
     let bytes = live.bytes.load(Ordering::Relaxed);
     let rate = bytes.saturating_sub(live.resumed_bytes.load(Ordering::Relaxed)) as f64
         / live.started.elapsed().as_secs_f64().max(1e-3);
-    // The whole shard's failure (path "."), then the entries'.
+    // The whole shard's failure, then the entries'.
     let start = lock(&live.start_error)
         .as_ref()
-        .map(|(reason, message)| FailedPath::new(".", *reason, message));
+        .map(|(reason, message)| FailedPath::whole_shard(*reason, message));
     let failures: Vec<FailedPath> = start
         .into_iter()
         .chain(
@@ -237,44 +239,35 @@ pub(super) async fn publish(
                 .map(|f| FailedPath::new(&f.path.to_string_lossy(), f.kind, &f.message)),
         )
         .collect();
-    let at = format!("/status/shards/{}", target.index);
-    let mut ops = vec![
-        serde_json::json!({"op": "test", "path": format!("{at}/id"), "value": shard.id}),
-        serde_json::json!({"op": "test", "path": format!("{at}/node"), "value": node}),
-        serde_json::json!({"op": "test", "path": format!("{at}/epoch"), "value": shard.epoch}),
-    ];
-    let mut set = |field: &str, value: serde_json::Value| {
-        ops.push(serde_json::json!({"op": "add", "path": format!("{at}/{field}"), "value": value}));
+    let (planned_deletions, to_delete) = match &*lock(&live.planned_deletions) {
+        Some((count, paths)) => (
+            Some(*count as i64),
+            paths
+                .iter()
+                .map(|p| ferry_crds::shorten(p, FailedPath::ENTRY_BYTES))
+                .collect(),
+        ),
+        None => (None, Vec::new()),
     };
-    set("state", state.as_str().into());
-    set("filesDone", live.files.load(Ordering::Relaxed).into());
-    set("bytesDone", bytes.into());
-    set(
-        "bytesReflinked",
-        live.reflinked.load(Ordering::Relaxed).into(),
-    );
-    set("skipped", live.skipped().into());
-    set("failed", live.failed.load(Ordering::Relaxed).into());
-    set("unlisted", live.unlisted.load(Ordering::Relaxed).into());
-    set("bytesPerSecond", (rate as i64).into());
-    set("failures", serde_json::to_value(failures)?);
-    if let Some(part) = &*lock(&live.manifest_part) {
-        set("manifestPart", serde_json::to_value(part)?);
-    }
-    if let Some((files, bytes)) = planned {
-        set("plannedFiles", files.into());
-        set("plannedBytes", bytes.into());
-    }
-    set("deleted", live.deleted.load(Ordering::Relaxed).into());
-    if let Some((count, paths)) = &*lock(&live.planned_deletions) {
-        set("plannedDeletions", (*count).into());
-        let paths: Vec<String> = paths
-            .iter()
-            .map(|p| ferry_crds::shorten(p, FailedPath::ENTRY_BYTES))
-            .collect();
-        set("toDelete", paths.into());
-    }
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))?;
+    let progress = ShardProgress {
+        state,
+        files_done: live.files.load(Ordering::Relaxed) as i64,
+        bytes_done: bytes as i64,
+        bytes_reflinked: live.reflinked.load(Ordering::Relaxed) as i64,
+        skipped: live.skipped() as i64,
+        failed: live.failed.load(Ordering::Relaxed) as i64,
+        unlisted: live.unlisted.load(Ordering::Relaxed) as i64,
+        bytes_per_second: rate as i64,
+        deleted: live.deleted.load(Ordering::Relaxed) as i64,
+        planned_deletions,
+        to_delete,
+        planned_files: planned.map(|p| p.0),
+        planned_bytes: planned.map(|p| p.1),
+        failures,
+        manifest_part: lock(&live.manifest_part).clone(),
+    };
+    let ops = progress.fenced_patch(target.index, shard, node)?;
+    let patch: json_patch::Patch = serde_json::from_value(ops)?;
     let ns = job.namespace().unwrap_or_default();
     let pp = PatchParams {
         field_manager: Some(ferry_crds::agent_manager(node, &shard.id)),

@@ -125,15 +125,14 @@ async fn run_shard(
     // A copy between nodes: the source is served by the sender's agent, which resolves and
     // opens it itself; this agent has only the destination.
     let me = &node.settings.node;
-    let network = shard.between_nodes() && shard.sender != *me;
-    if network && job.spec.delete_extraneous {
-        return Err(ShardError::Refused {
-            reason: Reason::InvalidSpec,
-            message: format!(
-                "spec.deleteExtraneous: a copy between nodes (the source on node {}, the destination on node {me}) cannot mirror yet; remove deleteExtraneous, or copy where one node has both volumes",
-                shard.sender
-            ),
-        });
+    let sender = shard.sender.as_deref().filter(|s| s != me);
+    let network = sender.is_some();
+    // The operator refuses such a job when it pairs the nodes; a guard, should one get here.
+    if network {
+        ferry_resolve::validate::between_nodes(&job.spec).map_err(|r| ShardError::Refused {
+            reason: r.reason,
+            message: r.message,
+        })?;
     }
     let wanted: &[(&'static str, &str)] = if network {
         &[("destination", &shard.destination_root)]
@@ -432,13 +431,13 @@ async fn dial_until(
             Ok(conn) => return Ok(conn),
             Err(why) if began.elapsed() >= network::DIAL_FOR => {
                 return Err(ShardError::Sender {
-                    node: shard.sender.clone(),
+                    node: shard.sender.clone().unwrap_or_default(),
                     secs: network::DIAL_FOR.as_secs(),
                     why,
                 })
             }
             Err(why) => {
-                tracing::info!(job = %job.name_any(), shard = %shard.id, sender = %shard.sender, %why, "the sender cannot be reached yet; trying again");
+                tracing::info!(job = %job.name_any(), shard = %shard.id, sender = ?shard.sender, %why, "the sender cannot be reached yet; trying again");
             }
         }
         if active.cancel.load(Ordering::Relaxed) || active.fenced.load(Ordering::Relaxed) {
@@ -622,7 +621,7 @@ fn options(
     // not copied again, and unfinished directories and staging are finished. A job
     // re-created under the same name is a new job (a new uid): it resumes nothing, and
     // what it keeps it reports as skipped.
-    let resume = shard.state != ShardState::Pending
+    let resume = shard.progress.state != ShardState::Pending
         || manifest
             .as_ref()
             .is_some_and(|m| std::fs::symlink_metadata(m).is_ok());
@@ -846,7 +845,7 @@ async fn copy(
         }
         redials += 1;
         crate::serve::metrics().redials.inc();
-        tracing::warn!(shard = %shard.id, sender = %shard.sender, %why, redials, "the connection to the sender was lost: dialling again to resume");
+        tracing::warn!(shard = %shard.id, sender = ?shard.sender, %why, redials, "the connection to the sender was lost: dialling again to resume");
         let fresh = dial_until(node, target, active).await?;
         *crate::lock(&link.conn) = fresh;
         // What the lost connection's run committed is kept (the journal): the next run
@@ -1097,7 +1096,7 @@ async fn manifest_out(
         .status
         .iter()
         .flat_map(|s| &s.shards)
-        .filter_map(|s| match (s.part, &s.manifest_part) {
+        .filter_map(|s| match (s.part, &s.progress.manifest_part) {
             (Part::Slice { index, .. }, Some(p)) => Some((index, p.clone())),
             _ => None,
         })

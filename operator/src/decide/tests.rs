@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::volume::Nodes;
-use ferry_crds::{FailedPath, Part, Plan, ShardState};
+use ferry_crds::{FailedPath, Part, Plan, ShardProgress, ShardState};
 
 const DEADLINE: Duration = Duration::from_secs(300);
 
@@ -108,9 +108,12 @@ fn running_on(node: &str, epoch: i64) -> ShardStatus {
         id: "0".into(),
         node: node.into(),
         epoch,
-        state: ShardState::Running,
         source_root: "/data/src".into(),
         destination_root: "/data/dst".into(),
+        progress: ShardProgress {
+            state: ShardState::Running,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -223,6 +226,44 @@ fn decide_apart(
 }
 
 #[test]
+fn what_a_copy_between_nodes_cannot_do_is_refused_when_the_nodes_are_paired_before_any_shard() {
+    let reachable = [
+        reach(&["node-a"], &["node-a"]),
+        reach(&["node-b"], &["node-b"]),
+    ];
+    for (spec, field) in [
+        (
+            serde_json::json!({"deleteExtraneous": true}),
+            "spec.deleteExtraneous",
+        ),
+        (serde_json::json!({"reflink": "Always"}), "spec.reflink"),
+    ] {
+        let d = decide_apart(&job(spec.clone()), &reachable, &[]);
+        let (status, reason, message) = cond(&d, ConditionType::Accepted);
+        assert_eq!((status, reason), ("False", "InvalidSpec"), "{message}");
+        assert!(message.starts_with(field), "{message}");
+        assert!(
+            d.status.shards.is_empty(),
+            "no shard (so no ticket) for {field}"
+        );
+        assert_eq!(event_reasons(&d), ["InvalidSpec"]);
+        // The same job where one node has both volumes copies.
+        let d = decide_in(
+            &job(spec),
+            &volumes(false),
+            &["node-a"],
+            &[
+                reach(&["node-a"], &["node-a"]),
+                reach(&["node-a"], &["node-a"]),
+            ],
+            &[],
+        );
+        assert_eq!(cond(&d, ConditionType::Accepted).0, "True");
+        assert_eq!(d.status.shards.len(), 1);
+    }
+}
+
+#[test]
 fn volumes_on_two_nodes_are_copied_by_a_pair_of_agents_the_receiver_running_the_shard() {
     let reachable = [
         reach(&["node-a", "node-c"], &["node-c"]),
@@ -237,8 +278,8 @@ fn volumes_on_two_nodes_are_copied_by_a_pair_of_agents_the_receiver_running_the_
     let s = &d.status.shards[0];
     // The live node with the source serves it; the destination's node runs the shard.
     assert_eq!(
-        (s.sender.as_str(), s.node.as_str(), s.epoch),
-        ("node-c", "node-b", 1)
+        (s.sender.as_deref(), s.node.as_str(), s.epoch),
+        (Some("node-c"), "node-b", 1)
     );
     assert_eq!(d.status.mode, Some(ferry_crds::CopyMode::Network));
     assert_eq!(
@@ -260,7 +301,7 @@ fn volumes_on_two_nodes_are_copied_by_a_pair_of_agents_the_receiver_running_the_
     let running = after(
         job(serde_json::json!({})),
         with_shards(vec![ShardStatus {
-            sender: "node-c".into(),
+            sender: Some("node-c".into()),
             ..running_on("node-b", 1)
         }]),
     );
@@ -270,11 +311,11 @@ fn volumes_on_two_nodes_are_copied_by_a_pair_of_agents_the_receiver_running_the_
     assert!(message.contains("node-c"), "{message}");
     let d = decide_apart(&running, &reachable, &[("node-c", 400)]);
     let s = &d.status.shards[0];
-    assert_eq!((s.state, s.epoch), (ShardState::Failed, 2));
+    assert_eq!((s.progress.state, s.epoch), (ShardState::Failed, 2));
     assert!(
-        s.failures[0].message.contains("node node-c"),
+        s.progress.failures[0].message.contains("node node-c"),
         "{:?}",
-        s.failures
+        s.progress.failures
     );
     assert_eq!(event_reasons(&d), ["NodeUnavailable", "NodeUnavailable"]);
 }
@@ -288,9 +329,9 @@ fn a_dry_run_between_nodes_plans_from_the_sender_to_the_receiver() {
     let dry = job(serde_json::json!({"dryRun": true}));
     let d = decide_apart(&dry, &reachable, &[]);
     let mut done = d.status.shards.clone();
-    done[0].state = ShardState::Succeeded;
-    done[0].planned_files = Some(3);
-    done[0].planned_bytes = Some(30);
+    done[0].progress.state = ShardState::Succeeded;
+    done[0].progress.planned_files = Some(3);
+    done[0].progress.planned_bytes = Some(30);
     let d = decide_apart(&after(dry, with_shards(done)), &reachable, &[]);
     let plan = d.status.plan.clone().expect("a plan");
     assert_eq!(plan.nodes, names(&["node-a", "node-b"]));
@@ -427,9 +468,9 @@ fn a_dry_run_of_a_splittable_job_reports_the_split_it_would_make() {
     assert_eq!(d.status.manifest, None);
     // Once the agent has counted, the plan says what the real run would do.
     let mut counted = d.status.shards[0].clone();
-    counted.state = ShardState::Succeeded;
-    counted.planned_files = Some(5);
-    counted.planned_bytes = Some(50);
+    counted.progress.state = ShardState::Succeeded;
+    counted.progress.planned_files = Some(5);
+    counted.progress.planned_bytes = Some(50);
     let done = decide_with(
         &after(j, with_shards(vec![counted])),
         &volumes(true),
@@ -474,7 +515,7 @@ fn a_lost_agents_shard_on_node_local_volumes_waits_for_the_node_then_fails() {
     );
     let waiting = decide_with(&j, &volumes(false), &[], &[("node-a", 100)]);
     assert_eq!(waiting.status.shards[0].node, "node-a");
-    assert_eq!(waiting.status.shards[0].state, ShardState::Running);
+    assert_eq!(waiting.status.shards[0].progress.state, ShardState::Running);
     let (_, reason, message) = cond(&waiting, ConditionType::Scheduled);
     assert_eq!(reason, "WaitingForNode");
     assert!(message.contains("node-a stopped heartbeating"), "{message}");
@@ -487,7 +528,7 @@ fn a_lost_agents_shard_on_node_local_volumes_waits_for_the_node_then_fails() {
 
     let failed = decide_with(&j, &volumes(false), &[], &[("node-a", 300)]);
     let shard = &failed.status.shards[0];
-    assert_eq!(shard.state, ShardState::Failed);
+    assert_eq!(shard.progress.state, ShardState::Failed);
     assert_eq!(shard.epoch, 2);
     assert!(shard.failed_by_operator());
     assert_eq!(failed.status.phase, Some(Phase::Failed));
@@ -506,7 +547,7 @@ fn a_suspended_job_waits_for_a_lost_node_without_a_deadline() {
         with_shards(vec![running_on("node-a", 1)]),
     );
     let d = decide_with(&j, &volumes(false), &[], &[("node-a", 100_000)]);
-    assert_eq!(d.status.shards[0].state, ShardState::Running);
+    assert_eq!(d.status.shards[0].progress.state, ShardState::Running);
     assert_eq!(cond(&d, ConditionType::Scheduled).1, "WaitingForNode");
     assert_eq!(d.status.phase, Some(Phase::Suspended));
     assert_eq!(d.requeue, None);
@@ -540,10 +581,13 @@ fn nodes_are_listed_only_when_there_is_something_to_hand_out() {
 
 fn failed_shard(failures: Vec<FailedPath>) -> ShardStatus {
     ShardStatus {
-        state: ShardState::Failed,
-        failed: failures.len() as i64,
-        files_done: 10,
-        failures,
+        progress: ShardProgress {
+            state: ShardState::Failed,
+            failed: failures.len() as i64,
+            files_done: 10,
+            failures,
+            ..Default::default()
+        },
         ..running_on("node-a", 1)
     }
 }
@@ -618,11 +662,11 @@ fn a_running_job_that_stops_being_allowed_fails_with_the_reason_and_its_shards_m
     };
     let d = decide_with(&j, &Endpoints::Blocked(refusal), &["node-a"], &[]);
     let shard = &d.status.shards[0];
-    assert_eq!(shard.state, ShardState::Failed);
+    assert_eq!(shard.progress.state, ShardState::Failed);
     // A new epoch: the agent's run is fenced off, and stops.
     assert_eq!(shard.epoch, 2);
     assert!(shard.failed_by_operator());
-    assert_eq!(shard.failures[0].reason, Reason::RootNotAllowed);
+    assert_eq!(shard.progress.failures[0].reason, Reason::RootNotAllowed);
     assert_eq!(d.status.phase, Some(Phase::Failed));
     let (_, reason, message) = cond(&d, ConditionType::Failed);
     assert_eq!(reason, "RootNotAllowed");
@@ -642,7 +686,7 @@ fn a_running_job_waiting_for_a_csi_mount_keeps_its_shards() {
         message: "start a pod".into(),
     };
     let d = decide_with(&j, &Endpoints::Blocked(refusal), &["node-a"], &[]);
-    assert_eq!(d.status.shards[0].state, ShardState::Running);
+    assert_eq!(d.status.shards[0].progress.state, ShardState::Running);
     assert_eq!(d.status.shards[0].epoch, 1);
 }
 
@@ -658,8 +702,8 @@ fn a_spec_changed_after_its_shards_were_cut_fails_the_job_and_every_shard_even_a
     let mut changed = job(serde_json::json!({"destination": {"root": "dst", "path": "elsewhere"}}));
     changed.metadata.generation = Some(2);
     let mut done = d.status.shards[0].clone();
-    done.state = ShardState::Succeeded;
-    done.files_done = 40;
+    done.progress.state = ShardState::Succeeded;
+    done.progress.files_done = 40;
     let mut pending = with_shards(vec![done]);
     pending.phase = Some(Phase::Pending);
     let changed = after(changed, pending);
@@ -680,7 +724,7 @@ fn a_spec_changed_after_its_shards_were_cut_fails_the_job_and_every_shard_even_a
         );
         assert_eq!(cond(&d, ConditionType::Failed).1, "SpecChanged");
         let shard = &d.status.shards[0];
-        assert_eq!(shard.state, ShardState::Failed);
+        assert_eq!(shard.progress.state, ShardState::Failed);
         assert!(shard.epoch > 1, "a new epoch stops its agent");
         assert!(
             condition_of(&d, ConditionType::Complete).is_none_or(|c| c.status != "True"),
