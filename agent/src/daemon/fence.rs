@@ -92,7 +92,7 @@ pub(super) async fn heartbeat(
         // The transfer port's address, for the receivers of the copies this node sends.
         let annotations = settings.transfer_address.as_ref().map(|a| {
             std::collections::BTreeMap::from([(
-                super::network::ADDRESS_ANNOTATION.to_string(),
+                ferry_crds::TRANSFER_ADDRESS_ANNOTATION.to_string(),
                 a.clone(),
             )])
         });

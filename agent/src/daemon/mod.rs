@@ -12,10 +12,12 @@
 mod certs;
 mod error;
 mod fence;
+mod job_options;
 mod journal;
 mod manifest;
 mod network;
 mod publish;
+mod roots;
 mod settings;
 mod shard;
 

@@ -133,7 +133,7 @@ impl SenderGrants {
             ));
         }
         let assigned = entry.map(|s| s.source_root.clone()).unwrap_or_default();
-        let root = super::shard::own_root(&self.client, me, &job, true, &assigned)
+        let root = super::roots::own_root(&self.client, me, &job, true, &assigned)
             .await
             .map_err(|e| format!("the source on node {me}: {}", crate::with_causes(&e)))?;
         let spec = &job.spec;
@@ -174,8 +174,8 @@ fn send_options(
     let filter =
         ferry_crds::Filter::new(&spec.include, &spec.exclude).map_err(|e| format!("spec.{e}"))?;
     Ok(SendOptions {
-        workers: super::shard::workers_of(spec, settings.workers),
-        reserved_top: super::shard::reserved_top(&spec.source.path),
+        workers: super::job_options::workers_of(spec, settings.workers),
+        reserved_top: super::job_options::reserved_top(&spec.source.path),
         xattrs: spec.preserve.xattrs,
         bandwidth_limit,
         // `path` (from the source's top): once per connection; `path#n`: n times.
@@ -202,7 +202,7 @@ fn open_source(
     path: &std::path::Path,
 ) -> Result<SourceTop, String> {
     let root_fd =
-        super::shard::open_root(host, node, "source", root).map_err(|e| crate::with_causes(&e))?;
+        super::roots::open_root(host, node, "source", root).map_err(|e| crate::with_causes(&e))?;
     SourceTop::beneath(root_fd.as_fd(), path).map_err(|e| crate::with_causes(&e))
 }
 
