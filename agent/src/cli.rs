@@ -99,7 +99,7 @@ pub struct CopyArgs {
     pub src: PathBuf,
     /// Destination: a new name, or an existing directory to merge into.
     pub dst: PathBuf,
-    /// Worker threads (default: 16, or the number of CPUs if more; see README).
+    /// Worker threads (default: 16, or the number of CPUs if more; see docs/engine.md).
     #[arg(
         long,
         short = 'w',
@@ -141,7 +141,7 @@ pub struct CopyArgs {
     pub records: Option<PathBuf>,
     /// Copy only what matches PATTERN (repeatable): gitignore syntax, relative to SRC; a
     /// file is copied when it or a parent directory matches. Directories are still walked
-    /// and made. See the README's "include and exclude".
+    /// and made. See docs/copyjob.md#include-and-exclude.
     #[arg(long, value_name = "PATTERN")]
     pub include: Vec<String>,
     /// Skip what matches PATTERN (repeatable; gitignore syntax, relative to SRC): a

@@ -1,8 +1,8 @@
 //! Every reason Ferry gives, in one list: the reasons a path or a shard failed (a CopyJob's
 //! `status.failures[].reason`, the engine's per-entry failures, the agent's
 //! `ferry_failures_total{reason}`), and the reasons of its conditions and events. The
-//! CRD schema documents them (a test checks that each one is), and the README's table
-//! says what to do about each.
+//! CRD schema documents them (a test checks that each one is), and docs/copyjob.md's
+//! "Why a job failed" and "Refusals" say what to do about each.
 
 wire_enum! {
     /// Why something failed, or why a condition is what it is. Stable: they are API.

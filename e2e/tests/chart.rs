@@ -1903,7 +1903,7 @@ fn helm_installs_upgrades_and_uninstalls_the_chart_against_the_apiserver() -> Re
     };
     let chart = repo_root().join("charts/ferry");
     let chart = chart.to_string_lossy();
-    // The README's install: the namespace first, labelled (helm stores its release record
+    // docs/install.md's install: the namespace first, labelled (helm stores its release record
     // there before anything else, so the chart cannot bring it) ...
     let out = cp.kubectl(&["get", "namespace", NS])?;
     ensure!(!out.status.success(), "{NS} exists before the install");

@@ -5,7 +5,7 @@
 //! still finish, nothing is reported verified that was not compared, nothing in a tenant's
 //! volume is opened before it is known to be a regular file or directory.
 //!
-//! The README's security model names the test of each class.
+//! docs/security.md names the test of each class.
 
 use anyhow::{Context, Result};
 

@@ -3,7 +3,7 @@
 //! agent by ~50 MiB. Now the operator labels a job for the nodes of its shards and an agent
 //! watches only its own: a job on node-a is never held by node-b's agent, and a deleted job
 //! by none. The operator's memory under the same load is measured here (it prints the
-//! numbers the README's bounds table quotes).
+//! numbers docs/security.md's bounds table quotes).
 
 use std::time::Duration;
 
