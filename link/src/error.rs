@@ -93,8 +93,8 @@ pub enum Error {
     /// A certificate that does not name exactly one node by URI.
     #[error(
         "the certificate does not name one Ferry node ({why}); a node certificate carries \
-         exactly one subject alternative name, the URI {prefix}<node>, as Ca::sign_node writes it",
-        prefix = crate::NODE_URI_PREFIX
+         exactly one subject alternative name, the URI spiffe://ferry.dev/node/<node>, as \
+         Ca::sign_node writes it (identity's NODE_URI_PREFIX: a test there checks this says it)"
     )]
     NotANode {
         /// What the certificate carries instead.
@@ -172,3 +172,6 @@ pub enum Error {
     #[error("cannot verify client certificates with this trust bundle ({0}); pass a bundle of CA certificates")]
     ClientVerifier(#[from] rustls::server::VerifierBuilderError),
 }
+
+/// This crate's results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

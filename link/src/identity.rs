@@ -140,6 +140,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_not_a_node_message_names_the_uri_prefix() {
+        let e = Error::NotANode { why: "none".into() }.to_string();
+        assert!(e.contains(&format!("{NODE_URI_PREFIX}<node>")), "{e}");
+    }
+
+    #[test]
     fn node_names_follow_kubernetes_dns_subdomain_rules() {
         for good in [
             "node-a",

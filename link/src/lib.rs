@@ -45,15 +45,12 @@ mod tls;
 mod trust;
 
 pub use ca::{Ca, NodeKey, CLOCK_SKEW, MAX_CSR_PEM};
-pub use error::Error;
+pub use error::{Error, Result};
 pub use identity::{
     node_of, node_of_pem, node_uri, peer_node, validate_node_name, NODE_URI_PREFIX,
 };
 pub use tls::{client_config, server_config, server_name, ALPN, SERVER_NAME};
 pub use trust::{Trust, MAX_BUNDLE_PEM};
-
-/// This crate's results.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// 32 bytes from the operating system's CSPRNG (ring's `SystemRandom`): a shard's ticket.
 pub fn random_ticket() -> Result<[u8; 32], Error> {
