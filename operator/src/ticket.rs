@@ -1,6 +1,7 @@
 //! The tickets of shards copied between nodes (see `ferry_crds::Ticket`): one Secret per job
-//! in Ferry's namespace, written before the assignment that needs it lands in the status,
-//! deleted when the job finishes or is deleted. The agents only read it.
+//! in the tickets namespace (`<release>-tickets`), written before the assignment that needs
+//! it lands in the status, deleted when the job finishes or is deleted. The agents only
+//! read it.
 
 use std::collections::BTreeMap;
 
