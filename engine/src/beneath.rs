@@ -1,10 +1,11 @@
-//! Copies between paths that tenants name inside roots that admins name: the agent opens
-//! each root's directory, and every path inside it is resolved from that fd with `openat2`
+//! Paths that tenants name inside roots that admins name, resolved: the agent opens each
+//! root's directory, and every path inside it is resolved from that fd with `openat2`
 //! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`. No component may be a
 //! symlink (in the source or the destination, at any depth), `..` cannot climb out, and a
 //! kernel without `openat2` gets a refusal, never a weaker walk. This is the fix kubelet
 //! adopted for its subPath CVEs (resolve from a trusted fd, refuse symlinks) applied to
-//! both ends of a copy.
+//! both ends of a copy, which are opened here (`api` copies between them), and to the
+//! roots themselves and Ferry's state directory in them.
 
 use std::ffi::CString;
 use std::io;

@@ -1,5 +1,6 @@
 //! How many of the pool's workers copy at once: all of them while the copy waits on storage,
-//! as many as there are CPUs while everything it reads is in memory.
+//! as many as there are CPUs while everything it reads is in memory. Asked by a local copy's
+//! pool (`copy`) and by the source half's workers (`send`) alike.
 //!
 //! The pool is large (16 workers by default) because a worker blocks in every read of data
 //! that is not cached, and a cold copy needs many reads in flight to keep a disk busy. When

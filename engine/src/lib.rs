@@ -12,12 +12,13 @@
 //! # Ok::<(), ferry_engine::Error>(())
 //! ```
 
-// The layers, lowest first; a module uses only those below it (scripts/module-cycles.py
-// checks that no import circle crosses them):
-// - `sys` (all `unsafe`), `dirent`, `error`, `options`, `progress`, `volume`: syscalls, the
-//   contract's types, errors and the progress seam;
+// The modules in layers: each uses only those before it in this list (and `Summary`,
+// defined here), so nothing low reaches up into the copy; `scripts/module-cycles.py
+// engine/src --allow copy` finds any import circle (one is allowed, inside `copy/`).
+// - `sys` (all `unsafe`), `options`, `error`, `progress`, `dirent`, `volume`: syscalls, what
+//   a copy is asked to do, errors and their labels, the progress seam;
 // - `data`, `meta`, `depth`, `record`, `open`: file data, metadata, how many workers run,
-//   records of the transfer protocol, opening the paths a caller names;
+//   the transfer protocol's records of a stat, opening the paths a caller names;
 // - `plan`, `recv`, `ends`, `beneath`, `prune`: counting, the connection to a source half,
 //   a copy's two ends opened by path or inside a root, pruning;
 // - `copy` (the copy), `send` (the source half of a copy between nodes);

@@ -3,7 +3,8 @@
 //! and `chunks` (file data), `stage` (staging and commit), `links` (hard-link groups),
 //! `special` (symlinks, devices), `resume` and `manifest` (finishing an interrupted copy),
 //! `overwrite` (the one place the overwrite policy is decided), `failure` (recording what
-//! went wrong), and `run` (opening both ends and producing the summary).
+//! went wrong), and `run` (the copy once both ends are open, and its summary). The
+//! entry points that open the ends are `api`'s; nothing outside `api` reaches in here.
 
 mod chunks;
 mod dirs;
