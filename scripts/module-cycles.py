@@ -129,6 +129,10 @@ class Crate:
                     parts = parts[:-1]
                 if parts and parts[0] == "bin":
                     continue
+                if rel == "main.rs" and os.path.exists(os.path.join(src, "lib.rs")):
+                    # A binary beside a library is a crate of its own (it names the library
+                    # by the crate's name, not `crate::`).
+                    continue
                 self.files[tuple(parts)] = rel
         self.code = {}
         self.imports = {}  # module -> {name: (absolute path or None, is_pub)}
