@@ -1,0 +1,152 @@
+//! The benchmark's cluster ([`Net::start`]): the control plane with the chart's manifests
+//! (its RBAC), the operator and node-a's and node-b's agents on their ServiceAccounts'
+//! tokens with transfer ports on 127.0.0.2 and 127.0.0.3, each node's `/srv/vol` on a tmpfs,
+//! the StorageRoots, and an rsync daemon serving node-a's trees; and the CPU its processes
+//! use.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use ferry_e2e::{workspace_bin, ControlPlane, Proc};
+
+use super::{Net, NODES, NS, TEAM, TMPFS_A, TMPFS_B};
+use crate::machine::{cpu_secs, pids_mentioning, Tmpfs};
+use crate::throughput::{ftzz, release_builds};
+
+impl Net {
+    pub(super) fn start() -> Result<Self> {
+        release_builds();
+        let ftzz = ftzz()?;
+        let ferry = workspace_bin("ferry-agent", "ferry-agent")?;
+        eprintln!("starting etcd and kube-apiserver, installing deploy/ferry.yaml ...");
+        let cp = ControlPlane::start_required()?;
+        cp.install_rendered(NS, "ferry.yaml")?;
+        let mut roots = Vec::new();
+        for (node, _) in NODES {
+            roots.push(cp.add_node(node)?.join("srv/vol"));
+        }
+        let (a, b) = (roots[0].clone(), roots[1].clone());
+        let tmpfs_a = Tmpfs::mount(&a, TMPFS_A)?;
+        let tmpfs_b = Tmpfs::mount(&b, TMPFS_B)?;
+        for dir in [a.join("src"), a.join("local")] {
+            std::fs::create_dir_all(dir)?;
+        }
+        eprintln!("building and starting the operator and the agents (release) ...");
+        let operator_kc = cp.service_account_kubeconfig(NS, "ferry-operator", None)?;
+        let operator = cp.spawn_operator(
+            "operator",
+            &[
+                ("KUBECONFIG", &operator_kc.to_string_lossy()),
+                ("FERRY_NAMESPACE", NS),
+                ("POD_NAME", "ferry-operator-0"),
+            ],
+        )?;
+        cp.kubectl_ok(&["create", "namespace", TEAM])?;
+        for (root, node) in [("vol-a", "node-a"), ("vol-b", "node-b")] {
+            cp.apply(&format!(
+                "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: {root}\nspec:\n  path: /srv/vol\n  nodeSelector: {{ferry.dev/node: {node}}}\n  namespaces: {{names: [{TEAM}]}}\n"
+            ))?;
+        }
+        let mut agents = Vec::new();
+        for (node, ip) in NODES {
+            let kc = cp.service_account_kubeconfig(NS, "ferry-agent", Some(node))?;
+            let listen = format!("{ip}:{}", ferry_e2e::free_port()?);
+            agents.push(cp.spawn_agent(
+                node,
+                &[
+                    ("KUBECONFIG", &kc.to_string_lossy()),
+                    ("FERRY_TRANSFER_LISTEN", &listen),
+                ],
+            )?);
+        }
+        // Paired only once both advertise their transfer ports (after their certificates).
+        for (node, _) in NODES {
+            advertised(&cp, node)?;
+        }
+        let rsync_port = ferry_e2e::free_port()?;
+        let conf = cp.dir().join("rsyncd.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "use chroot = no\nlog file = {}\n[src]\n    path = {}\n    read only = yes\n    uid = root\n    gid = root\n",
+                cp.dir().join("rsyncd.log").display(),
+                a.join("src").display()
+            ),
+        )?;
+        let rsyncd = cp.spawn(
+            Path::new("rsync"),
+            &[
+                "--daemon",
+                "--no-detach",
+                &format!("--config={}", conf.display()),
+                &format!("--address={}", NODES[0].1),
+                &format!("--port={rsync_port}"),
+            ],
+            &[],
+            "rsyncd.out",
+        )?;
+        ferry_e2e::wait_for("the rsync daemon", Duration::from_secs(10), || {
+            std::net::TcpStream::connect((NODES[0].1, rsync_port)).is_ok()
+        })?;
+        let tar_port = ferry_e2e::free_port()?;
+        let agent_pids: Vec<u32> = agents.iter().map(Proc::id).collect();
+        let mut cluster_pids = pids_mentioning(&cp.dir().to_string_lossy());
+        cluster_pids.retain(|p| !agent_pids.contains(p) && *p != std::process::id());
+        cluster_pids.push(operator.id());
+        cluster_pids.sort_unstable();
+        cluster_pids.dedup();
+        Ok(Self {
+            agents,
+            _operator: operator,
+            _rsyncd: rsyncd,
+            _tmpfs_b: tmpfs_b,
+            _tmpfs_a: tmpfs_a,
+            cp,
+            a,
+            b,
+            ferry,
+            ftzz,
+            rsync_port,
+            tar_port,
+            cluster_pids,
+        })
+    }
+
+    pub(super) fn agent_pids(&self) -> [u32; 2] {
+        [self.agents[0].id(), self.agents[1].id()]
+    }
+
+    /// CPU seconds of everything this benchmark runs (itself and its waited-for children,
+    /// the cluster, the agents, the rsync daemon and the connections it served), to tell the
+    /// rest of the machine's load apart.
+    pub(super) fn harness_cpu(&self) -> f64 {
+        cpu_secs(std::process::id(), true)
+            + self
+                .cluster_pids
+                .iter()
+                .chain(&self.agent_pids())
+                .map(|p| cpu_secs(*p, true))
+                .sum::<f64>()
+    }
+}
+
+/// Wait until `node`'s agent advertises its transfer port in its heartbeat Lease.
+fn advertised(cp: &ControlPlane, node: &str) -> Result<String> {
+    let start = Instant::now();
+    loop {
+        let a = cp.get(
+            &format!("lease/ferry-agent-{node}"),
+            NS,
+            "{.metadata.annotations.ferry\\.dev/transfer-address}",
+        );
+        match a {
+            Ok(a) if !a.is_empty() => return Ok(a),
+            _ if start.elapsed() > Duration::from_secs(120) => bail!(
+                "{node}'s Lease has no transfer address after 120 s: {a:?}\n{}",
+                cp.log_tail(&format!("agent-{node}.log"), 15)
+            ),
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
