@@ -75,15 +75,20 @@ kube-up: kube-deps image
 kube-down:
 	@./e2e/kube/down.sh
 
-## Ferry's main job on a local default: a local control plane (etcd + kube-apiserver), the
-## operator and two node agents; applies deploy/examples/ and waits for Succeeded.
+## Ferry's main job on a local default: a local control plane (etcd + kube-apiserver) with
+## the chart's RBAC and admission policies (deploy/ferry.yaml), the operator and two node
+## agents as the chart runs them (node tokens, transfer ports on 127.0.0.2/.3); applies
+## deploy/examples/ (a copy on node-a, one from node-a to node-b), waits for Succeeded and
+## checks both copies against the source.
 demo: deps
 	$(CARGO) run -q -p ferry-e2e --bin ferry-dev -- demo
 
-## The same control plane, operator and agents, left running (see the printed KUBECONFIG).
+## The same control plane, operator and agents, left running: prints the KUBECONFIG, each
+## node's host root and how to try a copy between nodes.
 dev-up: deps
 	$(CARGO) run -q -p ferry-e2e --bin ferry-dev -- up
 
+## Stop everything make dev-up started.
 dev-down:
 	$(CARGO) run -q -p ferry-e2e --bin ferry-dev -- down
 

@@ -255,7 +255,21 @@ impl ControlPlane {
         name: &str,
         node: Option<&str>,
     ) -> Result<PathBuf> {
-        let mut args = vec!["create", "token", name, "-n", ns, "--duration=2h"];
+        self.service_account_kubeconfig_lasting(ns, name, node, "2h")
+    }
+
+    /// [`Self::service_account_kubeconfig`] with a token valid for `duration` (kubectl's
+    /// spelling, e.g. `2h`, `8760h`): for processes left running longer than a test
+    /// (`make dev-up`), whose token nothing renews.
+    pub fn service_account_kubeconfig_lasting(
+        &self,
+        ns: &str,
+        name: &str,
+        node: Option<&str>,
+        duration: &str,
+    ) -> Result<PathBuf> {
+        let duration = format!("--duration={duration}");
+        let mut args = vec!["create", "token", name, "-n", ns, &duration];
         if let Some(node) = node {
             args.extend(["--bound-object-kind", "Node", "--bound-object-name", node]);
         }

@@ -26,6 +26,18 @@ impl Kubectl {
         }
     }
 
+    /// The installed kubectl (`make deps`) with `kubeconfig`, e.g. the one `make dev-up`
+    /// prints, quoting the logs in `logs`.
+    pub fn installed(kubeconfig: PathBuf, logs: PathBuf) -> Result<Self> {
+        let (_, _, bin) = crate::tools::binaries()?;
+        Ok(Self::new(bin, kubeconfig, logs))
+    }
+
+    /// The kubectl binary this runs.
+    pub fn bin(&self) -> &std::path::Path {
+        &self.bin
+    }
+
     /// The same kubectl as another user: with `kubeconfig` (e.g. a ServiceAccount's, from
     /// `ControlPlane::service_account_kubeconfig`).
     pub fn as_user(&self, kubeconfig: PathBuf) -> Self {

@@ -3,6 +3,7 @@
 //! loopback ports, torn down when the [`ControlPlane`] is dropped, even if a test panics.
 //!
 //! `control_plane` starts and drives it, `ferry` runs the operator and agents against it,
+//! `chart` runs them as the Helm chart does (its RBAC and policies, transfer ports),
 //! `trees` checks what a copy made, `tools` finds the binaries; small helpers for HTTP,
 //! polling, metrics and patches are here.
 
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
+mod chart;
 mod control_plane;
 mod ferry;
 pub mod kube;
@@ -20,11 +22,13 @@ mod kubectl;
 mod tools;
 mod trees;
 
+pub use chart::{transfer_ip, CHART_NAMESPACE, TICKET_NAMESPACE};
 pub use control_plane::ControlPlane;
 pub use ferry::{workspace_bin, Proc, PACED};
 pub use kubectl::{Kubectl, Watch};
 pub use tools::{
-    helm_or_skip, kube_score_or_skip, prometheus_k8s_or_skip, prometheus_operator_crds_or_skip,
+    control_plane_installed_or_skip, helm_or_skip, kube_score_or_skip, prometheus_k8s_or_skip,
+    prometheus_operator_crds_or_skip,
 };
 pub use trees::{
     assert_same_contents, assert_same_tree, staging_leftovers, tree_meta, BindMount, LoopExt4,

@@ -33,6 +33,16 @@ pub(crate) fn binaries() -> Result<(PathBuf, PathBuf, PathBuf)> {
     Ok((etcd, apiserver, kubectl))
 }
 
+/// Whether etcd, kube-apiserver and kubectl are installed, for a test whose control plane
+/// another process starts (`ferry-dev demo`); `Ok(false)` with the reason printed when they
+/// are not and this is not CI (where that is an error).
+pub fn control_plane_installed_or_skip() -> Result<bool> {
+    match binaries() {
+        Ok(_) => Ok(true),
+        Err(why) => skip::<()>(format!("{why:#}")).map(|_| false),
+    }
+}
+
 /// The directory of prometheus-operator CRDs (ServiceMonitor, PodMonitor, PrometheusRule)
 /// that `e2e/tools/install.sh` copies from the Go module; `Ok(None)` with the reason printed
 /// when they are not installed and this is not CI.

@@ -31,8 +31,7 @@ mod setup;
 
 use report::{report, write_keeping_notes};
 
-/// Ferry's namespace (the chart's), and the namespace of the benchmark's jobs.
-const NS: &str = "ferry-system";
+/// The namespace of the benchmark's jobs (Ferry's is the chart's, `ferry_e2e::CHART_NAMESPACE`).
 const TEAM: &str = "bench";
 /// The nodes, and the loopback address each one's transfer port listens on (as in
 /// `e2e/tests/network.rs`): node-a serves the trees, node-b receives them.

@@ -1,16 +1,17 @@
 //! The benchmark's cluster ([`Net::start`]): the control plane with the chart's manifests
-//! (its RBAC), the operator and node-a's and node-b's agents on their ServiceAccounts'
-//! tokens with transfer ports on 127.0.0.2 and 127.0.0.3, each node's `/srv/vol` on a tmpfs,
+//! (its RBAC and policies), the operator and node-a's and node-b's agents as the chart runs
+//! them (`ferry_e2e`'s `spawn_chart_operator`, `spawn_chart_agent`: ServiceAccount tokens,
+//! the tickets namespace) with transfer ports on 127.0.0.2 and 127.0.0.3, each node's `/srv/vol` on a tmpfs,
 //! the StorageRoots, and an rsync daemon serving node-a's trees; and the CPU its processes
 //! use.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use ferry_e2e::{workspace_bin, ControlPlane, Proc};
 
-use super::{Net, NODES, NS, TEAM, TMPFS_A, TMPFS_B};
+use super::{Net, NODES, TEAM, TMPFS_A, TMPFS_B};
 use crate::machine::{cpu_secs, pids_mentioning, Tmpfs};
 use crate::throughput::{ftzz, release_builds};
 
@@ -21,11 +22,12 @@ impl Net {
         let ferry = workspace_bin("ferry-agent", "ferry-agent")?;
         eprintln!("starting etcd and kube-apiserver, installing deploy/ferry.yaml ...");
         let cp = ControlPlane::start_required()?;
-        cp.install_rendered(NS, "ferry.yaml")?;
         let mut roots = Vec::new();
         for (node, _) in NODES {
             roots.push(cp.add_node(node)?.join("srv/vol"));
         }
+        // The chart's manifests, with its admission policies in force.
+        cp.install_chart(NODES[0].0)?;
         let (a, b) = (roots[0].clone(), roots[1].clone());
         let tmpfs_a = Tmpfs::mount(&a, TMPFS_A)?;
         let tmpfs_b = Tmpfs::mount(&b, TMPFS_B)?;
@@ -33,15 +35,9 @@ impl Net {
             std::fs::create_dir_all(dir)?;
         }
         eprintln!("building and starting the operator and the agents (release) ...");
-        let operator_kc = cp.service_account_kubeconfig(NS, "ferry-operator", None)?;
-        let operator = cp.spawn_operator(
-            "operator",
-            &[
-                ("KUBECONFIG", &operator_kc.to_string_lossy()),
-                ("FERRY_NAMESPACE", NS),
-                ("POD_NAME", "ferry-operator-0"),
-            ],
-        )?;
+        // As the chart runs them: on their ServiceAccounts' tokens (each agent's bound to its
+        // Node), told the tickets namespace.
+        let operator = cp.spawn_chart_operator()?;
         cp.kubectl_ok(&["create", "namespace", TEAM])?;
         for (root, node) in [("vol-a", "node-a"), ("vol-b", "node-b")] {
             cp.apply(&format!(
@@ -50,19 +46,11 @@ impl Net {
         }
         let mut agents = Vec::new();
         for (node, ip) in NODES {
-            let kc = cp.service_account_kubeconfig(NS, "ferry-agent", Some(node))?;
-            let listen = format!("{ip}:{}", ferry_e2e::free_port()?);
-            agents.push(cp.spawn_agent(
-                node,
-                &[
-                    ("KUBECONFIG", &kc.to_string_lossy()),
-                    ("FERRY_TRANSFER_LISTEN", &listen),
-                ],
-            )?);
+            agents.push(cp.spawn_chart_agent(node, ip, &[])?);
         }
         // Paired only once both advertise their transfer ports (after their certificates).
         for (node, _) in NODES {
-            advertised(&cp, node)?;
+            cp.advertised_transfer_address(node)?;
         }
         let rsync_port = ferry_e2e::free_port()?;
         let conf = cp.dir().join("rsyncd.conf");
@@ -128,25 +116,5 @@ impl Net {
                 .chain(&self.agent_pids())
                 .map(|p| cpu_secs(*p, true))
                 .sum::<f64>()
-    }
-}
-
-/// Wait until `node`'s agent advertises its transfer port in its heartbeat Lease.
-fn advertised(cp: &ControlPlane, node: &str) -> Result<String> {
-    let start = Instant::now();
-    loop {
-        let a = cp.get(
-            &format!("lease/ferry-agent-{node}"),
-            NS,
-            "{.metadata.annotations.ferry\\.dev/transfer-address}",
-        );
-        match a {
-            Ok(a) if !a.is_empty() => return Ok(a),
-            _ if start.elapsed() > Duration::from_secs(120) => bail!(
-                "{node}'s Lease has no transfer address after 120 s: {a:?}\n{}",
-                cp.log_tail(&format!("agent-{node}.log"), 15)
-            ),
-            _ => std::thread::sleep(Duration::from_millis(200)),
-        }
     }
 }
