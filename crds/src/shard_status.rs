@@ -18,8 +18,11 @@ pub struct ShardStatus {
     /// Node whose agent runs it (in a copy between nodes, the destination's node).
     pub node: String,
     /// In a copy between nodes: the node whose agent serves the source to `node`'s agent.
-    /// Unset for a copy on one node.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Unset (or empty) for a copy on one node.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "empty_is_none"
+    )]
     #[schemars(with = "String")]
     pub sender: Option<String>,
     /// The digest of the spec this shard was cut for (`CopyJobSpec::digest`): an agent
@@ -202,6 +205,13 @@ pub fn shorten(s: &str, max: usize) -> String {
     format!("{}{MARK}{}", &s[..head], &s[tail..])
 }
 
+/// An empty string read as no value: the operator writes `sender: ""` for a copy on one
+/// node (so that server-side apply clears a sender it set before).
+fn empty_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let s = Option::<String>::deserialize(d)?;
+    Ok(s.filter(|s| !s.is_empty()))
+}
+
 impl ShardProgress {
     /// The JSON patch an agent on `node` publishes this progress of `shard` (at `index` in
     /// the job's `status.shards`) with: first `test`s that the shard is still `node`'s at
@@ -268,6 +278,22 @@ mod tests {
             bytes < 1024 * 1024,
             "{bytes} bytes of failures (limit 1.5 MiB for the object)"
         );
+    }
+
+    #[test]
+    fn an_empty_or_missing_sender_is_a_copy_on_one_node() -> Result<(), serde_json::Error> {
+        for json in [
+            serde_json::json!({"id": "0", "sender": ""}),
+            serde_json::json!({"id": "0"}),
+            serde_json::json!({"id": "0", "sender": null}),
+        ] {
+            let s: ShardStatus = serde_json::from_value(json.clone())?;
+            assert!(!s.between_nodes(), "{json}");
+        }
+        let s: ShardStatus = serde_json::from_value(serde_json::json!({"sender": "node-a"}))?;
+        assert_eq!(s.sender.as_deref(), Some("node-a"));
+        assert!(s.between_nodes());
+        Ok(())
     }
 
     #[test]

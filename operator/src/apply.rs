@@ -130,7 +130,9 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             .iter()
             .map(|s| {
                 let mut a = serde_json::json!({
-                    "id": s.id, "node": s.node, "sender": s.sender, "epoch": s.epoch, "part": s.part,
+                    "id": s.id, "node": s.node, "epoch": s.epoch, "part": s.part,
+                    // "" on one node: sent, so that a sender this manager set before is cleared.
+                    "sender": s.sender.as_deref().unwrap_or_default(),
                     "sourceRoot": s.source_root, "destinationRoot": s.destination_root,
                 });
                 if !s.spec_digest.is_empty() {
