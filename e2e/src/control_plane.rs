@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use crate::process::Proc;
 use crate::tools::{binaries, installed_or_skip, skip, tools_dir};
-use crate::{free_port, http_get, repo_root, wait_for, Kubectl, Proc};
+use crate::{free_port, http_get, repo_root, wait_for, Kubectl};
 
 /// A running etcd + kube-apiserver with an admin kubeconfig.
 #[derive(Debug)]

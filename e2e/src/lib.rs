@@ -19,13 +19,15 @@ mod control_plane;
 mod ferry;
 pub mod kube;
 mod kubectl;
+mod process;
 mod tools;
 mod trees;
 
 pub use chart::{transfer_ip, CHART_NAMESPACE, TICKET_NAMESPACE};
 pub use control_plane::ControlPlane;
-pub use ferry::{workspace_bin, Proc, PACED};
+pub use ferry::{workspace_bin, PACED};
 pub use kubectl::{Kubectl, Watch};
+pub use process::Proc;
 pub use tools::{
     control_plane_installed_or_skip, helm_or_skip, kube_score_or_skip, prometheus_k8s_or_skip,
     prometheus_operator_crds_or_skip,

@@ -18,8 +18,8 @@ use croner::Cron;
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
 
-use crate::validate::Refusal;
 use ferry_crds::Reason;
+use ferry_resolve::validate::Refusal;
 
 /// Runs looked at to find the nominal interval: enough to span a weekend for a weekday
 /// schedule and February for a monthly one.

@@ -378,6 +378,27 @@ impl ferry_serve::Endpoints for OperatorEndpoints {
     }
 }
 
+impl MetricKind for crate::Error {
+    /// The bounded `kind` label of a reconcile error, or `None` for an outcome that is not
+    /// a failure (a deletion that waits for agents to stop their shards).
+    fn metric_kind(&self) -> Option<&'static str> {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            crate::Error::Kube(_) => Some("kube_api"),
+            crate::Error::NoNamespace(_) => Some("no_namespace"),
+            crate::Error::Ticket(_) => Some("ticket"),
+            crate::Error::Stopping(_) => None,
+            crate::Error::Finalizer(e) => match &**e {
+                F::ApplyFailed(inner) | F::CleanupFailed(inner) => inner.metric_kind(),
+                F::AddFinalizer(_)
+                | F::RemoveFinalizer(_)
+                | F::UnnamedObject
+                | F::InvalidFinalizer => Some("finalizer"),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
