@@ -85,7 +85,10 @@ fn every_module_file_is_named_in_architecture_md_under_its_crate() -> Result<()>
             }
         }
         // A name that looks like a module file of this crate must be one (moved files).
-        for n in named.iter().filter(|n| n.ends_with(".rs") && !n.contains(' ')) {
+        for n in named
+            .iter()
+            .filter(|n| n.ends_with(".rs") && !n.contains(' '))
+        {
             if !files.iter().any(|(p, _)| p == n) {
                 stale.push(format!("{krate}: `{n}`"));
             }
