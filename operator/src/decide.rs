@@ -111,15 +111,14 @@ fn apart([src_at, dst_at]: &[crate::resolve::Reachable; 2]) -> bool {
 /// The refusal of a job that is (or is about to be paired as) a copy between nodes for
 /// what such a copy cannot do ([`ferry_resolve::validate::between_nodes`]): decided when
 /// the operator pairs the nodes, so before any shard or ticket exists.
-fn refused_apart(input: &Inputs) -> Option<Blocked> {
+fn refused_apart(input: &Inputs, wants_nodes: bool) -> Option<Blocked> {
     let job = input.job;
     if !matches!(input.endpoints, Endpoints::Resolved { .. }) {
         return None;
     }
     let shards = job.status.as_ref().map_or(&[][..], |s| s.shards.as_slice());
     let paired = shards.iter().any(ShardStatus::between_nodes);
-    let pairing =
-        !paired && needs_nodes(job, input.endpoints, input.lost_for) && apart(input.reachable);
+    let pairing = !paired && wants_nodes && apart(input.reachable);
     if !(paired || pairing) {
         return None;
     }
@@ -165,10 +164,12 @@ pub fn decide(input: &Inputs) -> Decision {
     let old = job.status.as_ref().unwrap_or(&unset);
     let previous = old.conditions.as_slice();
     let mut shards = old.shards.clone();
+    // Decided on the shards as they were, before any is created or taken back.
+    let wants_nodes = needs_nodes(job, input.endpoints, input.lost_for);
     // A changed spec wins over what the endpoints say, a finished job included; then what
     // a copy between nodes cannot do, once the endpoints say it is one.
     let changed = spec_changed(job)
-        .or_else(|| refused_apart(input))
+        .or_else(|| refused_apart(input, wants_nodes))
         .map(Endpoints::Blocked);
     let endpoints = changed.as_ref().unwrap_or(input.endpoints);
     let (conditions, scheduled) = match endpoints {
@@ -208,7 +209,8 @@ pub fn decide(input: &Inputs) -> Decision {
             source,
             destination,
         } => {
-            let (scheduled, s) = schedule_shards(input, [source, destination], &mut shards);
+            let (scheduled, s) =
+                schedule_shards(input, wants_nodes, [source, destination], &mut shards);
             let conditions = vec![
                 accepted(job, None, previous),
                 condition(
@@ -344,9 +346,11 @@ struct Scheduled {
 }
 
 /// The shards, created on first resolution, then handed to idle agents (and taken back
-/// from lost ones); the Scheduled condition that says where they are.
+/// from lost ones); the Scheduled condition that says where they are. `wants_nodes`:
+/// [`needs_nodes`] of the job as it was.
 fn schedule_shards(
     input: &Inputs,
+    wants_nodes: bool,
     roots: [&Volume; 2],
     shards: &mut Vec<ShardStatus>,
 ) -> (Condition, Scheduled) {
@@ -357,8 +361,6 @@ fn schedule_shards(
         .map_or(&[][..], |s| s.conditions.as_slice());
     let mut notes = Vec::new();
     let mut shape = None;
-    // Decided on the shards as they were, before any is created or taken back.
-    let wants_nodes = needs_nodes(job, input.endpoints, input.lost_for);
     let max_agents = job.spec.parallelism.max_agents.max(1);
     // Split only where every agent sees the same files on both sides. A dry run counts
     // the whole tree on one agent and reports the split it would make.
