@@ -8,7 +8,7 @@
 //! `e2e/tests/network.rs` and `e2e/tests/transfer_certs.rs` do the same step by step.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -25,7 +25,7 @@ pub const TICKET_NAMESPACE: &str = "ferry-system-tickets";
 const TOKEN_DURATION: &str = "8760h";
 /// How long an agent may take to start and publish its transfer address (a debug build of
 /// the binary if stale, its certificate from the operator's signer).
-const ADVERTISED_WITHIN: Duration = Duration::from_secs(120);
+pub const ADVERTISED_WITHIN: Duration = Duration::from_secs(120);
 
 /// The loopback address of the `i`th node's transfer port: 127.0.0.2, 127.0.0.3, ...
 pub fn transfer_ip(i: usize) -> String {
@@ -61,34 +61,32 @@ impl ControlPlane {
         let foreign_lease = format!(
             "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: ferry-agent-not-{node}\n  namespace: {CHART_NAMESPACE}\n"
         );
-        // Refused by the policy (its message), not for another reason.
-        let refused = |args: &[&str], obj: &str, why: &str| {
-            self.kubectl_stdin(args, obj).is_ok_and(|o| {
-                !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(why)
-            })
-        };
         wait_for(
             "the chart's admission policies in force",
             Duration::from_secs(60),
             || {
-                refused(
-                    &["create", "--dry-run=server", "-f", "-"],
-                    &labelled,
-                    "set by Ferry's operator alone",
-                ) && refused(
-                    &[
-                        "--kubeconfig",
-                        &agent,
-                        "create",
-                        "--dry-run=server",
-                        "-f",
-                        "-",
-                    ],
-                    &foreign_lease,
-                    "may write only its own heartbeat Lease",
-                )
+                self.dry_run_refused(&[], &labelled, "set by Ferry's operator alone")
+                    && self.dry_run_refused(
+                        &["--kubeconfig", &agent],
+                        &foreign_lease,
+                        "may write only its own heartbeat Lease",
+                    )
             },
         )
+    }
+
+    /// Whether creating `obj` (with kubectl's extra arguments `args`, e.g. another
+    /// `--kubeconfig`) is refused with a message holding `why`, asked as a server-side dry
+    /// run: it passes admission and stores nothing. What tells that an admission policy
+    /// is in force: the API server applies one a moment after it is stored.
+    pub fn dry_run_refused(&self, args: &[&str], obj: &str, why: &str) -> bool {
+        let args: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(["create", "--dry-run=server", "-f", "-"])
+            .collect();
+        self.kubectl_stdin(&args, obj)
+            .is_ok_and(|o| !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(why))
     }
 
     /// The operator as the chart runs it: on its ServiceAccount's token, with the chart's
@@ -101,10 +99,16 @@ impl ControlPlane {
             None,
             TOKEN_DURATION,
         )?;
+        self.spawn_chart_operator_on(&kc)
+    }
+
+    /// The operator with the chart's environment on the token in `kubeconfig`, logging to
+    /// `<dir>/operator.log` (appended to across restarts).
+    pub fn spawn_chart_operator_on(&self, kubeconfig: &Path) -> Result<Proc> {
         self.spawn_operator(
             "operator",
             &[
-                ("KUBECONFIG", &kc.to_string_lossy()),
+                ("KUBECONFIG", &kubeconfig.to_string_lossy()),
                 ("FERRY_NAMESPACE", CHART_NAMESPACE),
                 ("FERRY_TICKET_NAMESPACE", TICKET_NAMESPACE),
                 ("POD_NAME", "ferry-operator-0"),
@@ -141,9 +145,10 @@ impl ControlPlane {
         self.spawn_agent(node, &env)
     }
 
-    /// Wait until `node`'s agent publishes its transfer address in its heartbeat Lease (it
-    /// does once its certificate is issued: from then on it can be paired); that address.
-    pub fn advertised_transfer_address(&self, node: &str) -> Result<String> {
+    /// Wait (at most `within`) until `node`'s agent publishes its transfer address in its
+    /// heartbeat Lease (it does once its certificate is issued: from then on it can be
+    /// paired); that address.
+    pub fn advertised_transfer_address(&self, node: &str, within: Duration) -> Result<String> {
         let start = Instant::now();
         loop {
             let a = self.get(
@@ -153,8 +158,8 @@ impl ControlPlane {
             );
             match a {
                 Ok(a) if !a.is_empty() => return Ok(a),
-                _ if start.elapsed() > ADVERTISED_WITHIN => bail!(
-                    "{node}'s Lease has no transfer address after {ADVERTISED_WITHIN:?}: {a:?}\n{}",
+                _ if start.elapsed() > within => bail!(
+                    "{node}'s Lease has no transfer address after {within:?}: {a:?}\n{}",
                     self.log_tail(&format!("agent-{node}.log"), 15)
                 ),
                 _ => std::thread::sleep(Duration::from_millis(200)),
@@ -179,7 +184,7 @@ impl ControlPlane {
             procs.push(self.spawn_chart_agent(node, &transfer_ip(i), &[])?);
         }
         for node in nodes {
-            self.advertised_transfer_address(node)?;
+            self.advertised_transfer_address(node, ADVERTISED_WITHIN)?;
         }
         Ok((procs, self.dir().join("hosts")))
     }

@@ -160,21 +160,8 @@ impl Nodes {
 
     /// The transfer address `node`'s agent publishes in its heartbeat Lease.
     fn advertised(&self, node: &str) -> Result<String> {
-        let start = Instant::now();
-        loop {
-            let a = self.cp.get(
-                &format!("lease/ferry-agent-{node}"),
-                certs::NS,
-                "{.metadata.annotations.ferry\\.dev/transfer-address}",
-            );
-            match a {
-                Ok(a) if !a.is_empty() => return Ok(a),
-                _ if start.elapsed() > certs::STARTED_WITHIN => {
-                    bail!("{node}'s Lease has no transfer address: {a:?}")
-                }
-                _ => std::thread::sleep(Duration::from_millis(200)),
-            }
-        }
+        self.cp
+            .advertised_transfer_address(node, certs::STARTED_WITHIN)
     }
 }
 

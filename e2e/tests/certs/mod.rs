@@ -15,9 +15,9 @@ use ferry_e2e::{ControlPlane, Proc};
 use ferry_link::{client_config, NodeKey, Trust};
 use serde_json::Value;
 
-pub const NS: &str = "ferry-system";
+pub const NS: &str = ferry_e2e::CHART_NAMESPACE;
 /// Where the chart keeps the tickets of copies between nodes (`<namespace>-tickets`).
-pub const TICKETS: &str = "ferry-system-tickets";
+pub const TICKETS: &str = ferry_e2e::TICKET_NAMESPACE;
 pub const SIGNER: &str = "ferry.dev/transfer";
 pub const TRUST: &str = "ferry-transfer-trust";
 pub const AGENT: &str = "system:serviceaccount:ferry-system:ferry-agent";
@@ -30,15 +30,7 @@ pub const STARTED_WITHIN: Duration = Duration::from_secs(60);
 /// The operator on its ServiceAccount's token, logging to `operator.log` (appended to across
 /// restarts).
 pub fn start_operator(cp: &ControlPlane, kubeconfig: &Path) -> Result<Proc> {
-    cp.spawn_operator(
-        "operator",
-        &[
-            ("KUBECONFIG", &kubeconfig.to_string_lossy()),
-            ("FERRY_NAMESPACE", NS),
-            ("FERRY_TICKET_NAMESPACE", TICKETS),
-            ("POD_NAME", "ferry-operator-0"),
-        ],
-    )
+    cp.spawn_chart_operator_on(kubeconfig)
 }
 
 /// A control plane with the chart installed, Nodes `node-a` and `node-b`, and the operator

@@ -204,16 +204,13 @@ fn no_one_but_the_operator_sets_the_node_labels_agents_watch_by() -> Result<()> 
         ensure!(!out.status.success(), "admitted:\n{yaml}");
         Ok(String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    // The API server applies a new policy a moment after it is stored: ask (a server-side
-    // dry run, which passes admission and stores nothing) until it refuses.
+    // The API server applies a new policy a moment after it is stored: ask until it
+    // refuses (see `dry_run_refused`).
     let labelled = job("everywhere", "node.ferry.dev/node-a: ''");
     let _ = wait_for(
         "the node-labels policy in force",
         Duration::from_secs(30),
-        || {
-            cp.kubectl_stdin(&["create", "--dry-run=server", "-f", "-"], &labelled)
-                .is_ok_and(|o| !o.status.success())
-        },
+        || cp.dry_run_refused(&[], &labelled, "set by Ferry's operator alone"),
     );
     // Labelled for every node at creation: refused, for the tenant and for an admin alike.
     let err = refused(&tenant, &labelled)?;

@@ -206,7 +206,7 @@ pub fn up() -> Result<()> {
         endpoints.push(format!(
             "  agent {node}: http://127.0.0.1:{}/metrics, transfer port {}",
             cp.agent_port(node)?,
-            cp.advertised_transfer_address(node)?
+            cp.advertised_transfer_address(node, ferry_e2e::ADVERTISED_WITHIN)?
         ));
     }
     let mut pids: Vec<u32> = procs.into_iter().map(Proc::detach).collect();

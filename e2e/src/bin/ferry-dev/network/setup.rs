@@ -50,7 +50,7 @@ impl Net {
         }
         // Paired only once both advertise their transfer ports (after their certificates).
         for (node, _) in NODES {
-            cp.advertised_transfer_address(node)?;
+            cp.advertised_transfer_address(node, ferry_e2e::ADVERTISED_WITHIN)?;
         }
         let rsync_port = ferry_e2e::free_port()?;
         let conf = cp.dir().join("rsyncd.conf");
