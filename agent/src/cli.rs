@@ -33,6 +33,25 @@ pub enum Command {
     /// Do nothing until SIGTERM or SIGINT, then exit 0: the image's default command, for a
     /// pod that only has to hold something (a volume mounted, a sandbox).
     Pause,
+    /// Print what this agent may do on its node, read from the kernel: its user,
+    /// capabilities (and what a copy loses for each one missing), no_new_privs and seccomp;
+    /// with --device, whether a device node can be opened and created.
+    ///
+    /// Run it in the agent's container: `kubectl exec -n ferry-system ds/ferry-agent --
+    /// ferry-agent confinement --device /host/dev/loop0`.
+    Confinement(ConfinementArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ConfinementArgs {
+    /// A device node of the host to try: opened for reading (no byte read) and closed, then
+    /// a node with its number made in --scratch, opened the same way, and removed.
+    #[arg(long)]
+    pub device: Option<PathBuf>,
+    /// Where to make that node: a writable directory of the container (its /dev is one even
+    /// with a read-only root).
+    #[arg(long, default_value = "/dev")]
+    pub scratch: PathBuf,
 }
 
 #[derive(Debug, clap::Args)]

@@ -14,6 +14,23 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         // Colour codes only on a terminal: logs in files and `kubectl logs` stay greppable.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
+    // What this agent may do, once in its log; and, for a capability the chart gives that
+    // it lacks (an admin's narrower list), what every copy will lose.
+    match ferry_agent::confinement::Confinement::current() {
+        Ok(c) => {
+            tracing::info!(
+                uid = c.uid,
+                capabilities = %c.capability_names().join(" "),
+                no_new_privs = c.no_new_privs,
+                seccomp = c.seccomp,
+                "confinement"
+            );
+            for (capability, loss) in c.losses() {
+                tracing::warn!(capability, "copies lose this without it: {loss}");
+            }
+        }
+        Err(e) => tracing::warn!("cannot read this agent's capabilities: {e}"),
+    }
     let settings = ferry_agent::daemon::Settings {
         node: args.node,
         host_root: args.host_root,
@@ -112,11 +129,34 @@ fn pause() -> ExitCode {
     }
 }
 
+/// `ferry-agent confinement`: the report, exit 0; 2 when it cannot be made.
+fn confinement(args: &ferry_agent::cli::ConfinementArgs) -> ExitCode {
+    let c = match ferry_agent::confinement::Confinement::current() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ferry-agent confinement: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    print!("{}", c.report());
+    if let Some(device) = &args.device {
+        match ferry_agent::confinement::probe_device(device, &args.scratch) {
+            Ok(lines) => print!("{lines}"),
+            Err(e) => {
+                eprintln!("ferry-agent confinement: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let cli = ferry_agent::cli::Cli::parse();
     match cli.command {
         ferry_agent::cli::Command::Copy(args) => ferry_agent::copy_cmd::run(&args),
         ferry_agent::cli::Command::Run(args) => run_daemon(args),
         ferry_agent::cli::Command::Pause => pause(),
+        ferry_agent::cli::Command::Confinement(args) => confinement(&args),
     }
 }

@@ -58,3 +58,16 @@ pub fn open_regular_to_read(path: &Path) -> io::Result<Option<(File, u64)>> {
         sys::Opened::Other(_) => None,
     })
 }
+
+/// Create a device node `name` in the directory `dir` (block or character, device number
+/// `rdev`, mode 0600), as the copy of one does. Only `ferry-agent confinement` calls it, to
+/// show that the agent may create a node it may not open.
+pub fn make_device_node(
+    dir: BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    block: bool,
+    rdev: u64,
+) -> io::Result<()> {
+    let kind = if block { libc::S_IFBLK } else { libc::S_IFCHR };
+    sys::mknodat(dir, name, kind | 0o600, rdev)
+}

@@ -95,7 +95,7 @@ kube-score/ignore annotation; each is a documented exception (charts/ferry/READM
 {{- $v := .values }}
 {{- $ignore := list }}
 {{- $sc := $v.securityContext | default dict }}
-{{- if $sc.privileged }}
+{{- if or $sc.privileged $v.privileged }}
 {{- $ignore = append $ignore "container-security-context-privileged" }}
 {{- end }}
 {{- $psc := $v.podSecurityContext | default dict }}

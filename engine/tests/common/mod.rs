@@ -378,6 +378,53 @@ pub fn adversarial_tree(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A v2 `security.capability` value (linux/capability.h `vfs_cap_data`): revision 2 with
+/// the effective flag, CAP_NET_BIND_SERVICE (10) permitted, nothing inheritable.
+pub const FILE_CAPS: [u8; 20] = {
+    let mut v = [0u8; 20];
+    let magic = 0x0200_0001u32.to_le_bytes();
+    let permitted = (1u32 << 10).to_le_bytes();
+    let mut i = 0;
+    while i < 4 {
+        v[i] = magic[i];
+        v[4 + i] = permitted[i];
+        i += 1;
+    }
+    v
+};
+
+/// Beside [`adversarial_tree`] (as root): what only a copier holding each of the agent's
+/// capabilities keeps. A `trusted.*` attribute (SYS_ADMIN), file capabilities (SETFCAP),
+/// a setgid file of a group the copier is not in (FSETID), a block and a character device
+/// (MKNOD), a 0000 file and a 0700 directory of another user (DAC_OVERRIDE); owners and
+/// times of others' files (CHOWN, FOWNER) are in the adversarial tree already.
+pub fn root_only_tree(root: &Path) -> Result<()> {
+    mkdir(&root.join("root-only/private"))?;
+    let at = |rel: &str| root.join("root-only").join(rel);
+    write(&at("trusted"), b"trusted.* needs CAP_SYS_ADMIN")?;
+    set_xattr(&at("trusted"), "trusted.ferry", b"kept")?;
+    write(&at("caps"), b"file capabilities")?;
+    chmod(&at("caps"), 0o755)?;
+    set_xattr(&at("caps"), "security.capability", &FILE_CAPS)?;
+    write(&at("setgid-other-group"), b"setgid")?;
+    lchown(&at("setgid-other-group"), 4242, 4243)?;
+    chmod(&at("setgid-other-group"), 0o2750)?;
+    mknod(&at("block"), 'b', 0o660, 7, 200)?;
+    mknod(&at("char"), 'c', 0o666, 1, 3)?;
+    write(&at("unreadable"), b"mode 0000")?;
+    lchown(&at("unreadable"), 4242, 4243)?;
+    chmod(&at("unreadable"), 0)?;
+    write(
+        &at("private/inside"),
+        b"under another user's 0700 directory",
+    )?;
+    lchown(&at("private/inside"), 4244, 4244)?;
+    chmod(&at("private/inside"), 0o600)?;
+    lchown(&at("private"), 4244, 4244)?;
+    chmod(&at("private"), 0o700)?;
+    Ok(())
+}
+
 /// Position-dependent bytes: every 8-byte word holds a mix of its offset, so a chunk copied
 /// to the wrong place, duplicated or dropped never compares equal.
 pub fn pattern(offset: u64, len: usize) -> Vec<u8> {
