@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn the_charts_seven_capabilities_lose_nothing() {
-        let c = Confinement::parse(STATUS).unwrap();
+        let c = Confinement::parse(STATUS).expect("parse");
         assert_eq!(
             c.capability_names(),
             [
@@ -318,14 +318,14 @@ mod tests {
     #[test]
     fn a_missing_capability_is_named_with_what_copies_lose() {
         let without_sys_admin = STATUS.replace("8820001b", "8800001b");
-        let c = Confinement::parse(&without_sys_admin).unwrap();
+        let c = Confinement::parse(&without_sys_admin).expect("parse");
         assert_eq!(c.losses().len(), 1);
         assert!(c
             .report()
             .contains("lost from copies without SYS_ADMIN: trusted.* attributes"));
         // A user's copy keeps what a user may: nothing is reported lost.
         let user = without_sys_admin.replace("Uid:\t0\t0", "Uid:\t1000\t1000");
-        assert!(Confinement::parse(&user).unwrap().losses().is_empty());
+        assert!(Confinement::parse(&user).expect("parse").losses().is_empty());
     }
 
     #[test]
@@ -338,10 +338,10 @@ mod tests {
 
     #[test]
     fn a_file_is_not_probed_as_a_device() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("f");
-        std::fs::write(&f, b"x").unwrap();
-        let err = probe_device(&f, dir.path()).unwrap_err();
+        std::fs::write(&f, b"x").expect("write");
+        let err = probe_device(&f, dir.path()).expect_err("a file");
         assert!(err.contains("is not a device node"), "{err}");
     }
 }

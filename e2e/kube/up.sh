@@ -141,7 +141,8 @@ control_plane() {
         --service-account-issuer=https://kubernetes.default.svc \
         --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
         --authorization-mode=Node,RBAC --token-auth-file="$p/tokens.csv" \
-        --service-cluster-ip-range="$SVC_CIDR" --allow-privileged=true --profiling=false
+        --service-cluster-ip-range="$SVC_CIDR" --allow-privileged=true --profiling=false \
+        --kubelet-preferred-address-types=InternalIP
     wait_until "kube-apiserver /readyz" 90 kc get --raw /readyz
     log "kube-controller-manager and kube-scheduler"
     start kube-controller-manager "$K8S_BIN/kube-controller-manager" \

@@ -14,6 +14,8 @@ use ferry_e2e::{assert_same_tree, wait_for, Tmpfs};
 
 #[path = "kube/csi.rs"]
 mod csi;
+#[path = "../../engine/tests/common/mod.rs"]
+mod tree;
 
 const NS: &str = "ferry-system";
 
@@ -29,14 +31,25 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 17] = [
+    let checks: [(&str, Check); 19] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
             transfer_port,
         ),
-        ("operator restricted, agent alone privileged", pod_security),
+        (
+            "operator restricted; agent not privileged, baseline only for hostPath and SYS_ADMIN",
+            pod_security,
+        ),
+        (
+            "the agent's confinement, from inside: seven capabilities, seccomp, the node's disk not opened",
+            confinement,
+        ),
         ("identical copy on the node's disk", copy_on_the_node),
+        (
+            "everything cp -a keeps and what only root keeps, copied identical by the unprivileged agent",
+            adversarial_copy,
+        ),
         (
             "HostToContainer: a later mount is copied",
             mounted_after_the_agent_started,
@@ -187,6 +200,20 @@ fn transfer_port(tier: &KubeTier, _: &Path) -> Result<()> {
         "no transfer certificate issued for {node}: {}",
         csrs["items"]
     );
+    // The port serves under the agent's confinement: a TLS 1.3 handshake from the pod
+    // network shows its node's certificate and asks for a client's (which this one lacks).
+    let out = tier
+        .in_netns("timeout")
+        .args(["10", "openssl", "s_client", "-connect", &want])
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let hello = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        hello.contains(&format!("subject=CN = {node}"))
+            && hello.contains("Acceptable client certificate CA names")
+            && hello.contains("TLSv1.3"),
+        "TLS on {want}:\n{hello}"
+    );
     Ok(())
 }
 
@@ -213,8 +240,53 @@ fn pod_security(tier: &KubeTier, _: &Path) -> Result<()> {
     let agents = pods(tier, "agent")?;
     ensure!(
         agents.iter().all(|a| warnings.contains(a.as_str())),
-        "the agent (privileged) should be the one violation:\n{warnings}"
+        "the agent should be the one violation:\n{warnings}"
     );
+    // Under `baseline`, the agent violates only by its hostPath volumes and SYS_ADMIN (its
+    // other capabilities are on baseline's list); it is not a privileged container.
+    let out = tier.kubectl(&[
+        "label",
+        "--dry-run=server",
+        "--overwrite",
+        "namespace",
+        NS,
+        "pod-security.kubernetes.io/enforce=baseline",
+    ])?;
+    ensure!(out.status.success(), "{out:?}");
+    let warnings = String::from_utf8_lossy(&out.stderr);
+    for agent in &agents {
+        let line = warnings
+            .lines()
+            .find(|l| l.contains(agent.as_str()))
+            .with_context(|| format!("{agent} passes baseline?\n{warnings}"))?;
+        ensure!(
+            line.contains("hostPath volumes")
+                && line.contains("non-default capabilities")
+                && !line.contains("privileged"),
+            "{agent} under baseline: {line}"
+        );
+    }
+    for op in &operators {
+        ensure!(
+            !warnings.contains(op.as_str()),
+            "{op} violates baseline:\n{warnings}"
+        );
+    }
+    let agent = format!("pod/{}", agents[0]);
+    for (path, want) in [
+        ("{.spec.containers[0].securityContext.privileged}", "false"),
+        (
+            "{.spec.containers[0].securityContext.capabilities.add}",
+            "[\"CHOWN\",\"DAC_OVERRIDE\",\"FOWNER\",\"FSETID\",\"MKNOD\",\"SETFCAP\",\"SYS_ADMIN\"]",
+        ),
+        (
+            "{.spec.containers[0].securityContext.seccompProfile.type}",
+            "RuntimeDefault",
+        ),
+    ] {
+        let got = tier.get(&agent, NS, path)?;
+        ensure!(got == want, "agent {path} = {got:?}, want {want}");
+    }
     let op = format!("pod/{}", operators[0]);
     for (path, want) in [
         ("{.spec.securityContext.runAsNonRoot}", "true"),
@@ -271,6 +343,124 @@ fn rich_tree(src: &Path) -> Result<()> {
         &p("c/link"),
     ])?;
     sh(&["touch", "-d", "2002-03-04 05:06:07.987654321", &p("a/b")])?;
+    Ok(())
+}
+
+/// The block device under /dev whose number is `dev` (the disk a directory is on).
+fn device_node_of(dev: u64) -> Result<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    for e in std::fs::read_dir("/dev")? {
+        let e = e?;
+        let m = std::fs::symlink_metadata(e.path())?;
+        if m.file_type().is_block_device() && m.rdev() == dev {
+            return Ok(e.path());
+        }
+    }
+    bail!("no block device {dev:#x} in /dev")
+}
+
+/// `ferry-agent confinement` run in the agent's container (`kubectl exec`): the kernel's
+/// account of what it may do. It tries the node's own disk (the device the test data is on,
+/// seen at /host/dev/...): open for reading is refused by the device cgroup, and a node of
+/// the same number can be created (the copy of a device node) but not opened either.
+fn confinement(tier: &KubeTier, data: &Path) -> Result<()> {
+    let disk = device_node_of(std::fs::metadata(data)?.dev())?;
+    let in_container = Path::new("/host").join(disk.strip_prefix("/")?);
+    let agents = pods(tier, "agent")?;
+    let agent = agents.first().context("no agent pod")?;
+    let report = tier.kubectl_ok(&[
+        "exec",
+        "-n",
+        NS,
+        agent,
+        "-c",
+        "agent",
+        "--",
+        "ferry-agent",
+        "confinement",
+        "--device",
+        &in_container.to_string_lossy(),
+    ])?;
+    eprintln!("ferry-agent confinement in {agent}:\n{report}");
+    let line = |prefix: &str| {
+        report
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .with_context(|| format!("no {prefix:?} line in:\n{report}"))
+    };
+    for (prefix, want) in [
+        ("uid ", "uid 0 gid 0"),
+        (
+            "capabilities: ",
+            "capabilities: CHOWN DAC_OVERRIDE FOWNER FSETID SYS_ADMIN MKNOD SETFCAP",
+        ),
+        ("lost from copies", "lost from copies: nothing"),
+        ("no_new_privs: ", "no_new_privs: yes"),
+        ("seccomp: ", "seccomp: filter"),
+    ] {
+        let got = line(prefix)?;
+        ensure!(got == want, "{got:?}, want {want:?}");
+    }
+    let open = line("open /host/dev/")?;
+    ensure!(
+        open.ends_with("for reading: refused (Operation not permitted (os error 1))"),
+        "the node's disk, from the agent: {open}"
+    );
+    let made = line("mknod ")?;
+    ensure!(made.ends_with(": made"), "{made}");
+    let reopen = line("open that node")?;
+    ensure!(
+        reopen.ends_with("refused (Operation not permitted (os error 1))"),
+        "{reopen}"
+    );
+    Ok(())
+}
+
+/// The adversarial tree of the engine's tests and what only root keeps (a trusted.*
+/// attribute, file capabilities, a setgid file of another group, device nodes, another
+/// user's 0000 file and 0700 directory), copied by a CopyJob through the agent pod: the
+/// copy equals the source's snapshot in every entry, attribute and byte.
+fn adversarial_copy(tier: &KubeTier, data: &Path) -> Result<()> {
+    let root = data.join("adversarial");
+    let src = root.join("src");
+    tree::adversarial_tree(&src)?;
+    tree::root_only_tree(&src)?;
+    let before = tree::snapshot(&src)?;
+    tier.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata: {{name: adversarial}}\nspec: {{path: {}, nodeSelector: {{kubernetes.io/hostname: {NODE}}}, namespaces: {{names: [default]}}, allowPrivilegedFiles: true}}\n",
+        root.display()
+    ))?;
+    tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: adversarial, namespace: default}\nspec:\n  source: {root: adversarial, path: src}\n  destination: {root: adversarial, path: copy}\n  verify: Full\n")?;
+    tier.wait_succeeded("default", "adversarial", 120)?;
+    tree::compare(&before, &root.join("copy"), tree::Check::default())?;
+    // Without verification the data goes through the kernel's copy_file_range (ext4 has
+    // no reflink): allowed by the runtime's seccomp profile, as the agent's byte counter by
+    // strategy shows (a refused call would leave the copy to read/write).
+    let counted = || -> Result<f64> {
+        let agents = pods(tier, "agent")?;
+        let pod = format!("pod/{}", agents.first().context("no agent pod")?);
+        let ip = tier.get(&pod, NS, "{.status.podIP}")?;
+        let out = tier
+            .in_netns("curl")
+            .args(["-s", "--max-time", "5"])
+            .arg(format!("http://{ip}:9090/metrics"))
+            .output()?;
+        let metrics = String::from_utf8_lossy(&out.stdout);
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("ferry_agent_bytes_copied_total{strategy=\"copy_file_range\"}"))
+            .with_context(|| format!("no copy_file_range counter in:\n{metrics}"))?;
+        Ok(line.rsplit(' ').next().unwrap_or("").parse()?)
+    };
+    let before_bytes = counted()?;
+    tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: adversarial-kernel, namespace: default}\nspec:\n  source: {root: adversarial, path: src}\n  destination: {root: adversarial, path: copy-kernel}\n  verify: None\n")?;
+    tier.wait_succeeded("default", "adversarial-kernel", 120)?;
+    tree::compare(&before, &root.join("copy-kernel"), tree::Check::default())?;
+    let after_bytes = counted()?;
+    ensure!(
+        after_bytes > before_bytes,
+        "no byte went through copy_file_range under the seccomp profile ({before_bytes} -> {after_bytes})"
+    );
     Ok(())
 }
 
