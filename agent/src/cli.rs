@@ -35,10 +35,11 @@ pub enum Command {
     Pause,
     /// Print what this agent may do on its node, read from the kernel: its user,
     /// capabilities (and what a copy loses for each one missing), no_new_privs and seccomp;
-    /// with --device, whether a device node can be opened and created.
+    /// with --device, whether a device node can be opened and created; with --calls, which
+    /// of a copy's system calls the seccomp profile lets through.
     ///
     /// Run it in the agent's container: `kubectl exec -n ferry-system ds/ferry-agent --
-    /// ferry-agent confinement --device /host/dev/loop0`.
+    /// ferry-agent confinement --device /host/dev/loop0 --calls`.
     Confinement(ConfinementArgs),
 }
 
@@ -48,8 +49,13 @@ pub struct ConfinementArgs {
     /// a node with its number made in --scratch, opened the same way, and removed.
     #[arg(long)]
     pub device: Option<PathBuf>,
-    /// Where to make that node: a writable directory of the container (its /dev is one even
-    /// with a read-only root).
+    /// Also make each call of a copy that a seccomp profile could refuse (openat2,
+    /// copy_file_range, FICLONE, ...) once, on two small files in --scratch, and say which
+    /// were refused (EPERM) and which reached the filesystem.
+    #[arg(long)]
+    pub calls: bool,
+    /// Where to make that node and those files (removed after): a writable directory of the
+    /// container (its /dev is one even with a read-only root).
     #[arg(long, default_value = "/dev")]
     pub scratch: PathBuf,
 }

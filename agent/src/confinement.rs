@@ -286,6 +286,31 @@ pub fn probe_device(device: &Path, scratch: &Path) -> Result<String, String> {
     Ok(out)
 }
 
+/// Each call of a copy that a seccomp profile could refuse, made once in `scratch`
+/// ([`ferry_engine::volume::probe_calls`]): "allowed", "allowed (the filesystem said: ...)"
+/// when it reached the filesystem and was declined there, or "refused (EPERM ...)", a
+/// profile's answer.
+pub fn probe_calls(scratch: &Path) -> Result<String, String> {
+    let dir = std::fs::File::open(scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    let mut out = String::new();
+    for (call, answer) in ferry_engine::volume::probe_calls(dir.as_fd()) {
+        let _ = writeln!(out, "call {call}: {}", verdict(&answer));
+    }
+    Ok(out)
+}
+
+/// What one call's answer says of the profile: EPERM is its refusal (none of these calls
+/// answers EPERM for a reason of its own on a scratch file the caller made).
+fn verdict(answer: &std::io::Result<()>) -> String {
+    match answer {
+        Ok(()) => "allowed".to_string(),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            format!("refused ({e}: a seccomp profile's answer)")
+        }
+        Err(e) => format!("allowed (the filesystem said: {e})"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,7 +350,10 @@ mod tests {
             .contains("lost from copies without SYS_ADMIN: trusted.* attributes"));
         // A user's copy keeps what a user may: nothing is reported lost.
         let user = without_sys_admin.replace("Uid:\t0\t0", "Uid:\t1000\t1000");
-        assert!(Confinement::parse(&user).expect("parse").losses().is_empty());
+        assert!(Confinement::parse(&user)
+            .expect("parse")
+            .losses()
+            .is_empty());
     }
 
     #[test]
@@ -334,6 +362,26 @@ mod tests {
         assert_eq!(numbers(0x0103), "1:3");
         // 259:1 (an NVMe partition): the major's bits above 8 are where glibc puts them.
         assert_eq!(numbers((259u64 << 8 & 0xfff00) | 1), "259:1");
+    }
+
+    #[test]
+    fn every_call_is_allowed_without_a_seccomp_profile() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = probe_calls(dir.path()).expect("probe");
+        for call in ["openat2", "copy_file_range", "ioctl(FICLONE)", "renameat2"] {
+            assert!(
+                report.contains(&format!("call {call}: allowed")),
+                "{call}:\n{report}"
+            );
+        }
+        assert!(!report.contains("refused"), "{report}");
+        // Nothing is left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0);
+        // What a profile answers, and what a filesystem does.
+        let eperm = Err(std::io::Error::from_raw_os_error(libc::EPERM));
+        assert!(verdict(&eperm).starts_with("refused (Operation not permitted"));
+        let unsupported = Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        assert!(verdict(&unsupported).starts_with("allowed (the filesystem said"));
     }
 
     #[test]

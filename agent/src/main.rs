@@ -139,6 +139,15 @@ fn confinement(args: &ferry_agent::cli::ConfinementArgs) -> ExitCode {
         }
     };
     print!("{}", c.report());
+    if args.calls {
+        match ferry_agent::confinement::probe_calls(&args.scratch) {
+            Ok(lines) => print!("{lines}"),
+            Err(e) => {
+                eprintln!("ferry-agent confinement: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     if let Some(device) = &args.device {
         match ferry_agent::confinement::probe_device(device, &args.scratch) {
             Ok(lines) => print!("{lines}"),

@@ -4,6 +4,9 @@
 //! the kubelet's tokens for the DaemonSet's pods are), with the chart's environment
 //! (`FERRY_NAMESPACE`, `FERRY_TICKET_NAMESPACE`), and each agent's transfer port on a
 //! loopback address of its own (node i on 127.0.0.(i+2)), so that copies between nodes run.
+//! As root, each agent holds only the capabilities the chart gives its container
+//! ([`agent_capabilities`], under `setpriv`), as every test's agents do
+//! ([`ControlPlane::spawn_agent_under`]).
 //! `make dev-up`, `make demo` and `make bench-network` start Ferry this way;
 //! `e2e/tests/network.rs` and `e2e/tests/transfer_certs.rs` do the same step by step.
 
@@ -26,6 +29,66 @@ const TOKEN_DURATION: &str = "8760h";
 /// How long an agent may take to start and publish its transfer address (a debug build of
 /// the binary if stale, its certificate from the operator's signer).
 pub const ADVERTISED_WITHIN: Duration = Duration::from_secs(120);
+
+/// The agent container's securityContext in the chart's values (charts/ferry/values.yaml),
+/// checked for what its capabilities mean only with (not privileged, drop ALL, no
+/// escalation, root, the runtime's seccomp profile); the capabilities it adds.
+pub fn agent_capabilities() -> Result<Vec<String>> {
+    let path = crate::repo_root().join("charts/ferry/values.yaml");
+    let values: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path)?).context("values.yaml")?;
+    let agent = &values["agent"];
+    let sc = &agent["securityContext"];
+    anyhow::ensure!(
+        agent["privileged"] == serde_yaml::Value::Bool(false),
+        "agent.privileged is on by default"
+    );
+    for (key, want) in [
+        ("privileged", "false"),
+        ("allowPrivilegeEscalation", "false"),
+        ("readOnlyRootFilesystem", "true"),
+        ("runAsUser", "0"),
+    ] {
+        let got = serde_yaml::to_string(&sc[key])?;
+        anyhow::ensure!(got.trim() == want, "agent securityContext.{key}: {got}");
+    }
+    anyhow::ensure!(
+        sc["seccompProfile"]["type"].as_str() == Some("RuntimeDefault"),
+        "agent seccompProfile: {:?}",
+        sc["seccompProfile"]
+    );
+    let drop: Vec<&str> = sc["capabilities"]["drop"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str())
+        .collect();
+    anyhow::ensure!(drop == ["ALL"], "capabilities.drop {drop:?}");
+    let add: Vec<String> = sc["capabilities"]["add"]
+        .as_sequence()
+        .context("capabilities.add")?
+        .iter()
+        .map(|v| v.as_str().map(str::to_string).context("a capability name"))
+        .collect::<Result<_>>()?;
+    anyhow::ensure!(!add.is_empty(), "no capabilities added");
+    Ok(add)
+}
+
+/// `setpriv` arguments that leave a root process (after exec) exactly `caps` (Kubernetes
+/// names: CHOWN, ...) and no_new_privs, as a container's process with that securityContext:
+/// root's capabilities after exec are its bounding set.
+pub fn setpriv_holding(caps: &[&str]) -> Vec<String> {
+    let bounding: Vec<String> = std::iter::once("-all".to_string())
+        .chain(caps.iter().map(|c| format!("+{}", c.to_lowercase())))
+        .collect();
+    vec![
+        "setpriv".into(),
+        format!("--bounding-set={}", bounding.join(",")),
+        "--inh-caps=-all".into(),
+        "--no-new-privs".into(),
+        "--".into(),
+    ]
+}
 
 /// The loopback address of the `i`th node's transfer port: 127.0.0.2, 127.0.0.3, ...
 pub fn transfer_ip(i: usize) -> String {

@@ -100,8 +100,12 @@ impl ControlPlane {
         self.spawn_agent_under(node, envs, &[])
     }
 
-    /// [`Self::spawn_agent`] run under a wrapper command (e.g. `setpriv` dropping
-    /// capabilities), whose arguments come before the agent's path.
+    /// [`Self::spawn_agent`] run under a wrapper command (e.g. `setpriv` holding fewer
+    /// capabilities), whose arguments come before the agent's path. Without one, as root,
+    /// the agent holds only the capabilities the chart gives its container
+    /// ([`crate::agent_capabilities`]): every test's agents run with what a real node's
+    /// have. (A wrapper replaces that: a `setpriv` inside it could not drop more without
+    /// CAP_SETPCAP.)
     pub fn spawn_agent_under(
         &self,
         node: &str,
@@ -124,6 +128,18 @@ impl ControlPlane {
             &listen,
         ];
         let log = format!("agent-{node}.log");
+        let confined = if crate::is_root() && wrapper.is_empty() {
+            let caps = crate::agent_capabilities()?;
+            let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+            crate::setpriv_holding(&caps)
+        } else {
+            Vec::new()
+        };
+        let wrapper: Vec<&str> = confined
+            .iter()
+            .map(String::as_str)
+            .chain(wrapper.iter().copied())
+            .collect();
         match wrapper.split_first() {
             None => self.spawn(&agent, &args, envs, &log),
             Some((cmd, rest)) => {

@@ -23,7 +23,10 @@ mod process;
 mod tools;
 mod trees;
 
-pub use chart::{transfer_ip, ADVERTISED_WITHIN, CHART_NAMESPACE, TICKET_NAMESPACE};
+pub use chart::{
+    agent_capabilities, setpriv_holding, transfer_ip, ADVERTISED_WITHIN, CHART_NAMESPACE,
+    TICKET_NAMESPACE,
+};
 pub use control_plane::ControlPlane;
 pub use ferry::{workspace_bin, PACED};
 pub use kubectl::{Kubectl, Watch};

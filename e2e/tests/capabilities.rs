@@ -16,60 +16,13 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{repo_root, workspace_bin};
-
-/// The agent container's securityContext in the chart's values, checked for what the
-/// capabilities mean only with it; returns the capabilities it adds.
-fn chart_capabilities() -> Result<Vec<String>> {
-    let values: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(
-        repo_root().join("charts/ferry/values.yaml"),
-    )?)?;
-    let agent = &values["agent"];
-    let sc = &agent["securityContext"];
-    ensure!(
-        agent["privileged"] == serde_yaml::Value::Bool(false),
-        "agent.privileged is on by default"
-    );
-    for (key, want) in [
-        ("privileged", "false"),
-        ("allowPrivilegeEscalation", "false"),
-        ("readOnlyRootFilesystem", "true"),
-        ("runAsUser", "0"),
-    ] {
-        let got = serde_yaml::to_string(&sc[key])?;
-        ensure!(got.trim() == want, "agent securityContext.{key}: {got}");
-    }
-    ensure!(
-        sc["seccompProfile"]["type"].as_str() == Some("RuntimeDefault"),
-        "agent seccompProfile: {:?}",
-        sc["seccompProfile"]
-    );
-    let drop: Vec<&str> = sc["capabilities"]["drop"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str())
-        .collect();
-    ensure!(drop == ["ALL"], "capabilities.drop {drop:?}");
-    let add: Vec<String> = sc["capabilities"]["add"]
-        .as_sequence()
-        .context("capabilities.add")?
-        .iter()
-        .map(|v| v.as_str().map(str::to_string).context("a capability name"))
-        .collect::<Result<_>>()?;
-    ensure!(!add.is_empty(), "no capabilities added");
-    Ok(add)
-}
+use ferry_e2e::{agent_capabilities, setpriv_holding, workspace_bin};
 
 /// `ferry-agent ARGS` as root holding exactly `caps` (Kubernetes names: CHOWN, ...).
 fn agent_with(caps: &[&str], args: &[&Path]) -> Result<Output> {
-    let bounding: String = std::iter::once("-all".to_string())
-        .chain(caps.iter().map(|c| format!("+{}", c.to_lowercase())))
-        .collect::<Vec<_>>()
-        .join(",");
-    Command::new("setpriv")
-        .arg(format!("--bounding-set={bounding}"))
-        .args(["--inh-caps=-all", "--no-new-privs", "--"])
+    let wrapper = setpriv_holding(caps);
+    Command::new(&wrapper[0])
+        .args(&wrapper[1..])
         .arg(workspace_bin("ferry-agent", "ferry-agent")?)
         .args(args)
         .output()
@@ -106,7 +59,7 @@ fn the_charts_capabilities_keep_everything_cp_a_keeps_and_each_one_is_needed() -
     {
         return Ok(());
     }
-    let caps = chart_capabilities()?;
+    let caps = agent_capabilities()?;
     let all: Vec<&str> = caps.iter().map(String::as_str).collect();
     if let Err(lost) = copy_holding(&all)? {
         anyhow::bail!("holding exactly the chart's {all:?}, the copy is not identical: {lost}");

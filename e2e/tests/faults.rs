@@ -365,15 +365,16 @@ fn unreadable_and_changing_source_files_fail_partially_failed_and_the_rest_is_co
     }
     let _operator = cp.spawn_operator("operator", &[])?;
     // And one file that changes each time it is copied (the test-only hook appends a byte).
-    let _agent = cp.spawn_agent_under(
-        "node-a",
-        &[("FERRY_FAULT_CHANGE_SOURCE", "f7")],
-        &[
-            "setpriv",
-            "--inh-caps=-dac_override,-dac_read_search",
-            "--bounding-set=-dac_override,-dac_read_search",
-        ],
-    )?;
+    let caps = ferry_e2e::agent_capabilities()?;
+    let fewer: Vec<&str> = caps
+        .iter()
+        .map(String::as_str)
+        .filter(|c| *c != "DAC_OVERRIDE")
+        .collect();
+    let wrapper = ferry_e2e::setpriv_holding(&fewer);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let _agent =
+        cp.spawn_agent_under("node-a", &[("FERRY_FAULT_CHANGE_SOURCE", "f7")], &wrapper)?;
     cp.apply("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n---\napiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: partial\n  namespace: default\nspec:\n  source: {root: data, path: src}\n  destination: {root: data, path: copy}\n")?;
     cp.wait_until(
         "copyjob/partial",

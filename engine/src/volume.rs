@@ -71,3 +71,62 @@ pub fn make_device_node(
     let kind = if block { libc::S_IFBLK } else { libc::S_IFCHR };
     sys::mknodat(dir, name, kind | 0o600, rdev)
 }
+
+/// The calls a copy makes that a container runtime's seccomp profile could refuse, each
+/// made once on two scratch files in `dir` (removed after): the answer of each, `Ok` or
+/// the kernel's error. Only `ferry-agent confinement` calls it. A profile refuses with
+/// EPERM; another error means the call reached the filesystem, which declined it (FICLONE
+/// on tmpfs: EOPNOTSUPP).
+pub fn probe_calls(dir: BorrowedFd<'_>) -> Vec<(&'static str, io::Result<()>)> {
+    let pid = sys::getpid();
+    let (a, b, c) = (
+        name(&format!(".ferry-probe-{pid}-a")),
+        name(&format!(".ferry-probe-{pid}-b")),
+        name(&format!(".ferry-probe-{pid}-c")),
+    );
+    let mut out = Vec::new();
+    out.push((
+        "openat2",
+        sys::openat2_beneath(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY).map(drop),
+    ));
+    let create = |n: &std::ffi::CStr| {
+        sys::openat(
+            dir,
+            n,
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            0o600,
+        )
+    };
+    match (create(&a), create(&b)) {
+        (Ok(fa), Ok(fb)) => {
+            use std::os::fd::AsFd;
+            let (fa, fb) = (fa.as_fd(), fb.as_fd());
+            let data = [0x5au8; 4096];
+            out.push(("pwrite64", sys::pwrite(fa, &data, 0).map(drop)));
+            out.push((
+                "copy_file_range",
+                sys::copy_file_range(fa, 0, fb, 0, data.len()).map(drop),
+            ));
+            out.push(("ioctl(FICLONE)", sys::ficlone(fb, fa)));
+            out.push(("fadvise64", sys::fadvise_dontneed(fa)));
+            out.push(("fsetxattr", sys::fsetxattr(fa, c"user.ferry-probe", b"1")));
+            out.push(("fdatasync", sys::fdatasync(fa)));
+            out.push(("syncfs", sys::syncfs(dir)));
+            out.push((
+                "open(O_TMPFILE)",
+                sys::open_tmpfile(dir, libc::O_RDWR, 0o600).map(drop),
+            ));
+            out.push(("renameat2", sys::renameat(dir, &b, dir, &c, true)));
+        }
+        (Err(e), _) | (_, Err(e)) => out.push(("openat(O_CREAT)", Err(e))),
+    }
+    for n in [&a, &b, &c] {
+        let _ = sys::unlinkat(dir, n, false);
+    }
+    out
+}
+
+/// A name we made (no NUL in it).
+fn name(s: &str) -> CString {
+    CString::new(s).expect("a name without NUL")
+}
