@@ -137,6 +137,14 @@ bench-throughput-cold: deps
 	@./bench/install-tools.sh
 	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-throughput-cold $(THROUGHPUT_RUNS) bench/COLD-COPYJOB.md
 
+## System calls per file of ferry (defaults, --verify none, and cpz's work), cpz, xcp and
+## cp -a on bench/run.sh's 100k-file tree on a tmpfs, counted by strace; writes
+## bench/SYSCALLS.md. Root.
+.PHONY: bench-syscalls
+bench-syscalls:
+	@./bench/install-tools.sh
+	./bench/syscalls.sh
+
 ## The peers of a cross-node copy (issue 14) alone, with hyperfine: rsync daemon and a tar |
 ## socat pipe between two loopback addresses, on bench/run.sh's tmpfs trees (run it first);
 ## writes bench/work/NETWORK-peers.md (bench/NETWORK.md is make bench-network's). Root.
