@@ -175,16 +175,27 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: libc::c_int) -> io::Result<OwnedFd> {
 }
 
 /// This process's `/proc/self/fd`, opened once; `None` without /proc, or in a child forked
-/// since (where the descriptor still shows its parent's descriptors).
+/// since (where the descriptor still shows its parent's descriptors). A fork handler marks
+/// the child, instead of a `getpid` on every reopen: that was one system call a file.
 fn proc_self_fd() -> Option<BorrowedFd<'static>> {
-    static DIR: std::sync::OnceLock<Option<(u32, OwnedFd)>> = std::sync::OnceLock::new();
-    let (pid, dir) = DIR
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static DIR: std::sync::OnceLock<Option<OwnedFd>> = std::sync::OnceLock::new();
+    static FORKED: AtomicBool = AtomicBool::new(false);
+    extern "C" fn forked() {
+        FORKED.store(true, Ordering::Relaxed);
+    }
+    let dir = DIR
         .get_or_init(|| {
-            let dir = open(c"/proc/self/fd", libc::O_RDONLY | libc::O_DIRECTORY).ok()?;
-            Some((getpid(), dir))
+            // SAFETY: the child handler only stores to an atomic (async-signal-safe). Its
+            // failure (ENOMEM) leaves no handler: then a forked child that reopens through
+            // this descriptor would see its parent's table, so give up the shortcut.
+            if unsafe { libc::pthread_atfork(None, None, Some(forked)) } != 0 {
+                return None;
+            }
+            open(c"/proc/self/fd", libc::O_RDONLY | libc::O_DIRECTORY).ok()
         })
         .as_ref()?;
-    (*pid == getpid()).then(|| dir.as_fd())
+    (!FORKED.load(Ordering::Relaxed)).then(|| dir.as_fd())
 }
 
 pub fn getpid() -> u32 {
@@ -756,4 +767,46 @@ pub fn current_umask() -> u32 {
                 .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
         })
         .unwrap_or(0o022)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// A child forked after the parent reopened a file reopens through its own descriptor
+    /// table, not through the parent's `/proc/<pid>/fd` the parent holds open.
+    #[test]
+    fn a_forked_child_reopens_its_own_descriptor_not_its_parents() {
+        let (a, b) = (
+            tempfile::tempfile().expect("tempfile"),
+            tempfile::tempfile().expect("tempfile"),
+        );
+        // The parent's shortcut is in place.
+        reopen(a.as_fd(), libc::O_RDONLY).expect("reopen in the parent");
+        let ino = |fd: BorrowedFd<'_>| fstat(fd).map(|st| st.st_ino).unwrap_or(0);
+        let b_ino = ino(b.as_fd());
+        // SAFETY: the child makes only system calls (dup2, openat, fstat) and leaves with
+        // _exit, touching no lock another thread of the test harness could hold.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            // In the child, `a`'s number now names `b`'s file; the parent's still names `a`.
+            // SAFETY: both descriptors are live; _exit ends the child at once.
+            unsafe {
+                libc::dup2(b.as_raw_fd(), a.as_raw_fd());
+                let same = reopen(a.as_fd(), libc::O_RDONLY)
+                    .map(|f| ino(f.as_fd()) == b_ino)
+                    .unwrap_or(false);
+                libc::_exit(if same { 0 } else { 1 });
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked; `status` is writable.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child reopened its parent's descriptor (status {status})"
+        );
+    }
 }
