@@ -145,6 +145,14 @@ bench-syscalls:
 	@./bench/install-tools.sh
 	./bench/syscalls.sh
 
+## Issue 35's small-file rows in one interleaved run (ferry defaults, --verify none, cpz's
+## work; cpz, xcp, cp -a) on the 100k-file tree on a tmpfs, SMALL_RUNS=7 rounds; writes
+## bench/SMALL-FILES.md. Root.
+.PHONY: bench-small-files
+bench-small-files:
+	@./bench/install-tools.sh
+	./bench/small-files.py
+
 ## The peers of a cross-node copy (issue 14) alone, with hyperfine: rsync daemon and a tar |
 ## socat pipe between two loopback addresses, on bench/run.sh's tmpfs trees (run it first);
 ## writes bench/work/NETWORK-peers.md (bench/NETWORK.md is make bench-network's). Root.
