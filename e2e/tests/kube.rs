@@ -221,17 +221,7 @@ fn transfer_port(tier: &KubeTier, _: &Path) -> Result<()> {
 }
 
 fn pod_security(tier: &KubeTier, _: &Path) -> Result<()> {
-    // A server-side dry run of enforcing `restricted` lists the pods that would violate it.
-    let out = tier.kubectl(&[
-        "label",
-        "--dry-run=server",
-        "--overwrite",
-        "namespace",
-        NS,
-        "pod-security.kubernetes.io/enforce=restricted",
-    ])?;
-    ensure!(out.status.success(), "{out:?}");
-    let warnings = String::from_utf8_lossy(&out.stderr);
+    let warnings = violations(tier, "restricted")?;
     let operators = pods(tier, "operator")?;
     ensure!(operators.len() == 2, "operator pods: {operators:?}");
     for op in &operators {
@@ -247,16 +237,7 @@ fn pod_security(tier: &KubeTier, _: &Path) -> Result<()> {
     );
     // Under `baseline`, the agent violates only by its hostPath volumes and SYS_ADMIN (its
     // other capabilities are on baseline's list); it is not a privileged container.
-    let out = tier.kubectl(&[
-        "label",
-        "--dry-run=server",
-        "--overwrite",
-        "namespace",
-        NS,
-        "pod-security.kubernetes.io/enforce=baseline",
-    ])?;
-    ensure!(out.status.success(), "{out:?}");
-    let warnings = String::from_utf8_lossy(&out.stderr);
+    let warnings = violations(tier, "baseline")?;
     for agent in &agents {
         let line = warnings
             .lines()
@@ -275,35 +256,58 @@ fn pod_security(tier: &KubeTier, _: &Path) -> Result<()> {
             "{op} violates baseline:\n{warnings}"
         );
     }
-    let agent = format!("pod/{}", agents[0]);
-    for (path, want) in [
-        ("{.spec.containers[0].securityContext.privileged}", "false"),
-        (
-            "{.spec.containers[0].securityContext.capabilities.add}",
-            "[\"CHOWN\",\"DAC_OVERRIDE\",\"FOWNER\",\"FSETID\",\"MKNOD\",\"SETFCAP\",\"SYS_ADMIN\"]",
-        ),
-        (
-            "{.spec.containers[0].securityContext.seccompProfile.type}",
-            "RuntimeDefault",
-        ),
-    ] {
-        let got = tier.get(&agent, NS, path)?;
-        ensure!(got == want, "agent {path} = {got:?}, want {want}");
-    }
-    let op = format!("pod/{}", operators[0]);
-    for (path, want) in [
-        ("{.spec.securityContext.runAsNonRoot}", "true"),
-        (
-            "{.spec.containers[0].securityContext.readOnlyRootFilesystem}",
-            "true",
-        ),
-        (
-            "{.spec.containers[0].securityContext.capabilities.drop}",
-            "[\"ALL\"]",
-        ),
-    ] {
-        let got = tier.get(&op, NS, path)?;
-        ensure!(got == want, "operator {path} = {got:?}, want {want}");
+    has_fields(
+        tier,
+        &agents[0],
+        &[
+            ("{.spec.containers[0].securityContext.privileged}", "false"),
+            (
+                "{.spec.containers[0].securityContext.capabilities.add}",
+                "[\"CHOWN\",\"DAC_OVERRIDE\",\"FOWNER\",\"FSETID\",\"MKNOD\",\"SETFCAP\",\"SYS_ADMIN\"]",
+            ),
+            (
+                "{.spec.containers[0].securityContext.seccompProfile.type}",
+                "RuntimeDefault",
+            ),
+        ],
+    )?;
+    has_fields(
+        tier,
+        &operators[0],
+        &[
+            ("{.spec.securityContext.runAsNonRoot}", "true"),
+            (
+                "{.spec.containers[0].securityContext.readOnlyRootFilesystem}",
+                "true",
+            ),
+            (
+                "{.spec.containers[0].securityContext.capabilities.drop}",
+                "[\"ALL\"]",
+            ),
+        ],
+    )
+}
+
+/// The warnings of a server-side dry run of enforcing Pod Security `level` on Ferry's
+/// namespace: one line per pod that would violate it, with why.
+fn violations(tier: &KubeTier, level: &str) -> Result<String> {
+    let out = tier.kubectl(&[
+        "label",
+        "--dry-run=server",
+        "--overwrite",
+        "namespace",
+        NS,
+        &format!("pod-security.kubernetes.io/enforce={level}"),
+    ])?;
+    ensure!(out.status.success(), "{out:?}");
+    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Each jsonpath of pod `pod` (in Ferry's namespace) reads as wanted.
+fn has_fields(tier: &KubeTier, pod: &str, fields: &[(&str, &str)]) -> Result<()> {
+    for (path, want) in fields {
+        let got = tier.get(&format!("pod/{pod}"), NS, path)?;
+        ensure!(got == *want, "{pod} {path} = {got:?}, want {want}");
     }
     Ok(())
 }

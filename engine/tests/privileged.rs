@@ -22,21 +22,6 @@ use ferry_engine::{
     copy_beneath, copy_from_beneath, NoProgress, Options, Privileged, Reason, Summary,
 };
 
-/// A v2 `security.capability` value (linux/capability.h `vfs_cap_data`): revision 2 with
-/// the effective flag, CAP_NET_BIND_SERVICE (10) permitted, nothing inheritable.
-const CAPS: [u8; 20] = {
-    let mut v = [0u8; 20];
-    let magic = 0x0200_0001u32.to_le_bytes();
-    let permitted = (1u32 << 10).to_le_bytes();
-    let mut i = 0;
-    while i < 4 {
-        v[i] = magic[i];
-        v[4 + i] = permitted[i];
-        i += 1;
-    }
-    v
-};
-
 /// `src` with a device node, setuid, setgid and setuid+setgid files, a file with
 /// capabilities, a setgid directory, and plain entries beside them.
 fn privileged_tree(src: &Path) -> Result<()> {
@@ -54,7 +39,7 @@ fn privileged_tree(src: &Path) -> Result<()> {
         write(&src.join(name), name.as_bytes())?;
         chmod(&src.join(name), mode)?;
     }
-    set_xattr(&src.join("caps"), "security.capability", &CAPS)?;
+    set_xattr(&src.join("caps"), "security.capability", &FILE_CAPS)?;
     set_xattr(&src.join("caps"), "user.kept", b"always")?;
     mkfifo(&src.join("fifo"), 0o640)?;
     chmod(&src.join("shared"), 0o2775)?;
@@ -197,7 +182,7 @@ fn privileged_files_are_kept_where_the_copy_keeps_them() -> Result<()> {
         ensure!(mode(&out.join("sgid"))? == 0o2755);
         ensure!(mode(&out.join("both"))? == 0o6711);
         ensure!(
-            get_xattr(&out.join("caps"), "security.capability").as_deref() == Some(&CAPS[..]),
+            get_xattr(&out.join("caps"), "security.capability").as_deref() == Some(&FILE_CAPS[..]),
             "halves {halves}: capabilities lost"
         );
         ensure!(s.files == 6 && s.specials == 3, "halves {halves}: {s:?}");
@@ -219,7 +204,7 @@ fn setuid_setgid_and_capabilities_are_dropped_from_a_copy_whose_owner_is_not_kep
     // (chown cleared the bits and capabilities: set them again.)
     chmod(&tree.join("suid"), 0o4755)?;
     chmod(&tree.join("sgid"), 0o2755)?;
-    set_xattr(&tree.join("caps"), "security.capability", &CAPS)?;
+    set_xattr(&tree.join("caps"), "security.capability", &FILE_CAPS)?;
     let mut opts = Options {
         privileged: Privileged::Keep,
         ..Options::default()
@@ -239,7 +224,7 @@ fn setuid_setgid_and_capabilities_are_dropped_from_a_copy_whose_owner_is_not_kep
     copy(tmp.path(), "owned", &opts, false)?;
     let out = tmp.path().join("dst/owned");
     ensure!(mode(&out.join("suid"))? == 0o4755);
-    ensure!(get_xattr(&out.join("caps"), "security.capability").as_deref() == Some(&CAPS[..]));
+    ensure!(get_xattr(&out.join("caps"), "security.capability").as_deref() == Some(&FILE_CAPS[..]));
     ensure!(lstat(&out.join("suid"))?.st_uid == 1234);
     Ok(())
 }
