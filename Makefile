@@ -153,6 +153,14 @@ bench-small-files:
 	@./bench/install-tools.sh
 	./bench/small-files.py
 
+## A million files (what grows faster than the file count): ferry (defaults, --verify none),
+## cpz and rsync -a on ftzz trees of 1M and 100k files and on 1M files in one directory, on a
+## tmpfs, MILLION_RUNS=3 rounds, wall, CPU and peak RSS; writes bench/MILLION.md. Root.
+.PHONY: bench-million
+bench-million:
+	@./bench/install-tools.sh
+	./bench/million.py
+
 ## The peers of a cross-node copy (issue 14) alone, with hyperfine: rsync daemon and a tar |
 ## socat pipe between two loopback addresses, on bench/run.sh's tmpfs trees (run it first);
 ## writes bench/work/NETWORK-peers.md (bench/NETWORK.md is make bench-network's). Root.
@@ -164,11 +172,21 @@ bench-network-peers: release
 ## node-b (process tier, the chart's RBAC, transfer ports on 127.0.0.2/.3), an rsync daemon,
 ## tar | socat, ferry-agent copy and a CopyJob on one node, on bench/run.sh's trees many and
 ## large on tmpfs, NET_RUNS=5 interleaved runs each; then both agents' peak RSS over a copy
-## between nodes of NET_RSS_FILES=1000000 tiny files; writes bench/NETWORK.md. Root.
+## between nodes of NET_RSS_FILES=1000000 tiny files. Each node's processes on a CPU of its
+## own (NET_CPUS=split, the default; a cgroup v1 cpuset each) writes bench/NETWORK.md;
+## NET_CPUS=shared (every process on every CPU) writes bench/NETWORK-shared.md. Root.
 .PHONY: bench-network
 bench-network: deps
 	@./bench/install-tools.sh
-	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-network $(or $(NET_RUNS),5) bench/NETWORK.md
+	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-network $(or $(NET_RUNS),5) bench/NETWORK$(if $(filter shared,$(NET_CPUS)),-shared).md
+
+## A million files as CopyJobs (on node-a, and from node-a to node-b) and a dry run of ten
+## million (issue 35): time, status size, peak RSS of the operator and the agents, API
+## requests; on make bench-network's cluster; writes bench/MILLION-COPYJOB.md. Root.
+.PHONY: bench-million-jobs
+bench-million-jobs: deps
+	@./bench/install-tools.sh
+	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-million bench/MILLION-COPYJOB.md
 
 ## The same through the real agent pod (the real one-node tier, built and brought up for it,
 ## removed after); writes bench/REAL-NODE.md. Root.

@@ -1,6 +1,8 @@
 //! io_uring vs plain syscalls for copying many small files (Ferry issue experiment).
 //!
 //! uexp MODE SRC DST [-t THREADS] [-k BATCH] [--statx plain|uring] [--data cfr|rw]
+//!      [--times on|off] [--open plain|opath] [--recheck]   (the last three: plain mode's
+//!      variants for issue 35: no futimens = cpz's work; Ferry's O_PATH open; its re-stat)
 //!   MODE = plain | phased | linked | hybrid | closes | verify | probe
 //!
 //! Common setup (same for every mode, timed separately): walk SRC, mkdir every
@@ -102,7 +104,7 @@ fn raise_nofile() {
 enum Mode { Plain, Phased, Linked, Hybrid, Closes }
 
 #[derive(Clone, Copy)]
-struct Opts { mode: Mode, threads: usize, k: usize, statx_uring: bool, data_rw: bool }
+struct Opts { mode: Mode, threads: usize, k: usize, statx_uring: bool, data_rw: bool, times: bool, opath: bool, recheck: bool, proc_fd: RawFd }
 
 struct Ctx<'a> { tree: &'a Tree, sdirs: &'a [RawFd], ddirs: &'a [RawFd], next: AtomicUsize, opts: Opts, fails: AtomicUsize }
 
@@ -143,20 +145,52 @@ fn copy_data_plain(sfd: RawFd, dfd: RawFd, size: u64, rw: bool, buf: &mut [u8]) 
     true
 }
 
+/// Ferry's race-free open (engine `sys::open_regular`): `O_PATH | O_NOFOLLOW`, fstat, and only
+/// a regular file reopened through this process's `/proc/self/fd` (held open), then the
+/// `O_PATH` descriptor closed. Four calls where a plain open is one (with its stat, two).
+unsafe fn open_opath(ctx: &Ctx, sdir: RawFd, name: &CStr, st: &mut libc::statx) -> RawFd { unsafe {
+    let p = libc::openat(sdir, name.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    if p < 0 { return -1; }
+    if libc::statx(p, c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_BASIC_STATS, st) != 0 || !is_reg(st) {
+        libc::close(p);
+        return -1;
+    }
+    let num = CString::new(p.to_string()).unwrap();
+    let fd = libc::openat(ctx.opts.proc_fd, num.as_ptr(), (SRC_FLAGS & !libc::O_NOFOLLOW) | libc::O_CLOEXEC);
+    libc::close(p);
+    fd
+} }
+
 fn plain_one(ctx: &Ctx, sdir: RawFd, ddir: RawFd, name: &CStr, buf: &mut [u8]) -> bool {
     unsafe {
-        let sfd = libc::openat(sdir, name.as_ptr(), SRC_FLAGS | libc::O_CLOEXEC);
-        if sfd < 0 { return false; }
         let mut st: libc::statx = std::mem::zeroed();
-        if libc::statx(sfd, c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_BASIC_STATS, &mut st) != 0 || !is_reg(&st) {
-            libc::close(sfd);
-            return false;
-        }
+        let sfd = if ctx.opts.opath {
+            let fd = open_opath(ctx, sdir, name, &mut st);
+            if fd < 0 { return false; }
+            fd
+        } else {
+            let sfd = libc::openat(sdir, name.as_ptr(), SRC_FLAGS | libc::O_CLOEXEC);
+            if sfd < 0 { return false; }
+            if libc::statx(sfd, c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_BASIC_STATS, &mut st) != 0 || !is_reg(&st) {
+                libc::close(sfd);
+                return false;
+            }
+            sfd
+        };
         let dfd = libc::openat(ddir, name.as_ptr(), DST_FLAGS | libc::O_CLOEXEC, (st.stx_mode & 0o7777) as libc::c_uint);
         if dfd < 0 { libc::close(sfd); return false; }
         let mut ok = copy_data_plain(sfd, dfd, st.stx_size, ctx.opts.data_rw, buf);
-        let ts = times_of(&st);
-        ok &= libc::futimens(dfd, ts.as_ptr()) == 0;
+        if ctx.opts.recheck {
+            // Ferry's torn-copy check: the source's stat again after the copy.
+            let mut again: libc::statx = std::mem::zeroed();
+            ok &= libc::statx(sfd, c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_BASIC_STATS, &mut again) == 0
+                && again.stx_size == st.stx_size
+                && again.stx_mtime.tv_nsec == st.stx_mtime.tv_nsec;
+        }
+        if ctx.opts.times {
+            let ts = times_of(&st);
+            ok &= libc::futimens(dfd, ts.as_ptr()) == 0;
+        }
         libc::close(dfd);
         libc::close(sfd);
         ok
@@ -519,7 +553,7 @@ fn main() {
     let src = PathBuf::from(&args[2]);
     let dst = PathBuf::from(&args[3]);
     if mode == "verify" { std::process::exit(verify(&src, &dst)); }
-    let mut opts = Opts { mode: Mode::Plain, threads: 2, k: 32, statx_uring: false, data_rw: false };
+    let mut opts = Opts { mode: Mode::Plain, threads: 2, k: 32, statx_uring: false, data_rw: false, times: true, opath: false, recheck: false, proc_fd: -1 };
     opts.mode = match mode { "plain" => Mode::Plain, "phased" => Mode::Phased, "linked" => Mode::Linked, "hybrid" => Mode::Hybrid, "closes" => Mode::Closes, m => panic!("mode {m}") };
     let mut i = 4;
     while i < args.len() {
@@ -528,12 +562,20 @@ fn main() {
             "-k" => { opts.k = args[i + 1].parse().unwrap(); i += 1; }
             "--statx" => { opts.statx_uring = args[i + 1] == "uring"; i += 1; }
             "--data" => { opts.data_rw = args[i + 1] == "rw"; i += 1; }
+            "--times" => { opts.times = args[i + 1] != "off"; i += 1; }
+            "--open" => { opts.opath = args[i + 1] == "opath"; i += 1; }
+            "--recheck" => opts.recheck = true,
             a => panic!("arg {a}"),
         }
         i += 1;
     }
     raise_nofile();
     unsafe { libc::umask(0) };
+    if opts.opath {
+        assert!(opts.mode == Mode::Plain, "--open opath is a plain-mode variant");
+        opts.proc_fd = unsafe { libc::open(c"/proc/self/fd".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        assert!(opts.proc_fd >= 0, "open /proc/self/fd");
+    }
     let t0 = Instant::now();
     let tree = walk(&src);
     let t1 = Instant::now();

@@ -21,6 +21,9 @@
 //! - `bench-network [RUNS [FILE]]`: a CopyJob between two nodes against rsync, a tar pipe and
 //!   Ferry on one node, and the agents' peak RSS over a 1M-file copy (`make bench-network`);
 //!   writes FILE (bench/NETWORK.md).
+//! - `bench-million [FILE]`: a million files as CopyJobs on one node and between nodes, and
+//!   a dry run of ten million (status size, peak RSS, API requests; `make bench-million-jobs`,
+//!   into `bench/MILLION-COPYJOB.md`).
 
 use std::path::PathBuf;
 
@@ -95,11 +98,15 @@ fn main() -> Result<()> {
             let out = std::env::args().nth(3).map(PathBuf::from);
             network::bench_network(&network::Settings::from_env(runs)?, out.as_deref())
         }
+        Some("bench-million") => {
+            let out = std::env::args().nth(2).map(PathBuf::from);
+            network::bench_million(out.as_deref())
+        }
         Some("demo") => dev::demo(),
         Some("up") => dev::up(),
         Some("down") => dev::down(),
         _ => bail!(
-            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube|-cold] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]|bench-network [RUNS [FILE]]"
+            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube|-cold] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]|bench-network [RUNS [FILE]]|bench-million [FILE]"
         ),
     }
 }

@@ -72,7 +72,7 @@ fn tiny_tree(root: &Path, files: u64) -> Result<()> {
 }
 
 /// A `kB` line of `/proc/PID/status` (VmRSS, VmHWM), in KiB; 0 when unreadable.
-fn proc_status_kib(pid: u32, key: &str) -> u64 {
+pub(super) fn proc_status_kib(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

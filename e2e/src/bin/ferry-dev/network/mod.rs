@@ -24,11 +24,14 @@ use ferry_e2e::{repo_root, ControlPlane, Proc};
 
 use crate::machine::{loadavg, machine_busy_secs, shell_line, LoadSampler, Tmpfs, TreeCount};
 
+mod cpus;
 mod memory;
+mod million;
 mod report;
 mod run;
 mod setup;
 
+pub use million::bench_million;
 use report::{report, write_keeping_notes};
 
 /// The namespace of the benchmark's jobs (Ferry's is the chart's, `ferry_e2e::CHART_NAMESPACE`).
@@ -260,6 +263,8 @@ struct Net {
     tar_port: u16,
     /// etcd, kube-apiserver and the operator: the cluster's processes other than the agents.
     cluster_pids: Vec<u32>,
+    /// Which CPUs each node's processes run on (last: its cpusets go once they are empty).
+    cpus: cpus::Cpus,
 }
 
 /// Ferry's copy between nodes against its peers, in one run; prints the report and, given
@@ -277,6 +282,7 @@ pub fn bench_network(settings: &Settings, out: Option<&Path>) -> Result<()> {
     }
     let build = built_from();
     let net = Net::start()?;
+    let cpus = net.cpus.describe();
     let load_before = loadavg();
     let (machine_before, harness_before) = (machine_busy_secs(), net.harness_cpu());
     let timed = Instant::now();
@@ -304,7 +310,15 @@ pub fn bench_network(settings: &Settings, out: Option<&Path>) -> Result<()> {
     if let Some(e) = failed {
         // What was measured before, beside the report of the last run that finished (kept:
         // a failed run is no reference).
-        let md = report(settings, &build, &results, &load, &Ok(None), Some(&e))?;
+        let md = report(
+            settings,
+            &build,
+            &results,
+            &load,
+            &Ok(None),
+            Some(&e),
+            &cpus,
+        )?;
         print!("{md}");
         let file = repo_root().join("bench/work/NETWORK-failed.md");
         std::fs::create_dir_all(repo_root().join("bench/work"))?;
@@ -315,7 +329,7 @@ pub fn bench_network(settings: &Settings, out: Option<&Path>) -> Result<()> {
     // The timed trees' report is written before the memory benchmark, which may fail on
     // its own.
     let write = |memory: &Result<Option<Memory>>| -> Result<()> {
-        let md = report(settings, &build, &results, &load, memory, None)?;
+        let md = report(settings, &build, &results, &load, memory, None, &cpus)?;
         print!("{md}");
         if let Some(file) = out {
             write_keeping_notes(file, &md)?;

@@ -156,7 +156,7 @@ impl Net {
             Tool::Rsync => {
                 let dst = self.b.join(&name);
                 let url = format!("rsync://{}:{}/src/{tree}/", NODES[0].1, self.rsync_port);
-                let mut c = Command::new("rsync");
+                let mut c = self.cpus.command(1, "rsync");
                 c.arg("-a").arg(url).arg(format!("{}/", dst.display()));
                 ok(c, "rsync -a")?;
                 Some(Made {
@@ -168,7 +168,10 @@ impl Net {
                 let dst = self.b.join(&name);
                 let (d, s, ip, port) = (dst.display(), src.display(), NODES[1].1, self.tar_port);
                 // bench/network-peers.sh's pipe: 1 MiB records and socket buffers.
-                let pipe = format!("mkdir -p {d}; socat -u -b 1048576 TCP-LISTEN:{port},bind={ip},reuseaddr - | tar x -b 2048 -B -C {d} & tar c -b 2048 -C {s} . | socat -u -b 1048576 - TCP:{ip}:{port},retry=200,interval=0.005; wait");
+                // The receiving half on node-b's CPU, the sending half on node-a's.
+                let recv = self.cpus.enter(1, &format!("socat -u -b 1048576 TCP-LISTEN:{port},bind={ip},reuseaddr - | tar x -b 2048 -B -C {d}"));
+                let send = self.cpus.enter(0, &format!("tar c -b 2048 -C {s} . | socat -u -b 1048576 - TCP:{ip}:{port},retry=200,interval=0.005"));
+                let pipe = format!("mkdir -p {d}; ({recv}) & ({send}); wait");
                 let mut c = Command::new("bash");
                 c.args(["-c", &pipe]);
                 ok(c, "tar c | socat")?;
@@ -179,7 +182,7 @@ impl Net {
             }
             Tool::Cli | Tool::CliNoVerify => {
                 let dst = self.a.join("local").join(&name);
-                let mut c = Command::new(&self.ferry);
+                let mut c = self.cpus.command(0, &self.ferry);
                 c.args(["copy", "--no-progress"]);
                 let manifest = if tool == Tool::Cli {
                     let m = self.a.join(format!("local/{name}.xxh128"));
@@ -233,7 +236,7 @@ impl Net {
     }
 
     /// Where `tool`'s CopyJob writes: its StorageRoot, the path in it, and as seen here.
-    fn destination(&self, tool: Tool, name: &str) -> (&'static str, String, PathBuf) {
+    pub(super) fn destination(&self, tool: Tool, name: &str) -> (&'static str, String, PathBuf) {
         match tool {
             Tool::LocalJob => (
                 "vol-a",
@@ -258,7 +261,7 @@ impl Net {
     }
 
     /// A Succeeded job's status says it ran as `tool` should (verify, mode, nodes); its copy.
-    fn inspect_job(&self, tool: Tool, name: &str) -> Result<Made> {
+    pub(super) fn inspect_job(&self, tool: Tool, name: &str) -> Result<Made> {
         let job: Value = serde_json::from_str(
             &self
                 .cp
@@ -298,7 +301,7 @@ impl Net {
     }
 
     /// Delete CopyJob `name` and wait until it is gone.
-    fn finish_job(&self, name: &str) -> Result<()> {
+    pub(super) fn finish_job(&self, name: &str) -> Result<()> {
         self.cp.kubectl_ok(&[
             "delete",
             "copyjob",

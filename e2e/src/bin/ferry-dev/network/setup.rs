@@ -2,8 +2,8 @@
 //! (its RBAC and policies), the operator and node-a's and node-b's agents as the chart runs
 //! them (`ferry_e2e`'s `spawn_chart_operator`, `spawn_chart_agent`: ServiceAccount tokens,
 //! the tickets namespace) with transfer ports on 127.0.0.2 and 127.0.0.3, each node's `/srv/vol` on a tmpfs,
-//! the StorageRoots, and an rsync daemon serving node-a's trees; and the CPU its processes
-//! use.
+//! the StorageRoots, and an rsync daemon serving node-a's trees, each node's processes on
+//! its own CPU unless `NET_CPUS=shared` (`cpus`); and the CPU its processes use.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Result;
 use ferry_e2e::{workspace_bin, ControlPlane, Proc};
 
+use super::cpus::Cpus;
 use super::{Net, NODES, TEAM, TMPFS_A, TMPFS_B};
 use crate::machine::{cpu_secs, pids_mentioning, Tmpfs};
 use crate::throughput::{ftzz, release_builds};
@@ -18,6 +19,7 @@ use crate::throughput::{ftzz, release_builds};
 impl Net {
     pub(super) fn start() -> Result<Self> {
         release_builds();
+        let cpus = Cpus::from_env()?;
         let ftzz = ftzz()?;
         let ferry = workspace_bin("ferry-agent", "ferry-agent")?;
         eprintln!("starting etcd and kube-apiserver, installing deploy/ferry.yaml ...");
@@ -45,8 +47,10 @@ impl Net {
             ))?;
         }
         let mut agents = Vec::new();
-        for (node, ip) in NODES {
-            agents.push(cp.spawn_chart_agent(node, ip, &[])?);
+        for (i, (node, ip)) in NODES.into_iter().enumerate() {
+            let agent = cp.spawn_chart_agent(node, ip, &[])?;
+            cpus.place(i, agent.id())?;
+            agents.push(agent);
         }
         // Paired only once both advertise their transfer ports (after their certificates).
         for (node, _) in NODES {
@@ -74,6 +78,8 @@ impl Net {
             &[],
             "rsyncd.out",
         )?;
+        // On node-a's CPU, with the connections it forks.
+        cpus.place(0, rsyncd.id())?;
         ferry_e2e::wait_for("the rsync daemon", Duration::from_secs(10), || {
             std::net::TcpStream::connect((NODES[0].1, rsync_port)).is_ok()
         })?;
@@ -98,6 +104,7 @@ impl Net {
             rsync_port,
             tar_port,
             cluster_pids,
+            cpus,
         })
     }
 
