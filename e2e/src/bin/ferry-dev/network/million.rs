@@ -86,6 +86,7 @@ impl Net {
         let status = &job["status"];
         let plan = status
             .get("plan")
+            .filter(|p| !p.is_null())
             .map(|p| serde_json::to_string(p).unwrap_or_default());
         let state_bytes = [0, 1].map(|n| dir_bytes(&self.host_root(n).join("var/lib/ferry/agent")));
         eprintln!("million: {what}: {secs:.1} s");
