@@ -8,32 +8,26 @@ use anyhow::{ensure, Result};
 use ferry_e2e::ControlPlane;
 
 use crate::bring_up;
+use crate::machine::proc_status_kib;
+
+/// The sum of the apiserver's `apiserver_request_total` series, in `metrics` (its
+/// `/metrics` text), whose labels `which` accepts.
+pub(crate) fn requests_in(metrics: &str, which: impl Fn(&str) -> bool) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && which(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
 
 /// `apiserver_request_total` for PATCHes of CopyJob status, from the apiserver's metrics.
 fn status_patches(cp: &ControlPlane) -> Result<u64> {
     let metrics = cp.kubectl_ok(&["get", "--raw", "/metrics"])?;
-    Ok(metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("apiserver_request_total{")
-                && l.contains("resource=\"copyjobs\"")
-                && l.contains("subresource=\"status\"")
-                && (l.contains("verb=\"APPLY\"") || l.contains("verb=\"PATCH\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64)
-}
-
-fn peak_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("VmHWM:")
-                    .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0))
-            })
-        })
-        .unwrap_or(0)
+    Ok(requests_in(&metrics, |l| {
+        l.contains("resource=\"copyjobs\"")
+            && l.contains("subresource=\"status\"")
+            && (l.contains("verb=\"APPLY\"") || l.contains("verb=\"PATCH\""))
+    }))
 }
 
 /// The control-plane benchmark of the operator issue: apply -> Succeeded latency of
@@ -92,7 +86,7 @@ pub fn bench(sequential: usize, burst: usize) -> Result<()> {
     }
     let burst_secs = start.elapsed().as_secs_f64();
     let burst_patches = status_patches(&cp)? - before;
-    let rss = peak_rss_kib(procs[0].id());
+    let rss = proc_status_kib(procs[0].id(), "VmHWM");
     println!("| measurement | value |\n|---|---|");
     println!("| one-file CopyJob, `kubectl apply` -> `Succeeded` (observed by `kubectl wait`), median of {sequential} | {median:.2} s (p90 {p90:.2} s) |");
     println!("| status writes per one-file job (apiserver_request_total, CopyJob status APPLY/PATCH) | {:.1} |", seq_patches as f64 / sequential as f64);

@@ -153,6 +153,25 @@ pub(crate) fn shell_line(cmd: &str) -> String {
 
 /// CPU seconds (user + system) process `pid` has used; with `children`, plus those of its
 /// children it has waited for. 0 when it is gone.
+/// A `kB` line of `/proc/PID/status` (VmRSS, VmHWM), in KiB; 0 when unreadable.
+pub(crate) fn proc_status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Reset process `pid`'s peak RSS to what it holds now (`echo 5 > /proc/PID/clear_refs`),
+/// so that its `VmHWM` afterwards is the peak of what follows.
+pub(crate) fn reset_peak_rss(pid: u32) -> Result<()> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+        .with_context(|| format!("reset the peak RSS of process {pid} (clear_refs 5)"))
+}
+
 pub(crate) fn cpu_secs(pid: u32, children: bool) -> f64 {
     // USER_HZ, the unit of /proc/PID/stat times, is 100 on every Linux architecture Ferry
     // runs on.

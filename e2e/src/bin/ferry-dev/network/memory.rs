@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::{Memory, Net, Tool, MEMORY_JOB_TIMEOUT, PER_DIR};
-use crate::machine::count_tree;
+use crate::machine::{count_tree, proc_status_kib, reset_peak_rss};
 use crate::throughput::check_copy;
 
 impl Net {
@@ -29,8 +29,7 @@ impl Net {
         let idle_kib = pids.map(|p| proc_status_kib(p, "VmRSS"));
         // Peaks since now: earlier runs' peaks are no part of this job's.
         for p in pids {
-            std::fs::write(format!("/proc/{p}/clear_refs"), "5")
-                .context("reset the agent's peak RSS (clear_refs 5)")?;
+            reset_peak_rss(p)?;
         }
         let sampler = RssSampler::start(pids);
         eprintln!("memory: a CopyJob of the tree from node-a to node-b ...");
@@ -69,18 +68,6 @@ fn tiny_tree(root: &Path, files: u64) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A `kB` line of `/proc/PID/status` (VmRSS, VmHWM), in KiB; 0 when unreadable.
-pub(super) fn proc_status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// The largest VmRSS of two processes, sampled every 50 ms until stopped.

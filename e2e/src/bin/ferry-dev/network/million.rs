@@ -17,9 +17,9 @@ use anyhow::{ensure, Context, Result};
 use ferry_e2e::ControlPlane;
 use serde_json::Value;
 
-use super::memory::proc_status_kib;
 use super::{Net, Tool, TEAM};
-use crate::machine::{count_tree, loadavg, shell_line, TreeCount};
+use crate::control_plane::requests_in;
+use crate::machine::{count_tree, loadavg, proc_status_kib, reset_peak_rss, shell_line, TreeCount};
 use crate::throughput::check_copy;
 
 /// The million-file tree, as issue 35 gives it.
@@ -64,17 +64,22 @@ impl Net {
         [self._operator.id(), a, b]
     }
 
-    /// Apply `yaml` as job `name`, wait until it Succeeded, and measure it.
-    fn measured_job(&self, what: &str, name: &str, yaml: &str, count: TreeCount) -> Result<Job> {
+    /// Make job `name` (`apply`), wait until it Succeeded, and measure it.
+    fn measured_job(
+        &self,
+        what: &str,
+        name: &str,
+        apply: impl FnOnce() -> Result<()>,
+        count: TreeCount,
+    ) -> Result<Job> {
         let pids = self.pids3();
         for p in pids {
-            std::fs::write(format!("/proc/{p}/clear_refs"), "5")
-                .context("reset a process's peak RSS (clear_refs 5)")?;
+            reset_peak_rss(p)?;
         }
         let before = api_requests(&self.cp)?;
         eprintln!("million: {what} ...");
         let start = Instant::now();
-        self.cp.apply(yaml)?;
+        apply()?;
         self.cp.wait_succeeded(TEAM, name, TIMEOUT)?;
         let secs = start.elapsed().as_secs_f64();
         let after = api_requests(&self.cp)?;
@@ -124,16 +129,15 @@ impl Net {
             (Tool::Network, "1M files, a CopyJob from node-a to node-b"),
         ] {
             let name = format!("million-{}", tool.slug());
-            let (root, path, dst) = self.destination(tool, &name);
-            let yaml = format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: {TEAM}\nspec:\n  source: {{root: vol-a, path: src/million}}\n  destination: {{root: {root}, path: {path}}}\n");
-            jobs.push(self.measured_job(what, &name, &yaml, count)?);
+            let apply = || self.apply_job(tool, &name, "million");
+            jobs.push(self.measured_job(what, &name, apply, count)?);
             let made = self.inspect_job(tool, &name)?;
             self.counted(&made, &count)?;
             let report = self.cp.dir().join(format!("check-{name}.json"));
             ensure!(
-                check_copy(&src, &dst, &report)?,
+                check_copy(&src, &made.dst, &report)?,
                 "{}: metadata not kept",
-                dst.display()
+                made.dst.display()
             );
             made.remove()?;
             self.finish_job(&name)?;
@@ -171,7 +175,8 @@ impl Net {
         self.cp.apply(&format!("apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: big\nspec:\n  path: /srv/big\n  nodeSelector: {{ferry.dev/node: node-a}}\n  namespaces: {{names: [{TEAM}]}}\n"))?;
         let name = "ten-million-dry-run";
         let yaml = format!("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: {TEAM}\nspec:\n  source: {{root: big, path: .}}\n  destination: {{root: vol-a, path: local/dry}}\n  dryRun: true\n");
-        let job = self.measured_job("10M empty files, a dry run on node-a", name, &yaml, count)?;
+        let what = "10M empty files, a dry run on node-a";
+        let job = self.measured_job(what, name, || self.cp.apply(&yaml), count)?;
         ensure!(
             !self.a.join("local/dry").exists(),
             "the dry run made its destination"
@@ -184,22 +189,10 @@ impl Net {
 /// `apiserver_request_total`, summed: every request, and those on CopyJobs.
 fn api_requests(cp: &ControlPlane) -> Result<(u64, u64)> {
     let metrics = cp.kubectl_ok(&["get", "--raw", "/metrics"])?;
-    let (mut all, mut jobs) = (0.0, 0.0);
-    for l in metrics
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let v: f64 = l
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        all += v;
-        if l.contains("resource=\"copyjobs\"") {
-            jobs += v;
-        }
-    }
-    Ok((all as u64, jobs as u64))
+    Ok((
+        requests_in(&metrics, |_| true),
+        requests_in(&metrics, |l| l.contains("resource=\"copyjobs\"")),
+    ))
 }
 
 /// Bytes of the files under `dir` (0 when it does not exist).

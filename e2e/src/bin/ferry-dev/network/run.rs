@@ -248,7 +248,7 @@ impl Net {
     }
 
     /// Apply a CopyJob of `tree` as `tool` says.
-    fn apply_job(&self, tool: Tool, name: &str, tree: &str) -> Result<()> {
+    pub(super) fn apply_job(&self, tool: Tool, name: &str, tree: &str) -> Result<()> {
         let (root, path, _) = self.destination(tool, name);
         let verify = if tool == Tool::NetworkNoVerify {
             "  verify: None\n"
