@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from timed import run
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS_DIR = os.environ.get("FERRY_TOOLS", "/var/cache/ferry-tools")
 BIN = os.path.join(TOOLS_DIR, "cargo", "bin")
@@ -90,27 +92,6 @@ def drop_caches():
 def remove(path):
     # shutil.rmtree is slow on a million files; rm -rf is not.
     sh("rm", "-rf", path)
-
-
-def run(cmd):
-    """Run cmd to completion: (wall s, user+sys CPU s, peak RSS KiB). Raises on a non-zero
-    exit status, with the command's stderr."""
-    # The peak RSS is GNU time's (%M, its child's ru_maxrss): a process forked from this
-    # Python and exec'd keeps this Python's high-water mark in its own (the kernel carries
-    # the old mm's peak over exec), so wait4's figure here would never read below ~15 MB.
-    with tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile("r") as rss:
-        t = time.perf_counter()
-        p = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", rss.name] + cmd,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t
-        p.returncode = code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            err.seek(0)
-            msg = err.read().decode(errors="replace")[-4000:]
-            raise RuntimeError(f"{' '.join(cmd)}: exit status {code}\n{msg}")
-        peak = int(rss.read().split()[-1])
-    return wall, ru.ru_utime + ru.ru_stime, peak
 
 
 def bench_tree(rows, src, dst, want):

@@ -23,7 +23,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from timed import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS_DIR = os.environ.get("FERRY_TOOLS", "/var/cache/ferry-tools")
@@ -66,18 +67,9 @@ def main():
         return cmd + [src, dst]
 
     def timed(cmd, src, dst):
-        """Wall seconds and user + system CPU seconds of one run (wait4's rusage)."""
-        t = time.perf_counter()
-        p = subprocess.Popen(argv(cmd, src, dst), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t
-        err = p.stderr.read().decode(errors="replace")
-        p.stderr.close()
-        p.returncode = os.waitstatus_to_exitcode(status)
-        if p.returncode != 0:
-            sys.exit(f"{argv(cmd, src, dst)} failed ({p.returncode}): {err}")
-        return wall, usage.ru_utime + usage.ru_stime
+        """Wall seconds and user + system CPU seconds of one run."""
+        wall, cpu, _ = run(argv(cmd, src, dst), peak_rss=False)
+        return wall, cpu
     work = tempfile.mkdtemp(prefix="ferry-small-")
     sh("mount", "-t", "tmpfs", "-o", "size=3g", "tmpfs", work)
     try:
