@@ -576,10 +576,15 @@ fn manifest_is_accepted_by_xxh128sum_check_inside_the_destination() -> Result<()
         b"new\nline",
         b"empty",
         b"link1",
+        b"large",
     ];
     for n in names {
         if *n == b"empty" {
             write(&bytes_path(&src, n), b"")?;
+        } else if *n == b"large" {
+            // Past the hash's 240-byte short path and across several of the copy's 1 MiB
+            // reads, so the streamed, vectorised long path is what xxh128sum checks.
+            write(&bytes_path(&src, n), &pattern((3 << 20) + 17, 7))?;
         } else if *n != b"link1" {
             write(
                 &bytes_path(&src, n),

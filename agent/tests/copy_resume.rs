@@ -257,7 +257,7 @@ fn a_resume_replaces_the_file_a_killed_run_was_writing_and_keeps_the_finished_on
     // its times), one cut off mid-write (part of its data, the time it was written).
     let staged = tmp.path().join(format!(
         ".ferry-{TAG}-d{:016x}.tmp",
-        xxhash_rust::xxh3::xxh3_64(b"dst")
+        twox_hash::XxHash3_64::oneshot(b"dst")
     ));
     mkdir(&staged)?;
     std::fs::copy(src.join("done"), staged.join("done"))?;

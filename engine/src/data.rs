@@ -6,7 +6,7 @@
 use std::io;
 use std::os::fd::BorrowedFd;
 
-use xxhash_rust::xxh3::Xxh3;
+use twox_hash::XxHash3_128 as Xxh3;
 
 use crate::options::{Faults, Reflink};
 use crate::progress::Strategy;
@@ -256,7 +256,7 @@ pub(crate) fn copy_range(
             Err(e) => return Err(e),
         };
         if let Some(h) = hasher.as_deref_mut() {
-            h.update(&buf[..n]);
+            h.write(&buf[..n]);
         }
         write_all_at(r.dst, &buf[..n], r.off + done)?;
         done += n as u64;
@@ -372,7 +372,7 @@ pub(crate) fn hash_zeros(h: &mut Xxh3, mut n: u64, guard: &Guard<'_>) -> io::Res
     let mut since_check = 0u64;
     while n > 0 {
         let k = n.min(ZEROS.len() as u64) as usize;
-        h.update(&ZEROS[..k]);
+        h.write(&ZEROS[..k]);
         n -= k as u64;
         since_check += k as u64;
         if since_check >= 64 << 20 {
@@ -444,12 +444,12 @@ pub(crate) fn hash_fd(
         match sys::pread(fd, &mut buf[..want], off) {
             Ok(0) => break,
             Ok(n) => {
-                h.update(&buf[..n]);
+                h.write(&buf[..n]);
                 off += n as u64;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok((h.digest128(), off))
+    Ok((h.finish_128(), off))
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 pub use ferry_crds::{Compare, Filter, Overwrite, Part, Preserve, Reflink, Verify};
 
@@ -19,9 +19,9 @@ pub(crate) fn part_of(path: &[u8], inode: Option<(u64, u64)>, count: u32) -> u32
             let mut key = [0u8; 16];
             key[..8].copy_from_slice(&dev.to_le_bytes());
             key[8..].copy_from_slice(&ino.to_le_bytes());
-            xxh3_64(&key)
+            XxHash3_64::oneshot(&key)
         }
-        None => xxh3_64(path),
+        None => XxHash3_64::oneshot(path),
     };
     (h % u64::from(count.max(1))) as u32
 }

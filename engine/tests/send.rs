@@ -14,7 +14,7 @@ use anyhow::{bail, ensure, Context, Result};
 use ferry_engine::send::{serve, SendError, SendOptions, SendSummary, SourceTop};
 use ferry_transfer::frame::{read_frame, write_frame, Fingerprint, Frame, MAX_DATA};
 use ferry_transfer::{Entry, Kind, Time};
-use xxhash_rust::xxh3::xxh3_128;
+use twox_hash::XxHash3_128;
 
 /// A whole listing: its entries, its inline files' bytes by name, and how many batches.
 type Listed = (Vec<Entry>, BTreeMap<Vec<u8>, Vec<u8>>, usize);
@@ -100,7 +100,7 @@ impl Receiver {
                     batches += 1;
                     for f in inline {
                         let e = &entries[f.index as usize];
-                        ensure!(f.hash == Some(xxh3_128(&f.data)), "inline hash");
+                        ensure!(f.hash == Some(XxHash3_128::oneshot(&f.data)), "inline hash");
                         files.insert(e.name.clone(), f.data.to_vec());
                     }
                     all.extend(entries);
@@ -302,7 +302,10 @@ fn a_sparse_file_is_sent_without_its_holes_and_only_as_far_as_the_credit() -> Re
             other => bail!("{other:?}"),
         }
     };
-    ensure!(end == (len, Some(xxh3_128(&content)), false), "{end:?}");
+    ensure!(
+        end == (len, Some(XxHash3_128::oneshot(&content)), false),
+        "{end:?}"
+    );
     // A file that ends in a hole: its length says where it ends, nothing is sent for it.
     let tail = top.join("tail");
     {
@@ -331,7 +334,7 @@ fn a_sparse_file_is_sent_without_its_holes_and_only_as_far_as_the_credit() -> Re
                 changed: false,
             } => {
                 ensure!(l == 8 << 20, "length {l}");
-                ensure!(hash == Some(xxh3_128(&std::fs::read(&tail)?)));
+                ensure!(hash == Some(XxHash3_128::oneshot(&std::fs::read(&tail)?)));
                 break;
             }
             other => bail!("{other:?}"),
@@ -400,7 +403,7 @@ fn a_file_not_as_expected_or_changed_is_reported_changed_and_not_sent() -> Resul
             len: 12,
             hash: Some(h),
             changed: false,
-        } if h == xxh3_128(b"version two!") => {}
+        } if h == XxHash3_128::oneshot(b"version two!") => {}
         other => bail!("{other:?}"),
     }
     rx.finish()??;

@@ -63,7 +63,7 @@ impl Journals {
         let key = format!("{root}\0{}\0{part}", path.join("/"));
         self.records.join(format!(
             "{:032x}",
-            xxhash_rust::xxh3::xxh3_128(key.as_bytes())
+            twox_hash::XxHash3_128::oneshot(key.as_bytes())
         ))
     }
 
@@ -187,7 +187,7 @@ pub(super) fn export(
 
 /// Copy `from` to `to`, and say what went through.
 pub(super) fn copy_hashing(from: &mut impl Read, to: &mut impl Write) -> io::Result<ManifestPart> {
-    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    let mut hash = twox_hash::XxHash3_64::new();
     let mut buf = vec![0u8; 64 << 10];
     let mut bytes = 0u64;
     loop {
@@ -197,13 +197,13 @@ pub(super) fn copy_hashing(from: &mut impl Read, to: &mut impl Write) -> io::Res
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        hash.update(&buf[..n]);
+        std::hash::Hasher::write(&mut hash, &buf[..n]);
         to.write_all(&buf[..n])?;
         bytes += n as u64;
     }
     Ok(ManifestPart {
         bytes: bytes as i64,
-        xxh3: format!("{:016x}", hash.digest()),
+        xxh3: format!("{:016x}", std::hash::Hasher::finish(&hash)),
     })
 }
 

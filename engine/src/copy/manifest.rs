@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, Write};
 use std::sync::atomic::Ordering;
 
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use super::records::Record;
 use super::{lock, Ctx};
@@ -171,7 +171,7 @@ pub(super) fn read_manifest(file: &mut File) -> io::Result<HashSet<u64>> {
         }
         whole += n as u64;
         if let Some(path) = manifest_path(&line[..n - 1]) {
-            listed.insert(xxh3_64(&path));
+            listed.insert(XxHash3_64::oneshot(&path));
         }
     }
     drop(reader);
@@ -269,7 +269,10 @@ mod tests {
         f.write_all(format!("{hash}  one\n{hash}  two\n{hash}  thr").as_bytes())?;
         let listed = read_manifest(&mut f)?;
         assert_eq!(listed.len(), 2);
-        assert!(listed.contains(&xxh3_64(b"one")) && listed.contains(&xxh3_64(b"two")));
+        assert!(
+            listed.contains(&XxHash3_64::oneshot(b"one"))
+                && listed.contains(&XxHash3_64::oneshot(b"two"))
+        );
         let mut text = String::new();
         f.rewind()?;
         f.read_to_string(&mut text)?;

@@ -32,7 +32,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use crate::data::{self, CapsCache, Guard};
 use crate::depth::Depth;
@@ -471,7 +471,7 @@ impl<'a> Ctx<'a> {
     fn dir_tmp_name(&self, name: &CStr) -> CString {
         match &self.opts.staging_tag {
             Some(tag) => {
-                let h = xxh3_64(name.to_bytes());
+                let h = XxHash3_64::oneshot(name.to_bytes());
                 CString::new(format!(".ferry-{tag}-d{h:016x}.tmp")).unwrap_or_default()
             }
             None => self.tmp_name(),

@@ -27,7 +27,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use crate::sys::{self, Stat};
 
@@ -46,7 +46,7 @@ fn key(path: &[u8]) -> u128 {
         Some(i) => (&path[..i], &path[i + 1..]),
         None => (&b""[..], path),
     };
-    (u128::from(xxh3_64(dir)) << 64) | u128::from(xxh3_64(name))
+    (u128::from(XxHash3_64::oneshot(dir)) << 64) | u128::from(XxHash3_64::oneshot(name))
 }
 
 /// One file as an earlier copy left it.

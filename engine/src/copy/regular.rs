@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use xxhash_rust::xxh3::Xxh3;
+use twox_hash::XxHash3_128 as Xxh3;
 
 use crate::data::{self, Caps, Clone, Moved, Range};
 use crate::error::{
@@ -396,7 +396,7 @@ impl<'a> Ctx<'a> {
                 // What was read, not what stat said: procfs files report size 0.
                 logical_len = moved.bytes;
             }
-            hasher.map(|h| h.digest128())
+            hasher.map(|h| h.finish_128())
         };
         if let Some((victim, times)) = &opts.faults.change_source {
             if victim.as_slice() == src_name.to_bytes() && tries.changed < *times {

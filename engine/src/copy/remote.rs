@@ -295,10 +295,10 @@ impl Ctx<'_> {
         if let Some((bytes, hash)) = &src.inline {
             data::write_all_at(dst, bytes, 0).map_err(|e| ("write", e))?;
             let len = bytes.len() as u64;
-            let written = as_written.then(|| xxhash_rust::xxh3::xxh3_128(bytes));
+            let written = as_written.then(|| twox_hash::XxHash3_128::oneshot(bytes));
             return Ok((moved(len), *hash, len, written));
         }
-        let mut hasher = as_written.then(xxhash_rust::xxh3::Xxh3::new);
+        let mut hasher = as_written.then(twox_hash::XxHash3_128::new);
         let guard = self.guard();
         let conn = self.conn().map_err(|e| ("read source", e))?;
         let mut req = conn
@@ -349,7 +349,7 @@ impl Ctx<'_> {
                     }
                     if let Some(h) = hasher.as_mut() {
                         data::hash_zeros(h, offset - end, &guard).map_err(|e| ("hash", e))?;
-                        h.update(&data);
+                        h.write(&data);
                     }
                     data::write_all_at(dst, &data, offset).map_err(|e| ("write", e))?;
                     let n = data.len() as u64;
@@ -381,7 +381,7 @@ impl Ctx<'_> {
                     let as_written = match hasher.as_mut() {
                         Some(h) => {
                             data::hash_zeros(h, len - end, &guard).map_err(|e| ("hash", e))?;
-                            Some(h.digest128())
+                            Some(h.finish_128())
                         }
                         None => None,
                     };

@@ -6,7 +6,7 @@ use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use crate::dirent::{DType, Listing};
 use crate::options::{Compare, Overwrite};
@@ -97,7 +97,7 @@ impl<'a> Ctx<'a> {
 
     /// Whether `path` is in the manifest an interrupted run wrote.
     pub(super) fn is_listed(&self, path: &[u8]) -> bool {
-        self.listed.contains(&xxh3_64(path))
+        self.listed.contains(&XxHash3_64::oneshot(path))
     }
 
     /// A resumed copy keeps regular file `dir/name`: count it as committed by an earlier

@@ -11,7 +11,7 @@ use std::sync::{Mutex, PoisonError};
 
 use ferry_transfer::frame::{self, Fingerprint, Frame};
 use ferry_transfer::Buffers;
-use xxhash_rust::xxh3::Xxh3;
+use twox_hash::XxHash3_128 as Xxh3;
 
 use super::bucket::Bucket;
 use super::options::{SendError, SendOptions, MAX_CREDIT, MAX_REQUESTS};

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use ferry_transfer::frame::{Frame, Inline, INLINE_BYTES, INLINE_MAX, LISTING_ENTRY_BYTES};
 use ferry_transfer::{Entry, Kind};
-use xxhash_rust::xxh3::xxh3_128;
+use twox_hash::XxHash3_128;
 
 use super::entries::DIR_FLAGS;
 use super::half::{busy, lock, Half, Job, ListState, State};
@@ -131,7 +131,7 @@ impl<W: Write + Send> Half<'_, W> {
                         b.take(data.len() as u64);
                     }
                     inline_bytes += data.len();
-                    let hash = hash.then(|| xxh3_128(data));
+                    let hash = hash.then(|| XxHash3_128::oneshot(data));
                     if !data.is_empty() && self.corrupts(&child(path, name.to_bytes())) {
                         data[0] ^= 0xff;
                     }

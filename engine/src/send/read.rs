@@ -7,7 +7,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 
 use ferry_transfer::frame::{Fingerprint, Frame, MAX_DATA};
-use xxhash_rust::xxh3::Xxh3;
+use twox_hash::XxHash3_128 as Xxh3;
 
 use super::half::{busy, lock, Half, Job, ReadState, State};
 use super::top::SourceTop;
@@ -138,7 +138,7 @@ impl<W: Write + Send> Half<'_, W> {
             };
             let data = &buf[..n];
             if let Some(h) = &mut r.hasher {
-                h.update(data);
+                h.write(data);
             }
             if !r.hash_only {
                 // Sent from the read buffer itself (hashed already: a change now is one in
@@ -198,7 +198,7 @@ impl<W: Write + Send> Half<'_, W> {
         self.send(&Frame::FileEnd {
             req,
             len: r.off,
-            hash: r.hasher.take().map(|h| h.digest128()),
+            hash: r.hasher.take().map(|h| h.finish_128()),
             changed,
         });
         None
@@ -209,7 +209,7 @@ fn hash_zeros(h: &mut Xxh3, mut n: u64) {
     static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
     while n > 0 {
         let k = n.min(ZEROS.len() as u64) as usize;
-        h.update(&ZEROS[..k]);
+        h.write(&ZEROS[..k]);
         n -= k as u64;
     }
 }

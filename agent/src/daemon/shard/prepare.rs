@@ -142,7 +142,7 @@ pub(super) fn options(
     // resumed run adopts what a killed one staged and sweeps its leftovers.
     opts.staging_tag = Some(format!(
         "{:012x}",
-        xxhash_rust::xxh3::xxh3_64(format!("{base}/{}", shard.id).as_bytes()) >> 16
+        twox_hash::XxHash3_64::oneshot(format!("{base}/{}", shard.id).as_bytes()) >> 16
     ));
     opts.fence = Some(ferry_engine::Fence(Arc::new({
         let (fence, mine) = (node.fence.clone(), active.clone());
