@@ -153,6 +153,13 @@ bench-small-files:
 	@./bench/install-tools.sh
 	./bench/small-files.py
 
+## xxHash3-128 from xxhash-rust (SIMD fixed at compile time) and twox-hash (detected at run
+## time, what the engine uses), one thread, interleaved rounds; writes bench/HASH.md.
+.PHONY: bench-hash
+bench-hash:
+	cd bench/hash && HASH_WHEN="$$(date -u '+%Y-%m-%d %H:%M UTC')" \
+		HASH_REV="$$(git rev-parse --short=12 HEAD)" $(CARGO) run -q --release -- ../HASH.md
+
 ## A million files (what grows faster than the file count): ferry (defaults, --verify none),
 ## cpz and rsync -a on ftzz trees of 1M and 100k files and on 1M files in one directory, on a
 ## tmpfs, MILLION_RUNS=3 rounds, wall, CPU and peak RSS; writes bench/MILLION.md. Root.

@@ -1,8 +1,10 @@
 //! io_uring vs plain syscalls for copying many small files (Ferry issue experiment).
 //!
 //! uexp MODE SRC DST [-t THREADS] [-k BATCH] [--statx plain|uring] [--data cfr|rw]
-//!      [--times on|off] [--open plain|opath] [--recheck]   (the last three: plain mode's
-//!      variants for issue 35: no futimens = cpz's work; Ferry's O_PATH open; its re-stat)
+//!      [--times on|off] [--open plain|opath] [--recheck] [--verify]   (the last four: plain
+//!      mode's variants for issue 35: no futimens = cpz's work; Ferry's O_PATH open; its
+//!      re-stat; a checksum the least it can cost: the source hashed as read+written, the
+//!      destination read back and hashed, xxHash3-128 as the engine computes it)
 //!   MODE = plain | phased | linked | hybrid | closes | verify | probe
 //!
 //! Common setup (same for every mode, timed separately): walk SRC, mkdir every
@@ -104,7 +106,7 @@ fn raise_nofile() {
 enum Mode { Plain, Phased, Linked, Hybrid, Closes }
 
 #[derive(Clone, Copy)]
-struct Opts { mode: Mode, threads: usize, k: usize, statx_uring: bool, data_rw: bool, times: bool, opath: bool, recheck: bool, proc_fd: RawFd }
+struct Opts { mode: Mode, threads: usize, k: usize, statx_uring: bool, data_rw: bool, times: bool, opath: bool, recheck: bool, verify: bool, proc_fd: RawFd }
 
 struct Ctx<'a> { tree: &'a Tree, sdirs: &'a [RawFd], ddirs: &'a [RawFd], next: AtomicUsize, opts: Opts, fails: AtomicUsize }
 
@@ -145,6 +147,34 @@ fn copy_data_plain(sfd: RawFd, dfd: RawFd, size: u64, rw: bool, buf: &mut [u8]) 
     true
 }
 
+/// `--verify`: read, hash and write `size` bytes, then read the destination back (exactly
+/// `size` bytes, as the engine's `hash_fd` does) and compare the two xxHash3-128s.
+fn copy_verified(sfd: RawFd, dfd: RawFd, size: u64, buf: &mut [u8]) -> bool {
+    let (mut src, mut off) = (twox_hash::XxHash3_128::new(), 0u64);
+    while off < size {
+        let want = buf.len().min((size - off) as usize);
+        let n = unsafe { libc::pread(sfd, buf.as_mut_ptr().cast(), want, off as i64) };
+        if n <= 0 { return false; }
+        src.write(&buf[..n as usize]);
+        let mut done = 0;
+        while done < n as usize {
+            let w = unsafe { libc::pwrite(dfd, buf[done..].as_ptr().cast(), n as usize - done, (off + done as u64) as i64) };
+            if w <= 0 { return false; }
+            done += w as usize;
+        }
+        off += n as u64;
+    }
+    let (mut dst, mut off) = (twox_hash::XxHash3_128::new(), 0u64);
+    while off < size {
+        let want = buf.len().min((size - off) as usize);
+        let n = unsafe { libc::pread(dfd, buf.as_mut_ptr().cast(), want, off as i64) };
+        if n <= 0 { return false; }
+        dst.write(&buf[..n as usize]);
+        off += n as u64;
+    }
+    src.finish_128() == dst.finish_128()
+}
+
 /// Ferry's race-free open (engine `sys::open_regular`): `O_PATH | O_NOFOLLOW`, fstat, and only
 /// a regular file reopened through this process's `/proc/self/fd` (held open), then the
 /// `O_PATH` descriptor closed. Four calls where a plain open is one (with its stat, two).
@@ -177,9 +207,17 @@ fn plain_one(ctx: &Ctx, sdir: RawFd, ddir: RawFd, name: &CStr, buf: &mut [u8]) -
             }
             sfd
         };
-        let dfd = libc::openat(ddir, name.as_ptr(), DST_FLAGS | libc::O_CLOEXEC, (st.stx_mode & 0o7777) as libc::c_uint);
+        let flags = match ctx.opts.verify {
+            // Read back: the destination opened for reading too.
+            true => (DST_FLAGS & !libc::O_WRONLY) | libc::O_RDWR,
+            false => DST_FLAGS,
+        };
+        let dfd = libc::openat(ddir, name.as_ptr(), flags | libc::O_CLOEXEC, (st.stx_mode & 0o7777) as libc::c_uint);
         if dfd < 0 { libc::close(sfd); return false; }
-        let mut ok = copy_data_plain(sfd, dfd, st.stx_size, ctx.opts.data_rw, buf);
+        let mut ok = match ctx.opts.verify {
+            true => copy_verified(sfd, dfd, st.stx_size, buf),
+            false => copy_data_plain(sfd, dfd, st.stx_size, ctx.opts.data_rw, buf),
+        };
         if ctx.opts.recheck {
             // Ferry's torn-copy check: the source's stat again after the copy.
             let mut again: libc::statx = std::mem::zeroed();
@@ -553,7 +591,7 @@ fn main() {
     let src = PathBuf::from(&args[2]);
     let dst = PathBuf::from(&args[3]);
     if mode == "verify" { std::process::exit(verify(&src, &dst)); }
-    let mut opts = Opts { mode: Mode::Plain, threads: 2, k: 32, statx_uring: false, data_rw: false, times: true, opath: false, recheck: false, proc_fd: -1 };
+    let mut opts = Opts { mode: Mode::Plain, threads: 2, k: 32, statx_uring: false, data_rw: false, times: true, opath: false, recheck: false, verify: false, proc_fd: -1 };
     opts.mode = match mode { "plain" => Mode::Plain, "phased" => Mode::Phased, "linked" => Mode::Linked, "hybrid" => Mode::Hybrid, "closes" => Mode::Closes, m => panic!("mode {m}") };
     let mut i = 4;
     while i < args.len() {
@@ -565,6 +603,7 @@ fn main() {
             "--times" => { opts.times = args[i + 1] != "off"; i += 1; }
             "--open" => { opts.opath = args[i + 1] == "opath"; i += 1; }
             "--recheck" => opts.recheck = true,
+            "--verify" => opts.verify = true,
             a => panic!("arg {a}"),
         }
         i += 1;
@@ -601,7 +640,7 @@ fn main() {
     let t3 = Instant::now();
     let fails = ctx.fails.load(Ordering::Relaxed);
     eprintln!("{mode} t={} k={} statx={} data={}: files={} fails={} walk={:.1}ms mkdir+opendirs={:.1}ms copy={:.1}ms",
-        opts.threads, opts.k, if opts.statx_uring { "uring" } else { "plain" }, if opts.data_rw { "rw" } else { "cfr" },
+        opts.threads, opts.k, if opts.statx_uring { "uring" } else { "plain" }, if opts.verify { "rw+verify" } else if opts.data_rw { "rw" } else { "cfr" },
         tree.files.len(), fails, (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3, (t3 - t2).as_secs_f64() * 1e3);
     if fails > 0 { std::process::exit(1); }
 }
