@@ -150,29 +150,32 @@ fn copy_data_plain(sfd: RawFd, dfd: RawFd, size: u64, rw: bool, buf: &mut [u8]) 
 /// `--verify`: read, hash and write `size` bytes, then read the destination back (exactly
 /// `size` bytes, as the engine's `hash_fd` does) and compare the two xxHash3-128s.
 fn copy_verified(sfd: RawFd, dfd: RawFd, size: u64, buf: &mut [u8]) -> bool {
-    let (mut src, mut off) = (twox_hash::XxHash3_128::new(), 0u64);
-    while off < size {
-        let want = buf.len().min((size - off) as usize);
-        let n = unsafe { libc::pread(sfd, buf.as_mut_ptr().cast(), want, off as i64) };
-        if n <= 0 { return false; }
-        src.write(&buf[..n as usize]);
+    let written = hash_read(sfd, size, buf, |data, off| {
         let mut done = 0;
-        while done < n as usize {
-            let w = unsafe { libc::pwrite(dfd, buf[done..].as_ptr().cast(), n as usize - done, (off + done as u64) as i64) };
+        while done < data.len() {
+            let w = unsafe { libc::pwrite(dfd, data[done..].as_ptr().cast(), data.len() - done, (off + done as u64) as i64) };
             if w <= 0 { return false; }
             done += w as usize;
         }
-        off += n as u64;
-    }
-    let (mut dst, mut off) = (twox_hash::XxHash3_128::new(), 0u64);
+        true
+    });
+    written.is_some() && written == hash_read(dfd, size, buf, |_, _| true)
+}
+
+/// xxHash3-128 of `size` bytes of `fd` read by `pread`, each block also handed to `each`
+/// with its offset; `None` when a read ends short or fails, or `each` says it failed.
+fn hash_read(fd: RawFd, size: u64, buf: &mut [u8], mut each: impl FnMut(&[u8], u64) -> bool) -> Option<u128> {
+    let (mut h, mut off) = (twox_hash::XxHash3_128::new(), 0u64);
     while off < size {
         let want = buf.len().min((size - off) as usize);
-        let n = unsafe { libc::pread(dfd, buf.as_mut_ptr().cast(), want, off as i64) };
-        if n <= 0 { return false; }
-        dst.write(&buf[..n as usize]);
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), want, off as i64) };
+        if n <= 0 { return None; }
+        let data = &buf[..n as usize];
+        h.write(data);
+        if !each(data, off) { return None; }
         off += n as u64;
     }
-    src.finish_128() == dst.finish_128()
+    Some(h.finish_128())
 }
 
 /// Ferry's race-free open (engine `sys::open_regular`): `O_PATH | O_NOFOLLOW`, fstat, and only
