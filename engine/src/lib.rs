@@ -19,12 +19,14 @@
 //   a copy is asked to do, errors and their labels, the progress seam;
 // - `data`, `meta`, `depth`, `record`, `open`: file data, metadata, how many workers run,
 //   the transfer protocol's records of a stat, opening the paths a caller names;
+// - `block`: raw block devices copied by chunks (uses `data` and below);
 // - `plan`, `recv`, `ends`, `beneath`, `prune`: counting, the connection to a source half,
 //   a copy's two ends opened by path or inside a root, pruning;
 // - `copy` (the copy), `send` (the source half of a copy between nodes);
 // - `api`: the entry points, re-exported here.
 mod api;
 mod beneath;
+pub mod block;
 mod copy;
 mod data;
 mod depth;

@@ -769,5 +769,8 @@ pub fn current_umask() -> u32 {
         .unwrap_or(0o022)
 }
 
+mod block;
+pub use block::{device_size, punch_hole, set_direct, AlignedBuf};
+
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,463 @@
+//! Raw block volumes: one device copied onto another in fixed chunks across workers. Each
+//! chunk is hashed (xxHash3-128); a chunk of zeros is punched where the destination makes
+//! punched ranges read back as zeros, written as zeros where it cannot; on a re-run only
+//! the chunks whose hashes differ are written, the destination's hashes read from it or
+//! from the manifest the last run kept. A device has no names, owners or times: its bytes
+//! are all there is, so the whole device's hash is the hash of its chunk hashes.
+//!
+//! Workers claim chunks from one counter, each with its own buffers, so the number of
+//! workers is the queue depth the devices see.
+
+mod device;
+mod manifest;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use twox_hash::XxHash3_128;
+
+pub use device::{Device, DeviceKind};
+pub use manifest::{ChunkManifest, MAX_CHUNK, MAX_CHUNKS, MIN_CHUNK};
+
+use crate::data::write_all_at;
+use crate::error::{checksum_mismatch, Error};
+use crate::progress::{Progress, Strategy};
+use crate::sys::{self, AlignedBuf};
+
+/// The default chunk: the unit of hashing, of a re-run's comparison and of resuming.
+pub const CHUNK: u64 = 4 << 20;
+
+/// Workers a block copy has unless told otherwise (see `bench/BLOCK.md`).
+pub const BLOCK_WORKERS: usize = 4;
+
+/// Which chunks a copy writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rerun {
+    /// Every chunk (a first copy: what the destination holds is not looked at).
+    WriteAll,
+    /// Only chunks whose hash differs from the destination's (`overwrite: IfChanged` with
+    /// `compare: Checksum`): the destination is read and hashed, or its hashes taken from
+    /// [`BlockOptions::kept`].
+    OnlyChanged,
+}
+
+/// How a chunk of zeros reaches the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Zeros {
+    /// Punched (`fallocate(PUNCH_HOLE)`: a discard or write-zeroes on a device, a hole in an
+    /// image) where the destination can; written where it answers that it cannot.
+    Punch,
+    /// Always written.
+    Write,
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockOptions {
+    /// Bytes per chunk: a power of two from [`MIN_CHUNK`] to [`MAX_CHUNK`].
+    pub chunk: u64,
+    /// Workers (the queue depth); 0 means [`BLOCK_WORKERS`].
+    pub workers: usize,
+    pub rerun: Rerun,
+    /// The destination's chunk hashes from the run that wrote it, for [`Rerun::OnlyChanged`]:
+    /// used instead of reading the destination when its chunk size and size match this copy.
+    /// Only the caller knows whether nothing else wrote the destination since; the engine
+    /// trusts it (it is never read from the volume).
+    pub kept: Option<ChunkManifest>,
+    /// Read every written chunk back from the destination and compare its hash.
+    pub verify: bool,
+    /// `O_DIRECT` on both ends (set on their open descriptions): no page cache on either side.
+    pub direct: bool,
+    pub zeros: Zeros,
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl Default for BlockOptions {
+    fn default() -> Self {
+        BlockOptions {
+            chunk: CHUNK,
+            workers: 0,
+            rerun: Rerun::WriteAll,
+            kept: None,
+            verify: true,
+            direct: false,
+            zeros: Zeros::Punch,
+            cancel: None,
+        }
+    }
+}
+
+/// How zeros reached the destination in one copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZeroWay {
+    /// No chunk of zeros had to be written.
+    None,
+    Punched,
+    /// Written as zeros: asked to, or the destination could not punch.
+    Written,
+}
+
+/// What a block copy did (counts are chunks unless they say bytes).
+#[derive(Debug, Clone)]
+pub struct BlockSummary {
+    pub size: u64,
+    pub chunk: u64,
+    pub chunks: u64,
+    /// Chunks of data written.
+    pub written: u64,
+    /// Chunks of zeros punched.
+    pub punched: u64,
+    /// Chunks of zeros written as zeros.
+    pub zeros_written: u64,
+    /// Chunks the destination already held ([`Rerun::OnlyChanged`]).
+    pub unchanged: u64,
+    /// Source chunks inside a hole of an image, known to be zeros without a read.
+    pub holes: u64,
+    pub bytes_read_source: u64,
+    pub bytes_read_destination: u64,
+    pub bytes_written: u64,
+    /// Chunks read back from the destination with the source's hash.
+    pub verified: u64,
+    /// Whether [`BlockOptions::kept`] stood in for reading the destination.
+    pub kept_used: bool,
+    pub zeros: ZeroWay,
+    /// Every chunk's hash (the destination's content now); `None` when cancelled.
+    pub manifest: Option<ChunkManifest>,
+    pub cancelled: bool,
+    pub elapsed: Duration,
+}
+
+/// Copy `src`'s bytes onto `dst`'s first `src.size()` bytes. An image destination grows to
+/// the source's size; a device destination must be at least that large, and its bytes past
+/// it are left as they are. Ends with `fdatasync` of the destination.
+pub fn copy_device(
+    src: &Device,
+    dst: &mut Device,
+    opts: &BlockOptions,
+    progress: &dyn Progress,
+) -> Result<BlockSummary, Error> {
+    let start = Instant::now();
+    let (size, chunk) = (src.size(), opts.chunk);
+    ChunkManifest::check_shape(size, chunk).map_err(Error::Usage)?;
+    dst.grow_image(size)?;
+    if dst.size() < size {
+        return Err(Error::Usage(format!(
+            "{} holds {} bytes, less than the {size} bytes of {}: the destination must be at least as large as the source",
+            dst.name().display(),
+            dst.size(),
+            src.name().display()
+        )));
+    }
+    if opts.direct {
+        let align = AlignedBuf::ALIGN as u64;
+        if size % align != 0 {
+            return Err(Error::Usage(format!(
+                "direct I/O moves whole {align}-byte blocks, and {} holds {size} bytes: copy it without direct I/O",
+                src.name().display()
+            )));
+        }
+        for d in [src, &*dst] {
+            sys::set_direct(d.as_fd()).map_err(|e| Error::io("O_DIRECT on", d.name(), e))?;
+        }
+    }
+    let chunks = ChunkManifest::chunks(size, chunk);
+    let kept = opts
+        .kept
+        .as_ref()
+        .filter(|k| opts.rerun == Rerun::OnlyChanged && k.chunk == chunk && k.size == size);
+    let run = Run {
+        src,
+        dst,
+        opts,
+        kept,
+        progress,
+        size,
+        chunks,
+        zero_hash: XxHash3_128::oneshot(&AlignedBuf::zeroed(chunk as usize)),
+        zeros: AlignedBuf::zeroed(chunk as usize),
+        next: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        punch: AtomicU8::new(PUNCH_UNKNOWN),
+        n: Counters::default(),
+        hashes: Mutex::new(vec![None; chunks as usize]),
+        error: Mutex::new(None),
+    };
+    let workers = match opts.workers {
+        0 => BLOCK_WORKERS,
+        n => n,
+    }
+    .min(chunks.max(1) as usize);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| run.worker());
+        }
+    });
+    if let Some(e) = run.error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    let n = &run.n;
+    if n.written.load(Relaxed) + n.punched.load(Relaxed) + n.zeros_written.load(Relaxed) > 0 {
+        sys::fdatasync(dst.as_fd()).map_err(|e| Error::io("fdatasync", dst.name(), e))?;
+    }
+    let hashes = run.hashes.into_inner().unwrap_or_else(|p| p.into_inner());
+    let cancelled = hashes.iter().any(Option::is_none);
+    let manifest = (!cancelled).then(|| ChunkManifest {
+        chunk,
+        size,
+        hashes: hashes.into_iter().flatten().collect(),
+    });
+    let zeros = match (n.punched.load(Relaxed), n.zeros_written.load(Relaxed)) {
+        (0, 0) => ZeroWay::None,
+        (_, 0) => ZeroWay::Punched,
+        _ => ZeroWay::Written,
+    };
+    Ok(BlockSummary {
+        size,
+        chunk,
+        chunks,
+        written: n.written.load(Relaxed),
+        punched: n.punched.load(Relaxed),
+        zeros_written: n.zeros_written.load(Relaxed),
+        unchanged: n.unchanged.load(Relaxed),
+        holes: n.holes.load(Relaxed),
+        bytes_read_source: n.read_source.load(Relaxed),
+        bytes_read_destination: n.read_destination.load(Relaxed),
+        bytes_written: n.bytes_written.load(Relaxed),
+        verified: n.verified.load(Relaxed),
+        kept_used: kept.is_some(),
+        zeros,
+        manifest,
+        cancelled,
+        elapsed: start.elapsed(),
+    })
+}
+
+const PUNCH_UNKNOWN: u8 = 0;
+const PUNCH_WORKS: u8 = 1;
+const PUNCH_CANNOT: u8 = 2;
+
+#[derive(Default)]
+struct Counters {
+    written: AtomicU64,
+    punched: AtomicU64,
+    zeros_written: AtomicU64,
+    unchanged: AtomicU64,
+    holes: AtomicU64,
+    read_source: AtomicU64,
+    read_destination: AtomicU64,
+    bytes_written: AtomicU64,
+    verified: AtomicU64,
+}
+
+/// One copy's shared state.
+struct Run<'a> {
+    src: &'a Device,
+    dst: &'a Device,
+    opts: &'a BlockOptions,
+    kept: Option<&'a ChunkManifest>,
+    progress: &'a dyn Progress,
+    size: u64,
+    chunks: u64,
+    /// The hash of a whole chunk of zeros, and the zeros written where punching cannot.
+    zero_hash: u128,
+    zeros: AlignedBuf,
+    next: AtomicU64,
+    stop: AtomicBool,
+    punch: AtomicU8,
+    n: Counters,
+    hashes: Mutex<Vec<Option<u128>>>,
+    error: Mutex<Option<Error>>,
+}
+
+impl Run<'_> {
+    fn worker(&self) {
+        let len = self.opts.chunk as usize;
+        let mut src_buf = AlignedBuf::zeroed(len);
+        let mut dst_buf = None;
+        loop {
+            let cancelled = self.opts.cancel.as_ref().is_some_and(|c| c.load(Relaxed));
+            if cancelled || self.stop.load(Relaxed) {
+                return;
+            }
+            let i = self.next.fetch_add(1, Relaxed);
+            if i >= self.chunks {
+                return;
+            }
+            let dst_buf = dst_buf.get_or_insert_with(|| AlignedBuf::zeroed(len));
+            match self.chunk(i, &mut src_buf, dst_buf) {
+                Ok(h) => {
+                    self.hashes.lock().unwrap_or_else(|p| p.into_inner())[i as usize] = Some(h)
+                }
+                Err(e) => {
+                    self.stop.store(true, Relaxed);
+                    self.error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Chunk `i`: read (or known zeros), hashed, compared, written or punched, read back.
+    fn chunk(&self, i: u64, src_buf: &mut [u8], dst_buf: &mut [u8]) -> Result<u128, Error> {
+        let off = i * self.opts.chunk;
+        let len = (self.size - off).min(self.opts.chunk) as usize;
+        let at = |what: &'static str, d: &Device, e: io::Error| {
+            Error::io(
+                what,
+                format!("{} (chunk {i}, byte {off})", d.name().display()),
+                e,
+            )
+        };
+        let (zero, hash) = if self
+            .in_hole(off, len)
+            .map_err(|e| at("SEEK_DATA", self.src, e))?
+        {
+            self.n.holes.fetch_add(1, Relaxed);
+            (true, self.hash_of_zeros(len))
+        } else {
+            let data = &mut src_buf[..len];
+            read_exact_at(self.src, data, off).map_err(|e| at("read", self.src, e))?;
+            self.n.read_source.fetch_add(len as u64, Relaxed);
+            if is_zero(data) {
+                (true, self.hash_of_zeros(len))
+            } else {
+                (false, XxHash3_128::oneshot(data))
+            }
+        };
+        if self.opts.rerun == Rerun::OnlyChanged {
+            let old = match self.kept {
+                Some(k) => k.hashes[i as usize],
+                None => {
+                    let data = &mut dst_buf[..len];
+                    read_exact_at(self.dst, data, off).map_err(|e| at("read", self.dst, e))?;
+                    self.n.read_destination.fetch_add(len as u64, Relaxed);
+                    XxHash3_128::oneshot(data)
+                }
+            };
+            if old == hash {
+                self.n.unchanged.fetch_add(1, Relaxed);
+                self.progress.skipped();
+                return Ok(hash);
+            }
+        }
+        let dst = self.dst.as_fd();
+        if zero {
+            self.zero(off, len).map_err(|e| at("zero", self.dst, e))?;
+        } else {
+            write_all_at(dst, &src_buf[..len], off).map_err(|e| at("write", self.dst, e))?;
+            self.n.written.fetch_add(1, Relaxed);
+            self.n.bytes_written.fetch_add(len as u64, Relaxed);
+        }
+        self.progress.bytes_copied(len as u64, Strategy::ReadWrite);
+        if self.opts.verify {
+            let back = &mut dst_buf[..len];
+            read_exact_at(self.dst, back, off).map_err(|e| at("read back", self.dst, e))?;
+            let got = XxHash3_128::oneshot(back);
+            if got != hash {
+                return Err(at("verify", self.dst, checksum_mismatch(hash, got)));
+            }
+            self.n.verified.fetch_add(1, Relaxed);
+            self.progress.bytes_verified(len as u64);
+        }
+        Ok(hash)
+    }
+
+    /// Whether `[off, off + len)` of an image source is all hole (zeros without a read).
+    /// A block device has no holes to ask about.
+    fn in_hole(&self, off: u64, len: usize) -> io::Result<bool> {
+        if self.src.kind() != DeviceKind::Image || self.opts.direct {
+            return Ok(false);
+        }
+        Ok(match sys::seek_data_or_hole(self.src.as_fd(), off, true)? {
+            None => true,
+            Some(data) => data >= off + len as u64,
+        })
+    }
+
+    fn hash_of_zeros(&self, len: usize) -> u128 {
+        if len as u64 == self.opts.chunk {
+            self.zero_hash
+        } else {
+            XxHash3_128::oneshot(&self.zeros[..len])
+        }
+    }
+
+    /// Make `[off, off + len)` of the destination zeros: punched once the destination has
+    /// shown it can (the first zero chunk asks), written otherwise.
+    fn zero(&self, off: u64, len: usize) -> io::Result<()> {
+        if self.opts.zeros == Zeros::Punch && self.punch.load(Relaxed) != PUNCH_CANNOT {
+            match sys::punch_hole(self.dst.as_fd(), off, len as u64) {
+                Ok(()) => {
+                    self.punch.store(PUNCH_WORKS, Relaxed);
+                    self.n.punched.fetch_add(1, Relaxed);
+                    return Ok(());
+                }
+                // The device has no discard or write-zeroes that reads back as zeros
+                // (BLKDEV_ZERO_NOFALLBACK), or the filesystem no holes.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL | libc::ENODEV)
+                    ) && self.punch.load(Relaxed) == PUNCH_UNKNOWN =>
+                {
+                    self.punch.store(PUNCH_CANNOT, Relaxed)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        write_all_at(self.dst.as_fd(), &self.zeros[..len], off)?;
+        self.n.zeros_written.fetch_add(1, Relaxed);
+        self.n.bytes_written.fetch_add(len as u64, Relaxed);
+        Ok(())
+    }
+}
+
+/// Read exactly `buf.len()` bytes at `off`; a device that ends sooner has shrunk since it
+/// was measured, which is an error, not a short chunk.
+fn read_exact_at(d: &Device, buf: &mut [u8], mut off: u64) -> io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        match sys::pread(d.as_fd(), &mut buf[at..], off) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("ended at byte {off}, before the size it had when opened"),
+                ))
+            }
+            Ok(n) => {
+                at += n;
+                off += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Whether every byte is zero: 4 KiB at a time, each block's bytes OR-ed together (a
+/// reduction the compiler vectorises), so random data is told apart within its first block.
+fn is_zero(buf: &[u8]) -> bool {
+    buf.chunks(4096)
+        .all(|block| block.iter().fold(0u8, |acc, &b| acc | b) == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_zero;
+
+    #[test]
+    fn zeros_are_told_from_data_anywhere_in_the_buffer() {
+        let mut buf = vec![0u8; 3 * 4096 + 13];
+        assert!(is_zero(&buf));
+        for at in [0, 4095, 4096, 3 * 4096 + 12] {
+            buf[at] = 1;
+            assert!(!is_zero(&buf), "a byte at {at}");
+            buf[at] = 0;
+        }
+    }
+}
