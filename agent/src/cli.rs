@@ -28,6 +28,16 @@ pub enum Command {
     ///
     /// Exit status: 0 all copied, 1 some entries failed (listed on stderr), 2 bad usage.
     Copy(CopyArgs),
+    /// Copy a block device (or a disk image) onto another, in parallel chunks.
+    ///
+    /// Every chunk is hashed (xxHash3-128) and read back from DST unless --verify none;
+    /// chunks of zeros are punched (discard, write-zeroes, or a hole in an image) where DST
+    /// reads them back as zeros, written otherwise. With `--overwrite if-changed --compare
+    /// checksum` only chunks whose hashes differ are written. DST must be at least as large
+    /// as SRC; a missing DST becomes an image file. Its bytes past SRC's size are left alone.
+    ///
+    /// Exit status: 0 copied, 1 the copy failed, 2 bad usage.
+    CopyBlock(CopyBlockArgs),
     /// Run the node agent: heartbeat, watch CopyJobs assigned to this node, copy them.
     Run(RunArgs),
     /// Do nothing until SIGTERM or SIGINT, then exit 0: the image's default command, for a
@@ -116,6 +126,52 @@ fn policy<P: Policy + Default + Send + Sync>() -> impl clap::builder::TypedValue
             .map(|v| PossibleValue::new(v.cli_name()).alias(v.api_name())),
     )
     .map(|s: String| P::parse(&s).unwrap_or_default())
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CopyBlockArgs {
+    /// Source: a block device or an image file.
+    pub src: PathBuf,
+    /// Destination: a block device at least as large, or an image file (made if missing).
+    pub dst: PathBuf,
+    /// Chunks in flight at once (default 4; see bench/BLOCK.md).
+    #[arg(
+        long,
+        short = 'w',
+        value_name = "N",
+        default_value_t = 0,
+        hide_default_value = true
+    )]
+    pub workers: usize,
+    /// Bytes per chunk: a power of two from 65536 to 67108864 (the unit of hashing and of
+    /// re-runs).
+    #[arg(long, value_name = "BYTES", default_value_t = ferry_engine::block::CHUNK)]
+    pub chunk: u64,
+    /// `checksum`: read every written chunk back and compare its hash; `none`: do not.
+    #[arg(long, value_parser = policy::<Verify>(), default_value = Verify::default().cli_name())]
+    pub verify: Verify,
+    /// `always` writes every chunk; `if-changed` (with `--compare checksum`) only the chunks
+    /// whose hashes differ from DST's.
+    #[arg(long, value_parser = policy::<Overwrite>(), default_value = "always")]
+    pub overwrite: Overwrite,
+    /// How `--overwrite if-changed` tells a changed chunk: only `checksum` (a device has no
+    /// sizes or times to compare).
+    #[arg(long, value_parser = policy::<Compare>(), default_value = Compare::default().cli_name())]
+    pub compare: Compare,
+    /// Write the chunk-hash manifest (and the device's hash) to FILE when the copy ends.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// A manifest an earlier run wrote of DST (--manifest): with `--overwrite if-changed`
+    /// its hashes stand in for reading DST. Believed: give it only if nothing else has
+    /// written DST since.
+    #[arg(long, value_name = "FILE")]
+    pub kept: Option<PathBuf>,
+    /// Open both ends for direct I/O (no page cache).
+    #[arg(long)]
+    pub direct: bool,
+    /// Write chunks of zeros instead of punching them.
+    #[arg(long)]
+    pub write_zeros: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -1,9 +1,11 @@
 //! The Ferry node agent. `cli` parses the command line; `copy_cmd` is `ferry-agent copy`;
+//! `block_cmd` is `ferry-agent copy-block`;
 //! `confinement` what the agent may do on its node (`ferry-agent confinement`);
 //! `daemon` is `ferry-agent run`, the per-node agent; `serve` its /metrics, /healthz and
 //! /readyz endpoints; `flush` the `syncfs` that shards finishing together share; `memcg` the memory
 //! limit a copy into tmpfs counts against.
 
+pub mod block_cmd;
 pub mod cli;
 pub mod confinement;
 pub mod copy_cmd;

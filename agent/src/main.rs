@@ -164,6 +164,7 @@ fn main() -> ExitCode {
     let cli = ferry_agent::cli::Cli::parse();
     match cli.command {
         ferry_agent::cli::Command::Copy(args) => ferry_agent::copy_cmd::run(&args),
+        ferry_agent::cli::Command::CopyBlock(args) => ferry_agent::block_cmd::run(&args),
         ferry_agent::cli::Command::Run(args) => run_daemon(args),
         ferry_agent::cli::Command::Pause => pause(),
         ferry_agent::cli::Command::Confinement(args) => confinement(&args),

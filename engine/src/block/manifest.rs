@@ -145,7 +145,10 @@ mod tests {
     #[test]
     fn a_manifest_reads_back_as_written() {
         let m = sample();
-        assert_eq!(ChunkManifest::read_from(m.to_text().as_bytes()).expect("reads back"), m);
+        assert_eq!(
+            ChunkManifest::read_from(m.to_text().as_bytes()).expect("reads back"),
+            m
+        );
     }
 
     #[test]

@@ -1,0 +1,120 @@
+//! `ferry-agent copy-block`: the engine's block copy from the command line, for a device
+//! (or disk image) on this machine, and for the benchmark against `dd` and `qemu-img`.
+
+use std::process::ExitCode;
+
+use ferry_engine::block::{copy_device, BlockOptions, BlockSummary, ChunkManifest, Device};
+use ferry_engine::block::{Rerun, Zeros};
+use ferry_engine::{Compare, NoProgress, Overwrite, Verify};
+
+use crate::cli::CopyBlockArgs;
+
+/// Build the engine's options from the flags, or a message saying what to change.
+pub fn options(args: &CopyBlockArgs) -> Result<BlockOptions, String> {
+    let rerun = match (args.overwrite, args.compare) {
+        (Overwrite::Always, Compare::SizeAndTime) => Rerun::WriteAll,
+        (Overwrite::Always, Compare::Checksum) => {
+            return Err("--compare checksum decides what --overwrite if-changed writes: add --overwrite if-changed, or drop --compare".into())
+        }
+        (Overwrite::IfChanged, Compare::Checksum) => Rerun::OnlyChanged,
+        (Overwrite::IfChanged, Compare::SizeAndTime) => {
+            return Err("a device has no sizes or times to compare: use --overwrite if-changed --compare checksum (only chunks whose hashes differ are written)".into())
+        }
+        (Overwrite::Never, _) => {
+            return Err("--overwrite never keeps what DST holds, which for a device is all of it: use always, or if-changed --compare checksum".into())
+        }
+    };
+    let verify = match args.verify {
+        Verify::None => false,
+        Verify::Checksum => true,
+        Verify::Full => {
+            return Err("--verify full is for files (it flushes and re-reads them from the disk): for a device use --verify checksum with --direct, which reads every chunk back from the device".into())
+        }
+    };
+    ChunkManifest::check_shape(0, args.chunk).map_err(|e| format!("--chunk: {e}"))?;
+    if args.kept.is_some() && rerun != Rerun::OnlyChanged {
+        return Err("--kept stands in for reading DST when only changed chunks are written: add --overwrite if-changed --compare checksum".into());
+    }
+    let kept = match &args.kept {
+        None => None,
+        Some(path) => Some(
+            std::fs::File::open(path)
+                .and_then(ChunkManifest::read_from)
+                .map_err(|e| format!("--kept {}: {e}", path.display()))?,
+        ),
+    };
+    Ok(BlockOptions {
+        chunk: args.chunk,
+        workers: args.workers,
+        rerun,
+        kept,
+        verify,
+        direct: args.direct,
+        zeros: if args.write_zeros {
+            Zeros::Write
+        } else {
+            Zeros::Punch
+        },
+        cancel: None,
+    })
+}
+
+pub fn run(args: &CopyBlockArgs) -> ExitCode {
+    let opts = match options(args) {
+        Ok(o) => o,
+        Err(msg) => return usage(&msg),
+    };
+    let result = Device::open(&args.src, false, false).and_then(|src| {
+        let mut dst = Device::open(&args.dst, true, true)?;
+        copy_device(&src, &mut dst, &opts, &NoProgress)
+    });
+    let summary = match result {
+        Ok(s) => s,
+        Err(e @ ferry_engine::Error::Usage(_)) => return usage(&e.to_string()),
+        Err(e) => {
+            eprintln!("ferry-agent copy-block: {}", crate::with_causes(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    if let (Some(path), Some(m)) = (&args.manifest, &summary.manifest) {
+        if let Err(e) = std::fs::write(path, m.to_text()) {
+            eprintln!(
+                "ferry-agent copy-block: write the manifest {}: {e}",
+                path.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    println!("{}", report(&summary));
+    ExitCode::SUCCESS
+}
+
+/// One line a person reads, with the numbers a script greps.
+fn report(s: &BlockSummary) -> String {
+    let secs = s.elapsed.as_secs_f64();
+    let device = s.manifest.as_ref().map_or_else(
+        || "none (cancelled)".into(),
+        |m| format!("{:032x}", m.digest()),
+    );
+    format!(
+        "copied {} bytes in {:.3} s ({:.0} MB/s): {} chunks of {} bytes: {} written, {} punched, {} zeros written, {} unchanged; read {} bytes of the source, {} of the destination; {} verified; device hash {device}",
+        s.size,
+        secs,
+        s.size as f64 / secs.max(1e-9) / 1e6,
+        s.chunks,
+        s.chunk,
+        s.written,
+        s.punched,
+        s.zeros_written,
+        s.unchanged,
+        s.bytes_read_source,
+        s.bytes_read_destination,
+        s.verified,
+    )
+}
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("ferry-agent copy-block: {msg}");
+    eprintln!("usage: ferry-agent copy-block [OPTIONS] SRC DST   (see --help)");
+    ExitCode::from(2)
+}
