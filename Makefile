@@ -160,6 +160,15 @@ bench-hash:
 	cd bench/hash && HASH_WHEN="$$(date -u '+%Y-%m-%d %H:%M UTC')" \
 		HASH_REV="$$(git rev-parse --short=12 HEAD)" $(CARGO) run -q --release -- ../HASH.md
 
+## Block devices (issue 36): ferry-agent copy-block against dd conv=sparse, blkdiscard + dd
+## and qemu-img convert on a 4 GiB loop device (half random, half zeros), warm and cold,
+## and a re-run after 0.1% of the chunks changed against rsync --inplace --no-whole-file;
+## writes bench/BLOCK.md. Root.
+.PHONY: bench-block
+bench-block:
+	@./bench/install-tools.sh
+	./bench/block.py
+
 ## A million files (what grows faster than the file count): ferry (defaults, --verify none),
 ## cpz and rsync -a on ftzz trees of 1M and 100k files and on 1M files in one directory, on a
 ## tmpfs, MILLION_RUNS=3 rounds, wall, CPU and peak RSS; writes bench/MILLION.md. Root.

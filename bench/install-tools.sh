@@ -21,6 +21,7 @@ command -v hyperfine >/dev/null 2>&1 || apt_missing+=(hyperfine)
 [[ -x /usr/bin/time ]] || apt_missing+=(time)
 command -v rsync >/dev/null 2>&1 || apt_missing+=(rsync)
 command -v socat >/dev/null 2>&1 || apt_missing+=(socat)
+command -v qemu-img >/dev/null 2>&1 || apt_missing+=(qemu-utils)
 # The report's charts (bench/report.py draws none without it).
 /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || apt_missing+=(python3-matplotlib)
 if ((${#apt_missing[@]})); then

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use ferry_engine::block::{copy_device, BlockOptions, BlockSummary, ChunkManifest, Device};
-use ferry_engine::block::{Rerun, Zeros};
+use ferry_engine::block::{Cache, Rerun, Zeros};
 use ferry_engine::{Compare, NoProgress, Overwrite, Verify};
 
 use crate::cli::CopyBlockArgs;
@@ -28,7 +28,7 @@ pub fn options(args: &CopyBlockArgs) -> Result<BlockOptions, String> {
         Verify::None => false,
         Verify::Checksum => true,
         Verify::Full => {
-            return Err("--verify full is for files (it flushes and re-reads them from the disk): for a device use --verify checksum with --direct, which reads every chunk back from the device".into())
+            return Err("--verify full is for files (it flushes and re-reads them from the disk): for a device --verify checksum reads every chunk back, from the device itself under direct I/O (--cache auto, the default, where the device takes it)".into())
         }
     };
     ChunkManifest::check_shape(0, args.chunk).map_err(|e| format!("--chunk: {e}"))?;
@@ -49,7 +49,11 @@ pub fn options(args: &CopyBlockArgs) -> Result<BlockOptions, String> {
         rerun,
         kept,
         verify,
-        direct: args.direct,
+        cache: match args.cache.as_str() {
+            "direct" => Cache::Direct,
+            "buffered" => Cache::Buffered,
+            _ => Cache::Auto,
+        },
         zeros: if args.write_zeros {
             Zeros::Write
         } else {
@@ -97,10 +101,11 @@ fn report(s: &BlockSummary) -> String {
         |m| format!("{:032x}", m.digest()),
     );
     format!(
-        "copied {} bytes in {:.3} s ({:.0} MB/s): {} chunks of {} bytes: {} written, {} punched, {} zeros written, {} unchanged; read {} bytes of the source, {} of the destination; {} verified; device hash {device}",
+        "copied {} bytes in {:.3} s ({:.0} MB/s, {}): {} chunks of {} bytes: {} written, {} punched, {} zeros written, {} unchanged; read {} bytes of the source, {} of the destination; {} verified; device hash {device}",
         s.size,
         secs,
         s.size as f64 / secs.max(1e-9) / 1e6,
+        if s.direct { "direct I/O" } else { "page cache" },
         s.chunks,
         s.chunk,
         s.written,

@@ -166,9 +166,10 @@ pub struct CopyBlockArgs {
     /// written DST since.
     #[arg(long, value_name = "FILE")]
     pub kept: Option<PathBuf>,
-    /// Open both ends for direct I/O (no page cache).
-    #[arg(long)]
-    pub direct: bool,
+    /// `auto`: direct I/O (no page cache) where both ends take it and the size is a
+    /// multiple of 4096 bytes, as measured faster; `direct`: that or refuse; `buffered`.
+    #[arg(long, value_parser = ["auto", "direct", "buffered"], default_value = "auto")]
+    pub cache: String,
     /// Write chunks of zeros instead of punching them.
     #[arg(long)]
     pub write_zeros: bool,

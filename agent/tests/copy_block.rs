@@ -129,7 +129,10 @@ fn flags_that_mean_nothing_for_a_device_are_refused_with_what_to_change() -> Res
         (vec!["--overwrite", "if-changed"], "--compare checksum"),
         (vec!["--compare", "checksum"], "add --overwrite if-changed"),
         (vec!["--overwrite", "never"], "use always"),
-        (vec!["--verify", "full"], "--direct"),
+        (
+            vec!["--verify", "full"],
+            "--verify checksum reads every chunk back",
+        ),
         (
             vec!["--kept", bad.to_str().context("utf-8")?],
             "add --overwrite if-changed",
@@ -158,10 +161,7 @@ fn flags_that_mean_nothing_for_a_device_are_refused_with_what_to_change() -> Res
             "{flags:?}: {out:?}"
         );
     }
-    ensure!(
-        !dst.exists(),
-        "nothing copied by a refused run"
-    );
+    ensure!(!dst.exists(), "nothing copied by a refused run");
     let out = run(&[&dir.path(), &dst])?;
     ensure!(
         out.status.code() == Some(2)

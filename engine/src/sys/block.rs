@@ -36,13 +36,19 @@ pub fn punch_hole(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
     .map(drop)
 }
 
-/// Turn `O_DIRECT` on for the open description behind `fd` (`fcntl(F_SETFL)`): its reads and
-/// writes bypass the page cache from now on, for every descriptor sharing it.
-pub fn set_direct(fd: BorrowedFd<'_>) -> io::Result<()> {
+/// Turn `O_DIRECT` on (or off) for the open description behind `fd` (`fcntl(F_SETFL)`): its
+/// reads and writes bypass the page cache from now on, for every descriptor sharing it.
+/// `EINVAL` where the filesystem has no direct I/O.
+pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     // SAFETY: plain integer arguments.
     let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    let flags = if on {
+        flags | libc::O_DIRECT
+    } else {
+        flags & !libc::O_DIRECT
+    };
     // SAFETY: plain integer arguments.
-    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_DIRECT) }).map(drop)
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) }).map(drop)
 }
 
 /// Zeroed bytes at an address aligned to [`AlignedBuf::ALIGN`], as direct I/O asks of a
