@@ -60,6 +60,12 @@ pub fn options(args: &CopyBlockArgs) -> Result<BlockOptions, String> {
             Zeros::Punch
         },
         cancel: None,
+        journal: args.journal.clone(),
+        // The test hook the agent's file copies have too (FERRY_FAULT_FILE_DELAY_MS).
+        delay_per_chunk: std::env::var("FERRY_FAULT_CHUNK_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(std::time::Duration::from_millis),
     })
 }
 
@@ -101,7 +107,7 @@ fn report(s: &BlockSummary) -> String {
         |m| format!("{:032x}", m.digest()),
     );
     format!(
-        "copied {} bytes in {:.3} s ({:.0} MB/s, {}): {} chunks of {} bytes: {} written, {} punched, {} zeros written, {} unchanged; read {} bytes of the source, {} of the destination; {} verified; device hash {device}",
+        "copied {} bytes in {:.3} s ({:.0} MB/s, {}): {} chunks of {} bytes: {} written, {} punched, {} zeros written, {} unchanged, {} resumed; read {} bytes of the source, {} of the destination; {} verified; device hash {device}",
         s.size,
         secs,
         s.size as f64 / secs.max(1e-9) / 1e6,
@@ -112,6 +118,7 @@ fn report(s: &BlockSummary) -> String {
         s.punched,
         s.zeros_written,
         s.unchanged,
+        s.resumed,
         s.bytes_read_source,
         s.bytes_read_destination,
         s.verified,

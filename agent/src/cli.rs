@@ -38,6 +38,11 @@ pub enum Command {
     ///
     /// Exit status: 0 copied, 1 the copy failed, 2 bad usage.
     CopyBlock(CopyBlockArgs),
+    /// Hold a claim's block device for the agent: open DEVICE and hand its descriptor
+    /// (SCM_RIGHTS) to whoever connects to DIR/block.sock, until SIGTERM or SIGINT. The
+    /// holder pod of a block claim runs it; the agent checks that the descriptor is the
+    /// claim's device before it reads or writes anything.
+    HoldBlock(HoldBlockArgs),
     /// Run the node agent: heartbeat, watch CopyJobs assigned to this node, copy them.
     Run(RunArgs),
     /// Do nothing until SIGTERM or SIGINT, then exit 0: the image's default command, for a
@@ -129,6 +134,20 @@ fn policy<P: Policy + Default + Send + Sync>() -> impl clap::builder::TypedValue
 }
 
 #[derive(Debug, clap::Args)]
+pub struct HoldBlockArgs {
+    /// The device node (the pod's volumeDevices devicePath).
+    #[arg(long, default_value = "/dev/ferry-block")]
+    pub device: PathBuf,
+    /// Where to make the socket (the pod's emptyDir, which the agent reaches through the
+    /// kubelet's pod directory).
+    #[arg(long, default_value = "/ferry-fd")]
+    pub dir: PathBuf,
+    /// Open the device for writing too (a copy's destination).
+    #[arg(long)]
+    pub write: bool,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct CopyBlockArgs {
     /// Source: a block device or an image file.
     pub src: PathBuf,
@@ -173,6 +192,12 @@ pub struct CopyBlockArgs {
     /// Write chunks of zeros instead of punching them.
     #[arg(long)]
     pub write_zeros: bool,
+    /// Keep the chunks finished so far in FILE while copying: run the same command again
+    /// after a kill or a crash and the chunks FILE lists (with the hash the source still
+    /// has) are neither written again nor read on DST. Removed when the copy completes.
+    /// Keep it where only you can write: it is believed.
+    #[arg(long, value_name = "FILE")]
+    pub journal: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

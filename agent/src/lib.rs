@@ -1,5 +1,6 @@
 //! The Ferry node agent. `cli` parses the command line; `copy_cmd` is `ferry-agent copy`;
-//! `block_cmd` is `ferry-agent copy-block`;
+//! `block_cmd` is `ferry-agent copy-block`; `handoff` a block device passed from its holder
+//! pod to the agent (`ferry-agent hold-block`) and checked;
 //! `confinement` what the agent may do on its node (`ferry-agent confinement`);
 //! `daemon` is `ferry-agent run`, the per-node agent; `serve` its /metrics, /healthz and
 //! /readyz endpoints; `flush` the `syncfs` that shards finishing together share; `memcg` the memory
@@ -11,6 +12,7 @@ pub mod confinement;
 pub mod copy_cmd;
 pub mod daemon;
 pub mod flush;
+pub mod handoff;
 pub mod memcg;
 pub mod serve;
 pub mod transfer;

@@ -129,6 +129,20 @@ fn pause() -> ExitCode {
     }
 }
 
+/// `ferry-agent hold-block`: hand the device over until SIGTERM or SIGINT, then exit 0;
+/// 1 when the device or the socket cannot be had.
+fn hold_block(args: &ferry_agent::cli::HoldBlockArgs) -> ExitCode {
+    let holder = match ferry_agent::handoff::Holder::open(&args.device, args.write, &args.dir) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("ferry-agent hold-block: {}", ferry_agent::with_causes(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    std::thread::spawn(move || holder.serve());
+    pause()
+}
+
 /// `ferry-agent confinement`: the report, exit 0; 2 when it cannot be made.
 fn confinement(args: &ferry_agent::cli::ConfinementArgs) -> ExitCode {
     let c = match ferry_agent::confinement::Confinement::current() {
@@ -167,6 +181,7 @@ fn main() -> ExitCode {
         ferry_agent::cli::Command::CopyBlock(args) => ferry_agent::block_cmd::run(&args),
         ferry_agent::cli::Command::Run(args) => run_daemon(args),
         ferry_agent::cli::Command::Pause => pause(),
+        ferry_agent::cli::Command::HoldBlock(args) => hold_block(&args),
         ferry_agent::cli::Command::Confinement(args) => confinement(&args),
     }
 }

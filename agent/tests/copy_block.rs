@@ -118,6 +118,52 @@ fn an_image_is_copied_then_only_its_changed_chunk_is_written_again() -> Result<(
 }
 
 #[test]
+fn a_killed_copy_run_again_resumes_from_its_journal() -> Result<()> {
+    let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir())?;
+    let (src, dst) = (dir.path().join("disk.img"), dir.path().join("copy.img"));
+    let journal = dir.path().join("journal");
+    let f = File::create(&src)?;
+    f.set_len(64 * CHUNK)?;
+    for c in 0..64 {
+        f.write_all_at(&noise(c + 1, 4096), c * CHUNK)?;
+    }
+    // 20 ms a chunk, one worker: about 1.3 s in all; killed once the journal lists chunks.
+    let mut child = Command::new(BIN)
+        .args(["copy-block", "-w", "1", "--journal"])
+        .args([&journal, &src, &dst])
+        .env("FERRY_FAULT_CHUNK_DELAY_MS", "20")
+        .spawn()?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_to_string(&journal)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 3 + 16
+    {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the journal listed no chunk"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill()?;
+    child.wait()?;
+    ensure!(journal.exists(), "the copy ended before it was killed");
+
+    let out = run(&[&"--journal", &journal, &src, &dst])?;
+    ensure!(out.status.success(), "{out:?}");
+    ensure!(same(&src, &dst)?, "the resumed copy differs");
+    let resumed = count(&out, " resumed")?;
+    ensure!((16..64).contains(&resumed), "{resumed} resumed: {out:?}");
+    ensure!(count(&out, " written")? == 64 - resumed, "{out:?}");
+    ensure!(
+        !journal.exists(),
+        "the journal is removed once the copy is complete"
+    );
+    Ok(())
+}
+
+#[test]
 fn flags_that_mean_nothing_for_a_device_are_refused_with_what_to_change() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let src = dir.path().join("disk.img");

@@ -309,6 +309,85 @@ fn a_cancelled_copy_has_no_manifest() -> Result<()> {
     Ok(())
 }
 
+/// Cancels the copy once `after` chunks have been written.
+struct CancelAfter {
+    after: u64,
+    seen: std::sync::atomic::AtomicU64,
+    cancel: Arc<AtomicBool>,
+}
+
+impl ferry_engine::Progress for CancelAfter {
+    fn bytes_copied(&self, _bytes: u64, _strategy: ferry_engine::Strategy) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.seen.fetch_add(1, Relaxed) + 1 >= self.after {
+            self.cancel.store(true, Relaxed);
+        }
+    }
+}
+
+#[test]
+fn a_stopped_copy_resumes_by_chunk_from_its_journal() -> Result<()> {
+    let dir = scratch();
+    let (src, dst) = (dir.path().join("src.img"), dir.path().join("dst.img"));
+    let journal = dir.path().join("journal");
+    let size = 40 * CHUNK;
+    build_source(
+        &src,
+        size,
+        &(0..40).filter(|c| c % 3 != 0).collect::<Vec<_>>(),
+        &[],
+    )?;
+    let cancel = Arc::new(AtomicBool::new(false));
+    let opts = BlockOptions {
+        journal: Some(journal.clone()),
+        cancel: Some(cancel.clone()),
+        ..BlockOptions::default()
+    };
+    let stop = CancelAfter {
+        after: 10,
+        seen: Default::default(),
+        cancel: cancel.clone(),
+    };
+    let s = Device::open(&src, false, false)?;
+    let mut d = Device::open(&dst, true, true)?;
+    let first = copy_device(&s, &mut d, &opts, &stop)?;
+    assert!(first.cancelled && first.manifest.is_none(), "{first:?}");
+    let finished = first.written + first.punched;
+    assert!((10..40).contains(&finished), "{first:?}");
+    assert!(journal.exists(), "a stopped copy keeps its journal");
+
+    // A line cut by a kill, at the end: ignored, the lines before it kept.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)?
+        .write_all(b"39 00ab")?;
+    cancel.store(false, std::sync::atomic::Ordering::Relaxed);
+    let opts = BlockOptions {
+        cancel: None,
+        ..opts
+    };
+    let second = copy_device(&s, &mut d, &opts, &NoProgress)?;
+    same_bytes(&src, &dst, size)?;
+    assert_eq!(
+        second.resumed, finished,
+        "every chunk the first run finished: {second:?}"
+    );
+    assert_eq!(second.written + second.punched, 40 - finished, "{second:?}");
+    assert_eq!(second.bytes_read_destination, 0);
+    assert!(!journal.exists(), "a complete copy removes its journal");
+    assert_eq!(second.manifest.expect("manifest"), manifest_of(&dst, size)?);
+
+    // A journal of another copy (another size) is started over, not believed.
+    let other = format!(
+        "# ferry block journal v1\nchunk {CHUNK}\nsize 4096\n0 {:032x}\n",
+        0
+    );
+    std::fs::write(&journal, other)?;
+    let third = copy_device(&s, &mut d, &opts, &NoProgress)?;
+    assert_eq!((third.resumed, third.written + third.punched), (0, 40));
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------
 // Loop devices (root)
 // ---------------------------------------------------------------------------------------

@@ -95,10 +95,13 @@ pub enum PvAccess {
 /// `hostPath` volume, a CSI volume's need for a mounting pod, or why it cannot be.
 pub fn from_pv(pv: &PersistentVolume) -> Result<PvAccess, String> {
     let spec = pv.spec.as_ref().ok_or("the PersistentVolume has no spec")?;
+    // Whatever its kind: a `local` Block volume's path is a device node, never a directory
+    // to copy (the root is opened O_DIRECTORY, which refuses it before any open; this says
+    // why in words). Block copies are ferry-agent copy-block's, not yet a CopyJob's.
+    if spec.volume_mode.as_deref() == Some("Block") {
+        return Err("a raw block volume (volumeMode: Block) has no filesystem to copy: CopyJobs copy filesystem claims (for a device, see ferry-agent copy-block)".into());
+    }
     if spec.csi.is_some() {
-        if spec.volume_mode.as_deref() == Some("Block") {
-            return Err("a raw block volume (volumeMode: Block) has no filesystem to copy".into());
-        }
         return Ok(PvAccess::Csi);
     }
     let host_path = match (&spec.local, &spec.host_path) {
@@ -373,5 +376,22 @@ mod tests {
             spec.volume_mode = Some("Block".into());
         }
         assert!(matches!(from_pv(&pv), Err(why) if why.contains("Block")));
+    }
+
+    #[test]
+    fn a_local_block_volume_is_refused_by_name_not_opened_as_a_directory() {
+        use k8s_openapi::api::core::v1::{LocalVolumeSource, PersistentVolumeSpec};
+        let pv = PersistentVolume {
+            spec: Some(PersistentVolumeSpec {
+                local: Some(LocalVolumeSource {
+                    path: "/dev/sdb".into(),
+                    ..Default::default()
+                }),
+                volume_mode: Some("Block".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(matches!(from_pv(&pv), Err(why) if why.contains("volumeMode: Block")));
     }
 }

@@ -9,9 +9,11 @@
 //! workers is the queue depth the devices see.
 
 mod device;
+mod journal;
 mod manifest;
 
 use std::io;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -71,6 +73,14 @@ pub struct BlockOptions {
     pub cache: Cache,
     pub zeros: Zeros,
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Where to keep the chunks finished so far while the copy runs (a file only the caller
+    /// can write, never on a volume): a copy stopped before its end and run again with the
+    /// same journal neither writes nor reads on the destination a chunk the journal lists
+    /// with the hash the source still has. Removed when the copy completes.
+    pub journal: Option<PathBuf>,
+    /// Tests: sleep this long before each chunk, so that a copy runs long enough to be
+    /// killed while it runs.
+    pub delay_per_chunk: Option<Duration>,
 }
 
 impl Default for BlockOptions {
@@ -84,6 +94,8 @@ impl Default for BlockOptions {
             cache: Cache::Auto,
             zeros: Zeros::Punch,
             cancel: None,
+            journal: None,
+            delay_per_chunk: None,
         }
     }
 }
@@ -134,6 +146,9 @@ pub struct BlockSummary {
     pub verified: u64,
     /// Whether [`BlockOptions::kept`] stood in for reading the destination.
     pub kept_used: bool,
+    /// Chunks an earlier, stopped run finished, found in the journal with the source's
+    /// hash: not written again (see [`BlockOptions::journal`]).
+    pub resumed: u64,
     /// Whether the copy bypassed the page cache (see [`Cache`]).
     pub direct: bool,
     pub zeros: ZeroWay,
@@ -184,11 +199,20 @@ pub fn copy_device(
         .kept
         .as_ref()
         .filter(|k| opts.rerun == Rerun::OnlyChanged && k.chunk == chunk && k.size == size);
+    let (journal, done) = match &opts.journal {
+        Some(path) => {
+            let (j, done) = journal::Journal::open(path, chunk, size, chunks)?;
+            (Some(j), done)
+        }
+        None => (None, Vec::new()),
+    };
     let run = Run {
         src,
         dst,
         opts,
         kept,
+        journal: journal.as_ref(),
+        done,
         progress,
         size,
         chunks,
@@ -211,9 +235,12 @@ pub fn copy_device(
             s.spawn(|| run.worker());
         }
     });
+    // What finished is listed even when the copy stops here, so a re-run resumes it.
+    let listed = journal.as_ref().map_or(Ok(()), |j| j.flush(dst.as_fd()));
     if let Some(e) = run.error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
+    listed?;
     let n = &run.n;
     if n.written.load(Relaxed) + n.punched.load(Relaxed) + n.zeros_written.load(Relaxed) > 0 {
         sys::fdatasync(dst.as_fd()).map_err(|e| Error::io("fdatasync", dst.name(), e))?;
@@ -225,6 +252,9 @@ pub fn copy_device(
         size,
         hashes: hashes.into_iter().flatten().collect(),
     });
+    if let (Some(j), false) = (journal, cancelled) {
+        j.remove()?;
+    }
     let zeros = match (n.punched.load(Relaxed), n.zeros_written.load(Relaxed)) {
         (0, 0) => ZeroWay::None,
         (_, 0) => ZeroWay::Punched,
@@ -244,6 +274,7 @@ pub fn copy_device(
         bytes_written: n.bytes_written.load(Relaxed),
         verified: n.verified.load(Relaxed),
         kept_used: kept.is_some(),
+        resumed: n.resumed.load(Relaxed),
         direct,
         zeros,
         manifest,
@@ -273,6 +304,7 @@ struct Counters {
     zeros_written: AtomicU64,
     unchanged: AtomicU64,
     holes: AtomicU64,
+    resumed: AtomicU64,
     read_source: AtomicU64,
     read_destination: AtomicU64,
     bytes_written: AtomicU64,
@@ -285,6 +317,9 @@ struct Run<'a> {
     dst: &'a Device,
     opts: &'a BlockOptions,
     kept: Option<&'a ChunkManifest>,
+    journal: Option<&'a journal::Journal>,
+    /// The journal's chunks (their hashes when finished by an earlier run); empty without one.
+    done: Vec<Option<u128>>,
     progress: &'a dyn Progress,
     size: u64,
     chunks: u64,
@@ -312,6 +347,9 @@ impl Run<'_> {
             let i = self.next.fetch_add(1, Relaxed);
             if i >= self.chunks {
                 return;
+            }
+            if let Some(d) = self.opts.delay_per_chunk {
+                std::thread::sleep(d);
             }
             let dst_buf = dst_buf.get_or_insert_with(|| AlignedBuf::zeroed(len));
             match self.chunk(i, &mut src_buf, dst_buf) {
@@ -357,6 +395,11 @@ impl Run<'_> {
                 (false, XxHash3_128::oneshot(data))
             }
         };
+        if self.done.get(i as usize).copied().flatten() == Some(hash) {
+            self.n.resumed.fetch_add(1, Relaxed);
+            self.progress.resumed(len as u64);
+            return Ok(hash);
+        }
         if self.opts.rerun == Rerun::OnlyChanged {
             let old = match self.kept {
                 Some(k) => k.hashes[i as usize],
@@ -370,7 +413,7 @@ impl Run<'_> {
             if old == hash {
                 self.n.unchanged.fetch_add(1, Relaxed);
                 self.progress.skipped();
-                return Ok(hash);
+                return self.finished(i, hash);
             }
         }
         let dst = self.dst.as_fd();
@@ -391,6 +434,14 @@ impl Run<'_> {
             }
             self.n.verified.fetch_add(1, Relaxed);
             self.progress.bytes_verified(len as u64);
+        }
+        self.finished(i, hash)
+    }
+
+    /// Chunk `i` holds `hash` on the destination: journaled (once flushed), if there is one.
+    fn finished(&self, i: u64, hash: u128) -> Result<u128, Error> {
+        if let Some(j) = self.journal {
+            j.record(i, hash, self.dst.as_fd())?;
         }
         Ok(hash)
     }
