@@ -39,24 +39,38 @@ func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
-// checkCapabilities accepts filesystem volumes in any access mode. Block volumes would need
-// a device; these volumes are directories.
-func checkCapabilities(caps []*csi.VolumeCapability) error {
+// checkCapabilities accepts filesystem volumes (directories) and block volumes (files
+// published as loop devices) in any access mode, and says which: every capability of one
+// request must ask for the same access type.
+func checkCapabilities(caps []*csi.VolumeCapability) (block bool, err error) {
 	if len(caps) == 0 {
-		return status.Error(codes.InvalidArgument, "volume capabilities are required")
+		return false, status.Error(codes.InvalidArgument, "volume capabilities are required")
 	}
-	for _, c := range caps {
-		if c.GetBlock() != nil {
-			return status.Error(codes.InvalidArgument, "block access is not supported: volumes are directories")
+	for i, c := range caps {
+		isBlock := c.GetBlock() != nil
+		if !isBlock && c.GetMount() == nil {
+			return false, status.Error(codes.InvalidArgument, "an access type (mount or block) is required")
 		}
-		if c.GetMount() == nil {
-			return status.Error(codes.InvalidArgument, "access type mount is required")
+		if i > 0 && isBlock != block {
+			return false, status.Error(codes.InvalidArgument, "capabilities ask for both mount and block access")
 		}
+		block = isBlock
 		if c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_UNKNOWN {
-			return status.Error(codes.InvalidArgument, "an access mode is required")
+			return false, status.Error(codes.InvalidArgument, "an access mode is required")
 		}
 	}
-	return nil
+	return block, nil
+}
+
+// defaultBlockBytes is a block volume's size when the request names none (a device has one).
+const defaultBlockBytes = 64 << 20
+
+// accessType names a volume's kind in messages.
+func accessType(block bool) string {
+	if block {
+		return "block"
+	}
+	return "mount"
 }
 
 // checkTopology refuses requirements this node cannot meet: with topology, a volume is on
@@ -102,7 +116,8 @@ func (c *controller) CreateVolume(_ context.Context, req *csi.CreateVolumeReques
 	if req.GetName() == "" {
 		return nil, status.Error(codes.InvalidArgument, "name is required")
 	}
-	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+	block, err := checkCapabilities(req.GetVolumeCapabilities())
+	if err != nil {
 		return nil, err
 	}
 	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
@@ -118,6 +133,7 @@ func (c *controller) CreateVolume(_ context.Context, req *csi.CreateVolumeReques
 		Parameters:       req.GetParameters(),
 		SourceSnapshotID: req.GetVolumeContentSource().GetSnapshot().GetSnapshotId(),
 		SourceVolumeID:   req.GetVolumeContentSource().GetVolume().GetVolumeId(),
+		Block:            block,
 	}
 	if src := req.GetVolumeContentSource(); src != nil && want.SourceSnapshotID == "" && want.SourceVolumeID == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume content source has no snapshot or volume ID")
@@ -133,9 +149,10 @@ func (c *controller) CreateVolume(_ context.Context, req *csi.CreateVolumeReques
 	if ok {
 		// The same name again: the same answer, unless the request differs.
 		if !fits(have.CapacityBytes, r) || !maps.Equal(have.Parameters, want.Parameters) ||
-			have.SourceSnapshotID != want.SourceSnapshotID || have.SourceVolumeID != want.SourceVolumeID {
+			have.SourceSnapshotID != want.SourceSnapshotID || have.SourceVolumeID != want.SourceVolumeID ||
+			have.Block != want.Block {
 			return nil, status.Errorf(codes.AlreadyExists,
-				"volume %q (%s) exists with a different capacity, parameters or content source", have.Name, have.ID)
+				"volume %q (%s) exists with a different capacity, parameters, content source or access type", have.Name, have.ID)
 		}
 		return &csi.CreateVolumeResponse{Volume: c.volumeOf(&have)}, nil
 	}
@@ -152,6 +169,9 @@ func (c *controller) CreateVolume(_ context.Context, req *csi.CreateVolumeReques
 		if !ok {
 			return nil, status.Errorf(codes.NotFound, "source snapshot %q not found", want.SourceSnapshotID)
 		}
+		if snap.Block != block {
+			return nil, status.Errorf(codes.InvalidArgument, "snapshot %s is of a %s volume, and this one is %s", snap.ID, accessType(snap.Block), accessType(block))
+		}
 		from, srcSize = c.snapshotPath(snap.ID), snap.SizeBytes
 	case want.SourceVolumeID != "":
 		vol, ok, err := c.volume(want.SourceVolumeID)
@@ -161,9 +181,15 @@ func (c *controller) CreateVolume(_ context.Context, req *csi.CreateVolumeReques
 		if !ok {
 			return nil, status.Errorf(codes.NotFound, "source volume %q not found", want.SourceVolumeID)
 		}
+		if vol.Block != block {
+			return nil, status.Errorf(codes.InvalidArgument, "volume %s is a %s volume, and this one is %s", vol.ID, accessType(vol.Block), accessType(block))
+		}
 		from, srcSize = c.volumePath(vol.ID), vol.CapacityBytes
 	}
 	want.CapacityBytes = max(r.GetRequiredBytes(), srcSize)
+	if block && want.CapacityBytes == 0 {
+		want.CapacityBytes = defaultBlockBytes
+	}
 	if r.GetRequiredBytes() > 0 && r.GetRequiredBytes() < srcSize {
 		return nil, status.Errorf(codes.OutOfRange, "the source is %d bytes, more than the %d requested", srcSize, r.GetRequiredBytes())
 	}
@@ -180,13 +206,24 @@ func (c *controller) CreateVolume(_ context.Context, req *csi.CreateVolumeReques
 	if err := removeAll(dir, tmp); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if from == "" {
+	switch {
+	case block:
+		// A device of CapacityBytes: a sparse file, the source's bytes first if any.
+		if from != "" {
+			err = copyTree(from, tmp)
+		} else {
+			err = os.WriteFile(tmp, nil, 0o600)
+		}
+		if err == nil {
+			err = os.Truncate(tmp, want.CapacityBytes)
+		}
+	case from == "":
 		// A fresh volume's root looks like a fresh filesystem's: root's, 0755.
 		err = os.Mkdir(tmp, 0o755)
 		if err == nil {
 			err = os.Chmod(tmp, 0o755) // whatever the umask
 		}
-	} else {
+	default:
 		err = copyTree(from, tmp)
 	}
 	if err == nil {
@@ -283,7 +320,7 @@ func (c *controller) ControllerPublishVolume(_ context.Context, req *csi.Control
 	case req.GetVolumeCapability() == nil:
 		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
 	}
-	if err := checkCapabilities([]*csi.VolumeCapability{req.GetVolumeCapability()}); err != nil {
+	if _, err := checkCapabilities([]*csi.VolumeCapability{req.GetVolumeCapability()}); err != nil {
 		return nil, err
 	}
 	if _, ok, err := c.volume(req.GetVolumeId()); err != nil {
@@ -313,12 +350,17 @@ func (c *controller) ValidateVolumeCapabilities(_ context.Context, req *csi.Vali
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
 	}
-	if _, ok, err := c.volume(req.GetVolumeId()); err != nil {
+	vol, ok, err := c.volume(req.GetVolumeId())
+	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	} else if !ok {
 		return nil, status.Errorf(codes.NotFound, "volume %q not found", req.GetVolumeId())
 	}
-	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+	block, err := checkCapabilities(req.GetVolumeCapabilities())
+	if err == nil && block != vol.Block {
+		err = status.Errorf(codes.InvalidArgument, "volume %s is a %s volume", vol.ID, accessType(vol.Block))
+	}
+	if err != nil {
 		// Not confirmed: the answer carries why, the call itself succeeds.
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
 	}
@@ -418,6 +460,7 @@ func (c *controller) CreateSnapshot(_ context.Context, req *csi.CreateSnapshotRe
 	// The size is the source volume's, as for a block device's snapshot: Kubernetes shows it
 	// as the VolumeSnapshot's restoreSize, and a claim restored from it must be this large.
 	want.SizeBytes = vol.CapacityBytes
+	want.Block = vol.Block
 	if err == nil && want.SizeBytes == 0 {
 		want.SizeBytes, err = treeSize(tmp)
 	}

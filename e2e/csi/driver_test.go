@@ -656,10 +656,8 @@ func TestIdempotencyAndErrors(t *testing.T) {
 
 	_, err = create(&csi.CreateVolumeRequest{})
 	wantCode(t, "CreateVolume without a name", err, codes.InvalidArgument)
-	_, err = create(&csi.CreateVolumeRequest{Name: "c", VolumeCapabilities: []*csi.VolumeCapability{{
-		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}})
-	wantCode(t, "CreateVolume block", err, codes.InvalidArgument)
+	_, err = create(&csi.CreateVolumeRequest{Name: "c", VolumeCapabilities: []*csi.VolumeCapability{rwo, blockCap}})
+	wantCode(t, "CreateVolume block and mount at once", err, codes.InvalidArgument)
 	_, err = create(&csi.CreateVolumeRequest{Name: "c", AccessibilityRequirements: &csi.TopologyRequirement{
 		Requisite: []*csi.Topology{{Segments: map[string]string{"topology.csi.ferry.dev/node": "node-2"}}}}})
 	wantCode(t, "CreateVolume on another node", err, codes.ResourceExhausted)

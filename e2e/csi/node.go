@@ -54,23 +54,29 @@ func requirePath(name, path string) error {
 	return nil
 }
 
-// requireVolume checks a volume ID and capability, and that the volume exists.
-func (n *node) requireVolume(id string, capability *csi.VolumeCapability) error {
+// requireVolume checks a volume ID and capability, and that the volume exists and is of the
+// access type asked for; it returns the volume's record.
+func (n *node) requireVolume(id string, capability *csi.VolumeCapability) (volumeRecord, error) {
 	if id == "" {
-		return status.Error(codes.InvalidArgument, "volume ID is required")
+		return volumeRecord{}, status.Error(codes.InvalidArgument, "volume ID is required")
 	}
 	if capability == nil {
-		return status.Error(codes.InvalidArgument, "volume capability is required")
+		return volumeRecord{}, status.Error(codes.InvalidArgument, "volume capability is required")
 	}
-	if err := checkCapabilities([]*csi.VolumeCapability{capability}); err != nil {
-		return err
+	block, err := checkCapabilities([]*csi.VolumeCapability{capability})
+	if err != nil {
+		return volumeRecord{}, err
 	}
-	if _, ok, err := n.volume(id); err != nil {
-		return status.Error(codes.Internal, err.Error())
+	rec, ok, err := n.volume(id)
+	if err != nil {
+		return rec, status.Error(codes.Internal, err.Error())
 	} else if !ok {
-		return status.Errorf(codes.NotFound, "volume %q not found", id)
+		return rec, status.Errorf(codes.NotFound, "volume %q not found", id)
 	}
-	return nil
+	if rec.Block != block {
+		return rec, status.Errorf(codes.InvalidArgument, "volume %s is a %s volume, asked for %s access", id, accessType(rec.Block), accessType(block))
+	}
+	return rec, nil
 }
 
 // NodeStageVolume bind-mounts the volume's directory on the staging path.
@@ -79,11 +85,15 @@ func (n *node) NodeStageVolume(_ context.Context, req *csi.NodeStageVolumeReques
 	if err := requirePath("staging target path", staging); err != nil {
 		return nil, err
 	}
-	if err := n.requireVolume(req.GetVolumeId(), req.GetVolumeCapability()); err != nil {
+	rec, err := n.requireVolume(req.GetVolumeId(), req.GetVolumeCapability())
+	if err != nil {
 		return nil, err
 	}
 	n.nodeMu.Lock()
 	defer n.nodeMu.Unlock()
+	if rec.Block {
+		return &csi.NodeStageVolumeResponse{}, n.stageBlock(rec, staging)
+	}
 	if _, mounted, err := findMount(staging); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	} else if mounted {
@@ -108,6 +118,18 @@ func (n *node) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolumeRe
 	}
 	n.nodeMu.Lock()
 	defer n.nodeMu.Unlock()
+	// A block volume's staging directory names its loop device: detached, then forgotten.
+	if dev, ok, err := stagedLoop(req.GetStagingTargetPath()); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	} else if ok {
+		if err := detachLoop(dev); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		if err := removeIfExists(filepath.Join(req.GetStagingTargetPath(), loopMarker)); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		return &csi.NodeUnstageVolumeResponse{}, nil
+	}
 	if err := unmountAll(req.GetStagingTargetPath()); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
@@ -121,11 +143,15 @@ func (n *node) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRe
 	if err := requirePath("target path", target); err != nil {
 		return nil, err
 	}
-	if err := n.requireVolume(req.GetVolumeId(), req.GetVolumeCapability()); err != nil {
+	rec, err := n.requireVolume(req.GetVolumeId(), req.GetVolumeCapability())
+	if err != nil {
 		return nil, err
 	}
 	n.nodeMu.Lock()
 	defer n.nodeMu.Unlock()
+	if rec.Block {
+		return &csi.NodePublishVolumeResponse{}, n.publishBlock(req)
+	}
 
 	source := req.GetStagingTargetPath()
 	if source == "" {
@@ -175,6 +201,61 @@ func (n *node) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolu
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// stageBlock attaches a block volume's file to a loop device and names the device in the
+// staging directory; a volume staged already (a retry) keeps its device.
+func (n *node) stageBlock(rec volumeRecord, staging string) error {
+	if _, ok, err := stagedLoop(staging); err != nil {
+		return status.Error(codes.Internal, err.Error())
+	} else if ok {
+		return nil
+	}
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	dev, err := attachLoop(n.volumePath(rec.ID))
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	if err := os.WriteFile(filepath.Join(staging, loopMarker), []byte(dev+"\n"), 0o600); err != nil {
+		_ = detachLoop(dev)
+		return status.Error(codes.Internal, err.Error())
+	}
+	return nil
+}
+
+// publishBlock binds the staged loop device's node onto the target path, a file the driver
+// makes (the kubelet gives a block volume's target as a file path, not a directory).
+func (n *node) publishBlock(req *csi.NodePublishVolumeRequest) error {
+	target := req.GetTargetPath()
+	if req.GetReadonly() {
+		// A read-only bind of a device node does not stop writes to the device.
+		return status.Error(codes.InvalidArgument, "read-only block volumes are not supported")
+	}
+	dev, ok, err := stagedLoop(req.GetStagingTargetPath())
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	} else if !ok {
+		return status.Errorf(codes.FailedPrecondition, "block volume %s is not staged at %q", req.GetVolumeId(), req.GetStagingTargetPath())
+	}
+	if _, mounted, err := findMount(target); err != nil {
+		return status.Error(codes.Internal, err.Error())
+	} else if mounted {
+		return nil // published already: a retry
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o600)
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	f.Close()
+	if err := bindMount(dev, target, false); err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	return nil
 }
 
 // bindMount binds source on target. A read-only bind takes a second call: the kernel ignores

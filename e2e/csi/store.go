@@ -33,7 +33,10 @@ type volumeRecord struct {
 	Parameters       map[string]string `json:"parameters,omitempty"`
 	SourceSnapshotID string            `json:"sourceSnapshotID,omitempty"`
 	SourceVolumeID   string            `json:"sourceVolumeID,omitempty"`
-	Created          time.Time         `json:"created"`
+	// Block: the volume is a file of CapacityBytes (sparse), published as a loop device
+	// instead of a directory.
+	Block   bool      `json:"block,omitempty"`
+	Created time.Time `json:"created"`
 }
 
 type snapshotRecord struct {
@@ -41,6 +44,7 @@ type snapshotRecord struct {
 	ID             string    `json:"id"`
 	SourceVolumeID string    `json:"sourceVolumeID"`
 	SizeBytes      int64     `json:"sizeBytes"`
+	Block          bool      `json:"block,omitempty"`
 	Created        time.Time `json:"created"`
 }
 
