@@ -185,6 +185,10 @@ state = "$RUN/containerd"
   # The VM has no CAP_SYS_RESOURCE: the negative oom_score_adj the kubelet asks for fails
   # every sandbox unless it is clamped (real-node.md, blocker 1).
   restrict_oom_score_adj = true
+  # A raw block claim's device node in a container owned by the pod's runAsUser/runAsGroup,
+  # not root's: what lets a non-root pod (Ferry's restricted holder) open its own volumeDevices
+  # (the Kubernetes "non-root containers and devices" setting, off by default).
+  device_ownership_from_security_context = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

@@ -12,6 +12,8 @@ use anyhow::{bail, ensure, Context, Result};
 use ferry_e2e::kube::{KubeTier, NODE};
 use ferry_e2e::{assert_same_tree, wait_for, Tmpfs};
 
+#[path = "kube/block.rs"]
+mod block;
 #[path = "kube/csi.rs"]
 mod csi;
 #[path = "../../engine/tests/common/mod.rs"]
@@ -31,7 +33,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 19] = [
+    let checks: [(&str, Check); 20] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -91,6 +93,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "copyMethod Snapshot: the source at the snapshot, what it made deleted",
             csi::copy_method_snapshot,
+        ),
+        (
+            "block claims: a restricted holder hands its device over, checked by the kubelet's node, copied",
+            block::held_and_handed_over,
         ),
         // Last: they slow the agent down (and put it back).
         (
