@@ -11,7 +11,7 @@
 
 use std::fmt::Write as _;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -45,29 +45,24 @@ impl Journal {
     ) -> Result<(Journal, Vec<Option<u128>>), Error> {
         let header = format!("{MAGIC}\nchunk {chunk}\nsize {size}\n");
         let mut done = vec![None; chunks as usize];
-        let mut text = String::new();
+        let mut ours = false;
         if let Ok(f) = File::open(path) {
-            // The most a journal of this copy can hold: the header and every chunk's line
-            // (an index, a space, 32 hex digits), each chunk listed at most twice.
+            // Read a line at a time, at most what a journal of this copy can hold: the header
+            // and every chunk's line (an index, a space, 32 hex digits) at most twice.
             let bound = header.len() as u64 + 2 * chunks * (20 + 1 + 32 + 1);
-            let _ = f.take(bound).read_to_string(&mut text);
-        }
-        let ours = text.starts_with(&header);
-        if ours {
-            // Only whole lines count: a line cut by a kill has no newline yet.
-            let body = &text[header.len()..];
-            let whole = body.rfind('\n').map_or("", |end| &body[..end]);
-            for line in whole.lines() {
-                let parsed = line.split_once(' ').and_then(|(i, h)| {
-                    let i = i.parse::<u64>().ok().filter(|&i| i < chunks)?;
-                    (h.len() == 32)
-                        .then(|| u128::from_str_radix(h, 16).ok())
-                        .flatten()
-                        .map(|h| (i, h))
-                });
-                if let Some((i, h)) = parsed {
+            let mut r = BufReader::new(f.take(bound));
+            let mut head = String::new();
+            for _ in 0..3 {
+                let _ = r.read_line(&mut head);
+            }
+            ours = head == header;
+            let mut line = String::new();
+            while ours && r.read_line(&mut line).unwrap_or(0) > 0 {
+                // Only whole lines count: a line cut by a kill has no newline yet.
+                if let Some((i, h)) = line.strip_suffix('\n').and_then(|l| entry(l, chunks)) {
                     done[i as usize] = Some(h);
                 }
+                line.clear();
             }
         }
         let file = if ours {
@@ -122,4 +117,14 @@ impl Journal {
     pub(super) fn remove(&self) -> Result<(), Error> {
         std::fs::remove_file(&self.path).map_err(|e| Error::io("remove the journal", &self.path, e))
     }
+}
+
+/// One journal line, `INDEX HASH`, if it is one for a copy of `chunks` chunks.
+fn entry(line: &str, chunks: u64) -> Option<(u64, u128)> {
+    let (i, h) = line.split_once(' ')?;
+    let i = i.parse::<u64>().ok().filter(|&i| i < chunks)?;
+    if h.len() != 32 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some((i, u128::from_str_radix(h, 16).ok()?))
 }
