@@ -235,6 +235,20 @@ fn a_rerun_writes_only_the_chunks_that_changed() -> Result<()> {
     )?;
     assert!(!sum.kept_used);
     assert_eq!((sum.written, sum.unchanged), (0, 12));
+    // Nor one of the right shape with a hash missing.
+    let short = ChunkManifest {
+        hashes: vec![0; 11],
+        ..kept.clone()
+    };
+    let sum = copy(
+        &src,
+        &dst,
+        &BlockOptions {
+            kept: Some(short),
+            ..rerun.clone()
+        },
+    )?;
+    assert!(!sum.kept_used);
     assert_ne!(
         kept,
         sum.manifest.expect("manifest"),

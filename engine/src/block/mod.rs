@@ -195,10 +195,12 @@ pub fn copy_device(
         }
     };
     let chunks = ChunkManifest::chunks(size, chunk);
-    let kept = opts
-        .kept
-        .as_ref()
-        .filter(|k| opts.rerun == Rerun::OnlyChanged && k.chunk == chunk && k.size == size);
+    // A manifest of another shape says nothing about these chunks (and one built by hand
+    // with a hash too few is not indexed past its end).
+    let kept = opts.kept.as_ref().filter(|k| {
+        opts.rerun == Rerun::OnlyChanged
+            && (k.chunk, k.size, k.hashes.len() as u64) == (chunk, size, chunks)
+    });
     let (journal, done) = match &opts.journal {
         Some(path) => {
             let (j, done) = journal::Journal::open(path, chunk, size, chunks)?;
