@@ -1,11 +1,14 @@
 //! `ferry-agent copy-block`: the engine's block copy from the command line, for a device
 //! (or disk image) on this machine, and for the benchmark against `dd` and `qemu-img`.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
+
+use indicatif::{ProgressBar, ProgressStyle};
 
 use ferry_engine::block::{copy_device, BlockOptions, BlockSummary, ChunkManifest, Device};
 use ferry_engine::block::{Cache, Rerun, Zeros};
-use ferry_engine::{Compare, NoProgress, Overwrite, Verify};
+use ferry_engine::{Compare, NoProgress, Overwrite, Progress, Strategy, Verify};
 
 use crate::cli::CopyBlockArgs;
 
@@ -74,9 +77,16 @@ pub fn run(args: &CopyBlockArgs) -> ExitCode {
         Ok(o) => o,
         Err(msg) => return usage(&msg),
     };
+    let show = !args.no_progress && std::io::stderr().is_terminal();
     let result = Device::open(&args.src, false, false).and_then(|src| {
         let mut dst = Device::open(&args.dst, true, true)?;
-        copy_device(&src, &mut dst, &opts, &NoProgress)
+        if !show {
+            return copy_device(&src, &mut dst, &opts, &NoProgress);
+        }
+        let bar = Bar::new(src.size(), opts.chunk);
+        let result = copy_device(&src, &mut dst, &opts, &bar);
+        bar.0.finish_and_clear();
+        result
     });
     let summary = match result {
         Ok(s) => s,
@@ -97,6 +107,36 @@ pub fn run(args: &CopyBlockArgs) -> ExitCode {
     }
     println!("{}", report(&summary));
     ExitCode::SUCCESS
+}
+
+/// The progress bar on a terminal: bytes of the device done (written, punched, found
+/// unchanged or finished by an earlier run) of its size, the rate and the time left.
+struct Bar(ProgressBar, u64);
+
+impl Bar {
+    fn new(size: u64, chunk: u64) -> Bar {
+        let style = ProgressStyle::with_template(
+            "[{wide_bar}] {percent:>3}% {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("#.");
+        Bar(ProgressBar::new(size).with_style(style), chunk)
+    }
+}
+
+impl Progress for Bar {
+    fn bytes_copied(&self, bytes: u64, _: Strategy) {
+        self.0.inc(bytes);
+    }
+    /// A chunk the destination already had (its last one may be shorter: the bar's
+    /// position never passes its length).
+    fn skipped(&self) {
+        let left = self.0.length().unwrap_or(0).saturating_sub(self.0.position());
+        self.0.inc(self.1.min(left));
+    }
+    fn resumed(&self, size: u64) {
+        self.0.inc(size);
+    }
 }
 
 /// One line a person reads, with the numbers a script greps.

@@ -198,6 +198,9 @@ pub struct CopyBlockArgs {
     /// Keep it where only you can write: it is believed.
     #[arg(long, value_name = "FILE")]
     pub journal: Option<PathBuf>,
+    /// No progress bar (it is shown only on a terminal anyway).
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 #[derive(Debug, clap::Args)]
