@@ -23,7 +23,8 @@ ferry-agent copy-block --overwrite if-changed --compare checksum with the first 
 rsync --inplace --no-whole-file on the same bytes as image files (VolSync's diskrsync
 approach: rsync's delta algorithm). Ratios against the first copy's median.
 
-Writes bench/BLOCK.md. Env: BLOCK_RUNS (rounds, default 3), BLOCK_GIB (default 4),
+Disk: 3 x BLOCK_GIB in BLOCK_DIR while it runs; the source (BLOCK_GIB) is kept for the
+next run, the rest removed. Writes bench/BLOCK.md. Env: BLOCK_RUNS (rounds, default 3), BLOCK_GIB (default 4),
 BLOCK_DIR (default /var/cache/ferry-bench/block: on the disk, not a tmpfs),
 BLOCK_MD (out). Root (loop devices, drop_caches).
 """
@@ -171,6 +172,10 @@ def main():
         rerun = rerun_rows(ferry, src, src_file, dst_file, manifest)
     finally:
         src.close()
+        # The destinations (2 x BLOCK_GIB) go; the source stays, reused by the next run.
+        for f in [dst_file, os.path.join(DIR, "rsync-dst.img"), manifest]:
+            if os.path.exists(f):
+                os.remove(f)
     write(results, rerun, first)
 
 
