@@ -131,7 +131,11 @@ impl Progress for Bar {
     /// A chunk the destination already had (its last one may be shorter: the bar's
     /// position never passes its length).
     fn skipped(&self) {
-        let left = self.0.length().unwrap_or(0).saturating_sub(self.0.position());
+        let left = self
+            .0
+            .length()
+            .unwrap_or(0)
+            .saturating_sub(self.0.position());
         self.0.inc(self.1.min(left));
     }
     fn resumed(&self, size: u64) {
