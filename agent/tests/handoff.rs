@@ -8,43 +8,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+mod common;
+
+use anyhow::{bail, ensure, Result};
+use common::{is_root, which, Loop, BIN};
 use ferry_agent::handoff::{claim_rdev, fetch, Expect, HandoffError, SOCKET};
 use ferry_engine::block::{copy_device, BlockOptions};
 use ferry_engine::NoProgress;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferry-agent");
 const CHILD: &str = "FERRY_HANDOFF_CHILD";
 const MIB: u64 = 1 << 20;
-
-fn sh(program: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| program.to_owned())?;
-    ensure!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-struct Loop(String);
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = sh("losetup", &["-d", &self.0]);
-    }
-}
 
 /// A holder process, stopped with SIGTERM on drop.
 struct Holding(Child);
 
 impl Holding {
-    fn start(device: &str, dir: &Path, write: bool) -> Result<Holding> {
+    fn start(device: &Path, dir: &Path, write: bool) -> Result<Holding> {
         let mut cmd = Command::new(BIN);
-        cmd.args(["hold-block", "--device", device, "--dir"])
+        cmd.args(["hold-block", "--device"])
+            .arg(device)
+            .arg("--dir")
             .arg(dir);
         if write {
             cmd.arg("--write");
@@ -54,7 +37,8 @@ impl Holding {
         while !dir.join(SOCKET).exists() {
             ensure!(
                 Instant::now() < deadline,
-                "no socket from the holder of {device}"
+                "no socket from the holder of {}",
+                device.display()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -115,29 +99,22 @@ fn a_holders_device_is_copied_by_a_process_whose_device_cgroup_refuses_it() -> R
         f.write_all_at(&vec![i as u8 + 1; MIB as usize], i * 4 * MIB)?;
     }
     std::fs::File::create(&dst_file)?.set_len(64 * MIB)?;
-    let src = Loop(sh(
-        "losetup",
-        &["--find", "--show", src_file.to_str().context("utf-8")?],
-    )?);
-    let dst = Loop(sh(
-        "losetup",
-        &["--find", "--show", dst_file.to_str().context("utf-8")?],
-    )?);
+    let (src, dst) = (Loop::over(&src_file)?, Loop::over(&dst_file)?);
     let (src_dir, dst_dir) = (dir.path().join("src-holder"), dir.path().join("dst-holder"));
     std::fs::create_dir(&src_dir)?;
     std::fs::create_dir(&dst_dir)?;
     let _holders = (
-        Holding::start(&src.0, &src_dir, false)?,
-        Holding::start(&dst.0, &dst_dir, true)?,
+        Holding::start(&src.dev, &src_dir, false)?,
+        Holding::start(&dst.dev, &dst_dir, true)?,
     );
-    let rdev = |p: &str| claim_rdev(Path::new(p)).map_err(anyhow::Error::from);
+    let rdev = |p: &Path| claim_rdev(p).map_err(anyhow::Error::from);
     let args = format!(
         "{} {} {} {} {} {}",
-        src.0,
+        src.dev.display(),
         src_dir.display(),
         dst_dir.display(),
-        rdev(&src.0)?,
-        rdev(&dst.0)?,
+        rdev(&src.dev)?,
+        rdev(&dst.dev)?,
         std::fs::metadata("/dev/null")?.rdev()
     );
     // The receiving process joins the cgroup before it runs a line of the test.
@@ -168,7 +145,7 @@ fn a_holders_device_is_copied_by_a_process_whose_device_cgroup_refuses_it() -> R
         String::from_utf8_lossy(&out.stderr)
     );
     ensure!(
-        std::fs::read(&src.0)? == std::fs::read(&dst.0)?,
+        std::fs::read(&src.dev)? == std::fs::read(&dst.dev)?,
         "the copy differs"
     );
     Ok(())
@@ -293,21 +270,4 @@ fn what_is_not_a_socket_or_not_a_block_device_is_refused_by_name() -> Result<()>
     let err = claim_rdev(&image).expect_err("not a node");
     ensure!(err.to_string().contains("not a block device node"), "{err}");
     Ok(())
-}
-
-fn is_root() -> bool {
-    rustix_euid() == 0
-}
-
-fn rustix_euid() -> u32 {
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(u32::MAX)
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-        .iter()
-        .map(|d| Path::new(d).join(tool))
-        .find(|p| p.is_file())
 }

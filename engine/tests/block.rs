@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{ensure, Context, Result};
-use common::{require_root, require_tools, sh, Mount};
+use common::{require_root, require_tools, sh, shm_tempdir, tempdir, Loop, Mount};
 use ferry_engine::block::{
     copy_device, BlockOptions, BlockSummary, Cache, ChunkManifest, Device, DeviceKind, Rerun,
     ZeroWay, Zeros, CHUNK,
@@ -103,7 +103,7 @@ fn allocated(path: &Path) -> Result<u64> {
 
 /// A scratch directory on a tmpfs where there is one (holes and punching work there).
 fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().expect("tempdir"))
+    shm_tempdir().unwrap_or_else(|| tempdir().expect("tempdir"))
 }
 
 #[test]
@@ -406,29 +406,6 @@ fn a_stopped_copy_resumes_by_chunk_from_its_journal() -> Result<()> {
 // Loop devices (root)
 // ---------------------------------------------------------------------------------------
 
-/// A loop device over a file, detached on drop.
-struct Loop {
-    dev: PathBuf,
-}
-
-impl Loop {
-    fn over(file: &Path) -> Result<Loop> {
-        let out = sh(
-            "losetup",
-            &["--find".as_ref(), "--show".as_ref(), file.as_os_str()],
-        )?;
-        Ok(Loop {
-            dev: PathBuf::from(out.trim()),
-        })
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = sh("losetup", &["-d".as_ref(), self.dev.as_os_str()]);
-    }
-}
-
 fn sparse_file(path: &Path, size: u64) -> Result<()> {
     File::create(path)?.set_len(size)?;
     Ok(())
@@ -548,7 +525,7 @@ fn a_filesystem_on_a_loop_device_mounts_from_the_copy_with_every_file() -> Resul
         &["-q".as_ref(), "-F".as_ref(), src.dev.as_os_str()],
     )?;
     {
-        let m = Mount::block(&src.dev, &dir.path().join("m"), "rw")?;
+        let m = Mount::device(&src.dev, &dir.path().join("m"), "rw")?;
         for i in 0..50u64 {
             let sub = m.dir.join(format!("d{}", i % 5));
             std::fs::create_dir_all(&sub)?;
@@ -562,8 +539,8 @@ fn a_filesystem_on_a_loop_device_mounts_from_the_copy_with_every_file() -> Resul
     let sum = copy(&src.dev, &dst.dev, &BlockOptions::default())?;
     assert!(sum.punched > 0 && sum.written > 0, "{sum:?}");
     let (a, b) = (
-        Mount::block(&src.dev, &dir.path().join("a"), "ro")?,
-        Mount::block(&dst.dev, &dir.path().join("b"), "ro")?,
+        Mount::device(&src.dev, &dir.path().join("a"), "ro")?,
+        Mount::device(&dst.dev, &dir.path().join("b"), "ro")?,
     );
     let out = std::process::Command::new("diff")
         .args(["-r", "--no-dereference"])
@@ -577,27 +554,4 @@ fn a_filesystem_on_a_loop_device_mounts_from_the_copy_with_every_file() -> Resul
     );
     assert_eq!(std::fs::read_dir(b.dir.join("d3"))?.count(), 10);
     Ok(())
-}
-
-// `Mount::block`, kept with the tests that use it.
-trait BlockMount: Sized {
-    fn block(dev: &Path, dir: &Path, mode: &str) -> Result<Self>;
-}
-
-impl BlockMount for Mount {
-    fn block(dev: &Path, dir: &Path, mode: &str) -> Result<Mount> {
-        std::fs::create_dir_all(dir)?;
-        sh(
-            "mount",
-            &[
-                "-o".as_ref(),
-                mode.as_ref(),
-                dev.as_os_str(),
-                dir.as_os_str(),
-            ],
-        )?;
-        Ok(Mount {
-            dir: dir.to_path_buf(),
-        })
-    }
 }

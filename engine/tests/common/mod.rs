@@ -148,6 +148,48 @@ impl Mount {
     }
 }
 
+impl Mount {
+    /// `mount -o OPTIONS DEVICE DIR` (a block device's filesystem, e.g. a [`Loop`]'s).
+    pub fn device(dev: &Path, dir: &Path, options: &str) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        sh(
+            "mount",
+            &[
+                "-o".as_ref(),
+                options.as_ref(),
+                dev.as_os_str(),
+                dir.as_os_str(),
+            ],
+        )?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+/// A loop device over a file (`losetup --find --show`), detached on drop.
+pub struct Loop {
+    pub dev: PathBuf,
+}
+
+impl Loop {
+    pub fn over(file: &Path) -> Result<Loop> {
+        let out = sh(
+            "losetup",
+            &["--find".as_ref(), "--show".as_ref(), file.as_os_str()],
+        )?;
+        Ok(Loop {
+            dev: PathBuf::from(out.trim()),
+        })
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = sh("losetup", &["-d".as_ref(), self.dev.as_os_str()]);
+    }
+}
+
 impl Drop for Mount {
     fn drop(&mut self) {
         if sh("umount", &[self.dir.as_os_str()]).is_err() {
