@@ -19,18 +19,11 @@ use ferry_e2e::wait_for;
 use ferry_engine::block::{copy_device, BlockOptions};
 use ferry_engine::NoProgress;
 
-use super::NS;
-
 const MIB: u64 = 1 << 20;
 
 /// The pod the operator will make to hold a block claim: restricted, the claim as a device.
 fn holder(tier: &KubeTier, name: &str, claim: &str, write: bool) -> Result<String> {
-    let image = tier.get(
-        "deploy/ferry-operator",
-        NS,
-        "{.spec.template.spec.containers[0].env[?(@.name==\"FERRY_HOLDER_IMAGE\")].value}",
-    )?;
-    ensure!(!image.is_empty(), "the operator has no FERRY_HOLDER_IMAGE");
+    let image = super::csi::holder_image(tier)?;
     let write = if write { ", --write" } else { "" };
     tier.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n  securityContext: {{runAsNonRoot: true, runAsUser: 65534, runAsGroup: 65534, seccompProfile: {{type: RuntimeDefault}}}}\n  containers:\n  - name: hold\n    image: {image}\n    args: [hold-block, --device, /dev/ferry-block, --dir, /ferry-fd{write}]\n    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n    volumeDevices: [{{name: data, devicePath: /dev/ferry-block}}]\n    volumeMounts: [{{name: ferry-fd, mountPath: /ferry-fd}}]\n  volumes:\n  - {{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}\n  - {{name: ferry-fd, emptyDir: {{}}}}\n"

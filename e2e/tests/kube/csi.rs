@@ -32,15 +32,21 @@ fn volume_dir(tier: &KubeTier, ns: &str, name: &str) -> Result<PathBuf> {
     Ok(tier.csi_volumes().join(handle))
 }
 
-/// A user's pod that mounts `claim` read-write and does nothing (the Ferry image's pause,
-/// under the restricted Pod Security profile).
-fn user_pod(tier: &KubeTier, ns: &str, name: &str, claim: &str) -> Result<()> {
+/// The image the operator's holder pods run (Ferry's own), from its FERRY_HOLDER_IMAGE.
+pub(super) fn holder_image(tier: &KubeTier) -> Result<String> {
     let image = tier.get(
         "deploy/ferry-operator",
         NS,
         "{.spec.template.spec.containers[0].env[?(@.name==\"FERRY_HOLDER_IMAGE\")].value}",
     )?;
     ensure!(!image.is_empty(), "the operator has no FERRY_HOLDER_IMAGE");
+    Ok(image)
+}
+
+/// A user's pod that mounts `claim` read-write and does nothing (the Ferry image's pause,
+/// under the restricted Pod Security profile).
+fn user_pod(tier: &KubeTier, ns: &str, name: &str, claim: &str) -> Result<()> {
+    let image = holder_image(tier)?;
     tier.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n  securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}\n  containers:\n  - name: app\n    image: {image}\n    args: [pause]\n    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  volumes:\n  - {{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}\n"
     ))?;
