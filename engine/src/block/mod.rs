@@ -339,8 +339,7 @@ struct Run<'a> {
 impl Run<'_> {
     fn worker(&self) {
         let len = self.opts.chunk as usize;
-        let mut src_buf = AlignedBuf::zeroed(len);
-        let mut dst_buf = None;
+        let (mut src_buf, mut dst_buf) = (AlignedBuf::zeroed(len), AlignedBuf::zeroed(len));
         loop {
             let cancelled = self.opts.cancel.as_ref().is_some_and(|c| c.load(Relaxed));
             if cancelled || self.stop.load(Relaxed) {
@@ -353,8 +352,7 @@ impl Run<'_> {
             if let Some(d) = self.opts.delay_per_chunk {
                 std::thread::sleep(d);
             }
-            let dst_buf = dst_buf.get_or_insert_with(|| AlignedBuf::zeroed(len));
-            match self.chunk(i, &mut src_buf, dst_buf) {
+            match self.chunk(i, &mut src_buf, &mut dst_buf) {
                 Ok(h) => {
                     self.hashes.lock().unwrap_or_else(|p| p.into_inner())[i as usize] = Some(h)
                 }
