@@ -133,19 +133,29 @@ pub struct Expect {
 /// a [`Device`] only if it is a block device with `expect.rdev`, open for what the copy
 /// does. Nothing is read or written through it before that.
 pub fn fetch(dir: &Path, expect: Expect) -> Result<Device, HandoffError> {
-    // The directory is opened first (no symlink as its last component), and the socket
-    // reached through /proc/self/fd: a kubelet pod path is longer than a socket address may
-    // be (108 bytes), and the name is looked at as what it is before connecting.
+    // The directory is opened first (no symlink as its last component).
     let dir_fd = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(dir)
         .map_err(io("open the holder's directory", dir))?;
+    fetch_at(std::os::fd::AsFd::as_fd(&dir_fd), dir, expect)
+}
+
+/// [`fetch`] from the holder's directory opened already (`dir`, shown as `shown`).
+pub fn fetch_at(
+    dir: std::os::fd::BorrowedFd<'_>,
+    shown: &Path,
+    expect: Expect,
+) -> Result<Device, HandoffError> {
+    // The socket is reached through /proc/self/fd: a kubelet pod path is longer than a
+    // socket address may be (108 bytes), and the name is looked at as what it is before
+    // connecting.
     let via = PathBuf::from(format!(
         "/proc/self/fd/{}/{SOCKET}",
-        std::os::fd::AsRawFd::as_raw_fd(&dir_fd)
+        std::os::fd::AsRawFd::as_raw_fd(&dir)
     ));
-    let shown = dir.join(SOCKET);
+    let shown = shown.join(SOCKET);
     let meta = std::fs::symlink_metadata(&via).map_err(io("look at", &shown))?;
     if !meta.file_type().is_socket() {
         return Err(HandoffError::Refused(format!(
@@ -234,9 +244,10 @@ pub fn check(fd: OwnedFd, expect: Expect) -> Result<Device, HandoffError> {
 /// `O_PATH`, never opened for I/O): what [`Expect::rdev`] is set to.
 pub fn claim_rdev(node: &Path) -> Result<u64, HandoffError> {
     use std::os::unix::fs::MetadataExt;
+    // O_NOFOLLOW: a symlink there is looked at as the link, which is no block device.
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_PATH)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
         .open(node)
         .map_err(io("open", node))?;
     let meta = f.metadata().map_err(io("fstat", node))?;

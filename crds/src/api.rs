@@ -420,11 +420,13 @@ pub struct CopyJobStatus {
     pub phase: Option<Phase>,
     /// Standard conditions, by type and the reasons each has. Accepted: Valid, or False
     /// with InvalidEndpoint, InvalidSpec, PathEscape, CrossNamespace, RootNotAllowed,
-    /// ReadOnlyRoot. Resolved: Resolved, or False with PVCNotFound, PVCNotBound,
+    /// ReadOnlyRoot, and between raw block claims VolumeModeMismatch, DestinationTooSmall,
+    /// NotForBlock. Resolved: Resolved, or False with PVCNotFound, PVCNotBound,
     /// VolumeNotMounted, VolumeInUse, VolumeNotSupported, RootNotFound, SnapshotNotFound,
     /// SnapshotNotReady. Scheduled: Assigned, or False
     /// with WaitingForNode, NoAgent. Complete: Copied, or Planned (a dry run). Failed: the
-    /// first reason that stopped a shard (SpecChanged, DestinationFull, NodeUnavailable, PathEscape,
+    /// first reason that stopped a shard (SpecChanged, DestinationFull, DestinationTooSmall,
+    /// NodeUnavailable, PathEscape,
     /// SymlinkRejected, Openat2Unavailable, CannotStart), else IOError, else
     /// PartiallyFailed. Events carry the same reasons, and Reassigned when a lost agent's
     /// shard moves to another.

@@ -57,6 +57,13 @@ wire_enum! {
         RootNotAllowed,
         /// The destination's StorageRoot is read-only.
         ReadOnlyRoot,
+        /// One end is a raw block claim (`volumeMode: Block`) and the other a filesystem.
+        VolumeModeMismatch,
+        /// A raw block destination is smaller than its source.
+        DestinationTooSmall,
+        /// A field that means something only for files (a path, include/exclude, mirror,
+        /// preserve, overwrite Never) on a job between raw block claims.
+        NotForBlock,
         // Resolved.
         /// Both endpoints resolve to host paths on nodes.
         Resolved,
@@ -112,9 +119,12 @@ impl Reason {
 
     /// The reasons that stop a whole shard rather than one entry, strongest first: the
     /// job's Failed condition names the first one any shard has.
-    pub const STOPS_SHARD: [Reason; 16] = [
+    pub const STOPS_SHARD: [Reason; 19] = [
         Reason::SpecChanged,
         Reason::DestinationFull,
+        Reason::DestinationTooSmall,
+        Reason::VolumeModeMismatch,
+        Reason::NotForBlock,
         Reason::NodeUnavailable,
         Reason::RootNotAllowed,
         Reason::ReadOnlyRoot,

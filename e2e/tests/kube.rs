@@ -33,7 +33,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 20] = [
+    let checks: [(&str, Check); 21] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -97,6 +97,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "block claims: a restricted holder hands its device over, checked by the kubelet's node, copied",
             block::held_and_handed_over,
+        ),
+        (
+            "block claims: a CopyJob copies an ext4 claim exactly and sparse, re-runs by chunk hashes, refuses what a device cannot do",
+            block::copyjob_between_claims,
         ),
         // Last: they slow the agent down (and put it back).
         (

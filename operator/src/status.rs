@@ -353,7 +353,13 @@ pub fn summarize(
             .or_else(|| Some(Time(Timestamp::now()))),
         _ => None,
     };
-    let manifest = (!shards.is_empty() && !job.spec.dry_run)
+    // A copy between raw block claims leaves no files on the device: its chunk manifest
+    // stays with the agent (shard/block.rs), so none is named here.
+    let kubelet = ferry_resolve::volume::kubelet_dir();
+    let block = shards
+        .iter()
+        .any(|s| ferry_resolve::block::holder_of_fd_dir(&s.destination_root, &kubelet).is_some());
+    let manifest = (!shards.is_empty() && !job.spec.dry_run && !block)
         .then(|| ManifestName::new(&job.uid().unwrap_or_default()).status_path());
     CopyJobStatus {
         phase: Some(phase),

@@ -3,17 +3,20 @@
 //! matching; and the nodes with a live agent that have both volumes. Refusals come back as
 //! [`Blocked`] values, API failures as errors.
 
-use std::collections::BTreeSet;
-
 use ferry_crds::{ConditionType, CopyJob, Endpoint, Reason, StorageRoot};
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
+pub mod block;
+mod nodes;
+mod pods;
 pub mod validate;
 pub mod volume;
 
+pub use nodes::{eligible_nodes, selector_matches, Reachable};
+use pods::{block_holder, holder_of, running_pods_with_claims, uses_claim};
+pub use pods::{end, HOLDER_OF, HOLDS};
 use volume::{Nodes, PvAccess, Volume};
 
 /// Why a job cannot proceed, as a condition reason and a message for the user.
@@ -50,7 +53,46 @@ pub enum Reach {
         /// A `ReadWriteOncePod` claim: only one pod may use it, so Ferry reaches it only
         /// through its own holder, never through a user's pod.
         exclusive: bool,
+        /// A raw block claim (`volumeMode: Block`): reached only through the job's own
+        /// holder, which hands over the device.
+        block: bool,
+        /// Its volume's capacity in bytes (the claim's request while it is unbound), when
+        /// given in a form [`block::quantity_bytes`] reads.
+        capacity: Option<u64>,
     },
+}
+
+impl Reach {
+    /// What [`block::check_pair`] needs of an end.
+    fn block_end(&self) -> block::End {
+        match self {
+            Reach::Csi {
+                block, capacity, ..
+            } => block.then_some(*capacity),
+            Reach::Direct(_) => None,
+        }
+    }
+}
+
+/// Both ends filesystems, or both raw block claims a device copy fits ([`block::check_pair`]).
+fn modes_agree(job: &CopyJob, src: &Reach, dst: &Reach) -> Result<(), Blocked> {
+    block::check_pair(job, src.block_end(), dst.block_end()).map_err(|r| Blocked {
+        condition: ConditionType::Accepted,
+        reason: r.reason,
+        message: r.message,
+    })
+}
+
+/// The claim's volume mode and requested size (for a claim not bound yet).
+fn claim_shape(pvc: &PersistentVolumeClaim) -> (bool, Option<u64>) {
+    let spec = pvc.spec.as_ref();
+    let block = spec.and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+    let request = spec
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .and_then(|q| block::quantity_bytes(&q.0));
+    (block, request)
 }
 
 /// Check a PVC endpoint: a claim in the job's own namespace, bound to its volume, which is
@@ -81,10 +123,13 @@ async fn reach_pvc(
         // scheduled: the operator's holder pod can be that pod, like any other CSI claim
         // that no pod mounts.
         if waits_for_first_consumer(client, &pvc).await? {
+            let (block, capacity) = claim_shape(&pvc);
             return Ok(Ok(Reach::Csi {
                 pv_name: None,
                 claim: claim.to_string(),
                 exclusive: exclusive(&pvc),
+                block,
+                capacity,
             }));
         }
         return Ok(Err(blocked));
@@ -113,10 +158,17 @@ async fn reach_pvc(
     }
     match volume::from_pv(&pv) {
         Ok(PvAccess::Direct(v)) => Ok(Ok(Reach::Direct(v))),
-        Ok(PvAccess::Csi) => Ok(Ok(Reach::Csi {
+        Ok(PvAccess::Csi { block }) => Ok(Ok(Reach::Csi {
             pv_name: Some(pv_name),
             claim: claim.to_string(),
             exclusive: exclusive(&pvc),
+            block,
+            capacity: pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("storage"))
+                .and_then(|q| block::quantity_bytes(&q.0)),
         })),
         Err(why) => unresolved(
             Reason::VolumeNotSupported,
@@ -125,8 +177,55 @@ async fn reach_pvc(
     }
 }
 
-/// The label naming the CopyJob (its uid) a holder pod is for.
-pub const HOLDER_OF: &str = "ferry.dev/holder-of";
+/// A raw block claim is reached only through the job's own holder pod, which hands its
+/// device to the agent on the holder's node; never while a pod that is not Ferry's uses
+/// it (a device read or written under another writer is torn: no filesystem keeps it
+/// consistent).
+#[allow(clippy::too_many_arguments)]
+async fn through_the_holder(
+    client: &Client,
+    ns: &str,
+    field: &str,
+    pv_name: Option<&str>,
+    claim: &str,
+    destination: bool,
+    job_uid: &str,
+) -> Result<Result<Volume, Blocked>, kube::Error> {
+    let not_held = |message| Blocked {
+        condition: ConditionType::Resolved,
+        reason: Reason::VolumeNotMounted,
+        message,
+    };
+    let Some(pv_name) = pv_name else {
+        return Ok(Err(not_held(format!("{field}.pvc: raw block claim {claim:?} waits for its first consumer; Ferry's holder pod for it is that consumer, waiting to be scheduled"))));
+    };
+    let pods = running_pods_with_claims(client, ns).await?;
+    let user = pods.iter().find(|p| {
+        uses_claim(p, claim) && !holder_of(p, job_uid) && p.metadata.deletion_timestamp.is_none()
+    });
+    if let Some(user) = user {
+        let or_snapshot = if destination {
+            ""
+        } else {
+            ", or copy a snapshot of it (spec.source.copyMethod: Snapshot)"
+        };
+        return Ok(Err(Blocked {
+            condition: ConditionType::Resolved,
+            reason: Reason::VolumeInUse,
+            message: format!("{field}.pvc: raw block claim {claim:?} is used by pod {:?}, and a device copied while another pod uses it is torn (no filesystem keeps it consistent), so Ferry waits: stop that pod (scale its workload to zero){or_snapshot}", user.name_any()),
+        }));
+    }
+    let held = block_holder(&pods, claim, job_uid, destination).and_then(|pod| {
+        let node = pod.spec.as_ref()?.node_name.clone()?;
+        Some(Volume {
+            host_path: block::fd_dir(&volume::kubelet_dir(), pod.metadata.uid.as_deref()?),
+            nodes: Nodes::Named(node),
+            shared: false,
+            block: true,
+        })
+    });
+    Ok(held.ok_or_else(|| not_held(format!("{field}.pvc: raw block claim {claim:?} (volume {pv_name:?}) is reached through a holder pod of Ferry's, which opens the device and hands it to the agent; waiting for it to run"))))
+}
 
 /// Whether a claim asks that only one pod at a time use its volume.
 fn exclusive(pvc: &PersistentVolumeClaim) -> bool {
@@ -160,10 +259,7 @@ async fn through_a_pod(
     };
     let pods = running_pods_with_claims(client, ns).await?;
     if exclusive {
-        let ours = |p: &Pod| {
-            !job_uid.is_empty() && p.labels().get(HOLDER_OF).map(String::as_str) == Some(job_uid)
-        };
-        if let Some(user) = volume::mounting_pod(&pods, claim).filter(|p| !ours(p)) {
+        if let Some(user) = volume::mounting_pod(&pods, claim).filter(|p| !holder_of(p, job_uid)) {
             return Ok(Err(Blocked {
                 condition: ConditionType::Resolved,
                 reason: Reason::VolumeInUse,
@@ -331,6 +427,7 @@ async fn reach(
             Reach::Direct(Volume {
                 host_path: root.spec.path.clone(),
                 shared: root.spec.shared,
+                block: false,
                 nodes: match (&root.spec.node_selector, root.spec.shared) {
                     (Some(sel), _) => Nodes::Labels(sel.clone()),
                     (None, true) => Nodes::All,
@@ -341,24 +438,41 @@ async fn reach(
         }))
 }
 
-/// Resolve one endpoint of the job whose uid is `job_uid` to a host path and the nodes
-/// that have it.
+/// One endpoint of the job whose uid is `job_uid`, as reached ([`reach`]), to a host
+/// path and the nodes that have it.
 async fn resolve(
     client: &Client,
     ns: &str,
     field: &str,
-    e: &Endpoint,
+    reached: Reach,
     destination: bool,
     job_uid: &str,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
-    match reach(client, ns, field, e, destination, job_uid).await? {
-        Err(b) => Ok(Err(b)),
-        Ok(Reach::Direct(v)) => Ok(Ok(v)),
-        Ok(Reach::Csi {
+    match reached {
+        Reach::Direct(v) => Ok(Ok(v)),
+        Reach::Csi {
+            pv_name,
+            claim,
+            block: true,
+            ..
+        } => {
+            through_the_holder(
+                client,
+                ns,
+                field,
+                pv_name.as_deref(),
+                &claim,
+                destination,
+                job_uid,
+            )
+            .await
+        }
+        Reach::Csi {
             pv_name,
             claim,
             exclusive,
-        }) => {
+            ..
+        } => {
             through_a_pod(
                 client,
                 ns,
@@ -383,6 +497,9 @@ pub struct Unmounted {
     /// The node where the job's other endpoint is already reachable (a pod mounts it), if
     /// it is a claim: a holder goes there when it can, and the copy is then local.
     pub other_node: Option<String>,
+    /// A raw block claim (`volumeMode: Block`): held as a device (`volumeDevices`) by a
+    /// holder that hands its descriptor to the agent (`ferry-agent hold-block`).
+    pub block: bool,
 }
 
 /// The job's CSI claims that no running pod of its namespace mounts. Endpoints that do not
@@ -398,29 +515,36 @@ pub async fn unmounted_claims(
         if e.pvc.is_none() && e.snapshot.is_none() {
             continue;
         }
-        if let Ok(Reach::Csi { claim, .. }) = reach(client, ns, field, e, destination, uid).await? {
-            csi.push((destination, claim));
+        if let Ok(Reach::Csi { claim, block, .. }) =
+            reach(client, ns, field, e, destination, uid).await?
+        {
+            csi.push((destination, claim, block));
         }
     }
     if csi.is_empty() {
         return Ok(Vec::new());
     }
     let pods = running_pods_with_claims(client, ns).await?;
-    let node_of = |claim: &str| {
-        volume::mounting_pod(&pods, claim)
-            .and_then(|p| p.spec.as_ref())
+    // Where an end is reachable now: a raw block claim only through the job's own holder.
+    let node_of = |destination: bool, claim: &str, block: bool| {
+        let pod = match block {
+            true => block_holder(&pods, claim, uid, destination),
+            false => volume::mounting_pod(&pods, claim),
+        };
+        pod.and_then(|p| p.spec.as_ref())
             .and_then(|s| s.node_name.clone())
     };
     Ok(csi
         .iter()
-        .filter(|(_, claim)| node_of(claim).is_none())
-        .map(|(destination, claim)| Unmounted {
+        .filter(|(destination, claim, block)| node_of(*destination, claim, *block).is_none())
+        .map(|(destination, claim, block)| Unmounted {
             destination: *destination,
             claim: claim.clone(),
             other_node: csi
                 .iter()
-                .find(|(d, _)| d != destination)
-                .and_then(|(_, other)| node_of(other)),
+                .find(|(d, _, _)| d != destination)
+                .and_then(|(d, other, b)| node_of(*d, other, *b)),
+            block: *block,
         })
         .collect())
 }
@@ -472,75 +596,6 @@ async fn resolve_root(
     Ok(Ok(root))
 }
 
-/// `matchLabels` and `matchExpressions` (In, NotIn, Exists, DoesNotExist) against labels.
-pub fn selector_matches(
-    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
-    labels: &std::collections::BTreeMap<String, String>,
-) -> bool {
-    let labels_ok = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let exprs_ok = selector.match_expressions.iter().flatten().all(|req| {
-        let values = req.values.as_deref().unwrap_or_default();
-        match req.operator.as_str() {
-            "In" => labels.get(&req.key).is_some_and(|v| values.contains(v)),
-            "NotIn" => labels.get(&req.key).is_none_or(|v| !values.contains(v)),
-            "Exists" => labels.contains_key(&req.key),
-            "DoesNotExist" => !labels.contains_key(&req.key),
-            _ => false,
-        }
-    });
-    labels_ok && exprs_ok
-}
-
-/// Where one endpoint's volume is: the nodes that have it, and those of them whose agent
-/// is live (both sorted by name). Says why no node has both endpoints.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Reachable {
-    pub nodes: Vec<String>,
-    pub live: Vec<String>,
-}
-
-/// Nodes with a live agent that have both volumes (sorted by name), and for each volume
-/// where it is ([`Reachable`]), from one listing of the Nodes.
-pub async fn eligible_nodes(
-    client: &Client,
-    live: &BTreeSet<String>,
-    volumes: [&Volume; 2],
-) -> Result<(Vec<String>, [Reachable; 2]), kube::Error> {
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await?;
-    let mut reach: [Reachable; 2] = Default::default();
-    let mut both = Vec::new();
-    for n in &nodes.items {
-        let name = n.name_any();
-        let has: Vec<bool> = volumes
-            .iter()
-            .map(|v| v.nodes.matches(&name, n.labels()))
-            .collect();
-        for (r, has) in reach.iter_mut().zip(&has) {
-            if *has {
-                r.nodes.push(name.clone());
-                if live.contains(&name) {
-                    r.live.push(name.clone());
-                }
-            }
-        }
-        if has.iter().all(|h| *h) && live.contains(&name) {
-            both.push(name);
-        }
-    }
-    both.sort();
-    for r in &mut reach {
-        r.nodes.sort();
-        r.live.sort();
-    }
-    Ok((both, reach))
-}
-
 /// The job's spec checked and how each endpoint is reached, without looking at pods: what
 /// an agent decides with, so that the host paths it opens follow from the job and from
 /// objects only admins write, never from the job's status (which an agent token can write).
@@ -558,60 +613,11 @@ pub async fn reach_both(
         Err(b) => return Ok(Err(b)),
         Ok(src) => src,
     };
-    Ok(reach(client, ns, df, dst, dd, uid)
-        .await?
-        .map(|dst| (source, dst)))
-}
-
-/// Pods listed a page at a time: what the operator holds of a namespace's pods at once.
-const POD_PAGE: u32 = 100;
-
-/// The Running pods of `ns` that mount a claim, with only what [`volume::mounting_pod`]
-/// reads of them. A job waiting for a CSI claim's pod looks every 5 s: the API server
-/// selects Running pods (a field selector), the list comes a page of [`POD_PAGE`] at a
-/// time, and a pod that mounts no claim, or the parts of one that say nothing about its
-/// mounts (containers, managed fields, annotations, most of its status), are dropped as
-/// each page arrives, so a namespace of many pods costs the operator one page of them.
-async fn running_pods_with_claims(client: &Client, ns: &str) -> Result<Vec<Pod>, kube::Error> {
-    let api = Api::<Pod>::namespaced(client.clone(), ns);
-    let mut params = ListParams::default()
-        .fields("status.phase=Running")
-        .limit(POD_PAGE);
-    let mut kept = Vec::new();
-    loop {
-        let page = api.list(&params).await?;
-        for mut pod in page.items {
-            let mounts_a_claim = pod.spec.as_ref().is_some_and(|s| {
-                s.volumes
-                    .iter()
-                    .flatten()
-                    .any(|v| v.persistent_volume_claim.is_some())
-            });
-            if !mounts_a_claim {
-                continue;
-            }
-            pod.metadata.managed_fields = None;
-            pod.metadata.annotations = None;
-            if let Some(spec) = pod.spec.as_mut() {
-                spec.containers.clear();
-                spec.init_containers = None;
-                if let Some(volumes) = spec.volumes.as_mut() {
-                    volumes.retain(|v| v.persistent_volume_claim.is_some());
-                }
-            }
-            if let Some(status) = pod.status.as_mut() {
-                *status = k8s_openapi::api::core::v1::PodStatus {
-                    phase: status.phase.take(),
-                    ..Default::default()
-                };
-            }
-            kept.push(pod);
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(kept),
-        }
-    }
+    let destination = match reach(client, ns, df, dst, dd, uid).await? {
+        Err(b) => return Ok(Err(b)),
+        Ok(dst) => dst,
+    };
+    Ok(modes_agree(job, &source, &destination).map(|()| (source, destination)))
 }
 
 /// The job's spec refused by validation, as a `Blocked`.
@@ -642,11 +648,22 @@ pub async fn check(client: &Client, ns: &str, job: &CopyJob) -> Result<Endpoints
     }
     let uid = job.metadata.uid.as_deref().unwrap_or_default();
     let [(sf, src, sd), (df, dst, dd)] = ends(job);
-    let source = match resolve(client, ns, sf, src, sd, uid).await? {
+    let source = match reach(client, ns, sf, src, sd, uid).await? {
         Err(b) => return Ok(Endpoints::Blocked(b)),
         Ok(src) => src,
     };
-    let destination = match resolve(client, ns, df, dst, dd, uid).await? {
+    let destination = match reach(client, ns, df, dst, dd, uid).await? {
+        Err(b) => return Ok(Endpoints::Blocked(b)),
+        Ok(dst) => dst,
+    };
+    if let Err(b) = modes_agree(job, &source, &destination) {
+        return Ok(Endpoints::Blocked(b));
+    }
+    let source = match resolve(client, ns, sf, source, sd, uid).await? {
+        Err(b) => return Ok(Endpoints::Blocked(b)),
+        Ok(src) => src,
+    };
+    let destination = match resolve(client, ns, df, destination, dd, uid).await? {
         Err(b) => return Ok(Endpoints::Blocked(b)),
         Ok(dst) => dst,
     };
@@ -659,40 +676,7 @@ pub async fn check(client: &Client, ns: &str, job: &CopyJob) -> Result<Endpoints
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-    use std::collections::BTreeMap;
 
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn selector_matches_labels_and_expressions() {
-        let sel = LabelSelector {
-            match_labels: Some(labels(&[("team", "a")])),
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: "tier".into(),
-                operator: "In".into(),
-                values: Some(vec!["gold".into(), "silver".into()]),
-            }]),
-        };
-        assert!(selector_matches(
-            &sel,
-            &labels(&[("team", "a"), ("tier", "gold")])
-        ));
-        assert!(!selector_matches(
-            &sel,
-            &labels(&[("team", "a"), ("tier", "bronze")])
-        ));
-        assert!(!selector_matches(
-            &sel,
-            &labels(&[("team", "b"), ("tier", "gold")])
-        ));
-        assert!(!selector_matches(&sel, &labels(&[("tier", "gold")])));
-    }
     /// A claim and a volume as JSON (what `kubectl get -o json` shows).
     fn pair(pvc: &str, pv: &str) -> (PersistentVolumeClaim, PersistentVolume) {
         (

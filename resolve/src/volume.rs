@@ -29,6 +29,9 @@ pub struct Volume {
     /// The same filesystem on every node it matches (a shared StorageRoot), so a job on it
     /// can be split across agents.
     pub shared: bool,
+    /// A raw block claim: `host_path` is the directory where its holder pod hands over the
+    /// device ([`crate::block::fd_dir`]), not a directory to copy.
+    pub block: bool,
 }
 
 fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&String>) -> bool {
@@ -87,22 +90,24 @@ pub enum PvAccess {
     /// A `local` or `hostPath` volume: its own host path, on the nodes of its affinity.
     Direct(Volume),
     /// A CSI volume: only through the kubelet's mount for a pod that uses it
-    /// ([`from_csi_mount`]).
-    Csi,
+    /// ([`from_csi_mount`]), or, a raw block volume (`block`), through the device a holder
+    /// pod of the job hands over.
+    Csi { block: bool },
 }
 
 /// How a PersistentVolume can be reached: the host path and nodes of a `local` or
 /// `hostPath` volume, a CSI volume's need for a mounting pod, or why it cannot be.
 pub fn from_pv(pv: &PersistentVolume) -> Result<PvAccess, String> {
     let spec = pv.spec.as_ref().ok_or("the PersistentVolume has no spec")?;
-    // Whatever its kind: a `local` Block volume's path is a device node, never a directory
-    // to copy (the root is opened O_DIRECTORY, which refuses it before any open; this says
-    // why in words). Block copies are ferry-agent copy-block's, not yet a CopyJob's.
-    if spec.volume_mode.as_deref() == Some("Block") {
-        return Err("a raw block volume (volumeMode: Block) has no filesystem to copy: CopyJobs copy filesystem claims (for a device, see ferry-agent copy-block)".into());
-    }
+    let block = spec.volume_mode.as_deref() == Some("Block");
     if spec.csi.is_some() {
-        return Ok(PvAccess::Csi);
+        return Ok(PvAccess::Csi { block });
+    }
+    // A `local` Block volume's path is a device node on the host, which the agent may not
+    // open (its device cgroup refuses every block device, and no hostPath trick should
+    // let it): a block device is reached only as the kubelet gives it to a pod.
+    if block {
+        return Err("a raw block volume (volumeMode: Block) that is not a CSI volume: Ferry reaches a device only through a pod the kubelet gives it to, which needs a CSI volume; use a CSI StorageClass for the claim".into());
     }
     let host_path = match (&spec.local, &spec.host_path) {
         (Some(local), _) => local.path.clone(),
@@ -126,6 +131,7 @@ pub fn from_pv(pv: &PersistentVolume) -> Result<PvAccess, String> {
         host_path,
         nodes: Nodes::Terms(terms),
         shared: false,
+        block: false,
     }))
 }
 
@@ -198,6 +204,7 @@ pub fn from_csi_mount(
         host_path: csi_mount_path(kubelet_dir, uid, pv_name),
         nodes: Nodes::Named(node),
         shared: false,
+        block: false,
     })
 }
 
@@ -358,7 +365,7 @@ mod tests {
     }
 
     #[test]
-    fn csi_pvs_need_a_mounting_pod_and_block_ones_are_refused() {
+    fn csi_pvs_are_reached_through_pods_block_ones_as_devices() {
         use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec};
         let mut pv = PersistentVolume {
             spec: Some(PersistentVolumeSpec {
@@ -371,11 +378,11 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(from_pv(&pv), Ok(PvAccess::Csi));
+        assert_eq!(from_pv(&pv), Ok(PvAccess::Csi { block: false }));
         if let Some(spec) = pv.spec.as_mut() {
             spec.volume_mode = Some("Block".into());
         }
-        assert!(matches!(from_pv(&pv), Err(why) if why.contains("Block")));
+        assert_eq!(from_pv(&pv), Ok(PvAccess::Csi { block: true }));
     }
 
     #[test]
@@ -392,6 +399,8 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(matches!(from_pv(&pv), Err(why) if why.contains("volumeMode: Block")));
+        assert!(
+            matches!(from_pv(&pv), Err(why) if why.contains("volumeMode: Block") && why.contains("CSI"))
+        );
     }
 }

@@ -116,6 +116,13 @@ impl Live {
         lock(&self.failures).clear();
     }
 
+    /// Bytes an earlier run of this shard committed (a block copy's resumed chunks): done,
+    /// and left out of the rate.
+    pub(super) fn count_resumed(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.resumed_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     pub(super) fn planned(&self) -> Option<(i64, i64)> {
         *lock(&self.planned)
     }

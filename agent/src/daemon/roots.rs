@@ -59,8 +59,11 @@ pub(super) async fn own(
                 what,
                 node: me.to_string(),
             }),
+            // A raw block claim is no root: its device is handed over (shard/block.rs).
             Reach::Csi {
-                pv_name: Some(pv), ..
+                pv_name: Some(pv),
+                block: false,
+                ..
             } if is_csi_mount(assigned, &kubelet_dir, pv) => Ok(assigned.to_string()),
             // Not its volume's mount, or a claim not bound to a volume yet.
             Reach::Csi { pv_name, .. } => Err(ShardError::NotTheVolume {

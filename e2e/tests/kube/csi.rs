@@ -61,7 +61,7 @@ fn job(tier: &KubeTier, name: &str, src: &str, dst: &str) -> Result<()> {
 }
 
 /// Until no holder pod is left in `ns`.
-fn all_let_go(tier: &KubeTier, ns: &str) -> Result<()> {
+pub(super) fn all_let_go(tier: &KubeTier, ns: &str) -> Result<()> {
     wait_for("no holder pod left", Duration::from_secs(60), || {
         tier.kubectl_ok(&["get", "pods", "-n", ns, "-l", HOLDER, "-o", "name"])
             .is_ok_and(|p| p.trim().is_empty())

@@ -33,6 +33,7 @@ fn after(mut job: CopyJob, status: CopyJobStatus) -> CopyJob {
 
 fn volumes(shared: bool) -> Endpoints {
     let volume = |path: &str| Volume {
+        block: false,
         host_path: path.into(),
         nodes: if shared {
             Nodes::All
@@ -261,6 +262,37 @@ fn what_a_copy_between_nodes_cannot_do_is_refused_when_the_nodes_are_paired_befo
         assert_eq!(cond(&d, ConditionType::Accepted).0, "True");
         assert_eq!(d.status.shards.len(), 1);
     }
+}
+
+#[test]
+fn raw_block_claims_held_on_two_nodes_are_refused_by_name_before_any_shard() {
+    let reachable = [
+        reach(&["node-a"], &["node-a"]),
+        reach(&["node-b"], &["node-b"]),
+    ];
+    let mut endpoints = volumes(false);
+    if let Endpoints::Resolved {
+        source,
+        destination,
+    } = &mut endpoints
+    {
+        source.block = true;
+        destination.block = true;
+    }
+    let spec = serde_json::json!({"overwrite": "Always"});
+    let d = decide_in(&job(spec.clone()), &endpoints, &[], &reachable, &[]);
+    let (status, reason, message) = cond(&d, ConditionType::Accepted);
+    assert_eq!((status, reason), ("False", "NotForBlock"), "{message}");
+    assert!(message.contains("between nodes"), "{message}");
+    assert!(d.status.shards.is_empty());
+    // On one node, the same claims get their shard.
+    let one = [
+        reach(&["node-a"], &["node-a"]),
+        reach(&["node-a"], &["node-a"]),
+    ];
+    let d = decide_in(&job(spec), &endpoints, &["node-a"], &one, &[]);
+    assert_eq!(cond(&d, ConditionType::Accepted).0, "True");
+    assert_eq!(d.status.shards.len(), 1);
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! it. A dry run counts instead ([`count`]); a copy between nodes reaches its source
 //! through the sender's agent ([`sender`]).
 
+mod block;
 mod copy;
 mod count;
 mod node;
@@ -66,6 +67,10 @@ async fn run_shard(
     active: &Arc<Active>,
 ) -> Result<ShardState, ShardError> {
     let (job, shard) = (target.job, target.shard);
+    // Between raw block claims: devices handed over by the job's holders, not roots.
+    if block::is_block(target) {
+        return block::run(node, target, active).await;
+    }
     // 1. The roots, opened: inside this node's filesystem, or the source through the
     //    sender's agent (a copy between nodes).
     let (roots, dst) = open::roots(node, target, active).await?;
