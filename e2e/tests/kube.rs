@@ -104,7 +104,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         ),
         // Last: they slow the agent down (and put it back).
         (
-            "agent deleted or rolled mid-copy: resumed; a CSI job deleted mid-copy lets go",
+            "agent deleted or rolled mid-copy: resumed; a CSI job deleted mid-copy lets go; a block copy killed mid-way resumes by chunk",
             slowed_agent,
         ),
     ];
@@ -856,10 +856,15 @@ fn slowed_agent(tier: &KubeTier, data: &Path) -> Result<()> {
             "agent.extraEnv[0].name=FERRY_FAULT_FILE_DELAY_MS",
             "--set-string",
             "agent.extraEnv[0].value=30",
+            "--set",
+            "agent.extraEnv[1].name=FERRY_FAULT_CHUNK_DELAY_MS",
+            "--set-string",
+            "agent.extraEnv[1].value=1000",
         ],
     )?;
-    let result =
-        agent_replaced_mid_copy(tier, data).and_then(|()| csi::deleted_mid_copy(tier, data));
+    let result = agent_replaced_mid_copy(tier, data)
+        .and_then(|()| csi::deleted_mid_copy(tier, data))
+        .and_then(|()| block::agent_killed_mid_copy(tier, data));
     upgrade(
         tier,
         &["--set", "agent.extraEnv=null", "--set", "agent.workers=0"],

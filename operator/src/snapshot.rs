@@ -58,6 +58,12 @@ fn blocked(reason: Reason, message: String) -> Blocked {
     }
 }
 
+/// A snapshot source of a raw block claim: restored, it would be a block claim, which this
+/// path (a filesystem restore, mounted by a holder) does not make yet.
+fn block_snapshot(what: &str) -> Blocked {
+    blocked(Reason::VolumeNotSupported, format!("spec.source: {what} is of a raw block volume (volumeMode: Block), and copies from snapshots of raw block volumes are not built yet; copy the block claim itself (spec.source.pvc, copyMethod Direct) while no pod uses it"))
+}
+
 fn made_for(meta: &ObjectMeta, job: &CopyJob) -> bool {
     let uid = job.uid();
     meta.owner_references
@@ -166,6 +172,9 @@ pub async fn prepare(
                     format!("spec.source.pvc: no PersistentVolumeClaim {pvc:?} in namespace {ns:?} to snapshot (claims of other namespaces cannot be used)"),
                 )));
             };
+            if claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block") {
+                return Ok(Some(block_snapshot(&format!("claim {pvc:?}"))));
+            }
             (ferry_resolve::taken_snapshot(&uid), Some(claim))
         }
         (None, None) => return Ok(None),
@@ -233,6 +242,9 @@ pub async fn prepare(
             reason: Reason::CrossNamespace,
             message: format!("spec.source.snapshot: VolumeSnapshotContent {:?} is not bound to VolumeSnapshot {name:?} of namespace {ns:?}; use a snapshot the snapshot controller bound to its content", content.name_any()),
         }));
+    }
+    if str_at(&content.data, &["spec", "sourceVolumeMode"]) == Some("Block") {
+        return Ok(Some(block_snapshot(&format!("VolumeSnapshot {name:?}"))));
     }
     let driver = str_at(&content.data, &["spec", "driver"]).unwrap_or_default();
     let Some(size) = str_at(status, &["restoreSize"])

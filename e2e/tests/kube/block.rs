@@ -403,3 +403,64 @@ pub fn copyjob_between_claims(tier: &KubeTier, _: &std::path::Path) -> Result<()
     }
     Ok(())
 }
+
+/// The agent killed in the middle of a block copy (slowed by FERRY_FAULT_CHUNK_DELAY_MS:
+/// run from the slowed phase): the next agent resumes at the chunks the journal lacks, not
+/// from the start, and the destination is the source's bytes.
+pub fn agent_killed_mid_copy(tier: &KubeTier, _: &std::path::Path) -> Result<()> {
+    for name in ["kill-a", "kill-b"] {
+        block_claim(tier, name, "256Mi")?;
+    }
+    for name in ["kill-a", "kill-b"] {
+        tier.wait_claim_bound("default", name)?;
+    }
+    let (a_file, _) = volume(tier, "kill-a")?;
+    let (b_file, _) = volume(tier, "kill-b")?;
+    let f = std::fs::OpenOptions::new().write(true).open(&a_file)?;
+    for i in 0..32u64 {
+        let chunk: Vec<u8> = (0..4 * MIB).map(|b| (b as u8) ^ (i as u8 * 7)).collect();
+        f.write_all_at(&chunk, i * 8 * MIB)?;
+    }
+    f.sync_all()?;
+    block_job(tier, "kill", "kill-a", "kill-b", "  overwrite: Always\n")?;
+    tier.wait_until(
+        "copyjob/kill",
+        "default",
+        "{.status.progress.bytesDone}",
+        Duration::from_secs(120),
+        |n| n.parse::<u64>().is_ok_and(|n| n >= 128 * MIB),
+    )?;
+    let agents = tier.get(
+        "pods",
+        "ferry-system",
+        "{.items[?(@.metadata.labels.app\\.kubernetes\\.io/component==\"agent\")].metadata.name}",
+    )?;
+    let agent = agents.split_whitespace().next().context("no agent pod")?;
+    tier.kubectl_ok(&["delete", "pod", agent, "-n", "ferry-system", "--wait=false"])?;
+    tier.wait_succeeded("default", "kill", 240)?;
+    super::csi::all_let_go(tier, "default")?;
+    ensure!(
+        std::fs::read(&a_file)? == std::fs::read(&b_file)?,
+        "after the agent was killed mid-copy the destination's bytes differ from the source's"
+    );
+    let lines = copied_lines(tier, "kill")?;
+    let line = lines
+        .first()
+        .context("the new agent logged no block copy for the job")?;
+    let resumed = field(line, "resumed").unwrap_or(0);
+    ensure!(
+        (16..64).contains(&resumed),
+        "the new agent resumed {resumed} of 64 chunks (at least the 16 flushed before the kill, not all): {line}"
+    );
+    for what in ["copyjob/kill", "pvc/kill-a", "pvc/kill-b"] {
+        tier.kubectl_ok(&[
+            "delete",
+            what,
+            "-n",
+            "default",
+            "--wait=true",
+            "--timeout=60s",
+        ])?;
+    }
+    Ok(())
+}
