@@ -12,14 +12,24 @@
 //! puts it where it can be mounted and the copy goes between nodes. A holder is made only
 //! for a claim no running pod mounts: a claim in use is copied where it is, never mounted a
 //! second time on another node.
+//!
+//! A raw block claim (`volumeMode: Block`) gets a holder of its own shape ([`pod`] with
+//! `block`): the claim as `volumeDevices` at [`BLOCK_DEVICE_PATH`] and an `emptyDir`
+//! ([`FD_VOLUME`]), running `ferry-agent hold-block`, which opens the device and hands its
+//! descriptor to the agent over a socket there. The agent may not open a block device (its
+//! device cgroup allows none); the kubelet lets this pod open its claim's, because it asked
+//! for it. The holder runs as a non-root user, so the runtime must give it the device node
+//! (containerd's `device_ownership_from_security_context = true`, see docs/install.md).
+//! A block claim is always held by the job's own holder, never reached through a user's pod.
 
 use std::collections::BTreeMap;
 
 use ferry_crds::CopyJob;
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, NodeAffinity, NodeSelectorRequirement, NodeSelectorTerm,
-    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, PreferredSchedulingTerm,
-    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Affinity, Capabilities, Container, EmptyDirVolumeSource, NodeAffinity, NodeSelectorRequirement,
+    NodeSelectorTerm, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    PreferredSchedulingTerm, ResourceRequirements, SeccompProfile, SecurityContext, Volume,
+    VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -28,19 +38,20 @@ use kube::{Api, Client, ResourceExt};
 
 use ferry_resolve::Unmounted;
 
+/// The `emptyDir` a block claim's holder hands its device over in.
+pub use ferry_resolve::block::FD_VOLUME;
 /// The label naming the CopyJob (its uid) a holder pod is for.
 pub use ferry_resolve::HOLDER_OF;
 /// The label saying which endpoint it holds: `source` or `destination`.
-pub const HOLDS: &str = "ferry.dev/holds";
+pub use ferry_resolve::HOLDS;
 /// The user the holder runs as (the image's, and not root).
 const HOLDER_UID: i64 = 65532;
+/// Where a block claim's holder has its device.
+pub const BLOCK_DEVICE_PATH: &str = "/dev/ferry-block";
+/// Where a block claim's holder has its [`FD_VOLUME`].
+const FD_MOUNT: &str = "/ferry-fd";
 
-fn end(destination: bool) -> &'static str {
-    match destination {
-        true => "destination",
-        false => "source",
-    }
-}
+use ferry_resolve::end;
 
 /// A reference that makes `job` the controller of what the operator makes for it (holder
 /// pods, restored claims, snapshots), so that they go when it goes.
@@ -63,16 +74,18 @@ pub fn name(job: &CopyJob, destination: bool) -> String {
     format!("ferry-holder-{short}-{}", end(destination))
 }
 
-/// The pod that holds `claim` mounted for `job` (its source's read-only), preferring
-/// `prefer_node` when given. The chart's `-holder-pods` admission policy admits exactly this
-/// pod, field by field, to the operator's token: a field set here needs its value there, and
-/// a row in `e2e/tests/hostile/holder.rs` (which fails until both are there).
+/// The pod that holds `claim` mounted for `job` (its source's read-only), or, `block`, as
+/// a device it hands over; preferring `prefer_node` when given. The chart's `-holder-pods`
+/// admission policy admits exactly this pod, field by field, to the operator's token: a
+/// field set here needs its value there, and a row in `e2e/tests/hostile/holder.rs`
+/// (which fails until both are there).
 pub fn pod(
     job: &CopyJob,
     destination: bool,
     claim: &str,
     image: &str,
     prefer_node: Option<&str>,
+    block: bool,
 ) -> Pod {
     let read_only = !destination;
     let labels = BTreeMap::from([
@@ -140,8 +153,7 @@ pub fn pod(
             containers: vec![Container {
                 name: "hold".into(),
                 image: Some(image.to_string()),
-                // The image's `ferry-agent pause`: sleeps until it is stopped.
-                args: Some(vec!["pause".into()]),
+                args: Some(args(destination, block)),
                 resources: Some(ResourceRequirements {
                     requests: Some(BTreeMap::from([
                         ("cpu".to_string(), quantity("1m")),
@@ -159,26 +171,81 @@ pub fn pod(
                     }),
                     ..Default::default()
                 }),
-                volume_mounts: Some(vec![VolumeMount {
-                    name: "data".into(),
-                    mount_path: "/data".into(),
-                    read_only: Some(read_only),
-                    ..Default::default()
+                volume_mounts: Some(vec![match block {
+                    false => VolumeMount {
+                        name: "data".into(),
+                        mount_path: "/data".into(),
+                        read_only: Some(read_only),
+                        ..Default::default()
+                    },
+                    true => VolumeMount {
+                        name: FD_VOLUME.into(),
+                        mount_path: FD_MOUNT.into(),
+                        ..Default::default()
+                    },
                 }]),
-                ..Default::default()
-            }],
-            volumes: Some(vec![Volume {
-                name: "data".into(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: claim.to_string(),
-                    read_only: Some(read_only),
+                volume_devices: block.then(|| {
+                    vec![VolumeDevice {
+                        name: "data".into(),
+                        device_path: BLOCK_DEVICE_PATH.into(),
+                    }]
                 }),
                 ..Default::default()
-            }]),
+            }],
+            volumes: Some(volumes(claim, read_only, block)),
             ..Default::default()
         }),
         status: None,
     }
+}
+
+/// The holder's command: the image's `ferry-agent pause` (sleeps until it is stopped), or
+/// for a block claim `hold-block`, which opens the device (read-write only for a
+/// destination) and hands it over until it is stopped.
+fn args(destination: bool, block: bool) -> Vec<String> {
+    if !block {
+        return vec!["pause".into()];
+    }
+    let mut args: Vec<String> = [
+        "hold-block",
+        "--device",
+        BLOCK_DEVICE_PATH,
+        "--dir",
+        FD_MOUNT,
+    ]
+    .map(String::from)
+    .into();
+    if destination {
+        args.push("--write".into());
+    }
+    args
+}
+
+/// The holder's volumes: the claim, and for a block claim the small `emptyDir` its socket
+/// lives in. A block claim is never marked read-only, even as a source: CSI drivers
+/// (ferry-csi among them) refuse to publish a block volume read-only; the holder opens a
+/// source's device `O_RDONLY` itself, and the agent checks the access mode of what it gets.
+fn volumes(claim: &str, read_only: bool, block: bool) -> Vec<Volume> {
+    let data = Volume {
+        name: "data".into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.to_string(),
+            read_only: (!block).then_some(read_only),
+        }),
+        ..Default::default()
+    };
+    if !block {
+        return vec![data];
+    }
+    let fd = Volume {
+        name: FD_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: None,
+            size_limit: Some(Quantity("1Mi".into())),
+        }),
+        ..Default::default()
+    };
+    vec![data, fd]
 }
 
 /// What a holder pod is doing, for the job's condition: started and waiting to run, or not
@@ -241,7 +308,14 @@ pub async fn hold(
                     );
                     continue;
                 }
-                let made = pod(job, u.destination, &u.claim, image, prefer.as_deref());
+                let made = pod(
+                    job,
+                    u.destination,
+                    &u.claim,
+                    image,
+                    prefer.as_deref(),
+                    u.block,
+                );
                 match pods.create(&PostParams::default(), &made).await {
                     Ok(p) => {
                         tracing::info!(job = %job.name_any(), pod = %name, claim = %u.claim, "started a holder pod");
@@ -299,7 +373,7 @@ mod tests {
 
     #[test]
     fn a_source_holder_is_restricted_read_only_and_owned_by_its_job() {
-        let p = pod(&job(), false, "data", "ferry:1", None);
+        let p = pod(&job(), false, "data", "ferry:1", None, false);
         assert_eq!(p.name_any(), "ferry-holder-0b5e2c1e-source");
         assert_eq!(p.namespace().as_deref(), Some("team-a"));
         let owner = &p.metadata.owner_references.as_ref().expect("owner")[0];
@@ -347,8 +421,59 @@ mod tests {
     }
 
     #[test]
+    fn a_block_holder_has_its_claim_as_a_device_and_hands_it_over_in_a_small_empty_dir() {
+        for destination in [false, true] {
+            let p = pod(&job(), destination, "disk", "ferry:1", None, true);
+            let spec = p.spec.as_ref().expect("spec");
+            let c = &spec.containers[0];
+            let mut want = vec![
+                "hold-block",
+                "--device",
+                "/dev/ferry-block",
+                "--dir",
+                "/ferry-fd",
+            ];
+            if destination {
+                want.push("--write");
+            }
+            assert_eq!(
+                c.args.as_deref(),
+                Some(&want.iter().map(|a| a.to_string()).collect::<Vec<_>>()[..])
+            );
+            let devices = c.volume_devices.as_ref().expect("a device");
+            assert_eq!((devices.len(), devices[0].name.as_str()), (1, "data"));
+            assert_eq!(devices[0].device_path, BLOCK_DEVICE_PATH);
+            let mounts = c.volume_mounts.as_ref().expect("the fd dir");
+            assert_eq!(mounts.len(), 1);
+            assert_eq!(
+                (mounts[0].name.as_str(), mounts[0].mount_path.as_str()),
+                ("ferry-fd", "/ferry-fd")
+            );
+            let vols = spec.volumes.as_ref().expect("volumes");
+            assert_eq!(vols.len(), 2);
+            let claim = vols[0].persistent_volume_claim.as_ref().expect("the claim");
+            // Never marked read-only: drivers refuse read-only block publishing; the
+            // holder opens a source's device read-only itself.
+            assert_eq!((claim.claim_name.as_str(), claim.read_only), ("disk", None));
+            let fd = vols[1].empty_dir.as_ref().expect("an emptyDir");
+            assert_eq!(fd.size_limit, Some(Quantity("1Mi".into())));
+            assert_eq!(fd.medium, None);
+            // Otherwise the filesystem holder: restricted, the same name, owner and labels.
+            let plain = pod(&job(), destination, "disk", "ferry:1", None, false);
+            assert_eq!(p.metadata, plain.metadata);
+            let plain_spec = plain.spec.as_ref().expect("spec");
+            assert_eq!(spec.security_context, plain_spec.security_context);
+            assert_eq!(
+                c.security_context,
+                plain_spec.containers[0].security_context
+            );
+            assert_eq!(c.resources, plain_spec.containers[0].resources);
+        }
+    }
+
+    #[test]
     fn a_destination_holder_is_writable_and_prefers_the_sources_node() {
-        let p = pod(&job(), true, "copy", "ferry:1", Some("node-b"));
+        let p = pod(&job(), true, "copy", "ferry:1", Some("node-b"), false);
         assert_eq!(p.name_any(), "ferry-holder-0b5e2c1e-destination");
         let spec = p.spec.as_ref().expect("spec");
         let vol = spec.volumes.as_ref().expect("volumes")[0]

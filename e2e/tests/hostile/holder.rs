@@ -92,6 +92,10 @@ enum Base {
     Source,
     /// The destination's holder, preferring node-b.
     Destination,
+    /// A raw block source's holder (the claim as a device), no node preferred.
+    BlockSource,
+    /// A raw block destination's holder, preferring node-b.
+    BlockDestination,
     Claim,
     Snapshot,
 }
@@ -150,6 +154,11 @@ fn apply(v: &mut Value, (pointer, value): &Edit) -> Result<()> {
                 std::cmp::Ordering::Equal => a.push(new.clone()),
                 std::cmp::Ordering::Greater => bail!("{pointer}: past the list's end"),
             }
+        }
+        (Value::Array(a), None) => {
+            let i: usize = last.parse()?;
+            ensure!(i < a.len(), "{pointer}: nothing to remove");
+            a.remove(i);
         }
         _ => bail!("{pointer}: cannot edit there"),
     }
@@ -373,8 +382,59 @@ fn holder_rows(image: &str) -> Vec<Row> {
         row(D, "a second term", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/1", json!({"weight": 1, "preference": {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}}))], Refused("spec.affinity")),
         row(D, "a required node", vec![set("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}))], Refused("spec.affinity")),
         row(D, "a pod affinity", vec![set("/spec/affinity/podAffinity", json!({"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}))], Refused("spec.affinity")),
+        // A filesystem holder given a device.
+        row(S, "a device beside the mount", vec![set("/spec/containers/0/volumeDevices", json!([{"name": "data", "devicePath": "/dev/ferry-block"}]))], Refused("spec.containers[0].volumeDevices")),
     ]
 }
+
+/// A raw block claim's holder's rows (what it shares with the filesystem holder is tried
+/// there): its device, its socket's emptyDir, its command.
+#[rustfmt::skip]
+fn block_holder_rows() -> Vec<Row> {
+    use Answer::{Admitted, Refused};
+    use Base::{BlockDestination as BD, BlockSource as BS};
+    const ARGS: &str = "spec.containers[0].args";
+    const DEVICES: &str = "spec.containers[0].volumeDevices";
+    const MOUNTS: &str = "spec.containers[0].volumeMounts";
+    vec![
+        row(BS, "another block claim", vec![set("/spec/volumes/0/persistentVolumeClaim/claimName", json!("other"))], Admitted),
+        // The command.
+        row(BS, "a source's device opened writable", vec![set("/spec/containers/0/args/5", json!("--write"))], Refused(ARGS)),
+        row(BD, "a destination's device opened read-only", vec![("/spec/containers/0/args/5", None)], Refused(ARGS)),
+        row(BD, "extra args", vec![set("/spec/containers/0/args/6", json!("--verbose"))], Refused(ARGS)),
+        row(BS, "the node's disk instead of the claim's", vec![set("/spec/containers/0/args/2", json!("/dev/vda"))], Refused(ARGS)),
+        row(BS, "another flag", vec![set("/spec/containers/0/args/3", json!("--device"))], Refused(ARGS)),
+        row(BS, "the socket elsewhere", vec![set("/spec/containers/0/args/4", json!("/tmp"))], Refused(ARGS)),
+        // The device.
+        row(BS, "the device at another path", vec![set("/spec/containers/0/volumeDevices/0/devicePath", json!("/dev/vda"))], Refused(DEVICES)),
+        row(BS, "a second device", vec![set("/spec/containers/0/volumeDevices/1", json!({"name": "data", "devicePath": "/dev/other"}))], Refused(DEVICES)),
+        row(BS, "the emptyDir as the device", vec![set("/spec/containers/0/volumeDevices/0/name", json!("ferry-fd"))], Refused(DEVICES)),
+        row(BS, "no device", vec![("/spec/containers/0/volumeDevices", None)], Refused("spec.volumes")),
+        // The volumes.
+        row(BS, "the source's claim read-only (not published so)", vec![set("/spec/volumes/0/persistentVolumeClaim/readOnly", json!(true))], Refused("spec.volumes")),
+        row(BS, "the host's kubelet directory instead of the emptyDir", vec![set("/spec/volumes/1", json!({"name": "ferry-fd", "hostPath": {"path": "/var/lib/kubelet"}}))], Refused("spec.volumes")),
+        row(BS, "an emptyDir without a size limit", vec![("/spec/volumes/1/emptyDir/sizeLimit", None)], Refused("spec.volumes")),
+        row(BS, "a larger emptyDir", vec![set("/spec/volumes/1/emptyDir/sizeLimit", json!("1Gi"))], Refused("spec.volumes")),
+        row(BS, "an emptyDir in memory", vec![set("/spec/volumes/1/emptyDir/medium", json!("Memory"))], Refused("spec.volumes")),
+        row(BS, "the emptyDir renamed", vec![set("/spec/volumes/1/name", json!("fd")), set("/spec/containers/0/volumeMounts/0/name", json!("fd"))], Refused("spec.volumes")),
+        row(BS, "a third volume", vec![set("/spec/volumes/2", json!({"name": "host", "hostPath": {"path": "/"}}))], Refused("spec.volumes")),
+        // The socket's mount.
+        row(BS, "the emptyDir mounted elsewhere", vec![set("/spec/containers/0/volumeMounts/0/mountPath", json!("/etc"))], Refused(MOUNTS)),
+        row(BS, "the emptyDir mounted read-only", vec![set("/spec/containers/0/volumeMounts/0/readOnly", json!(true))], Refused(MOUNTS)),
+        row(BS, "a second emptyDir mount", vec![set("/spec/containers/0/volumeMounts/1", json!({"name": "ferry-fd", "mountPath": "/data"}))], Refused(MOUNTS)),
+    ]
+}
+
+/// What of a block holder is whole (every field set): its device, and both volumes.
+const BLOCK_HOLDER_WHOLE: &[&str] = &[
+    "/spec/volumes/0",
+    "/spec/volumes/0/persistentVolumeClaim",
+    "/spec/volumes/1",
+    "/spec/securityContext/seccompProfile",
+    "/spec/containers/0/volumeDevices/0",
+    "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0",
+    "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/preference/matchExpressions/0",
+];
 
 /// Objects whose every field the holder sets: nothing valid is left to add there (a volume
 /// has one source: another one is the row replacing it).
@@ -533,15 +593,24 @@ fn holder_policy_admits_exactly_the_pod_holder_rs_builds_and_refuses_it_with_any
 ) -> Result<()> {
     let image = holder_image()?;
     let job = job("move", UID, None)?;
-    let pod = |destination, claim, node| {
-        serde_json::to_value(holder::pod(&job, destination, claim, &image, node))
+    let pod = |destination, claim, node, block| {
+        serde_json::to_value(holder::pod(&job, destination, claim, &image, node, block))
     };
-    let source = pod(false, "data", None)?;
-    let destination = pod(true, "copy", Some("node-b"))?;
+    let source = pod(false, "data", None, false)?;
+    let destination = pod(true, "copy", Some("node-b"), false)?;
     // The other holders the code makes: each end with and without a preferred node.
     let also = [
-        pod(false, "data", Some("node-b"))?,
-        pod(true, "copy", None)?,
+        pod(false, "data", Some("node-b"), false)?,
+        pod(true, "copy", None, false)?,
+        pod(false, "disk", Some("node-b"), true)?,
+        pod(true, "disk-copy", None, true)?,
+    ];
+    let block_bases = [
+        (Base::BlockSource, pod(false, "disk", None, true)?),
+        (
+            Base::BlockDestination,
+            pod(true, "disk-copy", Some("node-b"), true)?,
+        ),
     ];
     let bases = [
         (Base::Source, source.clone()),
@@ -549,6 +618,13 @@ fn holder_policy_admits_exactly_the_pod_holder_rs_builds_and_refuses_it_with_any
     ];
     let rows = holder_rows(&image);
     check_coverage(&bases, &rows, HOLDER_WHOLE)?;
+    // A block holder's rows with the filesystem holder's (what they share is tried there).
+    let block_rows: Vec<Row> = block_holder_rows()
+        .into_iter()
+        .chain(holder_rows(&image))
+        .collect();
+    let all_bases = [&bases[..], &block_bases[..]].concat();
+    check_coverage(&all_bases, &block_rows, BLOCK_HOLDER_WHOLE)?;
 
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(());
@@ -559,7 +635,7 @@ fn holder_policy_admits_exactly_the_pod_holder_rs_builds_and_refuses_it_with_any
     // What the rows name must exist, so that the refusal is the policy's, not a lookup's.
     cp.apply("apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: ferry-e2e}\nhandler: runc\n")?;
     cp.apply("apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: ferry-e2e-high}\nvalue: 1000000\n")?;
-    for exact in bases.iter().map(|(_, v)| v).chain(&also) {
+    for exact in all_bases.iter().map(|(_, v)| v).chain(&also) {
         ask(&cp, &kc, exact, Answer::Admitted)
             .with_context(|| format!("the holder the code builds: {exact}"))?;
     }
@@ -583,7 +659,7 @@ fn holder_policy_admits_exactly_the_pod_holder_rs_builds_and_refuses_it_with_any
     ))?;
     ask_until(&cp, &kc, &moved(&source, "limited")?, Answer::Admitted)
         .context("the holder in a namespace with a LimitRange")?;
-    ask_all(&cp, &kc, &bases, &rows)?;
+    ask_all(&cp, &kc, &all_bases, &block_rows)?;
 
     // And for real: created, then deleted, on the operator's token.
     let kcs = kc.to_string_lossy();

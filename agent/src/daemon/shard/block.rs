@@ -105,11 +105,8 @@ fn take(host_root: &Path, end: &End) -> Result<Device, ShardError> {
         source,
     })?;
     let open = |path: &str| {
-        ferry_engine::open_host_path(host.as_fd(), path).map_err(|source| ShardError::Root {
-            what: end.what,
-            path: path.to_string(),
-            node: String::new(),
-            source,
+        ferry_engine::open_host_path(host.as_fd(), path).map_err(|e| {
+            refused(Reason::CannotStart, format!("the {} claim's holder pod {} on this node: {}: {e}; is the holder running here?", end.what, end.holder_uid, path))
         })
     };
     let nodes = open(&claims::device_node_dir(&kubelet, &end.pv))?;
