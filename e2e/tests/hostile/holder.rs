@@ -31,6 +31,8 @@ const UID: &str = "0b5e2c1e-6a4c-4a5e-9d51-1f0e7c9c2d10";
 const NOT_A_HOLDER: &str = "creates and deletes only its holder pods";
 /// The same of the `-snapshot-sources` policy.
 const NOT_OURS: &str = "creates and deletes only its restored claims";
+/// The API server's own refusal of a volume that is both mounted and a device.
+const MOUNTED_AND_DEVICE: &str = "must not already exist in volume";
 
 /// A CopyJob of `TEAM` (the policy cannot read it: only its reference in the pod counts).
 fn job(name: &str, uid: &str, snapshot_class: Option<&str>) -> Result<CopyJob> {
@@ -382,8 +384,11 @@ fn holder_rows(image: &str) -> Vec<Row> {
         row(D, "a second term", vec![set("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/1", json!({"weight": 1, "preference": {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}}))], Refused("spec.affinity")),
         row(D, "a required node", vec![set("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}))], Refused("spec.affinity")),
         row(D, "a pod affinity", vec![set("/spec/affinity/podAffinity", json!({"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}))], Refused("spec.affinity")),
-        // A filesystem holder given a device.
-        row(S, "a device beside the mount", vec![set("/spec/containers/0/volumeDevices", json!([{"name": "data", "devicePath": "/dev/ferry-block"}]))], Refused("spec.containers[0].volumeDevices")),
+        // A filesystem holder given a device: the API server itself refuses a volume both
+        // mounted and a device; the claim as a device alone reaches the policy, which
+        // compares the pod with the block holder's shape.
+        row(S, "a device beside the mount", vec![set("/spec/containers/0/volumeDevices", json!([{"name": "data", "devicePath": "/dev/ferry-block"}]))], Refused(MOUNTED_AND_DEVICE)),
+        row(S, "the claim as a device instead of the mount", vec![("/spec/containers/0/volumeMounts", None), set("/spec/containers/0/volumeDevices", json!([{"name": "data", "devicePath": "/dev/ferry-block"}]))], Refused("spec.volumes")),
     ]
 }
 
@@ -402,13 +407,18 @@ fn block_holder_rows() -> Vec<Row> {
         row(BS, "a source's device opened writable", vec![set("/spec/containers/0/args/5", json!("--write"))], Refused(ARGS)),
         row(BD, "a destination's device opened read-only", vec![("/spec/containers/0/args/5", None)], Refused(ARGS)),
         row(BD, "extra args", vec![set("/spec/containers/0/args/6", json!("--verbose"))], Refused(ARGS)),
-        row(BS, "the node's disk instead of the claim's", vec![set("/spec/containers/0/args/2", json!("/dev/vda"))], Refused(ARGS)),
+        row(BS, "the node's disk instead of the claim's", vec![set("/spec/containers/0/args/2", json!("/dev/sda"))], Refused(ARGS)),
         row(BS, "another flag", vec![set("/spec/containers/0/args/3", json!("--device"))], Refused(ARGS)),
         row(BS, "the socket elsewhere", vec![set("/spec/containers/0/args/4", json!("/tmp"))], Refused(ARGS)),
         // The device.
         row(BS, "the device at another path", vec![set("/spec/containers/0/volumeDevices/0/devicePath", json!("/dev/vda"))], Refused(DEVICES)),
-        row(BS, "a second device", vec![set("/spec/containers/0/volumeDevices/1", json!({"name": "data", "devicePath": "/dev/other"}))], Refused(DEVICES)),
-        row(BS, "the emptyDir as the device", vec![set("/spec/containers/0/volumeDevices/0/name", json!("ferry-fd"))], Refused(DEVICES)),
+        row(BS, "the claim as a second device", vec![set("/spec/containers/0/volumeDevices/1", json!({"name": "data", "devicePath": "/dev/other"}))], Refused("spec.containers[0].volumeDevices[1].name")),
+        row(BS, "a second claim's device", vec![
+            set("/spec/volumes/2", json!({"name": "other", "persistentVolumeClaim": {"claimName": "other"}})),
+            set("/spec/containers/0/volumeDevices/1", json!({"name": "other", "devicePath": "/dev/other"})),
+        ], Refused(DEVICES)),
+        // The API server itself refuses a device that is not a claim.
+        row(BS, "the emptyDir as the device", vec![set("/spec/containers/0/volumeDevices/0/name", json!("ferry-fd"))], Refused("can only use volume source type of PersistentVolumeClaim or Ephemeral for block mode")),
         row(BS, "no device", vec![("/spec/containers/0/volumeDevices", None)], Refused("spec.volumes")),
         // The volumes.
         row(BS, "the source's claim read-only (not published so)", vec![set("/spec/volumes/0/persistentVolumeClaim/readOnly", json!(true))], Refused("spec.volumes")),
@@ -422,6 +432,9 @@ fn block_holder_rows() -> Vec<Row> {
         row(BS, "the emptyDir mounted elsewhere", vec![set("/spec/containers/0/volumeMounts/0/mountPath", json!("/etc"))], Refused(MOUNTS)),
         row(BS, "the emptyDir mounted read-only", vec![set("/spec/containers/0/volumeMounts/0/readOnly", json!(true))], Refused(MOUNTS)),
         row(BS, "a second emptyDir mount", vec![set("/spec/containers/0/volumeMounts/1", json!({"name": "ferry-fd", "mountPath": "/data"}))], Refused(MOUNTS)),
+        // The filesystem holder's mount of the claim (the API server itself refuses it).
+        row(BS, "the claim mounted at /data too", vec![set("/spec/containers/0/volumeMounts/1", json!({"name": "data", "mountPath": "/data"}))], Refused(MOUNTED_AND_DEVICE)),
+        row(BD, "the claim mounted at /data instead of the emptyDir", vec![set("/spec/containers/0/volumeMounts/0", json!({"name": "data", "mountPath": "/data"}))], Refused(MOUNTED_AND_DEVICE)),
     ]
 }
 
