@@ -1,12 +1,12 @@
-//! Block claims on the tier's CSI driver (loop devices), reached the way the design says a
-//! block CopyJob will reach them (docs/design/block-volumes.md): a holder pod, restricted,
+//! Block claims on the tier's CSI driver (loop devices), reached the way a block CopyJob
+//! reaches them (docs/copyjob.md, "Raw block claims"): a holder pod, restricted,
 //! with the claim as `volumeDevices`, runs `ferry-agent hold-block`; the receiving side
 //! finds its socket through the kubelet's pod directory, takes the descriptor, and accepts it
 //! only if its `st_rdev` is the device node the kubelet made for that volume and that pod.
-//! The operator does not make these pods yet and the agent does not run block shards yet:
-//! here the test makes the pods, and the test process takes the descriptors as the agent will
-//! (the process-tier test `agent/tests/handoff.rs` shows it working from inside a device
-//! cgroup that refuses every block device).
+//! The first check makes such pods itself and takes the descriptors in the test process,
+//! as the agent does (the process-tier test `agent/tests/handoff.rs` shows it working from
+//! inside a device cgroup that refuses every block device); the others are CopyJobs, with
+//! the operator's holders and the agent's block shard.
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
