@@ -95,6 +95,15 @@ fn claim_shape(pvc: &PersistentVolumeClaim) -> (bool, Option<u64>) {
     (block, request)
 }
 
+/// Why an endpoint does not resolve (yet): the job's `Resolved` condition.
+fn unresolved(reason: Reason, message: String) -> Blocked {
+    Blocked {
+        condition: ConditionType::Resolved,
+        reason,
+        message,
+    }
+}
+
 /// Check a PVC endpoint: a claim in the job's own namespace, bound to its volume, which is
 /// a `local` or `hostPath` PersistentVolume (its node affinity says where it lives) or a
 /// CSI volume.
@@ -105,18 +114,11 @@ async fn reach_pvc(
     claim: &str,
     destination: bool,
 ) -> Result<Result<Reach, Blocked>, kube::Error> {
-    let unresolved = |reason: Reason, message: String| {
-        Ok(Err(Blocked {
-            condition: ConditionType::Resolved,
-            reason,
-            message,
-        }))
-    };
     let Some(pvc) = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
         .get_opt(claim)
         .await?
     else {
-        return unresolved(Reason::PVCNotFound, format!("{field}.pvc: no PersistentVolumeClaim {claim:?} in namespace {ns:?} (claims of other namespaces cannot be used)"));
+        return Ok(Err(unresolved(Reason::PVCNotFound, format!("{field}.pvc: no PersistentVolumeClaim {claim:?} in namespace {ns:?} (claims of other namespaces cannot be used)"))));
     };
     if let Err(blocked) = claim_is_bound(field, ns, claim, &pvc) {
         // A claim of a WaitForFirstConsumer class is bound only once a pod that uses it is
@@ -143,10 +145,10 @@ async fn reach_pvc(
         .get_opt(&pv_name)
         .await?
     else {
-        return unresolved(
+        return Ok(Err(unresolved(
             Reason::PVCNotBound,
             format!("{field}.pvc: claim {claim:?} names volume {pv_name:?}, which does not exist"),
-        );
+        )));
     };
     if let Err(blocked) = volume_is_the_claims(field, ns, claim, &pvc, &pv) {
         return Ok(Err(blocked));
@@ -170,10 +172,10 @@ async fn reach_pvc(
                 .and_then(|c| c.get("storage"))
                 .and_then(|q| block::quantity_bytes(&q.0)),
         })),
-        Err(why) => unresolved(
+        Err(why) => Ok(Err(unresolved(
             Reason::VolumeNotSupported,
             format!("{field}.pvc: volume {pv_name:?}: {why}"),
-        ),
+        ))),
     }
 }
 
@@ -191,11 +193,7 @@ async fn through_the_holder(
     destination: bool,
     job_uid: &str,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
-    let not_held = |message| Blocked {
-        condition: ConditionType::Resolved,
-        reason: Reason::VolumeNotMounted,
-        message,
-    };
+    let not_held = |message| unresolved(Reason::VolumeNotMounted, message);
     let Some(pv_name) = pv_name else {
         return Ok(Err(not_held(format!("{field}.pvc: raw block claim {claim:?} waits for its first consumer; Ferry's holder pod for it is that consumer, waiting to be scheduled"))));
     };
@@ -209,11 +207,7 @@ async fn through_the_holder(
         } else {
             ", or copy a snapshot of it (spec.source.copyMethod: Snapshot)"
         };
-        return Ok(Err(Blocked {
-            condition: ConditionType::Resolved,
-            reason: Reason::VolumeInUse,
-            message: format!("{field}.pvc: raw block claim {claim:?} is used by pod {:?}, and a device copied while another pod uses it is torn (no filesystem keeps it consistent), so Ferry waits: stop that pod (scale its workload to zero){or_snapshot}", user.name_any()),
-        }));
+        return Ok(Err(unresolved(Reason::VolumeInUse, format!("{field}.pvc: raw block claim {claim:?} is used by pod {:?}, and a device copied while another pod uses it is torn (no filesystem keeps it consistent), so Ferry waits: stop that pod (scale its workload to zero){or_snapshot}", user.name_any()))));
     }
     let held = block_holder(&pods, claim, job_uid, destination).and_then(|pod| {
         let node = pod.spec.as_ref()?.node_name.clone()?;
@@ -248,11 +242,7 @@ async fn through_a_pod(
     exclusive: bool,
     job_uid: &str,
 ) -> Result<Result<Volume, Blocked>, kube::Error> {
-    let not_mounted = |message| Blocked {
-        condition: ConditionType::Resolved,
-        reason: Reason::VolumeNotMounted,
-        message,
-    };
+    let not_mounted = |message| unresolved(Reason::VolumeNotMounted, message);
     // Not bound yet when the claim was read: the next look finds its volume.
     let Some(pv_name) = pv_name else {
         return Ok(Err(not_mounted(format!("{field}.pvc: claim {claim:?} waits for its first consumer (its StorageClass binds volumes only for a scheduled pod); start a pod in namespace {ns:?} that mounts it (a pause pod is enough) and Ferry will copy on that pod's node"))));
@@ -260,11 +250,7 @@ async fn through_a_pod(
     let pods = running_pods_with_claims(client, ns).await?;
     if exclusive {
         if let Some(user) = volume::mounting_pod(&pods, claim).filter(|p| !holder_of(p, job_uid)) {
-            return Ok(Err(Blocked {
-                condition: ConditionType::Resolved,
-                reason: Reason::VolumeInUse,
-                message: format!("{field}.pvc: claim {claim:?} is ReadWriteOncePod and pod {:?} uses it; only one pod may, so Ferry waits: stop that pod (scale its workload to zero) and Ferry mounts the claim itself and copies", user.name_any()),
-            }));
+            return Ok(Err(unresolved(Reason::VolumeInUse, format!("{field}.pvc: claim {claim:?} is ReadWriteOncePod and pod {:?} uses it; only one pod may, so Ferry waits: stop that pod (scale its workload to zero) and Ferry mounts the claim itself and copies", user.name_any()))));
         }
     }
     Ok(
@@ -312,14 +298,13 @@ fn claim_is_bound(
     let named = pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref());
     match (phase, named) {
         (Some("Bound"), Some(v)) if !v.is_empty() => Ok(()),
-        _ => Err(Blocked {
-            condition: ConditionType::Resolved,
-            reason: Reason::PVCNotBound,
-            message: format!(
+        _ => Err(unresolved(
+            Reason::PVCNotBound,
+            format!(
                 "{field}.pvc: claim {claim:?} in namespace {ns:?} is not bound to a volume yet (phase {}); Ferry copies once Kubernetes has bound it",
                 phase.unwrap_or("unknown")
             ),
-        }),
+        )),
     }
 }
 
@@ -561,11 +546,7 @@ async fn resolve_root(
     let name = e.root.as_deref().unwrap_or_default();
     let roots = Api::<StorageRoot>::all(client.clone());
     let Some(root) = roots.get_opt(name).await? else {
-        return Ok(Err(Blocked {
-            condition: ConditionType::Resolved,
-            reason: Reason::RootNotFound,
-            message: format!("{field}.root: StorageRoot {name:?} does not exist; ask an admin to create it or name another"),
-        }));
+        return Ok(Err(unresolved(Reason::RootNotFound, format!("{field}.root: StorageRoot {name:?} does not exist; ask an admin to create it or name another"))));
     };
     let access = &root.spec.namespaces;
     let mut allowed = access.names.iter().any(|n| n == ns);
