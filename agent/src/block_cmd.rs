@@ -64,12 +64,17 @@ pub fn options(args: &CopyBlockArgs) -> Result<BlockOptions, String> {
         },
         cancel: None,
         journal: args.journal.clone(),
-        // The test hook the agent's file copies have too (FERRY_FAULT_FILE_DELAY_MS).
-        delay_per_chunk: std::env::var("FERRY_FAULT_CHUNK_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(std::time::Duration::from_millis),
+        delay_per_chunk: fault_chunk_delay(),
     })
+}
+
+/// The test hook the agent's file copies have too (FERRY_FAULT_FILE_DELAY_MS): a pause
+/// per chunk, for copy-block and the agent's block shards alike.
+pub fn fault_chunk_delay() -> Option<std::time::Duration> {
+    std::env::var("FERRY_FAULT_CHUNK_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(std::time::Duration::from_millis)
 }
 
 pub fn run(args: &CopyBlockArgs) -> ExitCode {

@@ -22,10 +22,10 @@ use ferry_engine::{Progress, Strategy};
 use ferry_resolve::{block as claims, Reach};
 use kube::ResourceExt;
 
-use super::copy::PUBLISH_EVERY;
+use super::copy::publish_until;
 use super::node::{Active, Node};
 use crate::daemon::error::ShardError;
-use crate::daemon::publish::{Live, PublishError, Target};
+use crate::daemon::publish::{Live, Target};
 use crate::handoff::{claim_rdev, fetch_at, Expect, HandoffError};
 
 /// How long a holder that runs may take to open its device and listen.
@@ -181,11 +181,7 @@ fn options(target: Target<'_>, active: &Active, journal: PathBuf) -> BlockOption
         zeros: Zeros::Punch,
         cancel: Some(active.cancel.clone()),
         journal: Some(journal),
-        // The test hook file copies have (FERRY_FAULT_FILE_DELAY_MS).
-        delay_per_chunk: std::env::var("FERRY_FAULT_CHUNK_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_millis),
+        delay_per_chunk: crate::block_cmd::fault_chunk_delay(),
         ..BlockOptions::default()
     }
 }
@@ -250,7 +246,7 @@ pub(super) async fn run(
     tracing::info!(job = %job.name_any(), %uid, shard = %shard.id, bytes = src.size(), "starting block shard");
     node.publish(target, ShardState::Running, &live, None)
         .await?;
-    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    let (tx, rx) = tokio::sync::oneshot::channel();
     let done = Arc::new(AtomicBool::new(false));
     {
         let (live, done) = (live.clone(), done.clone());
@@ -263,24 +259,7 @@ pub(super) async fn run(
             })
             .map_err(ShardError::Spawn)?;
     }
-    let result = loop {
-        tokio::select! {
-            r = &mut rx => break r.map_err(ShardError::CopyThreadVanished)?,
-            _ = tokio::time::sleep(PUBLISH_EVERY) => {
-                if done.load(Ordering::Relaxed) || active.fenced.load(Ordering::Relaxed) {
-                    continue;
-                }
-                match node.publish(target, ShardState::Running, &live, None).await {
-                    Err(PublishError::Fenced(_)) => {
-                        active.fenced.store(true, Ordering::Relaxed);
-                        active.cancel.store(true, Ordering::Relaxed);
-                    }
-                    Err(e) => tracing::warn!(error = %e, "progress update failed"),
-                    Ok(()) => {}
-                }
-            }
-        }
-    };
+    let result = publish_until(node, target, active, &live, &done, rx, || {}).await?;
     if active.fenced.load(Ordering::Relaxed) {
         return Err(ShardError::Fenced);
     }

@@ -73,7 +73,6 @@ pub(super) async fn copy_once(
     roots: &Roots,
     opts: ferry_engine::Options,
 ) -> Result<Result<Summary, ferry_engine::Error>, ShardError> {
-    let shard = target.shard;
     let (tx, rx) = tokio::sync::oneshot::channel();
     {
         let (live, done) = (live.clone(), done.clone());
@@ -116,22 +115,37 @@ pub(super) async fn copy_once(
         Src::Local(_) => None,
     };
     let mut received = 0;
-    let mut count_received = || {
+    let count_received = || {
         if let Some(conn) = &conn {
             let now = conn.bytes_received();
             crate::serve::metrics().network("received", &ns, &name, now.saturating_sub(received));
             received = now;
         }
     };
-    let mut rx = rx;
-    let result = loop {
+    publish_until(node, target, active, live, done, rx, count_received).await
+}
+
+/// The copy thread's result (sent on `rx`), publishing the shard Running every
+/// [`PUBLISH_EVERY`] until it is `done`, and stopping it (cancel) the moment the API server
+/// says the shard is no longer ours. `tick` runs at every beat and at the end.
+pub(super) async fn publish_until<T>(
+    node: &Node,
+    target: Target<'_>,
+    active: &Active,
+    live: &Live,
+    done: &AtomicBool,
+    mut rx: tokio::sync::oneshot::Receiver<T>,
+    mut tick: impl FnMut(),
+) -> Result<T, ShardError> {
+    let shard = target.shard;
+    loop {
         tokio::select! {
             r = &mut rx => {
-                count_received();
-                break r.map_err(ShardError::CopyThreadVanished)?
+                tick();
+                return r.map_err(ShardError::CopyThreadVanished);
             }
             _ = tokio::time::sleep(PUBLISH_EVERY) => {
-                count_received();
+                tick();
                 if !done.load(Ordering::Relaxed) && !active.fenced.load(Ordering::Relaxed) {
                     match node.publish(target, ShardState::Running, live, None).await {
                         // Not ours any more: stop copying at once.
@@ -146,6 +160,5 @@ pub(super) async fn copy_once(
                 }
             }
         }
-    };
-    Ok(result)
+    }
 }
