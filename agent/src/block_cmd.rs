@@ -95,7 +95,14 @@ pub fn run(args: &CopyBlockArgs) -> ExitCode {
     });
     let summary = match result {
         Ok(s) => s,
-        Err(e @ ferry_engine::Error::Usage(_)) => return usage(&e.to_string()),
+        // DST too small is the caller's to change, like a flag: exit 2 too.
+        Err(
+            e @ (ferry_engine::Error::Usage(_)
+            | ferry_engine::Error::Refused {
+                reason: ferry_crds::Reason::DestinationTooSmall,
+                ..
+            }),
+        ) => return usage(&e.to_string()),
         Err(e) => {
             eprintln!("ferry-agent copy-block: {}", crate::with_causes(&e));
             return ExitCode::FAILURE;

@@ -25,7 +25,8 @@ pub enum Error {
     Usage(String),
     /// A path inside a root cannot be used safely: it would leave the root, it passes a
     /// symlink, or the kernel cannot resolve it with those guarantees. `reason` is
-    /// `PathEscape`, `SymlinkRejected` or `Openat2Unavailable`.
+    /// `PathEscape`, `SymlinkRejected` or `Openat2Unavailable`; or a block device copy's
+    /// destination is smaller than its source (`DestinationTooSmall`).
     #[error("{message}")]
     Refused { reason: Reason, message: String },
 }

@@ -500,6 +500,17 @@ fn loop_devices_copy_identical_with_zeros_punched_direct_or_buffered() -> Result
         err.to_string().contains("at least as large as the source"),
         "{err}"
     );
+    // With its reason, which a block shard reports as the job's.
+    assert!(
+        matches!(
+            err,
+            ferry_engine::Error::Refused {
+                reason: ferry_crds::Reason::DestinationTooSmall,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     let mut head = vec![0; (8 * CHUNK) as usize];
     File::open(&small.dev)?.read_exact(&mut head)?;
     assert!(

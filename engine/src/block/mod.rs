@@ -172,12 +172,15 @@ pub fn copy_device(
     ChunkManifest::check_shape(size, chunk).map_err(Error::Usage)?;
     dst.grow_image(size)?;
     if dst.size() < size {
-        return Err(Error::Usage(format!(
-            "{} holds {} bytes, less than the {size} bytes of {}: the destination must be at least as large as the source",
-            dst.name().display(),
-            dst.size(),
-            src.name().display()
-        )));
+        return Err(Error::Refused {
+            reason: ferry_crds::Reason::DestinationTooSmall,
+            message: format!(
+                "{} holds {} bytes, less than the {size} bytes of {}: the destination must be at least as large as the source",
+                dst.name().display(),
+                dst.size(),
+                src.name().display()
+            ),
+        });
     }
     let direct = match opts.cache {
         Cache::Buffered => false,

@@ -288,7 +288,7 @@ async fn settle(
                 ShardState::Suspended
             }
         }
-        Ok(s) => {
+        Ok(mut s) => {
             live.files.store(1, Ordering::Relaxed);
             live.bytes.store(s.size, Ordering::Relaxed);
             tracing::info!(
@@ -305,22 +305,25 @@ async fn settle(
                 secs = s.elapsed.as_secs_f64(),
                 "block shard copied"
             );
-            if let Some(m) = &s.manifest {
-                let (m, path) = (m.clone(), manifest.to_path_buf());
-                let written =
-                    tokio::task::spawn_blocking(move || std::fs::write(&path, m.to_text())).await;
-                if !matches!(written, Ok(Ok(()))) {
-                    tracing::warn!(path = %manifest.display(), "could not keep the chunk manifest");
-                }
+            // The manifest kept in the journal's place, on the blocking pool.
+            let (m, path, journal) = (
+                s.manifest.take(),
+                manifest.to_path_buf(),
+                journal.to_path_buf(),
+            );
+            let kept = tokio::task::spawn_blocking(move || {
+                let kept = m.map(|m| std::fs::write(&path, m.to_text()));
+                let _ = std::fs::remove_file(journal);
+                kept
+            })
+            .await;
+            if matches!(kept, Err(_) | Ok(Some(Err(_)))) {
+                tracing::warn!(path = %manifest.display(), "could not keep the chunk manifest");
             }
-            let _ = std::fs::remove_file(journal);
             ShardState::Succeeded
         }
         Err(e) => {
             let reason = match &e {
-                ferry_engine::Error::Usage(m) if m.contains("at least as large") => {
-                    Reason::DestinationTooSmall
-                }
                 ferry_engine::Error::Io { .. } => Reason::IOError,
                 e => crate::daemon::error::engine_reason(e),
             };
