@@ -183,7 +183,6 @@ async fn reach_pvc(
 /// device to the agent on the holder's node; never while a pod that is not Ferry's uses
 /// it (a device read or written under another writer is torn: no filesystem keeps it
 /// consistent).
-#[allow(clippy::too_many_arguments)]
 async fn through_the_holder(
     client: &Client,
     ns: &str,
