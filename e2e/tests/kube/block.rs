@@ -43,14 +43,7 @@ fn volume(tier: &KubeTier, name: &str) -> Result<(PathBuf, String)> {
 }
 
 pub fn held_and_handed_over(tier: &KubeTier, _: &std::path::Path) -> Result<()> {
-    for name in ["blk-src", "blk-dst"] {
-        tier.apply(&format!(
-            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  storageClassName: ferry-csi\n  volumeMode: Block\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: 64Mi}}}}\n"
-        ))?;
-    }
-    for name in ["blk-src", "blk-dst"] {
-        tier.wait_claim_bound("default", name)?;
-    }
+    block_claims(tier, &[("blk-src", "64Mi"), ("blk-dst", "64Mi")])?;
     let ((src_file, src_pv), (dst_file, dst_pv)) =
         (volume(tier, "blk-src")?, volume(tier, "blk-dst")?);
     // The source's bytes, written into its volume's file before anything holds it.
@@ -132,7 +125,28 @@ pub fn held_and_handed_over(tier: &KubeTier, _: &std::path::Path) -> Result<()> 
         "the destination volume's bytes differ from the source's"
     );
 
-    for what in ["pod/hold-src", "pod/hold-dst", "pvc/blk-src", "pvc/blk-dst"] {
+    delete(
+        tier,
+        &["pod/hold-src", "pod/hold-dst", "pvc/blk-src", "pvc/blk-dst"],
+    )
+}
+
+/// Block claims (`name`, `size`) on ferry-csi in `default`, bound.
+fn block_claims(tier: &KubeTier, claims: &[(&str, &str)]) -> Result<()> {
+    for (name, size) in claims {
+        tier.apply(&format!(
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  storageClassName: ferry-csi\n  volumeMode: Block\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: {size}}}}}\n"
+        ))?;
+    }
+    for (name, _) in claims {
+        tier.wait_claim_bound("default", name)?;
+    }
+    Ok(())
+}
+
+/// Delete each of `objects` (`kind/name`) in `default`, waiting until it is gone.
+fn delete(tier: &KubeTier, objects: &[&str]) -> Result<()> {
+    for what in objects {
         tier.kubectl_ok(&[
             "delete",
             what,
@@ -143,13 +157,6 @@ pub fn held_and_handed_over(tier: &KubeTier, _: &std::path::Path) -> Result<()> 
         ])?;
     }
     Ok(())
-}
-
-/// A Block claim `name` of `size` on ferry-csi in `default`.
-fn block_claim(tier: &KubeTier, name: &str, size: &str) -> Result<()> {
-    tier.apply(&format!(
-        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  storageClassName: ferry-csi\n  volumeMode: Block\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: {size}}}}}\n"
-    ))
 }
 
 /// A CopyJob in `default` between claims, with `extra` spec lines (two spaces in).
@@ -201,14 +208,7 @@ fn run(program: &str, args: &[&str]) -> Result<()> {
 
 /// Until job `name`'s Accepted condition is False with `reason`; its message.
 fn refused_with(tier: &KubeTier, name: &str, reason: &str) -> Result<String> {
-    let said = tier.wait_until(
-        &format!("copyjob/{name}"),
-        "default",
-        "{.status.conditions[?(@.type==\"Accepted\")].reason}: {.status.conditions[?(@.type==\"Accepted\")].message}",
-        Duration::from_secs(60),
-        |m| m.starts_with(&format!("{reason}: ")),
-    )?;
-    Ok(said[reason.len() + 2..].to_string())
+    super::csi::condition_with(tier, name, "Accepted", reason)
 }
 
 /// The agents' log lines that say job `default/<job>` copied a device.
@@ -216,7 +216,7 @@ fn copied_lines(tier: &KubeTier, job: &str) -> Result<Vec<String>> {
     let logs = tier.kubectl_ok(&[
         "logs",
         "-n",
-        "ferry-system",
+        super::NS,
         "-l",
         "app.kubernetes.io/component=agent",
         "--tail=-1",
@@ -242,17 +242,16 @@ fn field(line: &str, key: &str) -> Option<u64> {
 /// re-run after 1 MiB in the middle changed writes one or two chunks; and what a user can
 /// get wrong refused by name before any pod is made.
 pub fn copyjob_between_claims(tier: &KubeTier, _: &std::path::Path) -> Result<()> {
-    for (name, size) in [
-        ("disk-a", "128Mi"),
-        ("disk-b", "128Mi"),
-        ("disk-small", "64Mi"),
-    ] {
-        block_claim(tier, name, size)?;
-    }
+    block_claims(
+        tier,
+        &[
+            ("disk-a", "128Mi"),
+            ("disk-b", "128Mi"),
+            ("disk-small", "64Mi"),
+        ],
+    )?;
     tier.apply("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: disk-fs, namespace: default}\nspec:\n  storageClassName: ferry-csi\n  accessModes: [ReadWriteOnce]\n  resources: {requests: {storage: 64Mi}}\n")?;
-    for name in ["disk-a", "disk-b", "disk-small", "disk-fs"] {
-        tier.wait_claim_bound("default", name)?;
-    }
+    tier.wait_claim_bound("default", "disk-fs")?;
     let (a_file, _) = volume(tier, "disk-a")?;
     let (b_file, _) = volume(tier, "disk-b")?;
     // An ext4 filesystem on the source, with a tree and 8 MiB of random data; the rest of
@@ -384,36 +383,24 @@ pub fn copyjob_between_claims(tier: &KubeTier, _: &std::path::Path) -> Result<()
     let (written, unchanged) = (field(line, "written"), field(line, "unchanged"));
     ensure!(written == Some(2) && unchanged == Some(30), "the re-run wrote {written:?} chunks and kept {unchanged:?} (1 MiB across a chunk boundary: 2 of 32): {line}");
 
-    for what in [
-        "copyjob/disk",
-        "copyjob/disk-again",
-        "pvc/disk-a",
-        "pvc/disk-b",
-        "pvc/disk-small",
-        "pvc/disk-fs",
-    ] {
-        tier.kubectl_ok(&[
-            "delete",
-            what,
-            "-n",
-            "default",
-            "--wait=true",
-            "--timeout=60s",
-        ])?;
-    }
-    Ok(())
+    delete(
+        tier,
+        &[
+            "copyjob/disk",
+            "copyjob/disk-again",
+            "pvc/disk-a",
+            "pvc/disk-b",
+            "pvc/disk-small",
+            "pvc/disk-fs",
+        ],
+    )
 }
 
 /// The agent killed in the middle of a block copy (slowed by FERRY_FAULT_CHUNK_DELAY_MS:
 /// run from the slowed phase): the next agent resumes at the chunks the journal lacks, not
 /// from the start, and the destination is the source's bytes.
 pub fn agent_killed_mid_copy(tier: &KubeTier, _: &std::path::Path) -> Result<()> {
-    for name in ["kill-a", "kill-b"] {
-        block_claim(tier, name, "256Mi")?;
-    }
-    for name in ["kill-a", "kill-b"] {
-        tier.wait_claim_bound("default", name)?;
-    }
+    block_claims(tier, &[("kill-a", "256Mi"), ("kill-b", "256Mi")])?;
     let (a_file, _) = volume(tier, "kill-a")?;
     let (b_file, _) = volume(tier, "kill-b")?;
     let f = std::fs::OpenOptions::new().write(true).open(&a_file)?;
@@ -430,13 +417,9 @@ pub fn agent_killed_mid_copy(tier: &KubeTier, _: &std::path::Path) -> Result<()>
         Duration::from_secs(120),
         |n| n.parse::<u64>().is_ok_and(|n| n >= 128 * MIB),
     )?;
-    let agents = tier.get(
-        "pods",
-        "ferry-system",
-        "{.items[?(@.metadata.labels.app\\.kubernetes\\.io/component==\"agent\")].metadata.name}",
-    )?;
-    let agent = agents.split_whitespace().next().context("no agent pod")?;
-    tier.kubectl_ok(&["delete", "pod", agent, "-n", "ferry-system", "--wait=false"])?;
+    let agents = super::pods(tier, "agent")?;
+    let agent = agents.first().context("no agent pod")?;
+    tier.kubectl_ok(&["delete", "pod", agent, "-n", super::NS, "--wait=false"])?;
     tier.wait_succeeded("default", "kill", 240)?;
     super::csi::all_let_go(tier, "default")?;
     ensure!(
@@ -452,15 +435,5 @@ pub fn agent_killed_mid_copy(tier: &KubeTier, _: &std::path::Path) -> Result<()>
         (16..64).contains(&resumed),
         "the new agent resumed {resumed} of 64 chunks (at least the 16 flushed before the kill, not all): {line}"
     );
-    for what in ["copyjob/kill", "pvc/kill-a", "pvc/kill-b"] {
-        tier.kubectl_ok(&[
-            "delete",
-            what,
-            "-n",
-            "default",
-            "--wait=true",
-            "--timeout=60s",
-        ])?;
-    }
-    Ok(())
+    delete(tier, &["copyjob/kill", "pvc/kill-a", "pvc/kill-b"])
 }

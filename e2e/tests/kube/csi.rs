@@ -102,10 +102,20 @@ fn detached(tier: &KubeTier, claims: &[&str]) -> Result<()> {
 
 /// Until job `name` in `default` waits with `reason`; its condition's message.
 fn waits_with(tier: &KubeTier, name: &str, reason: &str) -> Result<String> {
+    condition_with(tier, name, "Resolved", reason)
+}
+
+/// Until job `name` in `default` has condition `type_` with `reason`; its message.
+pub(super) fn condition_with(
+    tier: &KubeTier,
+    name: &str,
+    type_: &str,
+    reason: &str,
+) -> Result<String> {
     let said = tier.wait_until(
         &format!("copyjob/{name}"),
         "default",
-        "{.status.conditions[?(@.type==\"Resolved\")].reason}: {.status.conditions[?(@.type==\"Resolved\")].message}",
+        &format!("{{.status.conditions[?(@.type==\"{type_}\")].reason}}: {{.status.conditions[?(@.type==\"{type_}\")].message}}"),
         Duration::from_secs(60),
         |m| m.starts_with(&format!("{reason}: ")),
     )?;
