@@ -154,10 +154,27 @@ impl Kubectl {
             std::thread::sleep(Duration::from_millis(100));
         }
         bail!(
-            "{kind_name} {jsonpath}: still {last:?} after {timeout:?}\nstatus: {}\noperator:\n{}",
+            "{kind_name} {jsonpath}: still {last:?} after {timeout:?}\nstatus: {}\noperator:\n{}{}",
             self.get(kind_name, ns, "{.status}").unwrap_or_default(),
-            self.log_tail("operator.log", 10)
+            self.log_tail("operator.log", 10),
+            self.agent_log_tails(20)
         )
+    }
+
+    /// The last `lines` of every agent's log here (`agent-<node>.log`), each under its
+    /// name: a shard that does not move is the agent's story, not the operator's.
+    fn agent_log_tails(&self, lines: usize) -> String {
+        let mut logs: Vec<String> = std::fs::read_dir(&self.logs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with("agent-") && n.ends_with(".log"))
+            .collect();
+        logs.sort();
+        logs.iter()
+            .map(|log| format!("\n{log}:\n{}", self.log_tail(log, lines)))
+            .collect()
     }
 
     /// Wait until claim `name` in `ns` is `Bound` (by the PV controller).
