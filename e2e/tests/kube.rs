@@ -33,7 +33,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 21] = [
+    let checks: [(&str, Check); 22] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -101,6 +101,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "block claims: a CopyJob copies an ext4 claim exactly and sparse, re-runs by chunk hashes, refuses what a device cannot do",
             block::copyjob_between_claims,
+        ),
+        (
+            "block claims: a block claim's snapshot (taken while a pod has it, or the user's) copied onto a block claim",
+            block::copyjob_from_block_snapshot,
         ),
         // Last: they slow the agent down (and put it back).
         (

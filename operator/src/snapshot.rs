@@ -58,10 +58,35 @@ fn blocked(reason: Reason, message: String) -> Blocked {
     }
 }
 
-/// A snapshot source of a raw block claim: restored, it would be a block claim, which this
-/// path (a filesystem restore, mounted by a holder) does not make yet.
-fn block_snapshot(what: &str) -> Blocked {
-    blocked(Reason::VolumeNotSupported, format!("spec.source: {what} is of a raw block volume (volumeMode: Block), and copies from snapshots of raw block volumes are not built yet; copy the block claim itself (spec.source.pvc, copyMethod Direct) while no pod uses it"))
+/// A job whose source is a snapshot, checked before the snapshot is taken or restored: a
+/// block snapshot restores as a raw block claim, so the job gets the refusals a copy
+/// between block claims gets (`ferry_resolve::block::check_pair`), and a filesystem one
+/// those of a filesystem source, now rather than once a restored claim exists. `src`: the
+/// snapshot as an end (a block one with its size in bytes, when known).
+async fn fits(
+    client: &Client,
+    ns: &str,
+    job: &CopyJob,
+    src: ferry_resolve::block::End,
+) -> Result<Option<Blocked>, kube::Error> {
+    let Some(dst) = ferry_resolve::destination_end(client, ns, job).await? else {
+        return Ok(None);
+    };
+    Ok(ferry_resolve::block::check_pair(job, src, dst)
+        .err()
+        .map(|r| Blocked {
+            condition: ConditionType::Accepted,
+            reason: r.reason,
+            message: format!(
+                "{} (the source is a snapshot, restored as a {} claim)",
+                r.message,
+                if src.is_some() {
+                    "raw block"
+                } else {
+                    "filesystem"
+                }
+            ),
+        }))
 }
 
 fn made_for(meta: &ObjectMeta, job: &CopyJob) -> bool {
@@ -103,8 +128,15 @@ pub fn snapshot_of_claim(job: &CopyJob, claim: &str) -> DynamicObject {
 
 /// The claim a snapshot is restored to: new, from the snapshot only (no `volumeName`, no
 /// selector), of `class` and `size`, read-write by one node (the widest mode drivers
-/// support; the holder mounts it read-only).
-pub fn claim_for(job: &CopyJob, snapshot: &str, class: &str, size: &str) -> PersistentVolumeClaim {
+/// support; the holder mounts it read-only, or opens its device read-only), and a raw
+/// block claim when `block` (the snapshot is of one).
+pub fn claim_for(
+    job: &CopyJob,
+    snapshot: &str,
+    class: &str,
+    size: &str,
+    block: bool,
+) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(ferry_resolve::restore_claim(&job.uid().unwrap_or_default())),
@@ -132,6 +164,7 @@ pub fn claim_for(job: &CopyJob, snapshot: &str, class: &str, size: &str) -> Pers
                 kind: "VolumeSnapshot".into(),
                 name: snapshot.to_string(),
             }),
+            volume_mode: block.then(|| "Block".to_string()),
             ..Default::default()
         }),
         status: None,
@@ -172,8 +205,8 @@ pub async fn prepare(
                     format!("spec.source.pvc: no PersistentVolumeClaim {pvc:?} in namespace {ns:?} to snapshot (claims of other namespaces cannot be used)"),
                 )));
             };
-            if claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block") {
-                return Ok(Some(block_snapshot(&format!("claim {pvc:?}"))));
+            if let Some(refused) = fits(client, ns, job, ferry_resolve::claim_end(&claim)).await? {
+                return Ok(Some(refused));
             }
             (ferry_resolve::taken_snapshot(&uid), Some(claim))
         }
@@ -243,9 +276,12 @@ pub async fn prepare(
             message: format!("spec.source.snapshot: VolumeSnapshotContent {:?} is not bound to VolumeSnapshot {name:?} of namespace {ns:?}; use a snapshot the snapshot controller bound to its content", content.name_any()),
         }));
     }
-    if str_at(&content.data, &["spec", "sourceVolumeMode"]) == Some("Block") {
-        return Ok(Some(block_snapshot(&format!("VolumeSnapshot {name:?}"))));
-    }
+    // A snapshot of a raw block volume restores as one (the content says which the
+    // snapshot controller took; a claim Ferry snapshotted says it too).
+    let block = str_at(&content.data, &["spec", "sourceVolumeMode"]) == Some("Block")
+        || source_claim
+            .as_ref()
+            .is_some_and(|c| ferry_resolve::claim_end(c).is_some());
     let driver = str_at(&content.data, &["spec", "driver"]).unwrap_or_default();
     let Some(size) = str_at(status, &["restoreSize"])
         .map(String::from)
@@ -267,11 +303,15 @@ pub async fn prepare(
             format!("VolumeSnapshot {name:?} has no restoreSize yet"),
         )));
     };
+    let end = block.then(|| ferry_resolve::block::quantity_bytes(&size));
+    if let Some(refused) = fits(client, ns, job, end).await? {
+        return Ok(Some(refused));
+    }
     let Some(class) = restore_class(client, ns, &snapshot, source_claim.as_ref(), driver).await?
     else {
         return Ok(Some(blocked(Reason::SnapshotNotFound, format!("no StorageClass provisions volumes of CSI driver {driver:?}, which VolumeSnapshot {name:?} was taken with; ask an admin for one"))));
     };
-    let made = claim_for(job, &name, &class, &size);
+    let made = claim_for(job, &name, &class, &size, block);
     match claims.create(&PostParams::default(), &made).await {
         Ok(_) => {
             tracing::info!(job = %job.name_any(), snapshot = %name, claim = %restore, class = %class, "restoring a snapshot");
@@ -420,7 +460,7 @@ mod tests {
             snapshot: Some("s".into()),
             ..Default::default()
         });
-        let c = claim_for(&j, "s", "fast", "2Gi");
+        let c = claim_for(&j, "s", "fast", "2Gi", false);
         assert_eq!(
             c.metadata.name.as_deref(),
             Some("ferry-restore-0f1e2d3c-aaaa-bbbb-cccc-000000000001")
@@ -444,6 +484,12 @@ mod tests {
             spec.resources.and_then(|r| r.requests).expect("requests")["storage"],
             Quantity("2Gi".into())
         );
+        // A filesystem claim says nothing of its mode; a block snapshot's claim says Block.
+        assert_eq!(spec.volume_mode, None);
+        let block = claim_for(&j, "s", "fast", "2Gi", true)
+            .spec
+            .expect("a spec");
+        assert_eq!(block.volume_mode.as_deref(), Some("Block"));
     }
 
     #[test]

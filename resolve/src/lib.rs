@@ -95,6 +95,40 @@ fn claim_shape(pvc: &PersistentVolumeClaim) -> (bool, Option<u64>) {
     (block, request)
 }
 
+/// The job's destination as [`block::check_pair`] sees it before anything of the job is
+/// made (a snapshot source checked before it is restored): a root or a filesystem claim is
+/// `None`, a block claim its capacity (the bound volume's, else the request). `Ok(None)`
+/// when the claim is not there: resolving it later says so.
+pub async fn destination_end(
+    client: &Client,
+    ns: &str,
+    job: &CopyJob,
+) -> Result<Option<block::End>, kube::Error> {
+    let Some(name) = &job.spec.destination.pvc else {
+        return Ok(Some(None));
+    };
+    let Some(pvc) = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(claim_end(&pvc)))
+}
+
+/// A claim as [`block::check_pair`] sees it: `None` for a filesystem claim, a block
+/// claim's capacity (its bound volume's, as the claim's status says, else its request).
+pub fn claim_end(pvc: &PersistentVolumeClaim) -> block::End {
+    let (block, request) = claim_shape(pvc);
+    let bound = pvc
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .and_then(|q| block::quantity_bytes(&q.0));
+    block.then_some(bound.or(request))
+}
+
 /// Why an endpoint does not resolve (yet): the job's `Resolved` condition.
 fn unresolved(reason: Reason, message: String) -> Blocked {
     Blocked {

@@ -489,7 +489,10 @@ fn snapshot_rows() -> Vec<Row> {
         row(C, "a volume selector", vec![set("/spec/selector", json!({"matchLabels": {"tenant": "team-b"}}))], Refused("spec.selector")),
         row(C, "shared by many nodes", vec![set("/spec/accessModes/0", json!("ReadWriteMany"))], Refused("spec.accessModes")),
         row(C, "two access modes", vec![set("/spec/accessModes/1", json!("ReadOnlyMany"))], Refused("spec.accessModes")),
-        row(C, "a block device", vec![set("/spec/volumeMode", json!("Block"))], Refused("spec.volumeMode")),
+        // A block volume's snapshot restores as a block claim: what it reaches is its own.
+        row(C, "a block device", vec![set("/spec/volumeMode", json!("Block"))], Admitted),
+        row(C, "a filesystem said out loud", vec![set("/spec/volumeMode", json!("Filesystem"))], Admitted),
+        row(C, "a volume mode of no kind", vec![set("/spec/volumeMode", json!("Tape"))], Refused("spec.volumeMode")),
         row(C, "a volume attributes class", vec![set("/spec/volumeAttributesClassName", json!("fast"))], Refused("spec.volumeAttributesClassName")),
         row(C, "a storage limit", vec![set("/spec/resources/limits", json!({"storage": "1Ti"}))], Refused("spec.resources")),
         row(C, "another resource", vec![set("/spec/resources/requests/example.com~1iops", json!("1"))], Refused("spec.resources")),
@@ -751,7 +754,8 @@ fn snapshot_sources_policy_admits_exactly_the_claim_and_snapshot_snapshot_rs_bui
 {
     let job = job("move", UID, Some("csi-snapshots"))?;
     let taken = ferry_operator::resolve::taken_snapshot(UID);
-    let claim = serde_json::to_value(snapshot::claim_for(&job, &taken, "csi", "1Gi"))?;
+    let claim = serde_json::to_value(snapshot::claim_for(&job, &taken, "csi", "1Gi", false))?;
+    let block = serde_json::to_value(snapshot::claim_for(&job, &taken, "csi", "1Gi", true))?;
     let snap = serde_json::to_value(snapshot::snapshot_of_claim(&job, "data"))?;
     let bases = [(Base::Claim, claim.clone()), (Base::Snapshot, snap)];
     let rows = snapshot_rows();
@@ -782,7 +786,7 @@ fn snapshot_sources_policy_admits_exactly_the_claim_and_snapshot_snapshot_rs_bui
         "--timeout=60s",
         "crd/volumesnapshots.snapshot.storage.k8s.io",
     ])?;
-    for (_, exact) in &bases {
+    for exact in bases.iter().map(|(_, b)| b).chain([&block]) {
         ask_until(&cp, &kc, exact, Answer::Admitted)
             .with_context(|| format!("what the code builds: {exact}"))?;
     }

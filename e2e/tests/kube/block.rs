@@ -437,3 +437,107 @@ pub fn agent_killed_mid_copy(tier: &KubeTier, _: &std::path::Path) -> Result<()>
     );
     delete(tier, &["copyjob/kill", "pvc/kill-a", "pvc/kill-b"])
 }
+
+/// A user's pod that has block claim `claim` as a device and does nothing (the Ferry
+/// image's pause, restricted): the claim is in use.
+fn block_user(tier: &KubeTier, name: &str, claim: &str) -> Result<()> {
+    let image = super::csi::holder_image(tier)?;
+    tier.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n  securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}\n  containers:\n  - name: app\n    image: {image}\n    args: [pause]\n    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n    volumeDevices: [{{name: data, devicePath: /dev/data}}]\n  volumes:\n  - {{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}\n"
+    ))?;
+    tier.wait_pod_ready("default", name, 90)
+}
+
+/// A block claim's snapshot as a CopyJob's source, as a user writes it: `copyMethod:
+/// Snapshot` of a block claim a running pod has (a direct copy would wait for it), restored
+/// as a block claim and copied onto a block claim; a VolumeSnapshot the user took, restored
+/// and copied after the claim changed (the copy is the snapshot's bytes, re-run by chunk
+/// hashes); a filesystem destination refused before anything is snapshotted or restored;
+/// what the jobs made deleted after them.
+pub fn copyjob_from_block_snapshot(tier: &KubeTier, _: &std::path::Path) -> Result<()> {
+    block_claims(tier, &[("snap-a", "64Mi"), ("snap-b", "64Mi")])?;
+    tier.apply("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: snap-fs, namespace: default}\nspec:\n  storageClassName: ferry-csi\n  accessModes: [ReadWriteOnce]\n  resources: {requests: {storage: 64Mi}}\n")?;
+    tier.wait_claim_bound("default", "snap-fs")?;
+    let (a_file, _) = volume(tier, "snap-a")?;
+    let (b_file, _) = volume(tier, "snap-b")?;
+    let f = std::fs::OpenOptions::new().write(true).open(&a_file)?;
+    for i in 0..6u64 {
+        let chunk: Vec<u8> = (0..2 * MIB).map(|b| (b as u8) ^ (i as u8 * 31)).collect();
+        f.write_all_at(&chunk, i * 10 * MIB)?;
+    }
+    f.sync_all()?;
+    let first = std::fs::read(&a_file)?;
+    block_user(tier, "snap-user", "snap-a")?;
+
+    // A filesystem destination: refused before a snapshot is taken.
+    let snapshot_job = |name: &str, dst: &str, extra: &str| {
+        tier.apply(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  source: {{pvc: snap-a, copyMethod: Snapshot}}\n  destination: {{pvc: {dst}}}\n{extra}"
+        ))
+    };
+    snapshot_job("snap-to-fs", "snap-fs", "  overwrite: Always\n")?;
+    let why = refused_with(tier, "snap-to-fs", "VolumeModeMismatch")?;
+    ensure!(why.contains("snapshot"), "{why}");
+    let uid = tier.get("copyjob/snap-to-fs", "default", "{.metadata.uid}")?;
+    for made in [
+        format!("volumesnapshot/ferry-snapshot-{uid}"),
+        format!("pvc/ferry-restore-{uid}"),
+    ] {
+        let name = tier.get(&made, "default", "{.metadata.name}")?;
+        ensure!(name.is_empty(), "{made} was made for a refused job");
+    }
+
+    // copyMethod Snapshot while the user's pod has the claim.
+    snapshot_job("snap-copy", "snap-b", "  overwrite: Always\n")?;
+    tier.wait_succeeded("default", "snap-copy", 180)?;
+    let uid = tier.get("copyjob/snap-copy", "default", "{.metadata.uid}")?;
+    super::csi::all_let_go(tier, "default")?;
+    ensure!(
+        std::fs::read(&b_file)? == first,
+        "the copy from the claim's snapshot differs from the claim's bytes"
+    );
+    let lines = copied_lines(tier, "snap-copy")?;
+    // Logged by a block shard only: the restored claim was a block claim.
+    ensure!(lines.len() == 1, "one block copy logged: {lines:?}");
+    super::csi::snapshot_objects_gone(tier, &uid)?;
+
+    // The user's own snapshot, then the claim changes: the copy is the snapshot's bytes,
+    // and the destination (a copy of the same bytes) has nothing to write.
+    super::csi::snapshot(tier, "snap-a-then", "snap-a")?;
+    f.write_all_at(&vec![0x5A; MIB as usize], 40 * MIB)?;
+    f.sync_all()?;
+    tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {name: snap-named, namespace: default}\nspec:\n  source: {snapshot: snap-a-then}\n  destination: {pvc: snap-b}\n  overwrite: IfChanged\n  compare: Checksum\n")?;
+    tier.wait_succeeded("default", "snap-named", 180)?;
+    super::csi::all_let_go(tier, "default")?;
+    ensure!(
+        std::fs::read(&b_file)? == first,
+        "the copy from the user's snapshot is not the snapshot's bytes"
+    );
+    let lines = copied_lines(tier, "snap-named")?;
+    let line = lines
+        .first()
+        .context("no block copy logged for the snapshot's job")?;
+    let (written, unchanged) = (field(line, "written"), field(line, "unchanged"));
+    ensure!(
+        written == Some(0) && unchanged == Some(16),
+        "the destination already held the snapshot's bytes, yet {written:?} chunks were written ({unchanged:?} kept): {line}"
+    );
+    let snap = tier.get("volumesnapshot/snap-a-then", "default", "{.metadata.name}")?;
+    ensure!(snap == "snap-a-then", "the user's snapshot was deleted");
+    let uid = tier.get("copyjob/snap-named", "default", "{.metadata.uid}")?;
+    super::csi::snapshot_objects_gone(tier, &uid)?;
+
+    delete(
+        tier,
+        &[
+            "copyjob/snap-to-fs",
+            "copyjob/snap-copy",
+            "copyjob/snap-named",
+            "volumesnapshot/snap-a-then",
+            "pod/snap-user",
+            "pvc/snap-a",
+            "pvc/snap-b",
+            "pvc/snap-fs",
+        ],
+    )
+}

@@ -383,7 +383,7 @@ impl Drop for Writer {
 }
 
 /// A VolumeSnapshot of claim `claim` in `default`, ready; the driver's directory holding it.
-fn snapshot(tier: &KubeTier, name: &str, claim: &str) -> Result<PathBuf> {
+pub(super) fn snapshot(tier: &KubeTier, name: &str, claim: &str) -> Result<PathBuf> {
     tier.apply(&format!(
         "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata: {{name: {name}, namespace: default}}\nspec: {{source: {{persistentVolumeClaimName: {claim}}}}}\n"
     ))?;
@@ -417,7 +417,7 @@ fn snapshot_dir(tier: &KubeTier, name: &str) -> Result<PathBuf> {
 }
 
 /// The job's restored claim and the snapshot it took are gone.
-fn snapshot_objects_gone(tier: &KubeTier, uid: &str) -> Result<()> {
+pub(super) fn snapshot_objects_gone(tier: &KubeTier, uid: &str) -> Result<()> {
     for what in [
         format!("pvc/ferry-restore-{uid}"),
         format!("volumesnapshot/ferry-snapshot-{uid}"),
