@@ -308,6 +308,17 @@ fn an_agent_opens_what_the_job_resolves_to_never_a_host_path_the_status_names() 
         Duration::from_secs(60),
         |n| n == "node-a",
     )?;
+    // The operator writes the assignment, then labels the job for the node's agent (whose
+    // watch selects by that label) in a second request: killed between the two, the agent
+    // would never see the job. The assignment is whole once the label is there.
+    let label = ferry_crds::node_label("node-a");
+    cp.wait_until(
+        "copyjob/aimed",
+        "default",
+        "{.metadata.labels}",
+        Duration::from_secs(60),
+        |l| l.contains(&format!("\"{label}\"")),
+    )?;
     // What a stolen agent token can do where the chart's admission policy is not installed
     // (and the operator, which would write the assignment back, is gone): aim the shard's
     // source at the node's secrets.
