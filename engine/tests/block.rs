@@ -566,3 +566,20 @@ fn a_filesystem_on_a_loop_device_mounts_from_the_copy_with_every_file() -> Resul
     assert_eq!(std::fs::read_dir(b.dir.join("d3"))?.count(), 10);
     Ok(())
 }
+
+#[test]
+fn a_loop_device_names_its_backing_file_and_nothing_else_does() -> Result<()> {
+    if !loop_ready() {
+        return Ok(());
+    }
+    let dir = scratch();
+    let file = dir.path().join("backing");
+    sparse_file(&file, 4 * MIB)?;
+    let dev = Loop::over(&file)?;
+    let meta = std::fs::metadata(&file)?;
+    let d = Device::open(&dev.dev, false, false)?;
+    assert_eq!(d.loop_backing()?, Some((meta.dev(), meta.ino())));
+    // An image is its own file, with no device in front of it.
+    assert_eq!(Device::open(&file, false, false)?.loop_backing()?, None);
+    Ok(())
+}

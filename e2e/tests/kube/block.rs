@@ -382,12 +382,48 @@ pub fn copyjob_between_claims(tier: &KubeTier, _: &std::path::Path) -> Result<()
         .context("no block copy logged for the re-run")?;
     let (written, unchanged) = (field(line, "written"), field(line, "unchanged"));
     ensure!(written == Some(2) && unchanged == Some(30), "the re-run wrote {written:?} chunks and kept {unchanged:?} (1 MiB across a chunk boundary: 2 of 32): {line}");
+    // Nothing wrote the destination since the first copy (its loop device's backing file is
+    // as that copy left it): its hashes came from the manifest the agent kept, unread.
+    ensure!(
+        line.contains("kept=true") && field(line, "read_destination") == Some(0),
+        "the re-run read the destination instead of trusting the kept manifest: {line}"
+    );
+
+    // Someone writes the destination's file behind Ferry's back: the kept manifest no longer
+    // stands for it, so the next re-run reads the destination and puts the chunk right.
+    let g = std::fs::OpenOptions::new().write(true).open(&b_file)?;
+    g.write_all_at(&vec![0x3C; MIB as usize], 16 * MIB)?;
+    g.sync_all()?;
+    block_job(
+        tier,
+        "disk-third",
+        "disk-a",
+        "disk-b",
+        "  overwrite: IfChanged\n  compare: Checksum\n",
+    )?;
+    tier.wait_succeeded("default", "disk-third", 180)?;
+    super::csi::all_let_go(tier, "default")?;
+    ensure!(
+        std::fs::read(&a_file)? == std::fs::read(&b_file)?,
+        "a write to the destination after the kept manifest was not undone"
+    );
+    let third = copied_lines(tier, "disk-third")?;
+    let line = third
+        .first()
+        .context("no block copy logged for the third run")?;
+    ensure!(
+        line.contains("kept=false")
+            && field(line, "read_destination") == Some(128 * MIB)
+            && field(line, "written") == Some(1),
+        "after the destination was written behind Ferry's back, the re-run should read it whole and write the one changed chunk: {line}"
+    );
 
     delete(
         tier,
         &[
             "copyjob/disk",
             "copyjob/disk-again",
+            "copyjob/disk-third",
             "pvc/disk-a",
             "pvc/disk-b",
             "pvc/disk-small",

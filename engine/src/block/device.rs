@@ -2,6 +2,7 @@
 //! only as what it is and measured (`BLKGETSIZE64`, not a claim's requested capacity).
 
 use std::ffi::CString;
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -101,6 +102,15 @@ impl Device {
     /// kubelet made for a claim; `None` for an image.
     pub fn rdev(&self) -> Option<u64> {
         (self.kind == DeviceKind::Block).then_some(self.rdev)
+    }
+
+    /// For a loop device, its backing file's `(st_dev, st_ino)`: what stays the same across
+    /// a detach and a new loop device over the same file. `None` for any other device.
+    pub fn loop_backing(&self) -> io::Result<Option<(u64, u64)>> {
+        match self.kind {
+            DeviceKind::Block => sys::loop_backing(self.fd.as_fd()),
+            DeviceKind::Image => Ok(None),
+        }
     }
 
     pub fn name(&self) -> &Path {

@@ -1,6 +1,6 @@
 //! The calls only raw block copies make: a device's size (`BLKGETSIZE64`), zeroing a range
-//! by punching it (`fallocate`), direct I/O turned on for an open description, and buffers
-//! aligned for it.
+//! by punching it (`fallocate`), direct I/O turned on for an open description, a loop
+//! device's backing file (`LOOP_GET_STATUS64`), and buffers aligned for it.
 
 use std::alloc::{self, Layout};
 use std::io;
@@ -34,6 +34,45 @@ pub fn punch_hole(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
         )
     })
     .map(drop)
+}
+
+/// The backing file of a loop device (`ioctl(LOOP_GET_STATUS64)`): its `(st_dev, st_ino)`,
+/// encoded as `stat` encodes them. `None` for any other device (`ENOTTY`, `EINVAL`) and for
+/// a loop device with no file bound (`ENXIO`).
+pub fn loop_backing(fd: BorrowedFd<'_>) -> io::Result<Option<(u64, u64)>> {
+    // LOOP_GET_STATUS64 and struct loop_info64 (linux/loop.h); not in the libc crate.
+    const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+    #[repr(C)]
+    struct LoopInfo64 {
+        device: u64,
+        inode: u64,
+        rdevice: u64,
+        offset: u64,
+        sizelimit: u64,
+        number: u32,
+        encrypt_type: u32,
+        encrypt_key_size: u32,
+        flags: u32,
+        file_name: [u8; 64],
+        crypt_name: [u8; 64],
+        encrypt_key: [u8; 32],
+        init: [u64; 2],
+    }
+    // SAFETY: all-zero bytes are a valid LoopInfo64 (integers and byte arrays).
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes one struct loop_info64 (232 bytes, this layout) into `info`.
+    match cvt(unsafe { libc::ioctl(fd.as_raw_fd(), LOOP_GET_STATUS64, &mut info) }) {
+        Ok(_) => Ok(Some((info.device, info.inode))),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTTY | libc::EINVAL | libc::ENXIO)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Turn `O_DIRECT` on (or off) for the open description behind `fd` (`fcntl(F_SETFL)`): its

@@ -770,7 +770,7 @@ pub fn current_umask() -> u32 {
 }
 
 mod block;
-pub use block::{device_size, punch_hole, set_direct, AlignedBuf};
+pub use block::{device_size, loop_backing, punch_hole, set_direct, AlignedBuf};
 
 #[cfg(test)]
 mod tests;

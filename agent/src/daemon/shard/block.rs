@@ -24,6 +24,7 @@ use kube::ResourceExt;
 
 use super::copy::publish_until;
 use super::node::{Active, Node};
+use super::witness;
 use crate::daemon::error::ShardError;
 use crate::daemon::publish::{Live, Target};
 use crate::handoff::{claim_rdev, fetch_at, Expect, HandoffError};
@@ -93,6 +94,17 @@ async fn ends(node: &Node, target: Target<'_>) -> Result<[End; 2], ShardError> {
         end("source", &src, &shard.source_root, false)?,
         end("destination", &dst, &shard.destination_root, true)?,
     ])
+}
+
+/// Whether volume `pv` may be attached to more than one node at once (`ReadWriteMany`):
+/// then writes from another node are not counted on this one's device.
+async fn shared(node: &Node, pv: &str) -> Result<bool, ShardError> {
+    let pvs = kube::Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(node.client.clone());
+    let pv = pvs.get(pv).await.map_err(ShardError::Api)?;
+    Ok(pv
+        .spec
+        .and_then(|s| s.access_modes)
+        .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany")))
 }
 
 /// Take `end`'s device from its holder, checked against the claim's device node, on the
@@ -214,9 +226,14 @@ pub(super) async fn run(
         return Err(refused(Reason::NotForBlock, "copies of raw block claims between nodes are not built yet: use two claims that one node can reach"));
     }
     let [src_end, dst_end] = ends(node, target).await?;
+    // The destination's kept manifest, from the agent's records of its volume: by the PV's
+    // name, which this agent resolved itself.
+    let record = node.journals.records("ferry-block", &dst_end.pv, "");
+    let shared = shared(node, &dst_end.pv).await?;
     let host = node.settings.host_root.clone();
-    let (src, mut dst) = tokio::task::spawn_blocking(move || {
-        Ok::<_, ShardError>((take(&host, &src_end)?, take(&host, &dst_end)?))
+    let (src, dst) = tokio::task::spawn_blocking({
+        let host = host.clone();
+        move || Ok::<_, ShardError>((take(&host, &src_end)?, take(&host, &dst_end)?))
     })
     .await??;
     let uid = job.uid().unwrap_or_default();
@@ -239,8 +256,34 @@ pub(super) async fn run(
             path: PathBuf::from(name("journal")),
             source,
         })?;
-    let manifest = journal.with_file_name(name("chunks"));
-    let opts = options(target, active, journal.clone());
+    let mut opts = options(target, active, journal.clone());
+    // A re-run by hashes takes the destination's from the manifest the last copy onto it
+    // kept, if nothing wrote the device since (see `witness`); any run takes the record
+    // away before it writes.
+    let wanted = opts.rerun == Rerun::OnlyChanged;
+    let (taken, dst) = tokio::task::spawn_blocking({
+        let (record, host) = (record.clone(), host.clone());
+        move || {
+            let now = match (wanted, shared) {
+                (true, false) => witness::of(&dst, &host),
+                (true, true) => Err(
+                    "the volume is ReadWriteMany: another node's writes are not counted here"
+                        .into(),
+                ),
+                (false, _) => Err("not a re-run by checksums".into()),
+            };
+            (witness::take(&record, now), dst)
+        }
+    })
+    .await?;
+    let mut dst = dst;
+    match taken {
+        Ok(kept) => opts.kept = Some(kept),
+        Err(why) if wanted => {
+            tracing::info!(job = %job.name_any(), shard = %shard.id, %why, "reading the destination for its hashes");
+        }
+        Err(_) => {}
+    }
     let live = Arc::new(Live::default());
     live.set_planned(1, src.size() as i64);
     tracing::info!(job = %job.name_any(), %uid, shard = %shard.id, bytes = src.size(), "starting block shard");
@@ -254,8 +297,14 @@ pub(super) async fn run(
             .name("ferry-block".into())
             .spawn(move || {
                 let result = copy_device(&src, &mut dst, &opts, &DeviceProgress(live));
+                // After the copy's flush: what the destination is now, to keep with its
+                // manifest.
+                let witness = match &result {
+                    Ok(s) if !s.cancelled && !shared => Some(witness::of(&dst, &host)),
+                    _ => None,
+                };
                 done.store(true, Ordering::Relaxed);
-                let _ = tx.send(result);
+                let _ = tx.send(result.map(|s| (s, witness)));
             })
             .map_err(ShardError::Spawn)?;
     }
@@ -264,31 +313,35 @@ pub(super) async fn run(
         return Err(ShardError::Fenced);
     }
     let shown = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
-    let state = settle(&shown, &live, active, result, &journal, &manifest).await;
+    let state = settle(&shown, &live, active, result, &journal, &record).await;
     node.publish(target, state, &live, None).await?;
     Ok(state)
 }
 
+/// What a copy thread sends back: the summary, and the destination's witness afterwards
+/// (`None` when there is none to take: cancelled, or a ReadWriteMany volume).
+type Copied = (BlockSummary, Option<Result<witness::Witness, String>>);
+
 /// The shard's state from how the copy ended; what it leaves on the node: the journal
 /// until the copy finishes, then the chunk manifest (the hashes of what the destination
-/// now holds) in its place.
+/// now holds) with the destination's witness, in the agent's records of the volume.
 async fn settle(
     job: &str,
     live: &Live,
     active: &Active,
-    result: Result<BlockSummary, ferry_engine::Error>,
+    result: Result<Copied, ferry_engine::Error>,
     journal: &Path,
-    manifest: &Path,
+    record: &Path,
 ) -> ShardState {
     match result {
-        Ok(s) if s.cancelled => {
+        Ok((s, _)) if s.cancelled => {
             if active.deleting.load(Ordering::Relaxed) {
                 ShardState::Stopped
             } else {
                 ShardState::Suspended
             }
         }
-        Ok(mut s) => {
+        Ok((mut s, witness)) => {
             live.files.store(1, Ordering::Relaxed);
             live.bytes.store(s.size, Ordering::Relaxed);
             tracing::info!(
@@ -299,26 +352,38 @@ async fn settle(
                 unchanged = s.unchanged,
                 resumed = s.resumed,
                 verified = s.verified,
+                kept = s.kept_used,
+                read_destination = s.bytes_read_destination,
                 direct = s.direct,
                 zeros = ?s.zeros,
                 hash = %s.manifest.as_ref().map(|m| format!("{:032x}", m.digest())).unwrap_or_default(),
                 secs = s.elapsed.as_secs_f64(),
                 "block shard copied"
             );
-            // The manifest kept in the journal's place, on the blocking pool.
+            // The manifest kept with the destination's witness, the journal removed, on the
+            // blocking pool.
             let (m, path, journal) = (
                 s.manifest.take(),
-                manifest.to_path_buf(),
+                record.to_path_buf(),
                 journal.to_path_buf(),
             );
             let kept = tokio::task::spawn_blocking(move || {
-                let kept = m.map(|m| std::fs::write(&path, m.to_text()));
                 let _ = std::fs::remove_file(journal);
-                kept
+                match (m, witness) {
+                    (Some(m), Some(Ok(w))) => {
+                        witness::keep(&path, &w, &m).map_err(|e| e.to_string())
+                    }
+                    (_, Some(Err(why))) => Err(format!("no witness of the destination: {why}")),
+                    _ => Err("a ReadWriteMany volume: nothing to witness it by".into()),
+                }
             })
             .await;
-            if matches!(kept, Err(_) | Ok(Some(Err(_)))) {
-                tracing::warn!(path = %manifest.display(), "could not keep the chunk manifest");
+            match kept {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => {
+                    tracing::info!(job, %why, "the chunk manifest is not kept: a re-run reads the destination")
+                }
+                Err(e) => tracing::warn!(job, error = %e, "could not keep the chunk manifest"),
             }
             ShardState::Succeeded
         }

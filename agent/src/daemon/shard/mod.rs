@@ -13,6 +13,7 @@ mod open;
 mod prepare;
 mod sender;
 mod settle;
+mod witness;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
