@@ -169,6 +169,71 @@ impl Connection {
         }
     }
 
+    /// Bytes `[offset, offset + buf.len())` of the sender's raw block device, into `buf`
+    /// (what the sender did not send is zeros), or only their hash when `hash_only` (`buf`
+    /// is left as it is). Returns the sender's xxHash3-128 of the range as it read it; the
+    /// caller compares it with the hash of what arrived.
+    pub fn read_range(
+        self: &Arc<Self>,
+        offset: u64,
+        buf: &mut [u8],
+        hash_only: bool,
+        zstd: bool,
+    ) -> io::Result<u128> {
+        let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+        let len = u32::try_from(buf.len())
+            .ok()
+            .filter(|l| (1..=frame::MAX_RANGE).contains(l))
+            .ok_or_else(|| bad(format!("a range of {} bytes", buf.len())))?;
+        if !hash_only {
+            buf.fill(0);
+        }
+        let mut req = self.request(|req| Frame::ReadRange {
+            req,
+            offset,
+            len,
+            hash_only,
+            zstd,
+        })?;
+        loop {
+            match req.next()? {
+                Frame::Data {
+                    offset: at,
+                    zstd: packed,
+                    data,
+                    ..
+                } if !hash_only => {
+                    let start = at
+                        .checked_sub(offset)
+                        .filter(|s| *s < u64::from(len))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "data at {at}, outside the range asked for at {offset}"
+                            ))
+                        })? as usize;
+                    let room = buf.len().min(start + frame::MAX_DATA);
+                    let room = &mut buf[start..room];
+                    if packed {
+                        // Never more than the range's room (and a frame's) once decompressed.
+                        zstd::bulk::decompress_to_buffer(&data, room).map_err(|e| {
+                            bad(format!("the sender's compressed data does not decompress within the range: {e}"))
+                        })?;
+                    } else {
+                        room.get_mut(..data.len())
+                            .ok_or_else(|| bad(format!("data at {at} runs past the range")))?
+                            .copy_from_slice(&data);
+                    }
+                }
+                Frame::FileEnd {
+                    len: got,
+                    hash: Some(hash),
+                    ..
+                } if got == u64::from(len) => return Ok(hash),
+                _ => return Err(bad("the sender answered a range with something else".into())),
+            }
+        }
+    }
+
     pub(crate) fn send(&self, f: &Frame) -> io::Result<()> {
         // Everything about a request goes on its stream (the sender keeps its state there).
         let req = match f {
@@ -178,7 +243,8 @@ impl Connection {
             | Frame::Close { req }
             | Frame::Read { req, .. }
             | Frame::Credit { req, .. }
-            | Frame::Count { req, .. } => *req,
+            | Frame::Count { req, .. }
+            | Frame::ReadRange { req, .. } => *req,
             _ => 0,
         };
         let mut out = lock(&self.outs[req as usize % self.outs.len()]);

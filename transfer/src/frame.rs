@@ -19,6 +19,10 @@
 //!   [`Frame::Credit`]), so a slow receiver stops the sender and neither side buffers more
 //!   than the credit per request; the end carries the hash of what was read and whether the
 //!   file changed meanwhile. `hash_only` reads without sending (compare by checksum).
+//! - [`Frame::ReadRange`] → [`Frame::Data`] ... [`Frame::FileEnd`]: a range of a raw block
+//!   device (a shard whose top is a device, not a tree): the same answers as a file's, at
+//!   absolute offsets within the range, bytes not sent being zeros; `hash_only` sends only
+//!   the end, with the range's hash (a re-run compares hashes, not data).
 //! - [`Frame::Count`] → [`Frame::Counted`]: the regular files (and their bytes) a copy of
 //!   the whole top would carry, counted on the sender (a receiver has no local source to
 //!   count for a dry run, an ETA or a full destination's message).
@@ -31,7 +35,12 @@ use bytes::Bytes;
 use std::io::{self, Read, Write};
 
 use crate::codec::{Reader, Writer};
-use crate::entry::{self, check_name, Entry};
+use crate::entry::{self, Entry};
+pub use crate::fields::{check_path, MAX_RANGE, PATH_BYTES_MAX, REASON_MAX};
+use crate::fields::{
+    check_range, flag, optional_hash, path, reason, time, truncated_reason, write_optional_hash,
+    write_path,
+};
 use crate::{Buffers, Error};
 
 /// The protocol version a [`Frame::Hello`] and a [`Frame::Welcome`] carry.
@@ -52,11 +61,6 @@ pub const INLINE_MAX: usize = 64 << 10;
 pub const INLINE_BYTES: usize = 1 << 20;
 /// The most entries in one listing.
 pub const MAX_ENTRIES: usize = 4096;
-/// Longest relative path in a request: deeper than `PATH_MAX` (a tree may nest further
-/// than one syscall can name; the sender resolves it a few components at a time).
-pub const PATH_BYTES_MAX: usize = 1 << 20;
-/// Longest reason in a refusal, a failure or an abort.
-pub const REASON_MAX: usize = 1024;
 /// Longest job identity (a Kubernetes UID is 36 bytes).
 pub const JOB_MAX: usize = 128;
 
@@ -169,80 +173,16 @@ pub enum Frame {
     Count { req: u32, links: bool },
     /// Sender: the answer to a [`Frame::Count`]: regular files and their apparent bytes.
     Counted { req: u32, files: u64, bytes: u64 },
-}
-
-/// Check a relative path: empty, or components joined by single `/`s.
-pub fn check_path(path: &[u8]) -> Result<(), Error> {
-    if path.is_empty() {
-        return Ok(());
-    }
-    path.split(|&b| b == b'/')
-        .try_for_each(|c| check_name(c, "path component"))
-}
-
-fn reason(r: &mut Reader<'_>, what: &'static str) -> Result<String, Error> {
-    let bytes = r.bytes(REASON_MAX, what)?;
-    String::from_utf8(bytes.to_vec()).map_err(|_| Error::Invalid {
-        what,
-        why: "is not UTF-8",
-    })
-}
-
-fn truncated_reason(s: &str) -> &[u8] {
-    let mut end = s.len().min(REASON_MAX);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s.as_bytes()[..end]
-}
-
-fn path(r: &mut Reader<'_>) -> Result<Vec<u8>, Error> {
-    let p = r.bytes(PATH_BYTES_MAX, "path")?;
-    check_path(p)?;
-    Ok(p.to_vec())
-}
-
-fn write_path(w: &mut Writer, p: &[u8]) -> Result<(), Error> {
-    Error::at_most("path", p.len(), PATH_BYTES_MAX)?;
-    check_path(p)?;
-    w.bytes(p);
-    Ok(())
-}
-
-fn flag(r: &mut Reader<'_>, what: &'static str) -> Result<bool, Error> {
-    match r.u8(what)? {
-        0 => Ok(false),
-        1 => Ok(true),
-        tag => Err(Error::Unknown { what, tag }),
-    }
-}
-
-fn time(r: &mut Reader<'_>) -> Result<entry::Time, Error> {
-    let t = entry::Time {
-        secs: r.i64("timestamp")?,
-        nanos: r.u32("timestamp")?,
-    };
-    match t.nanos < 1_000_000_000 {
-        true => Ok(t),
-        false => Err(Error::Invalid {
-            what: "timestamp",
-            why: "has nanoseconds of a second or more",
-        }),
-    }
-}
-
-fn optional_hash(r: &mut Reader<'_>) -> Result<Option<u128>, Error> {
-    match flag(r, "hash present")? {
-        true => Ok(Some(r.u128("hash")?)),
-        false => Ok(None),
-    }
-}
-
-fn write_optional_hash(w: &mut Writer, h: Option<u128>) {
-    w.u8(u8::from(h.is_some()));
-    if let Some(h) = h {
-        w.u128(h);
-    }
+    /// Receiver: bytes `[offset, offset + len)` of the device the shard's top is. Answered
+    /// with [`Frame::Data`] inside the range (none for zeros) and a [`Frame::FileEnd`] of
+    /// `len` with the range's hash; `hash_only`: only the end; `zstd` as for a read.
+    ReadRange {
+        req: u32,
+        offset: u64,
+        len: u32,
+        hash_only: bool,
+        zstd: bool,
+    },
 }
 
 /// Each inline file is at least its index, its length prefix and its hash flag.
@@ -268,6 +208,7 @@ impl Frame {
             Frame::Abort { .. } => 15,
             Frame::Count { .. } => 16,
             Frame::Counted { .. } => 17,
+            Frame::ReadRange { .. } => 18,
         }
     }
 
@@ -432,6 +373,20 @@ impl Frame {
             Frame::Count { req, links } => {
                 w.u32(*req);
                 w.u8(u8::from(*links));
+            }
+            Frame::ReadRange {
+                req,
+                offset,
+                len,
+                hash_only,
+                zstd,
+            } => {
+                check_range(*offset, *len)?;
+                w.u32(*req);
+                w.u64(*offset);
+                w.u32(*len);
+                w.u8(u8::from(*hash_only));
+                w.u8(u8::from(*zstd));
             }
             Frame::Counted { req, files, bytes } => {
                 w.u32(*req);
@@ -607,6 +562,17 @@ impl Frame {
                 files: r.u64("files")?,
                 bytes: r.u64("bytes")?,
             },
+            18 => {
+                let (req, offset, len) = (r.u32("request")?, r.u64("offset")?, r.u32("length")?);
+                check_range(offset, len)?;
+                Frame::ReadRange {
+                    req,
+                    offset,
+                    len,
+                    hash_only: flag(&mut r, "hash only")?,
+                    zstd: flag(&mut r, "compression")?,
+                }
+            }
             tag => {
                 return Err(Error::Unknown {
                     what: "frame kind",

@@ -8,6 +8,7 @@
 pub mod buffers;
 mod codec;
 pub mod entry;
+mod fields;
 pub mod frame;
 
 pub use buffers::Buffers;

@@ -13,7 +13,7 @@ mod journal;
 mod manifest;
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -158,11 +158,60 @@ pub struct BlockSummary {
     pub elapsed: Duration,
 }
 
+/// Where a block copy reads its source.
+#[derive(Debug)]
+pub enum Source<'a> {
+    /// A device (or image) on this node.
+    Local(&'a Device),
+    /// The device another node's agent serves (`send::SourceTop::Device`), read by range
+    /// over `conn`: on a re-run, or where the journal lists the chunk, its hash crosses
+    /// first and its data only where the hashes differ; pieces of zeros never cross. Every
+    /// chunk that crosses is hashed here and compared with the sender's hash.
+    Remote {
+        conn: &'a Arc<crate::recv::Connection>,
+        /// The device's size, as the sender counts it ([`Source::remote`]).
+        size: u64,
+        zstd: bool,
+    },
+}
+
+impl<'a> Source<'a> {
+    /// The device `conn`'s sender serves, its size asked for.
+    pub fn remote(conn: &'a Arc<crate::recv::Connection>, zstd: bool) -> io::Result<Self> {
+        let size = conn.count(false)?.bytes;
+        Ok(Source::Remote { conn, size, zstd })
+    }
+
+    pub fn size(&self) -> u64 {
+        match self {
+            Source::Local(d) => d.size(),
+            Source::Remote { size, .. } => *size,
+        }
+    }
+
+    fn name(&self) -> &Path {
+        match self {
+            Source::Local(d) => d.name(),
+            Source::Remote { .. } => Path::new("the source's device on its node"),
+        }
+    }
+}
+
 /// Copy `src`'s bytes onto `dst`'s first `src.size()` bytes. An image destination grows to
 /// the source's size; a device destination must be at least that large, and its bytes past
 /// it are left as they are. Ends with `fdatasync` of the destination.
 pub fn copy_device(
     src: &Device,
+    dst: &mut Device,
+    opts: &BlockOptions,
+    progress: &dyn Progress,
+) -> Result<BlockSummary, Error> {
+    copy_from(&Source::Local(src), dst, opts, progress)
+}
+
+/// [`copy_device`] from a [`Source`] on this node or another.
+pub fn copy_from(
+    src: &Source<'_>,
     dst: &mut Device,
     opts: &BlockOptions,
     progress: &dyn Progress,
@@ -288,12 +337,20 @@ pub fn copy_device(
     })
 }
 
-/// `O_DIRECT` on both ends, or on neither: an end that refuses it (a filesystem without
-/// direct I/O) has the other's flag taken back.
-fn set_direct(src: &Device, dst: &Device) -> Result<(), Error> {
-    sys::set_direct(src.as_fd(), true).map_err(|e| Error::io("O_DIRECT on", src.name(), e))?;
+/// `O_DIRECT` on both ends (the local ones), or on neither: an end that refuses it (a
+/// filesystem without direct I/O) has the other's flag taken back.
+fn set_direct(src: &Source<'_>, dst: &Device) -> Result<(), Error> {
+    let local = match src {
+        Source::Local(d) => Some(*d),
+        Source::Remote { .. } => None,
+    };
+    if let Some(s) = local {
+        sys::set_direct(s.as_fd(), true).map_err(|e| Error::io("O_DIRECT on", s.name(), e))?;
+    }
     sys::set_direct(dst.as_fd(), true).map_err(|e| {
-        let _ = sys::set_direct(src.as_fd(), false);
+        if let Some(s) = local {
+            let _ = sys::set_direct(s.as_fd(), false);
+        }
         Error::io("O_DIRECT on", dst.name(), e)
     })
 }
@@ -318,7 +375,7 @@ struct Counters {
 
 /// One copy's shared state.
 struct Run<'a> {
-    src: &'a Device,
+    src: &'a Source<'a>,
     dst: &'a Device,
     opts: &'a BlockOptions,
     kept: Option<&'a ChunkManifest>,
@@ -382,22 +439,22 @@ impl Run<'_> {
                 e,
             )
         };
-        let (zero, hash) = if self
-            .in_hole(off, len)
-            .map_err(|e| at("SEEK_DATA", self.src, e))?
-        {
-            self.n.holes.fetch_add(1, Relaxed);
-            (true, self.hash_of_zeros(len))
-        } else {
-            let data = &mut src_buf[..len];
-            read_exact_at(self.src, data, off).map_err(|e| at("read", self.src, e))?;
-            self.n.read_source.fetch_add(len as u64, Relaxed);
-            if is_zero(data) {
-                (true, self.hash_of_zeros(len))
-            } else {
-                (false, XxHash3_128::oneshot(data))
-            }
+        let from_src = |what: &'static str, e: io::Error| {
+            Error::io(
+                what,
+                format!("{} (chunk {i}, byte {off})", self.src.name().display()),
+                e,
+            )
         };
+        // From another node, where only the hash may be needed (a re-run, or a chunk the
+        // journal lists), the hash crosses first.
+        let hash_first = matches!(self.src, Source::Remote { .. })
+            && (self.opts.rerun == Rerun::OnlyChanged
+                || self.done.get(i as usize).copied().flatten().is_some());
+        let mut got = self
+            .read_source(off, &mut src_buf[..len], hash_first)
+            .map_err(|e| from_src("read", e))?;
+        let hash = got.hash;
         if self.done.get(i as usize).copied().flatten() == Some(hash) {
             self.n.resumed.fetch_add(1, Relaxed);
             self.progress.resumed(len as u64);
@@ -419,6 +476,12 @@ impl Run<'_> {
                 return self.finished(i, hash);
             }
         }
+        if !got.data {
+            got = self
+                .read_source(off, &mut src_buf[..len], false)
+                .map_err(|e| from_src("read", e))?;
+        }
+        let (zero, hash) = (got.zero, got.hash);
         let dst = self.dst.as_fd();
         if zero {
             self.zero(off, len).map_err(|e| at("zero", self.dst, e))?;
@@ -449,13 +512,68 @@ impl Run<'_> {
         Ok(hash)
     }
 
+    /// The source's chunk at `off` (`buf` is its length): its data in `buf` and its hash,
+    /// or, from another node with `hash_only`, only the hash.
+    fn read_source(&self, off: u64, buf: &mut [u8], hash_only: bool) -> io::Result<Got> {
+        let len = buf.len();
+        match self.src {
+            Source::Local(d) => {
+                if self.in_hole(d, off, len)? {
+                    self.n.holes.fetch_add(1, Relaxed);
+                    return Ok(Got {
+                        hash: self.hash_of_zeros(len),
+                        zero: true,
+                        data: true,
+                    });
+                }
+                read_exact_at(d, buf, off)?;
+                self.n.read_source.fetch_add(len as u64, Relaxed);
+            }
+            Source::Remote { conn, zstd, .. } => {
+                let theirs = conn.read_range(off, buf, hash_only, *zstd)?;
+                if hash_only {
+                    return Ok(Got {
+                        hash: theirs,
+                        zero: false,
+                        data: false,
+                    });
+                }
+                self.n.read_source.fetch_add(len as u64, Relaxed);
+                let ours = XxHash3_128::oneshot(buf);
+                if ours != theirs {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("the bytes received (xxh3-128 {ours:032x}) are not those the source's node read ({theirs:032x})"),
+                    ));
+                }
+                return Ok(Got {
+                    hash: ours,
+                    zero: is_zero(buf),
+                    data: true,
+                });
+            }
+        }
+        Ok(match is_zero(buf) {
+            true => Got {
+                hash: self.hash_of_zeros(len),
+                zero: true,
+                data: true,
+            },
+            false => Got {
+                hash: XxHash3_128::oneshot(buf),
+                zero: false,
+                data: true,
+            },
+        })
+    }
+
     /// Whether `[off, off + len)` of an image source is all hole (zeros without a read).
     /// A block device has no holes to ask about.
-    fn in_hole(&self, off: u64, len: usize) -> io::Result<bool> {
-        if self.src.kind() != DeviceKind::Image {
+    fn in_hole(&self, src: &Device, off: u64, len: usize) -> io::Result<bool> {
+        if src.kind() != DeviceKind::Image {
             return Ok(false);
         }
-        Ok(match sys::seek_data_or_hole(self.src.as_fd(), off, true)? {
+        Ok(match sys::seek_data_or_hole(src.as_fd(), off, true)? {
             None => true,
             Some(data) => data >= off + len as u64,
         })
@@ -499,6 +617,14 @@ impl Run<'_> {
     }
 }
 
+/// A source chunk as read: its hash, whether it is all zeros, and whether its data is in
+/// the buffer (not for a hash that crossed alone).
+struct Got {
+    hash: u128,
+    zero: bool,
+    data: bool,
+}
+
 /// Read exactly `buf.len()` bytes at `off`; a device that ends sooner has shrunk since it
 /// was measured, which is an error, not a short chunk.
 fn read_exact_at(d: &Device, buf: &mut [u8], mut off: u64) -> io::Result<()> {
@@ -524,7 +650,7 @@ fn read_exact_at(d: &Device, buf: &mut [u8], mut off: u64) -> io::Result<()> {
 
 /// Whether every byte is zero: 4 KiB at a time, each block's bytes OR-ed together (a
 /// reduction the compiler vectorises), so random data is told apart within its first block.
-fn is_zero(buf: &[u8]) -> bool {
+pub(crate) fn is_zero(buf: &[u8]) -> bool {
     buf.chunks(4096)
         .all(|block| block.iter().fold(0u8, |acc, &b| acc | b) == 0)
 }

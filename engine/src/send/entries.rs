@@ -31,6 +31,11 @@ impl<W: Write + Send> Half<'_, W> {
                     ..Default::default()
                 })
             }
+            SourceTop::Device(d) => Ok(Totals {
+                files: 1,
+                bytes: d.size(),
+                ..Default::default()
+            }),
             SourceTop::Dir(fd) => {
                 // A descriptor of its own: a listing moves the offset of every descriptor
                 // that shares the top's.
@@ -136,6 +141,7 @@ impl<W: Write + Send> Half<'_, W> {
             None => {
                 let fd = match self.top {
                     SourceTop::Dir(fd) | SourceTop::File(fd) => fd,
+                    SourceTop::Device(_) => return Err(("stat", not_a_tree())),
                 };
                 let st = sys::fstat(fd.as_fd()).map_err(|e| ("stat", e))?;
                 // The top has no name of its own in the shard.
@@ -245,4 +251,12 @@ fn read_xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<Xattr>> {
         }
     }
     Ok(out)
+}
+
+/// What a request about paths gets from a device top: it has none.
+pub(super) fn not_a_tree() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        "the source is a raw block device: it is read by range, and has no paths",
+    )
 }

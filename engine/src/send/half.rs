@@ -95,6 +95,13 @@ pub(super) enum Job {
         req: u32,
         links: bool,
     },
+    Range {
+        req: u32,
+        offset: u64,
+        len: u32,
+        hash_only: bool,
+        zstd: bool,
+    },
 }
 
 pub(super) struct Half<'a, W> {
@@ -234,6 +241,25 @@ impl<W: Write + Send> Half<'_, W> {
                 self.open_request(req)?;
                 Job::Count { req, links }
             }
+            Frame::ReadRange {
+                req,
+                offset,
+                len,
+                hash_only,
+                zstd,
+            } => {
+                if !matches!(self.top, SourceTop::Device(_)) {
+                    return protocol("a range of a source that is not a raw block device");
+                }
+                self.open_request(req)?;
+                Job::Range {
+                    req,
+                    offset,
+                    len,
+                    hash_only,
+                    zstd,
+                }
+            }
             Frame::More { req } => {
                 let mut requests = lock(&self.requests);
                 match requests.get_mut(&req) {
@@ -349,6 +375,16 @@ impl<W: Write + Send> Half<'_, W> {
                 }
             },
             Job::Read(req, state) => self.read(req, state),
+            Job::Range {
+                req,
+                offset,
+                len,
+                hash_only,
+                zstd,
+            } => {
+                self.range(req, offset, len, (hash_only, zstd));
+                None
+            }
             Job::Count { req, links } => {
                 let counted = self.count(links);
                 self.end(req);

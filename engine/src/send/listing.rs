@@ -34,6 +34,7 @@ impl<W: Write + Send> Half<'_, W> {
             None => match self.top {
                 SourceTop::Dir(fd) => self.open_at(fd.as_fd(), c".", DIR_FLAGS),
                 SourceTop::File(_) => Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+                SourceTop::Device(_) => Err(super::entries::not_a_tree()),
             },
             Some((parent, name)) => self.open_at(parent.as_fd(), &name, DIR_FLAGS),
         }

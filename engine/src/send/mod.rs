@@ -22,8 +22,9 @@
 //! `pool` (the workers and their queue), `half` (a connection's state, each request's
 //! state between steps, and what each frame from the receiver does), `entries` (finding
 //! and describing an entry beneath the top, and counting the top), `listing` (a
-//! directory's batches, small files inline), `read` (a file's data within its credit) and
-//! `bucket` (the bandwidth limit).
+//! directory's batches, small files inline), `read` (a file's data within its credit),
+//! `range` (a raw block device's bytes, a range at a time) and `bucket` (the bandwidth
+//! limit).
 
 mod bucket;
 mod entries;
@@ -31,6 +32,7 @@ mod half;
 mod listing;
 mod options;
 mod pool;
+mod range;
 mod read;
 mod serve;
 mod top;

@@ -21,10 +21,10 @@ std::thread_local! {
 }
 
 /// The worker's read buffer, [`MAX_DATA`] long, given back when dropped.
-struct ReadBuf(Vec<u8>);
+pub(super) struct ReadBuf(pub(super) Vec<u8>);
 
 impl ReadBuf {
-    fn take() -> Self {
+    pub(super) fn take() -> Self {
         let mut v = READ_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
         v.resize(MAX_DATA, 0);
         Self(v)
@@ -57,6 +57,7 @@ impl<W: Write + Send> Half<'_, W> {
                 SourceTop::Dir(_) => {
                     return Err(("open", io::Error::from_raw_os_error(libc::EISDIR)))
                 }
+                SourceTop::Device(_) => return Err(("open", super::entries::not_a_tree())),
             },
             // Never opened unless it is a regular file: something else at the name now is
             // "not what was listed" (None), which the receiver reports as a change.

@@ -38,9 +38,10 @@ pub fn serve<R: Read, W: Write + Send>(
     let depth = match opts.workers {
         0 => {
             let fd = match top {
-                SourceTop::Dir(fd) | SourceTop::File(fd) => fd,
+                SourceTop::Dir(fd) | SourceTop::File(fd) => fd.as_fd(),
+                SourceTop::Device(d) => d.as_fd(),
             };
-            Depth::adaptive(workers, &[sys::fs_type(fd.as_fd()).unwrap_or(0)])
+            Depth::adaptive(workers, &[sys::fs_type(fd).unwrap_or(0)])
         }
         _ => Depth::fixed(),
     };

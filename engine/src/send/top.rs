@@ -18,6 +18,10 @@ pub enum SourceTop {
     Dir(OwnedFd),
     /// One regular file (a shard that copies a file): only the path "" exists.
     File(OwnedFd),
+    /// A raw block device (a shard between block claims): read by range
+    /// ([`ferry_transfer::Frame::ReadRange`]), counted as one file of its size; it has no
+    /// paths, records or listings.
+    Device(crate::block::Device),
 }
 
 impl SourceTop {

@@ -142,7 +142,45 @@ fn every_kind() -> Vec<Frame> {
             files: 0,
             bytes: 0,
         },
+        Frame::ReadRange {
+            req: 7,
+            offset: 1 << 40,
+            len: MAX_RANGE,
+            hash_only: false,
+            zstd: true,
+        },
+        Frame::ReadRange {
+            req: 8,
+            offset: 0,
+            len: 1,
+            hash_only: true,
+            zstd: false,
+        },
     ]
+}
+
+#[test]
+fn a_range_is_not_empty_not_longer_than_a_chunk_and_inside_a_device() {
+    for (offset, len) in [(0, 0), (0, MAX_RANGE + 1), (u64::MAX - 5, 10)] {
+        let f = Frame::ReadRange {
+            req: 1,
+            offset,
+            len,
+            hash_only: false,
+            zstd: false,
+        };
+        assert!(f.encode(&mut Vec::new()).is_err(), "sent: {offset} {len}");
+        // A peer that sends one anyway is refused on decode.
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&1u32.to_le_bytes());
+        payload.extend_from_slice(&offset.to_le_bytes());
+        payload.extend_from_slice(&len.to_le_bytes());
+        payload.extend_from_slice(&[0, 0]);
+        assert!(
+            Frame::decode(18, &payload).is_err(),
+            "received: {offset} {len}"
+        );
+    }
 }
 
 #[test]
@@ -151,12 +189,12 @@ fn every_frame_round_trips_through_a_stream() {
     // Every kind is here, so the round trip and truncation tests cover each decoder;
     // the next kind byte is unknown.
     let kinds: std::collections::BTreeSet<u8> = frames.iter().map(Frame::kind).collect();
-    assert_eq!(kinds, (1..=17).collect());
+    assert_eq!(kinds, (1..=18).collect());
     assert!(matches!(
-        Frame::decode(18, &[]),
+        Frame::decode(19, &[]),
         Err(Error::Unknown {
             what: "frame kind",
-            tag: 18
+            tag: 19
         })
     ));
     let mut wire = Vec::new();
