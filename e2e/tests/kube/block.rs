@@ -229,6 +229,18 @@ fn copied_lines(tier: &KubeTier, job: &str) -> Result<Vec<String>> {
         .collect())
 }
 
+/// Run block job `name` from claim `src` onto `dst` (with `extra` spec lines) to success,
+/// its holders let go; the agent's one "block shard copied" line for it.
+fn copied(tier: &KubeTier, name: &str, src: &str, dst: &str, extra: &str) -> Result<String> {
+    block_job(tier, name, src, dst, extra)?;
+    tier.wait_succeeded("default", name, 180)?;
+    super::csi::all_let_go(tier, "default")?;
+    copied_lines(tier, name)?
+        .into_iter()
+        .next()
+        .with_context(|| format!("no block copy logged for job {name}"))
+}
+
 /// `key=<number>` in a log line.
 fn field(line: &str, key: &str) -> Option<u64> {
     line.split_whitespace()
@@ -363,23 +375,12 @@ pub fn copyjob_between_claims(tier: &KubeTier, _: &std::path::Path) -> Result<()
     let f = std::fs::OpenOptions::new().write(true).open(&a_file)?;
     f.write_all_at(&vec![0xA5; MIB as usize], 64 * MIB - MIB / 2)?;
     f.sync_all()?;
-    block_job(
-        tier,
-        "disk-again",
-        "disk-a",
-        "disk-b",
-        "  overwrite: IfChanged\n  compare: Checksum\n",
-    )?;
-    tier.wait_succeeded("default", "disk-again", 180)?;
-    super::csi::all_let_go(tier, "default")?;
+    let by_hashes = "  overwrite: IfChanged\n  compare: Checksum\n";
+    let line = &copied(tier, "disk-again", "disk-a", "disk-b", by_hashes)?;
     ensure!(
         std::fs::read(&a_file)? == std::fs::read(&b_file)?,
         "the re-run left the destination different"
     );
-    let again = copied_lines(tier, "disk-again")?;
-    let line = again
-        .first()
-        .context("no block copy logged for the re-run")?;
     let (written, unchanged) = (field(line, "written"), field(line, "unchanged"));
     ensure!(written == Some(2) && unchanged == Some(30), "the re-run wrote {written:?} chunks and kept {unchanged:?} (1 MiB across a chunk boundary: 2 of 32): {line}");
     // Nothing wrote the destination since the first copy (its loop device's backing file is
@@ -394,23 +395,11 @@ pub fn copyjob_between_claims(tier: &KubeTier, _: &std::path::Path) -> Result<()
     let g = std::fs::OpenOptions::new().write(true).open(&b_file)?;
     g.write_all_at(&vec![0x3C; MIB as usize], 16 * MIB)?;
     g.sync_all()?;
-    block_job(
-        tier,
-        "disk-third",
-        "disk-a",
-        "disk-b",
-        "  overwrite: IfChanged\n  compare: Checksum\n",
-    )?;
-    tier.wait_succeeded("default", "disk-third", 180)?;
-    super::csi::all_let_go(tier, "default")?;
+    let line = &copied(tier, "disk-third", "disk-a", "disk-b", by_hashes)?;
     ensure!(
         std::fs::read(&a_file)? == std::fs::read(&b_file)?,
         "a write to the destination after the kept manifest was not undone"
     );
-    let third = copied_lines(tier, "disk-third")?;
-    let line = third
-        .first()
-        .context("no block copy logged for the third run")?;
     ensure!(
         line.contains("kept=false")
             && field(line, "read_destination") == Some(128 * MIB)

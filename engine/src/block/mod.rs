@@ -627,7 +627,7 @@ struct Got {
 
 /// Read exactly `buf.len()` bytes at `off`; a device that ends sooner has shrunk since it
 /// was measured, which is an error, not a short chunk.
-fn read_exact_at(d: &Device, buf: &mut [u8], mut off: u64) -> io::Result<()> {
+pub(crate) fn read_exact_at(d: &Device, buf: &mut [u8], mut off: u64) -> io::Result<()> {
     let mut at = 0;
     while at < buf.len() {
         match sys::pread(d.as_fd(), &mut buf[at..], off) {

@@ -13,7 +13,6 @@ use twox_hash::XxHash3_128 as Xxh3;
 use super::half::Half;
 use super::read::ReadBuf;
 use super::top::SourceTop;
-use crate::sys;
 
 impl<W: Write + Send> Half<'_, W> {
     /// Answer request `req` for `[offset, offset + len)` of the device top.
@@ -39,7 +38,7 @@ impl<W: Write + Send> Half<'_, W> {
         let mut off = offset;
         while off < end {
             let want = (end - off).min(MAX_DATA as u64) as usize;
-            if let Err(e) = read_exact_at(dev, &mut buf[..want], off) {
+            if let Err(e) = crate::block::read_exact_at(dev, &mut buf[..want], off) {
                 self.end(req);
                 self.fail(req, "read", &e);
                 return;
@@ -70,26 +69,4 @@ impl<W: Write + Send> Half<'_, W> {
             changed: false,
         });
     }
-}
-
-/// Read exactly `buf.len()` bytes at `off`: a device that ends sooner has shrunk.
-fn read_exact_at(dev: &crate::block::Device, buf: &mut [u8], mut off: u64) -> io::Result<()> {
-    let mut at = 0;
-    while at < buf.len() {
-        match sys::pread(dev.as_fd(), &mut buf[at..], off) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("the device ended at byte {off}, before the size it had when opened"),
-                ))
-            }
-            Ok(n) => {
-                at += n;
-                off += n as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }

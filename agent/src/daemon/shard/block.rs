@@ -261,7 +261,7 @@ pub(super) async fn run(
     // kept, if nothing wrote the device since (see `witness`); any run takes the record
     // away before it writes.
     let wanted = opts.rerun == Rerun::OnlyChanged;
-    let (taken, dst) = tokio::task::spawn_blocking({
+    let (taken, mut dst) = tokio::task::spawn_blocking({
         let (record, host) = (record.clone(), host.clone());
         move || {
             let now = match (wanted, shared) {
@@ -276,7 +276,6 @@ pub(super) async fn run(
         }
     })
     .await?;
-    let mut dst = dst;
     match taken {
         Ok(kept) => opts.kept = Some(kept),
         Err(why) if wanted => {
