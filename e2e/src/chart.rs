@@ -168,13 +168,16 @@ impl ControlPlane {
     /// The operator with the chart's environment on the token in `kubeconfig`, logging to
     /// `<dir>/operator.log` (appended to across restarts).
     pub fn spawn_chart_operator_on(&self, kubeconfig: &Path) -> Result<Proc> {
+        let (kc, image) = (kubeconfig.to_string_lossy(), holder_image()?);
         self.spawn_operator(
             "operator",
             &[
-                ("KUBECONFIG", &kubeconfig.to_string_lossy()),
+                ("KUBECONFIG", &kc),
                 ("FERRY_NAMESPACE", CHART_NAMESPACE),
                 ("FERRY_TICKET_NAMESPACE", TICKET_NAMESPACE),
                 ("POD_NAME", "ferry-operator-0"),
+                // As the chart sets it: the image its holder-pods policy admits.
+                ("FERRY_HOLDER_IMAGE", &image),
             ],
         )
     }
@@ -251,4 +254,31 @@ impl ControlPlane {
         }
         Ok((procs, self.dir().join("hosts")))
     }
+}
+
+/// The image the rendered chart (`deploy/ferry.yaml`) gives the operator for its holder
+/// pods (`FERRY_HOLDER_IMAGE`): what the chart's holder-pods admission policy admits.
+pub fn holder_image() -> Result<String> {
+    let path = crate::repo_root().join("deploy/ferry.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    for doc in text.split("\n---\n") {
+        let v: serde_yaml::Value = serde_yaml::from_str(doc)?;
+        let v = serde_json::to_value(v)?;
+        if v["kind"] != "Deployment" {
+            continue;
+        }
+        let env = v["spec"]["template"]["spec"]["containers"][0]["env"].as_array();
+        if let Some(e) = env
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == "FERRY_HOLDER_IMAGE")
+        {
+            return e["value"]
+                .as_str()
+                .map(str::to_string)
+                .context("FERRY_HOLDER_IMAGE has no value");
+        }
+    }
+    bail!("deploy/ferry.yaml gives the operator no FERRY_HOLDER_IMAGE")
 }

@@ -24,8 +24,8 @@ mod tools;
 mod trees;
 
 pub use chart::{
-    agent_capabilities, setpriv_holding, transfer_ip, ADVERTISED_WITHIN, CHART_NAMESPACE,
-    TICKET_NAMESPACE,
+    agent_capabilities, holder_image, setpriv_holding, transfer_ip, ADVERTISED_WITHIN,
+    CHART_NAMESPACE, TICKET_NAMESPACE,
 };
 pub use control_plane::ControlPlane;
 pub use ferry::{workspace_bin, PACED};

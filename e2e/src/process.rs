@@ -78,3 +78,10 @@ fn all_threads_stopped(pid: u32) -> Result<bool> {
     }
     Ok(true)
 }
+
+impl From<Child> for Proc {
+    /// A process the test spawned itself, killed and reaped when dropped.
+    fn from(child: Child) -> Self {
+        Proc(child)
+    }
+}

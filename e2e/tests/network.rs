@@ -9,6 +9,8 @@
 //! test runs (127.0.0.4), which forwards to its real port: the agents' TLS goes through it
 //! untouched (each side checks the other's certificate, not its address).
 
+#[path = "network/block.rs"]
+mod block;
 mod certs;
 #[path = "../../engine/tests/common/mod.rs"]
 mod tree;

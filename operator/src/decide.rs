@@ -122,15 +122,6 @@ fn refused_apart(input: &Inputs, wants_nodes: bool) -> Option<Blocked> {
     if !(paired || pairing) {
         return None;
     }
-    if let Endpoints::Resolved { source, .. } = input.endpoints {
-        if source.block {
-            return Some(Blocked {
-                condition: ConditionType::Accepted,
-                reason: Reason::NotForBlock,
-                message: "the two raw block claims are on different nodes (their holder pods were scheduled apart), and copies of raw block claims between nodes are not built yet: use two claims that one node can reach (a StorageClass whose volumes that node can attach)".into(),
-            });
-        }
-    }
     let refusal = ferry_resolve::validate::between_nodes(&job.spec).err()?;
     Some(Blocked {
         condition: ConditionType::Accepted,

@@ -10,6 +10,7 @@
 //! status, `manifest` joins a split job's manifests.
 
 mod certs;
+mod devices;
 mod error;
 mod fence;
 mod job_options;

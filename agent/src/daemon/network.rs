@@ -133,17 +133,34 @@ impl SenderGrants {
             ));
         }
         let assigned = entry.map(|s| s.source_root.clone()).unwrap_or_default();
-        let root = super::roots::own_root(&self.client, me, &job, true, &assigned)
-            .await
-            .map_err(|e| format!("the source on node {me}: {}", crate::with_causes(&e)))?;
         let spec = &job.spec;
         let options = send_options(&self.settings, spec)?;
-        let (host, node, path) = (
-            self.settings.host_root.clone(),
-            me.clone(),
-            PathBuf::from(&spec.source.path),
-        );
-        let open: transfer::OpenSource = Arc::new(move || open_source(&host, &node, &root, &path));
+        let named = (job.namespace().unwrap_or_default(), job.name_any());
+        let kubelet = ferry_resolve::volume::kubelet_dir();
+        let open: transfer::OpenSource =
+            match ferry_resolve::block::holder_of_fd_dir(&assigned, &kubelet) {
+                // A raw block claim: its device, from the job's holder on this node (the status
+                // names only the holder; the claim and its volume are resolved here, and the
+                // device must be the one the kubelet made for that volume and pod).
+                Some(_) => {
+                    let destination = entry
+                        .map(|s| s.destination_root.clone())
+                        .unwrap_or_default();
+                    let [end, _] =
+                        super::devices::ends(&self.client, &job, &assigned, &destination)
+                            .await
+                            .map_err(|e| {
+                                format!("the source on node {me}: {}", crate::with_causes(&e))
+                            })?;
+                    let host = self.settings.host_root.clone();
+                    Arc::new(move || {
+                        super::devices::take(&host, &end)
+                            .map(SourceTop::Device)
+                            .map_err(|e| crate::with_causes(&e))
+                    })
+                }
+                None => self.tree(&job, &assigned).await?,
+            };
         Ok(Grant {
             job: uid.to_string(),
             shard,
@@ -152,8 +169,23 @@ impl SenderGrants {
             ticket,
             open,
             options,
-            named: (job.namespace().unwrap_or_default(), job.name_any()),
+            named,
         })
+    }
+
+    /// How a tree's source is opened: the root this agent resolves for the job (the
+    /// status's account of it only for a CSI volume's pod mount), then the job's path.
+    async fn tree(&self, job: &CopyJob, assigned: &str) -> Result<transfer::OpenSource, String> {
+        let me = &self.settings.node;
+        let root = super::roots::own_root(&self.client, me, job, true, assigned)
+            .await
+            .map_err(|e| format!("the source on node {me}: {}", crate::with_causes(&e)))?;
+        let (host, node, path) = (
+            self.settings.host_root.clone(),
+            me.clone(),
+            PathBuf::from(&job.spec.source.path),
+        );
+        Ok(Arc::new(move || open_source(&host, &node, &root, &path)))
     }
 }
 

@@ -49,31 +49,7 @@ fn job(name: &str, uid: &str, snapshot_class: Option<&str>) -> Result<CopyJob> {
     }))?)
 }
 
-/// The image the rendered chart gives the operator for its holders (`FERRY_HOLDER_IMAGE`).
-fn holder_image() -> Result<String> {
-    let path = repo_root().join("deploy/ferry.yaml");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-    for doc in text.split("\n---\n") {
-        let v: serde_yaml::Value = serde_yaml::from_str(doc)?;
-        let v = serde_json::to_value(v)?;
-        if v["kind"] != "Deployment" {
-            continue;
-        }
-        let env = v["spec"]["template"]["spec"]["containers"][0]["env"].as_array();
-        if let Some(e) = env
-            .into_iter()
-            .flatten()
-            .find(|e| e["name"] == "FERRY_HOLDER_IMAGE")
-        {
-            return e["value"]
-                .as_str()
-                .map(str::to_string)
-                .context("FERRY_HOLDER_IMAGE has no value");
-        }
-    }
-    bail!("deploy/ferry.yaml gives the operator no FERRY_HOLDER_IMAGE")
-}
+use ferry_e2e::holder_image;
 
 /// One change to an object: the JSON pointer of a field (a new key, or the index one past
 /// a list's end, adds it) and its new value, or `None` to remove it.

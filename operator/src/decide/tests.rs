@@ -265,7 +265,7 @@ fn what_a_copy_between_nodes_cannot_do_is_refused_when_the_nodes_are_paired_befo
 }
 
 #[test]
-fn raw_block_claims_held_on_two_nodes_are_refused_by_name_before_any_shard() {
+fn raw_block_claims_held_on_two_nodes_are_copied_by_a_pair_of_agents() {
     let reachable = [
         reach(&["node-a"], &["node-a"]),
         reach(&["node-b"], &["node-b"]),
@@ -279,13 +279,22 @@ fn raw_block_claims_held_on_two_nodes_are_refused_by_name_before_any_shard() {
         source.block = true;
         destination.block = true;
     }
-    let spec = serde_json::json!({"overwrite": "Always"});
+    let spec = serde_json::json!({"overwrite": "IfChanged", "compare": "Checksum"});
     let d = decide_in(&job(spec.clone()), &endpoints, &[], &reachable, &[]);
-    let (status, reason, message) = cond(&d, ConditionType::Accepted);
-    assert_eq!((status, reason), ("False", "NotForBlock"), "{message}");
-    assert!(message.contains("between nodes"), "{message}");
+    assert_eq!(cond(&d, ConditionType::Accepted).0, "True");
+    assert_eq!(d.status.shards.len(), 1);
+    let s = &d.status.shards[0];
+    // The source's holder node serves the device; the destination's runs the shard.
+    assert_eq!(
+        (s.sender.as_deref(), s.node.as_str()),
+        (Some("node-a"), "node-b")
+    );
+    // What no copy between nodes can do is refused for block claims as for files.
+    let mirror = serde_json::json!({"deleteExtraneous": true});
+    let d = decide_in(&job(mirror), &endpoints, &[], &reachable, &[]);
+    assert_eq!(cond(&d, ConditionType::Accepted).0, "False");
     assert!(d.status.shards.is_empty());
-    // On one node, the same claims get their shard.
+    // On one node, the same claims get a shard with no sender.
     let one = [
         reach(&["node-a"], &["node-a"]),
         reach(&["node-a"], &["node-a"]),
@@ -293,6 +302,7 @@ fn raw_block_claims_held_on_two_nodes_are_refused_by_name_before_any_shard() {
     let d = decide_in(&job(spec), &endpoints, &["node-a"], &one, &[]);
     assert_eq!(cond(&d, ConditionType::Accepted).0, "True");
     assert_eq!(d.status.shards.len(), 1);
+    assert_eq!(d.status.shards[0].sender, None);
 }
 
 #[test]

@@ -1,36 +1,30 @@
-//! A shard between two raw block claims: each end's device taken from the job's holder pod
-//! on this node (`ferry-agent hold-block` hands the descriptor over its emptyDir's socket,
-//! [`crate::handoff`]) and proved to be the claim's before any I/O, then copied by the
-//! engine's block copy ([`ferry_engine::block::copy_device`]: chunks at queue depth,
+//! A shard between two raw block claims: the destination's device (and, on one node, the
+//! source's) taken from the job's holder pods ([`crate::daemon::devices`]), then copied by
+//! the engine's block copy ([`ferry_engine::block::copy_from`]: chunks at queue depth,
 //! hashes, zeros punched, read back, resume by chunk from a journal the agent keeps).
-//!
-//! Nothing here comes from the job's status but the holders' pod uids, and those only as
-//! names: the socket directory must be a holder's emptyDir under the kubelet's pod
-//! directory, and the descriptor it hands over must have the `st_rdev` of the node the
-//! kubelet made for *this claim's volume* and that pod. A forged status can name another
-//! pod, but no pod's device passes the check unless it is the claim's.
+//! Between nodes the source is the sender's device, read by range over the transfer
+//! (`ReadRange`): on a re-run its hashes cross first and only differing chunks' data does,
+//! and a lost connection is dialled again and resumes from the journal.
 
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use ferry_crds::{Compare, Overwrite, Reason, ShardState, Verify};
-use ferry_engine::block::{copy_device, BlockOptions, BlockSummary, Cache, Device, Rerun, Zeros};
+use ferry_crds::{Compare, Compression, Overwrite, Reason, ShardState, Verify};
+use ferry_engine::block::{
+    copy_from, BlockOptions, BlockSummary, Cache, Device, Rerun, Source, Zeros,
+};
 use ferry_engine::{Progress, Strategy};
-use ferry_resolve::{block as claims, Reach};
+use ferry_resolve::block as claims;
 use kube::ResourceExt;
 
 use super::copy::publish_until;
 use super::node::{Active, Node};
+use super::sender::{connect, dial_until, Link, MAX_REDIALS};
 use super::witness;
+use crate::daemon::devices::{self, take};
 use crate::daemon::error::ShardError;
 use crate::daemon::publish::{Live, Target};
-use crate::handoff::{claim_rdev, fetch_at, Expect, HandoffError};
-
-/// How long a holder that runs may take to open its device and listen.
-const HOLDER_WAIT: Duration = Duration::from_secs(30);
 
 /// Whether the operator assigned this shard to block claims: both its roots are holder
 /// socket directories. (What they are is proved in [`run`]; this only picks the path.)
@@ -40,138 +34,6 @@ pub(super) fn is_block(target: Target<'_>) -> bool {
     [&shard.source_root, &shard.destination_root]
         .iter()
         .any(|p| claims::holder_of_fd_dir(p, &kubelet).is_some())
-}
-
-fn refused(reason: Reason, message: impl Into<String>) -> ShardError {
-    ShardError::Refused {
-        reason,
-        message: message.into(),
-    }
-}
-
-/// One end of the copy: which claim's volume, through which holder pod.
-struct End {
-    what: &'static str,
-    pv: String,
-    holder_uid: String,
-    write: bool,
-}
-
-/// The two ends, as this agent resolves the job itself: both raw block claims bound to
-/// their volumes, each reached through the holder pod whose uid the status names.
-async fn ends(node: &Node, target: Target<'_>) -> Result<[End; 2], ShardError> {
-    let (job, shard) = (target.job, target.shard);
-    let ns = job.namespace().unwrap_or_default();
-    let (src, dst) = match ferry_resolve::reach_both(&node.client, &ns, job).await {
-        Err(e) => return Err(ShardError::Api(e)),
-        Ok(Err(b)) => return Err(refused(b.reason, b.message)),
-        Ok(Ok(pair)) => pair,
-    };
-    let kubelet = ferry_resolve::volume::kubelet_dir();
-    let end = |what: &'static str, reach: &Reach, assigned: &str, write: bool| {
-        let not_it = |pv: &str| ShardError::NotTheVolume {
-            what,
-            path: assigned.to_string(),
-            pv: pv.to_string(),
-        };
-        let Reach::Csi {
-            pv_name: Some(pv),
-            block: true,
-            ..
-        } = reach
-        else {
-            return Err(not_it(""));
-        };
-        let uid = claims::holder_of_fd_dir(assigned, &kubelet).ok_or_else(|| not_it(pv))?;
-        Ok(End {
-            what,
-            pv: pv.clone(),
-            holder_uid: uid.to_string(),
-            write,
-        })
-    };
-    Ok([
-        end("source", &src, &shard.source_root, false)?,
-        end("destination", &dst, &shard.destination_root, true)?,
-    ])
-}
-
-/// Whether volume `pv` may be attached to more than one node at once (`ReadWriteMany`):
-/// then writes from another node are not counted on this one's device.
-async fn shared(node: &Node, pv: &str) -> Result<bool, ShardError> {
-    let pvs = kube::Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(node.client.clone());
-    let pv = pvs.get(pv).await.map_err(ShardError::Api)?;
-    Ok(pv
-        .spec
-        .and_then(|s| s.access_modes)
-        .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany")))
-}
-
-/// Take `end`'s device from its holder, checked against the claim's device node, on the
-/// blocking pool's thread. A holder just started may not listen yet: tried again for
-/// [`HOLDER_WAIT`].
-fn take(host_root: &Path, end: &End) -> Result<Device, ShardError> {
-    let kubelet = ferry_resolve::volume::kubelet_dir();
-    let host = std::fs::File::open(host_root).map_err(|source| ShardError::HostRoot {
-        path: host_root.to_path_buf(),
-        source,
-    })?;
-    let open = |path: &str| {
-        ferry_engine::open_host_path(host.as_fd(), path).map_err(|e| {
-            refused(Reason::CannotStart, format!("the {} claim's holder pod {} on this node: {}: {e}; is the holder running here?", end.what, end.holder_uid, path))
-        })
-    };
-    let nodes = open(&claims::device_node_dir(&kubelet, &end.pv))?;
-    let node_path = format!(
-        "/proc/self/fd/{}/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&nodes),
-        end.holder_uid
-    );
-    let rdev = claim_rdev(Path::new(&node_path)).map_err(|e| {
-        refused(Reason::CannotStart, format!("the {} claim's device node for its holder pod {} (under {}): {e}; is the holder running on this node?", end.what, end.holder_uid, claims::device_node_dir(&kubelet, &end.pv)))
-    })?;
-    let dir_path = claims::fd_dir(&kubelet, &end.holder_uid);
-    let dir = open(&dir_path)?;
-    let expect = Expect {
-        rdev,
-        write: end.write,
-    };
-    let began = Instant::now();
-    loop {
-        match fetch_at(dir.as_fd(), Path::new(&dir_path), expect) {
-            Ok(device) => return Ok(device),
-            // Not listening yet (no socket, or nobody at it): a holder opens its device
-            // first; one that cannot stays this way, and says why in its log.
-            Err(e) if not_listening(&e) && began.elapsed() < HOLDER_WAIT => {
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            Err(e) => {
-                let hint = if not_listening(&e) {
-                    " (the holder pod did not hand its device over: if its log says permission denied, the container runtime must give a non-root pod its devices, containerd's device_ownership_from_security_context = true; see docs/install.md)"
-                } else {
-                    ""
-                };
-                return Err(refused(
-                    Reason::CannotStart,
-                    format!(
-                        "the {} claim's device from its holder pod: {e}{hint}",
-                        end.what
-                    ),
-                ));
-            }
-        }
-    }
-}
-
-fn not_listening(e: &HandoffError) -> bool {
-    match e {
-        HandoffError::Io { source, .. } => matches!(
-            source.raw_os_error(),
-            Some(libc::ENOENT | libc::ECONNREFUSED)
-        ),
-        HandoffError::Refused(m) => m.contains("is not a socket"),
-        _ => false,
-    }
 }
 
 /// The engine's options from the job's spec (the operator refused what means nothing for a
@@ -214,28 +76,77 @@ impl Progress for DeviceProgress {
     }
 }
 
-/// Run a block shard to its end: both devices taken, the copy on its own thread while its
-/// progress is published, the outcome published.
+/// Where this shard's source is read: the device on this node, or the sender's.
+enum From {
+    Local(Arc<Device>),
+    Remote { link: Link, size: u64, zstd: bool },
+}
+
+impl From {
+    fn size(&self) -> u64 {
+        match self {
+            From::Local(d) => d.size(),
+            From::Remote { size, .. } => *size,
+        }
+    }
+}
+
+/// Run a block shard to its end: the devices taken (and the sender dialled, between
+/// nodes), the copy on its own thread while its progress is published, run again over a
+/// new connection when one is lost, the outcome published.
 pub(super) async fn run(
     node: &Node,
     target: Target<'_>,
     active: &Arc<Active>,
 ) -> Result<ShardState, ShardError> {
     let (job, shard) = (target.job, target.shard);
-    if shard.between_nodes() {
-        return Err(refused(Reason::NotForBlock, "copies of raw block claims between nodes are not built yet: use two claims that one node can reach"));
-    }
-    let [src_end, dst_end] = ends(node, target).await?;
+    let between = shard.between_nodes();
+    let [src_end, dst_end] = devices::ends(
+        &node.client,
+        job,
+        &shard.source_root,
+        &shard.destination_root,
+    )
+    .await?;
     // The destination's kept manifest, from the agent's records of its volume: by the PV's
     // name, which this agent resolved itself.
     let record = node.journals.records("ferry-block", &dst_end.pv, "");
-    let shared = shared(node, &dst_end.pv).await?;
+    let shared = devices::shared(&node.client, &dst_end.pv).await?;
     let host = node.settings.host_root.clone();
+    // Between nodes the source's holder is on the sender's node: only the destination's
+    // device is taken here.
     let (src, dst) = tokio::task::spawn_blocking({
         let host = host.clone();
-        move || Ok::<_, ShardError>((take(&host, &src_end)?, take(&host, &dst_end)?))
+        move || {
+            let src = match between {
+                true => None,
+                false => Some(take(&host, &src_end)?),
+            };
+            Ok::<_, ShardError>((src, take(&host, &dst_end)?))
+        }
     })
     .await??;
+    let from = match src {
+        Some(d) => From::Local(Arc::new(d)),
+        None => {
+            let link = connect(node, target, active).await?;
+            let conn = link.current();
+            let size = tokio::task::spawn_blocking(move || conn.count(false))
+                .await?
+                .map_err(|e| {
+                    devices::refused(
+                        Reason::IOError,
+                        format!(
+                            "the size of the source's device on node {}: {e}",
+                            shard.sender.as_deref().unwrap_or_default()
+                        ),
+                    )
+                })?
+                .bytes;
+            let zstd = job.spec.transfer.compression == Compression::Zstd;
+            From::Remote { link, size, zstd }
+        }
+    };
     let uid = job.uid().unwrap_or_default();
     if job.spec.dry_run {
         let live = Live::default();
@@ -243,7 +154,7 @@ pub(super) async fn run(
             target,
             ShardState::Succeeded,
             &live,
-            Some((1, src.size() as i64)),
+            Some((1, from.size() as i64)),
         )
         .await?;
         return Ok(ShardState::Succeeded);
@@ -284,30 +195,44 @@ pub(super) async fn run(
         Err(_) => {}
     }
     let live = Arc::new(Live::default());
-    live.set_planned(1, src.size() as i64);
-    tracing::info!(job = %job.name_any(), %uid, shard = %shard.id, bytes = src.size(), "starting block shard");
+    live.set_planned(1, from.size() as i64);
+    tracing::info!(job = %job.name_any(), %uid, shard = %shard.id, bytes = from.size(), sender = ?shard.sender, "starting block shard");
     node.publish(target, ShardState::Running, &live, None)
         .await?;
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let done = Arc::new(AtomicBool::new(false));
-    {
-        let (live, done) = (live.clone(), done.clone());
-        std::thread::Builder::new()
-            .name("ferry-block".into())
-            .spawn(move || {
-                let result = copy_device(&src, &mut dst, &opts, &DeviceProgress(live));
-                // After the copy's flush: what the destination is now, to keep with its
-                // manifest.
-                let witness = match &result {
-                    Ok(s) if !s.cancelled && !shared => Some(witness::of(&dst, &host)),
-                    _ => None,
-                };
-                done.store(true, Ordering::Relaxed);
-                let _ = tx.send(result.map(|s| (s, witness)));
-            })
-            .map_err(ShardError::Spawn)?;
-    }
-    let result = publish_until(node, target, active, &live, &done, rx, || {}).await?;
+    let opts = Arc::new(opts);
+    let mut redials = 0;
+    let result = loop {
+        let (result, back) = copy_once(
+            node,
+            target,
+            active,
+            &live,
+            &from,
+            dst,
+            &opts,
+            (&host, shared),
+        )
+        .await?;
+        dst = back;
+        let From::Remote { link, .. } = &from else {
+            break result;
+        };
+        let Some(why) = link.current().lost() else {
+            break result;
+        };
+        let stopped =
+            active.cancel.load(Ordering::Relaxed) || active.fenced.load(Ordering::Relaxed);
+        if stopped || redials >= MAX_REDIALS {
+            break result;
+        }
+        redials += 1;
+        crate::serve::metrics().redials.inc();
+        tracing::warn!(shard = %shard.id, sender = ?shard.sender, %why, redials, "the connection to the sender was lost: dialling again to resume from the journal");
+        let fresh = dial_until(node, target, active).await?;
+        *crate::lock(&link.conn) = fresh;
+        // The chunks the lost run finished are in the journal: counted again as resumed.
+        live.restart();
+    };
     if active.fenced.load(Ordering::Relaxed) {
         return Err(ShardError::Fenced);
     }
@@ -315,6 +240,65 @@ pub(super) async fn run(
     let state = settle(&shown, &live, active, result, &journal, &record).await;
     node.publish(target, state, &live, None).await?;
     Ok(state)
+}
+
+/// One run of the engine's block copy, on its own thread, to its end; `dst` is handed back
+/// with the result so that a run over a new connection writes the same device.
+#[allow(clippy::too_many_arguments)]
+async fn copy_once(
+    node: &Node,
+    target: Target<'_>,
+    active: &Active,
+    live: &Arc<Live>,
+    from: &From,
+    mut dst: Device,
+    opts: &Arc<BlockOptions>,
+    (host, shared): (&Path, bool),
+) -> Result<(Result<Copied, ferry_engine::Error>, Device), ShardError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let done = Arc::new(AtomicBool::new(false));
+    let (local, conn, size, zstd) = match from {
+        From::Local(d) => (Some(d.clone()), None, d.size(), false),
+        From::Remote { link, size, zstd } => (None, Some(link.current()), *size, *zstd),
+    };
+    {
+        let (live, done, opts, host) =
+            (live.clone(), done.clone(), opts.clone(), host.to_path_buf());
+        let conn = conn.clone();
+        std::thread::Builder::new()
+            .name("ferry-block".into())
+            .spawn(move || {
+                let source = match (&local, &conn) {
+                    (Some(d), _) => Source::Local(d),
+                    (None, Some(conn)) => Source::Remote { conn, size, zstd },
+                    (None, None) => unreachable!("a block source is local or remote"),
+                };
+                let result = copy_from(&source, &mut dst, &opts, &DeviceProgress(live));
+                // After the copy's flush: what the destination is now, to keep with its
+                // manifest.
+                let witness = match &result {
+                    Ok(s) if !s.cancelled && !shared => Some(witness::of(&dst, &host)),
+                    _ => None,
+                };
+                done.store(true, Ordering::Relaxed);
+                let _ = tx.send((result.map(|s| (s, witness)), dst));
+            })
+            .map_err(ShardError::Spawn)?;
+    }
+    // Between nodes, what crossed is counted as it goes (for the network rate).
+    let (ns, name) = (
+        target.job.namespace().unwrap_or_default(),
+        target.job.name_any(),
+    );
+    let mut received = 0;
+    let tick = || {
+        if let Some(conn) = &conn {
+            let now = conn.bytes_received();
+            crate::serve::metrics().network("received", &ns, &name, now.saturating_sub(received));
+            received = now;
+        }
+    };
+    publish_until(node, target, active, live, &done, rx, tick).await
 }
 
 /// What a copy thread sends back: the summary, and the destination's witness afterwards
