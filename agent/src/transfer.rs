@@ -49,6 +49,22 @@ pub const UNAUTHENTICATED_PER_PEER: usize = 16;
 /// which completes in milliseconds, from starting (see `ferry_serve::gate`).
 pub const UNAUTHENTICATED_TOTAL: usize = 128;
 
+/// Poked when a TLS handshake with a peer failed: this node's trust bundle may lack a CA a
+/// new operator leader added after it was read (an agent that started or renewed since
+/// holds a certificate of that CA), so `daemon/certs.rs` reads the bundle again soon
+/// rather than at its next turn, at most once per its minimum interval whoever pokes.
+static TRUST_STALE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Say that the trust bundle may be stale (see [`TRUST_STALE`]).
+pub fn trust_may_be_stale() {
+    TRUST_STALE.notify_one();
+}
+
+/// Wait until a handshake failed since the last wait.
+pub async fn trust_stale() {
+    TRUST_STALE.notified().await
+}
+
 /// Why a transfer connection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {
@@ -230,9 +246,11 @@ pub async fn serve(
                 Ok(()) => {}
                 // Before its handshake is done a peer has shown nothing: a line at info for
                 // each such connection would let anyone on the network fill the node's log.
-                Err(
-                    e @ (TransferError::Unauthenticated { .. } | TransferError::Handshake { .. }),
-                ) => {
+                Err(e @ TransferError::Handshake { .. }) => {
+                    trust_may_be_stale();
+                    tracing::debug!(%peer, error = %e, "transfer connection closed before its handshake was done");
+                }
+                Err(e @ TransferError::Unauthenticated { .. }) => {
                     tracing::debug!(%peer, error = %e, "transfer connection closed before its handshake was done");
                 }
                 Err(e) => {
@@ -491,7 +509,10 @@ async fn dial_stream(
         connector.connect(ferry_link::server_name(), tcp),
     )
     .await?
-    .map_err(|source| TransferError::Handshake { addr, source })?;
+    .map_err(|source| {
+        trust_may_be_stale();
+        TransferError::Handshake { addr, source }
+    })?;
     let frame = Frame::Hello {
         version: VERSION,
         job: hello.job.as_bytes().to_vec(),

@@ -768,3 +768,61 @@ fn only_the_paired_receiver_with_its_shards_ticket_is_served() -> Result<()> {
     ferry_e2e::assert_same_contents(&src, &nodes.root("node-b").join("guarded"))?;
     Ok(())
 }
+
+/// A new operator leader makes a new CA and adds it to the trust bundle; an agent that
+/// starts after that holds a certificate of the new CA at once, while an agent that read
+/// the bundle before does not trust it yet. Its failed handshake makes it read the bundle
+/// again within seconds (not at its next turn, minutes later), so a copy between the two
+/// goes through while the receiver is still dialling.
+#[test]
+fn an_agent_that_read_the_bundle_before_a_new_leaders_ca_trusts_it_after_one_failed_handshake(
+) -> Result<()> {
+    let Some(mut nodes) = Nodes::start(&[])? else {
+        return Ok(());
+    };
+    // Both agents have certificates of the first CA and have read the bundle (their
+    // transfer ports are advertised only after).
+    nodes.advertised("node-a")?;
+    nodes.advertised("node-b")?;
+    certs::bundle_of(&nodes.cp, 1)?;
+    if let Some(mut b) = nodes.agents.remove("node-b") {
+        b.kill()?;
+    }
+    // The new CA's key is its second: not the first's.
+    std::thread::sleep(Duration::from_millis(1100));
+    nodes._operator.kill()?;
+    let kc = nodes
+        .cp
+        .service_account_kubeconfig(certs::NS, "ferry-operator", None)?;
+    nodes._operator = certs::start_operator(&nodes.cp, &kc)?;
+    certs::bundle_of(&nodes.cp, 2)?;
+    // node-b starts again: a new key, a certificate of the new CA, both CAs trusted.
+    let log = nodes.cp.dir().join("agent-node-b.log");
+    let _ = std::fs::remove_file(&log);
+    nodes.start_agent("node-b")?;
+    ferry_e2e::wait_for(
+        "node-b's certificate from the new leader",
+        Duration::from_secs(60),
+        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("transfer certificate issued")),
+    )?;
+    let src = nodes.root("node-a").join("src");
+    std::fs::create_dir_all(&src)?;
+    tree::write_pattern_file(&src.join("data"), 3 << 20)?;
+    nodes.job("after-failover", "")?;
+    let s = nodes.succeeded("after-failover", Duration::from_secs(90))?;
+    ensure!(s["mode"] == "Network", "mode {}", s["mode"]);
+    assert_same_file(
+        &src.join("data"),
+        &nodes.root("node-b").join("after-failover/data"),
+    )
+}
+
+fn assert_same_file(a: &Path, b: &Path) -> Result<()> {
+    ensure!(
+        std::fs::read(a)? == std::fs::read(b)?,
+        "{} and {} differ",
+        a.display(),
+        b.display()
+    );
+    Ok(())
+}

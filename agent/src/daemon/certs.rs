@@ -6,7 +6,9 @@
 //! that token is bound to, and the signer issues a certificate only for that node. It lives
 //! 24 hours and is renewed (a new key, a new request) at two thirds of that; the bundle (the
 //! ConfigMap `ferry-transfer-trust`, one CA certificate per key) is read again every few
-//! minutes, so a CA a new operator leader added is trusted before anything it signed is met.
+//! minutes, and within seconds of a handshake that failed: an agent that starts (or renews)
+//! after a new operator leader added its CA holds a certificate of that CA at once, while
+//! its peers read the bundle before.
 //! Whoever waits for the identity sees the newest one on a watch channel; until there is
 //! one (no signer yet, or a refusal), there is none, and nothing is served or dialled.
 
@@ -34,6 +36,10 @@ const LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 const ANSWER_WITHIN: Duration = Duration::from_secs(120);
 /// How often the bundle is read again.
 const BUNDLE_EVERY: Duration = Duration::from_secs(5 * 60);
+/// How soon it is read again at the earliest when a handshake failed
+/// ([`crate::transfer::trust_may_be_stale`]): any TCP peer can fail one, so it costs at
+/// most one read per this interval; a receiver dials for a minute.
+const BUNDLE_AGAIN_AFTER: Duration = Duration::from_secs(10);
 /// Waits after a failure, doubling up to the last.
 const RETRY_FIRST: Duration = Duration::from_secs(5);
 const RETRY_MOST: Duration = Duration::from_secs(10 * 60);
@@ -79,8 +85,15 @@ async fn keep(
                 // The identity in use stays (its certificate is still valid).
                 Err(why) => tracing::warn!(%why, "reading the transfer trust bundle"),
             }
-            let next = (tokio::time::Instant::now() + BUNDLE_EVERY).min(renew_at);
-            tokio::time::sleep_until(next).await;
+            let read = tokio::time::Instant::now();
+            let next = (read + BUNDLE_EVERY).min(renew_at);
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => {}
+                // A handshake failed: perhaps with a certificate of a CA added since.
+                _ = crate::transfer::trust_stale() => {
+                    tokio::time::sleep_until((read + BUNDLE_AGAIN_AFTER).min(renew_at)).await;
+                }
+            }
         }
     }
 }
