@@ -75,6 +75,7 @@ func start(d *driver) (*servers, error) {
 	csi.RegisterIdentityServer(s.csi, &identity{driver: d})
 	csi.RegisterControllerServer(s.csi, &controller{driver: d})
 	csi.RegisterNodeServer(s.csi, &node{driver: d})
+	csi.RegisterSnapshotMetadataServer(s.csi, &snapshotMetadata{driver: d})
 	go s.serve(s.csi, lis)
 
 	if d.cfg.RegistrationDir != "" {
@@ -192,7 +193,8 @@ func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
 			Service: &csi.PluginCapability_Service{Type: t}}}
 	}
-	caps := []*csi.PluginCapability{service(csi.PluginCapability_Service_CONTROLLER_SERVICE)}
+	caps := []*csi.PluginCapability{service(csi.PluginCapability_Service_CONTROLLER_SERVICE),
+		service(csi.PluginCapability_Service_SNAPSHOT_METADATA_SERVICE)}
 	if i.cfg.TopologyKey != "" {
 		caps = append(caps, service(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS))
 	}

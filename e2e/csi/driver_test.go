@@ -35,6 +35,7 @@ type harness struct {
 	ids       csi.IdentityClient
 	ctl       csi.ControllerClient
 	node      csi.NodeClient
+	meta      csi.SnapshotMetadataClient
 	reg       registerapi.RegistrationClient
 	regFailed chan error
 }
@@ -82,6 +83,7 @@ func startDriver(t *testing.T, prepare func(*config)) *harness {
 	h.ctx = ctx
 	conn := dial(t, cfg.CSISocket)
 	h.ids, h.ctl, h.node = csi.NewIdentityClient(conn), csi.NewControllerClient(conn), csi.NewNodeClient(conn)
+	h.meta = csi.NewSnapshotMetadataClient(conn)
 	h.reg = registerapi.NewRegistrationClient(dial(t, filepath.Join(cfg.RegistrationDir, "csi.ferry.dev-reg.sock")))
 	return h
 }
@@ -345,7 +347,7 @@ func TestIdentity(t *testing.T) {
 	for _, c := range caps.GetCapabilities() {
 		got = append(got, c.GetService().GetType())
 	}
-	if fmt.Sprint(got) != "[CONTROLLER_SERVICE VOLUME_ACCESSIBILITY_CONSTRAINTS]" {
+	if fmt.Sprint(got) != "[CONTROLLER_SERVICE SNAPSHOT_METADATA_SERVICE VOLUME_ACCESSIBILITY_CONSTRAINTS]" {
 		t.Fatalf("plugin capabilities: %v", got)
 	}
 	probe, err := h.ids.Probe(h.ctx, &csi.ProbeRequest{})
