@@ -579,22 +579,6 @@ fn json_patch_status(kc: &Path, ns: &str, name: &str, patch: &str) -> Result<(St
     Ok((code.to_string(), body.to_string()))
 }
 
-/// The `FERRY_HOLDER_IMAGE` the rendered chart gives the operator.
-fn holder_image() -> Result<String> {
-    let docs = documents(&rendered("ferry.yaml"))?;
-    docs.iter()
-        .filter(|d| d["kind"] == "Deployment")
-        .flat_map(|d| {
-            d["spec"]["template"]["spec"]["containers"][0]["env"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .find(|e| e["name"] == "FERRY_HOLDER_IMAGE")
-        .and_then(|e| e["value"].as_str().map(str::to_string))
-        .context("the chart gives the operator no FERRY_HOLDER_IMAGE")
-}
-
 /// The operator and one agent per node (made by `add_node`) as processes, each with a
 /// kubeconfig holding its own ServiceAccount's token. Returns the processes and the endpoint
 /// ports of the operator and of each agent.
@@ -623,7 +607,7 @@ fn start_with_tokens(cp: &ControlPlane) -> Result<(Vec<Proc>, Vec<u16>)> {
     }
     let operator_kc = operator_kc.to_string_lossy();
     // The holder pods' image, as the chart gives it to the operator (and to its policy).
-    let image = holder_image()?;
+    let image = ferry_e2e::holder_image()?;
     // The spawned process's KUBECONFIG replaces the admin's.
     let mut procs = vec![cp.spawn_operator(
         "operator",
@@ -1043,7 +1027,7 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
     )?;
     // The operator's token may create pods (RBAC cannot narrow that), but the chart's policy
     // lets it create only a holder: not a privileged pod dressed as one, nor any other.
-    let image = holder_image()?;
+    let image = ferry_e2e::holder_image()?;
     let op = as_component("ferry-operator");
     let mut args: Vec<&str> = op.iter().map(String::as_str).collect();
     args.extend(["create", "-f", "-"]);

@@ -77,16 +77,40 @@ impl Progress for DeviceProgress {
 }
 
 /// Where this shard's source is read: the device on this node, or the sender's.
-enum From {
+enum Origin {
     Local(Arc<Device>),
     Remote { link: Link, size: u64, zstd: bool },
 }
 
-impl From {
+impl Origin {
     fn size(&self) -> u64 {
         match self {
-            From::Local(d) => d.size(),
-            From::Remote { size, .. } => *size,
+            Origin::Local(d) => d.size(),
+            Origin::Remote { size, .. } => *size,
+        }
+    }
+}
+
+/// One run's source, owned by its copy thread: the device, or this run's connection to the
+/// sender (a new one after a redial).
+enum RunSource {
+    Local(Arc<Device>),
+    Remote {
+        conn: Arc<ferry_engine::recv::Connection>,
+        size: u64,
+        zstd: bool,
+    },
+}
+
+impl RunSource {
+    fn source(&self) -> Source<'_> {
+        match self {
+            RunSource::Local(d) => Source::Local(d),
+            RunSource::Remote { conn, size, zstd } => Source::Remote {
+                conn,
+                size: *size,
+                zstd: *zstd,
+            },
         }
     }
 }
@@ -127,7 +151,7 @@ pub(super) async fn run(
     })
     .await??;
     let from = match src {
-        Some(d) => From::Local(Arc::new(d)),
+        Some(d) => Origin::Local(Arc::new(d)),
         None => {
             let link = connect(node, target, active).await?;
             let conn = link.current();
@@ -144,7 +168,7 @@ pub(super) async fn run(
                 })?
                 .bytes;
             let zstd = job.spec.transfer.compression == Compression::Zstd;
-            From::Remote { link, size, zstd }
+            Origin::Remote { link, size, zstd }
         }
     };
     let uid = job.uid().unwrap_or_default();
@@ -214,7 +238,7 @@ pub(super) async fn run(
         )
         .await?;
         dst = back;
-        let From::Remote { link, .. } = &from else {
+        let Origin::Remote { link, .. } = &from else {
             break result;
         };
         let Some(why) = link.current().lost() else {
@@ -250,30 +274,32 @@ async fn copy_once(
     target: Target<'_>,
     active: &Active,
     live: &Arc<Live>,
-    from: &From,
+    from: &Origin,
     mut dst: Device,
     opts: &Arc<BlockOptions>,
     (host, shared): (&Path, bool),
 ) -> Result<(Result<Copied, ferry_engine::Error>, Device), ShardError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let done = Arc::new(AtomicBool::new(false));
-    let (local, conn, size, zstd) = match from {
-        From::Local(d) => (Some(d.clone()), None, d.size(), false),
-        From::Remote { link, size, zstd } => (None, Some(link.current()), *size, *zstd),
+    let run = match from {
+        Origin::Local(d) => RunSource::Local(d.clone()),
+        Origin::Remote { link, size, zstd } => RunSource::Remote {
+            conn: link.current(),
+            size: *size,
+            zstd: *zstd,
+        },
+    };
+    let conn = match &run {
+        RunSource::Remote { conn, .. } => Some(conn.clone()),
+        RunSource::Local(_) => None,
     };
     {
         let (live, done, opts, host) =
             (live.clone(), done.clone(), opts.clone(), host.to_path_buf());
-        let conn = conn.clone();
         std::thread::Builder::new()
             .name("ferry-block".into())
             .spawn(move || {
-                let source = match (&local, &conn) {
-                    (Some(d), _) => Source::Local(d),
-                    (None, Some(conn)) => Source::Remote { conn, size, zstd },
-                    (None, None) => unreachable!("a block source is local or remote"),
-                };
-                let result = copy_from(&source, &mut dst, &opts, &DeviceProgress(live));
+                let result = copy_from(&run.source(), &mut dst, &opts, &DeviceProgress(live));
                 // After the copy's flush: what the destination is now, to keep with its
                 // manifest.
                 let witness = match &result {
@@ -286,18 +312,7 @@ async fn copy_once(
             .map_err(ShardError::Spawn)?;
     }
     // Between nodes, what crossed is counted as it goes (for the network rate).
-    let (ns, name) = (
-        target.job.namespace().unwrap_or_default(),
-        target.job.name_any(),
-    );
-    let mut received = 0;
-    let tick = || {
-        if let Some(conn) = &conn {
-            let now = conn.bytes_received();
-            crate::serve::metrics().network("received", &ns, &name, now.saturating_sub(received));
-            received = now;
-        }
-    };
+    let tick = super::copy::count_received(target, conn);
     publish_until(node, target, active, live, &done, rx, tick).await
 }
 

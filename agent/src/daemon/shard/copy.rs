@@ -105,24 +105,40 @@ pub(super) async fn copy_once(
             })
             .map_err(ShardError::Spawn)?;
     }
-    // A copy between nodes counts what it received as it goes (for the network rate).
-    let (ns, name) = (
-        target.job.namespace().unwrap_or_default(),
-        target.job.name_any(),
-    );
     let conn = match &roots.src {
         Src::Remote(link) => Some(link.current()),
         Src::Local(_) => None,
     };
+    publish_until(
+        node,
+        target,
+        active,
+        live,
+        done,
+        rx,
+        count_received(target, conn),
+    )
+    .await
+}
+
+/// A `tick` for [`publish_until`]: a copy between nodes counts what it received over
+/// `conn` as it goes (for the network rate); a local copy (`None`) counts nothing.
+pub(super) fn count_received(
+    target: Target<'_>,
+    conn: Option<Arc<ferry_engine::recv::Connection>>,
+) -> impl FnMut() {
+    let (ns, name) = (
+        target.job.namespace().unwrap_or_default(),
+        target.job.name_any(),
+    );
     let mut received = 0;
-    let count_received = || {
+    move || {
         if let Some(conn) = &conn {
             let now = conn.bytes_received();
             crate::serve::metrics().network("received", &ns, &name, now.saturating_sub(received));
             received = now;
         }
-    };
-    publish_until(node, target, active, live, done, rx, count_received).await
+    }
 }
 
 /// The copy thread's result (sent on `rx`), publishing the shard Running every
