@@ -10,6 +10,8 @@ KUBE_ROUTER="$FERRY_TOOLS/kube-router/${KUBE_ROUTER_VERSION:-v2.1.0}/bin/kube-ro
 
 STATE="${FERRY_KUBE_DIR:-/var/lib/ferry-kube}"
 RUN=/run/ferry-kube
+# Free space up.sh asks of $STATE's filesystem: images, volumes and the checks' trees fit in it.
+MIN_FREE_MIB="${FERRY_KUBE_MIN_FREE_MIB:-1024}"
 NETNS=ferry-kube
 NODE="${FERRY_KUBE_NODE:-ferry-node}"
 HOST_IF=fkube0

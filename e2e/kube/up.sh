@@ -49,6 +49,14 @@ preflight() {
     if [[ "$(findmnt -n -o FSTYPE /sys/fs/cgroup)" != tmpfs ]]; then
         die "/sys/fs/cgroup is not a cgroup v1 hierarchy; this tier is written for cgroup v1 (kubelet failCgroupV1: false)"
     fi
+    # The node's filesystem holds containerd's images, the pods' volumes and ferry-csi's
+    # volumes; below this the checks would fail one by one on a full disk instead.
+    local parent free_mib
+    parent=$(dirname "$STATE")
+    mkdir -p "$parent"
+    free_mib=$(($(stat -f -c '%a * %S' "$parent") / 1048576))
+    ((free_mib >= MIN_FREE_MIB)) ||
+        die "$parent has ${free_mib} MiB free; the tier needs ${MIN_FREE_MIB} MiB (free space, e.g. 'cargo clean' in an old checkout, or set FERRY_KUBE_DIR to a larger filesystem)"
 }
 
 # What this machine had before, so down.sh can put it back.
@@ -230,7 +238,10 @@ authentication:
   webhook: {enabled: false}
 authorization: {mode: AlwaysAllow}
 podLogsDir: $STATE/pod-logs
-evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%"}
+# Absolute floors, not percentages: 1% of a 250 GB disk is 2.5 GB, which a machine that has
+# just built Ferry and Kubernetes may not have left, and the kubelet then evicts the operator
+# over and over while every copy waits (CI, stop 45). The tier's own files are far smaller.
+evictionHard: {memory.available: "1Mi", nodefs.available: "256Mi", imagefs.available: "256Mi"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false

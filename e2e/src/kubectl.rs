@@ -108,10 +108,39 @@ impl Kubectl {
             .map(|l| format!("{l}:\n{}", self.log_tail(l, 5)))
             .collect();
         bail!(
-            "{ns}/{name} did not succeed: {}\nstatus: {status}\n{}",
+            "{ns}/{name} did not succeed: {}\nstatus: {status}\n{}{}",
             String::from_utf8_lossy(&out.stderr).trim(),
+            self.node_pressure(),
             tails.join("\n")
         )
+    }
+
+    /// A line per node condition that is not as a healthy node has it (Ready false, or a
+    /// pressure true), e.g. DiskPressure: a kubelet evicting pods for a full disk explains
+    /// a copy that never finished better than any of Ferry's logs.
+    fn node_pressure(&self) -> String {
+        let jsonpath = r#"{range .items[*]}{.metadata.name}{range .status.conditions[*]}{"\t"}{.type}={.status}: {.message}{end}{"\n"}{end}"#;
+        let Ok(nodes) = self.kubectl_ok(&["get", "nodes", "-o", &format!("jsonpath={jsonpath}")])
+        else {
+            return String::new();
+        };
+        let mut out = String::new();
+        for line in nodes.lines() {
+            let mut fields = line.split('\t');
+            let node = fields.next().unwrap_or_default();
+            for condition in fields {
+                let state = condition.split_once(": ").map_or(condition, |(s, _)| s);
+                let healthy = match state.split_once('=') {
+                    Some(("Ready", status)) => status == "True",
+                    Some((_, status)) => status != "True",
+                    None => true,
+                };
+                if !healthy {
+                    out.push_str(&format!("node {node}: {condition}\n"));
+                }
+            }
+        }
+        out
     }
 
     /// A jsonpath of one object, as kubectl prints it ("" when the object is gone).
