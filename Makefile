@@ -44,15 +44,17 @@ test-csi:
 	@cd e2e/csi && out=$$(gofmt -l .) && { [ -z "$$out" ] || { echo "gofmt would change: $$out" >&2; exit 1; }; }
 	cd e2e/csi && GOFLAGS=-buildvcs=false go vet ./... && GOFLAGS=-buildvcs=false go test -count=1 ./...
 
-## Regenerate generated files: the CRD YAML from the Rust types, then (helm lint, helm template)
-## the rendered chart in deploy/ (helm from `make deps`).
+## Regenerate generated files: the CRD YAML from the Rust types, the snapshot-metadata client
+## from its .proto (cbt/src/api.rs), then (helm lint, helm template) the rendered chart in
+## deploy/ (helm from `make deps`).
 generate:
 	$(CARGO) run -q -p ferry-crds --bin crdgen
+	$(CARGO) run -q -p ferry-cbt-protogen
 	@./scripts/render-deploy.sh
 
 ## Fail when a generated file differs from what its generator writes now.
 check-generated: generate
-	@git diff --exit-code -- charts/ferry/crds deploy || { echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; }
+	@git diff --exit-code -- charts/ferry/crds deploy cbt/src/api.rs || { echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; }
 
 ## Score every render of the chart with kube-score (built by `make deps`); fails on a
 ## CRITICAL finding that is not a documented exception (charts/ferry/README.md).

@@ -51,6 +51,7 @@ pub fn options(args: &CopyBlockArgs) -> Result<BlockOptions, String> {
         workers: args.workers,
         rerun,
         kept,
+        changed: None,
         verify,
         cache: match args.cache.as_str() {
             "direct" => Cache::Direct,

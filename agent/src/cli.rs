@@ -120,6 +120,12 @@ pub struct RunArgs {
     /// 0.0.0.0 or [::], the pod's IP (POD_IP) with its port.
     #[arg(long, env = "FERRY_TRANSFER_ADDRESS", requires = "transfer_listen")]
     pub transfer_address: Option<String>,
+    /// Changed-block tracking: this agent's ServiceAccount (in its namespace). Set, a block
+    /// copy from a VolumeSnapshot onto a destination that holds an earlier snapshot of the
+    /// same volume asks the driver's snapshot-metadata sidecar which ranges changed, with a
+    /// token of this account, and reads only those. Unset: every chunk is compared.
+    #[arg(long, env = "FERRY_CHANGED_BLOCKS_ACCOUNT")]
+    pub changed_blocks_account: Option<String>,
 }
 
 /// A policy flag: the command line's spelling (`if-changed`), or the API's (`IfChanged`).

@@ -38,6 +38,10 @@ CSI_ATTACHER="${FERRY_CSI_ATTACHER:-$FERRY_TOOLS/csi/external-attacher-v4.13.0/b
 CSI_SNAPSHOTTER="${FERRY_CSI_SNAPSHOTTER:-$FERRY_TOOLS/csi/external-snapshotter-v8.4.0/bin/csi-snapshotter}"
 SNAPSHOT_CONTROLLER="${FERRY_SNAPSHOT_CONTROLLER:-$FERRY_TOOLS/csi/external-snapshotter-v8.4.0/bin/snapshot-controller}"
 SNAPSHOT_CRDS="${FERRY_SNAPSHOT_CRDS:-$FERRY_TOOLS/csi/external-snapshotter-v8.4.0/crds}"
+SNAPSHOT_METADATA="${FERRY_SNAPSHOT_METADATA:-$FERRY_TOOLS/csi/external-snapshot-metadata-v0.2.0/bin/csi-snapshot-metadata}"
+SNAPSHOT_METADATA_CRDS="${FERRY_SNAPSHOT_METADATA_CRDS:-$FERRY_TOOLS/csi/external-snapshot-metadata-v0.2.0/crds}"
+SNAPSHOT_METADATA_PORT=50051
+SNAPSHOT_METADATA_AUDIENCE=snapshot-metadata.csi.ferry.dev
 
 log() { printf '[kube %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { printf '[kube] error: %s\n' "$*" >&2; exit 1; }

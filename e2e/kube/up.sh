@@ -34,11 +34,13 @@ preflight() {
     done
     [[ -x "$HELM" ]] || die "$HELM is missing; run 'make deps'"
     [[ -x "$KUBE_ROUTER" ]] || die "$KUBE_ROUTER is missing; run 'make kube-deps' (e2e/tools/install.sh --kube builds it)"
-    for b in "$CSI_DRIVER" "$CSI_PROVISIONER" "$CSI_ATTACHER" "$CSI_SNAPSHOTTER" "$SNAPSHOT_CONTROLLER"; do
+    for b in "$CSI_DRIVER" "$CSI_PROVISIONER" "$CSI_ATTACHER" "$CSI_SNAPSHOTTER" "$SNAPSHOT_CONTROLLER" "$SNAPSHOT_METADATA"; do
         [[ -x "$b" ]] || die "$b is missing; run 'make kube-deps' (e2e/tools/install.sh --kube builds it)"
     done
     [[ -f "$SNAPSHOT_CRDS/snapshot.storage.k8s.io_volumesnapshots.yaml" ]] ||
         die "the VolumeSnapshot CRDs are missing from $SNAPSHOT_CRDS; run 'make kube-deps'"
+    [[ -f "$SNAPSHOT_METADATA_CRDS/cbt.storage.k8s.io_snapshotmetadataservices.yaml" ]] ||
+        die "the SnapshotMetadataService CRD is missing from $SNAPSHOT_METADATA_CRDS; run 'make kube-deps'"
     [[ -f "$IMAGE_ARCHIVE" ]] || die "$IMAGE_ARCHIVE is missing; run 'make image'"
     if [[ -e "$STATE" ]] || grep -qw "$NETNS" <<<"$(ip netns list)"; then
         die "a cluster is already up (or left over) at $STATE / netns $NETNS: run 'make kube-down' first"
@@ -97,6 +99,16 @@ EOF
         -keyout "$p/apiserver.key" -out "$p/apiserver.csr" 2>/dev/null
     openssl x509 -req -in "$p/apiserver.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
         -days 30 -extfile "$p/apiserver.ext" -out "$p/apiserver.crt" 2>/dev/null
+    # The snapshot-metadata sidecar serves TLS at the node's address; its clients trust the
+    # tier's CA through the SnapshotMetadataService object.
+    cat >"$p/snapshot-metadata.ext" <<EOF
+subjectAltName = IP:$NODE_IP
+extendedKeyUsage = serverAuth
+EOF
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=csi-snapshot-metadata" \
+        -keyout "$p/snapshot-metadata.key" -out "$p/snapshot-metadata.csr" 2>/dev/null
+    openssl x509 -req -in "$p/snapshot-metadata.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
+        -days 30 -extfile "$p/snapshot-metadata.ext" -out "$p/snapshot-metadata.crt" 2>/dev/null
     openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
     openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
     # One token per component. All are in system:masters: this tier tests Ferry's RBAC (its
@@ -306,6 +318,27 @@ csi() {
     start csi-provisioner "$CSI_PROVISIONER" "${common[@]}" --extra-create-metadata
     start csi-attacher "$CSI_ATTACHER" "${common[@]}"
     start csi-snapshotter "$CSI_SNAPSHOTTER" "${common[@]}" --extra-create-metadata
+    # Changed-block tracking: the sidecar serves the Kubernetes SnapshotMetadata API at the
+    # node's address and asks ferry-csi; its SnapshotMetadataService object tells clients
+    # where, with which CA, and for which token audience.
+    kc apply -f "$SNAPSHOT_METADATA_CRDS" >/dev/null
+    wait_until "the SnapshotMetadataService CRD" 30 \
+        kc wait --for=condition=Established crd/snapshotmetadataservices.cbt.storage.k8s.io --timeout=5s
+    start csi-snapshot-metadata "$SNAPSHOT_METADATA" --csi-address="$sock" --kubeconfig="$kcfg" \
+        --port="$SNAPSHOT_METADATA_PORT" --audience="$SNAPSHOT_METADATA_AUDIENCE" \
+        --tls-cert="$STATE/pki/snapshot-metadata.crt" --tls-key="$STATE/pki/snapshot-metadata.key"
+    kc apply -f - >/dev/null <<EOF
+apiVersion: cbt.storage.k8s.io/v1alpha1
+kind: SnapshotMetadataService
+metadata:
+  name: $CSI_NAME
+spec:
+  address: $NODE_IP:$SNAPSHOT_METADATA_PORT
+  audience: $SNAPSHOT_METADATA_AUDIENCE
+  caCert: $(base64 -w0 "$STATE/pki/ca.crt")
+EOF
+    wait_until "the snapshot-metadata sidecar on $NODE_IP:$SNAPSHOT_METADATA_PORT" 30 \
+        in_ns bash -c "exec 3<>/dev/tcp/$NODE_IP/$SNAPSHOT_METADATA_PORT"
     wait_until "the CSINode of $NODE to list $CSI_NAME" 60 csinode_lists_driver
 }
 

@@ -12,12 +12,14 @@ use ferry_e2e::repo_root;
 
 /// The workspace's crates: their directory, and the one module whose files may form one
 /// import circle among themselves (none elsewhere).
-const CRATES: [(&str, Option<&str>); 9] = [
+const CRATES: [(&str, Option<&str>); 11] = [
     ("crds", None),
     ("serve", None),
     ("resolve", None),
     ("link", None),
     ("transfer", None),
+    ("cbt", None),
+    ("cbt/protogen", None),
     ("engine", Some("copy")),
     ("operator", None),
     ("agent", None),

@@ -14,6 +14,8 @@ use ferry_e2e::{assert_same_tree, wait_for, Tmpfs};
 
 #[path = "kube/block.rs"]
 mod block;
+#[path = "kube/cbt.rs"]
+mod cbt;
 #[path = "kube/csi.rs"]
 mod csi;
 #[path = "../../engine/tests/common/mod.rs"]
@@ -33,7 +35,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 22] = [
+    let checks: [(&str, Check); 23] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -105,6 +107,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "block claims: a block claim's snapshot (taken while a pod has it, or the user's) copied onto a block claim",
             block::copyjob_from_block_snapshot,
+        ),
+        (
+            "changed-block tracking: the driver's sidecar tells a snapshot's data and what changed, to a caller that may read the snapshots only",
+            cbt::changed_blocks_through_the_sidecar,
         ),
         // Last: they slow the agent down (and put it back).
         (

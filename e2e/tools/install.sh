@@ -55,6 +55,10 @@ KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
 CSI_PROVISIONER_VERSION=${CSI_PROVISIONER_VERSION:-v6.4.0}
 CSI_ATTACHER_VERSION=${CSI_ATTACHER_VERSION:-v4.13.0}
 CSI_SNAPSHOTTER_VERSION=${CSI_SNAPSHOTTER_VERSION:-v8.4.0}
+# The proxy serves external-snapshot-metadata only at v0.2.0 (its version list answers 403),
+# and its client module (which its go.mod replaces with ./client) only at v0.1.0.
+CSI_SNAPSHOT_METADATA_VERSION=${CSI_SNAPSHOT_METADATA_VERSION:-v0.2.0}
+CSI_SNAPSHOT_METADATA_CLIENT_VERSION=${CSI_SNAPSHOT_METADATA_CLIENT_VERSION:-v0.1.0}
 FERRY_TOOLS=${FERRY_TOOLS:-/var/cache/ferry-tools}
 export FERRY_TOOLS
 
@@ -306,21 +310,23 @@ if [[ $kube == yes && ! -x $csi_dir/bin/ferry-csi ]]; then
   mv -f "$tmp" "$csi_dir/bin/ferry-csi"
 fi
 
-# --- the CSI sidecars: provisioner, attacher, snapshotter (+ its CRDs) -----------------
+# --- the CSI sidecars: provisioner, attacher, snapshotter, snapshot-metadata (+ CRDs) ---
 # The upstream controllers that drive a CSI driver's controller service, built from the
 # exact releases the Go module proxy serves (most of kubernetes-csi answers 403:
 # e2e/tools/CSI-PLAN.md, section 1). Each is built inside a writable copy of its own module,
-# so its go.mod, go.sum and replace lines apply exactly; the snapshotter's go.mod replaces
-# its client module with ./client, which the proxy ships as a module of its own.
-# csi_sidecar NAME MODULE VERSION [CLIENT_MODULE] -- CMD...
+# so its go.mod, go.sum and replace lines apply exactly; the snapshotter's (and the
+# snapshot-metadata sidecar's) go.mod replaces its client module with ./client, which the
+# proxy ships as a module of its own, and whose config/crd holds the CRDs, copied into crds/.
+# csi_sidecar NAME MODULE VERSION [CLIENT_MODULE@CLIENT_VERSION CRD_FILE] -- CMD...
+# CRD_FILE is the CRD whose presence in crds/ says the copy is complete.
 csi_sidecar() {
-  local name=$1 module=$2 version=$3 client=""
+  local name=$1 module=$2 version=$3 client="" crd_file=""
   shift 3
-  if [[ $1 != -- ]]; then client=$1; shift; fi
+  if [[ $1 != -- ]]; then client=$1 crd_file=$2; shift 2; fi
   shift
   local dir=$FERRY_TOOLS/csi/$name-$version cmd missing=() crds=no
   for cmd in "$@"; do [[ -x $dir/bin/$cmd ]] || missing+=("$cmd"); done
-  [[ -z $client || -f $dir/crds/snapshot.storage.k8s.io_volumesnapshots.yaml ]] || crds=yes
+  [[ -z $client || -f $dir/crds/$crd_file ]] || crds=yes
   ((${#missing[@]})) || [[ $crds == yes ]] || return 0
   log "downloading $module@$version"
   local mod src=$dir/src
@@ -329,7 +335,7 @@ csi_sidecar() {
   mkdir -p "$dir/bin"
   cp -r "$mod" "$src"
   if [[ -n $client ]]; then
-    cp -r "$(json_field Dir <<<"$(mod_download "$client@$version")")" "$src/client"
+    cp -r "$(json_field Dir <<<"$(mod_download "$client")")" "$src/client"
   fi
   chmod -R u+w "$src"
   for cmd in "${missing[@]}"; do
@@ -339,11 +345,12 @@ csi_sidecar() {
     mv -f "$tmp" "$dir/bin/$cmd"
   done
   if [[ $crds == yes ]]; then
-    # The three snapshot.storage.k8s.io CRDs (not the groupsnapshot ones: v8.4 leaves group
-    # snapshots off). Copied whole, then renamed into place.
+    # The CRDs of CRD_FILE's group (for the snapshotter, the three snapshot.storage.k8s.io
+    # ones, not the groupsnapshot ones: v8.4 leaves group snapshots off). Copied whole, then
+    # renamed into place.
     rm -rf "$dir/crds.tmp"
     mkdir -p "$dir/crds.tmp"
-    cp "$src"/client/config/crd/snapshot.storage.k8s.io_*.yaml "$dir/crds.tmp/"
+    cp "$src"/client/config/crd/"${crd_file%%_*}"_*.yaml "$dir/crds.tmp/"
     rm -rf "$dir/crds"
     mv "$dir/crds.tmp" "$dir/crds"
   fi
@@ -355,8 +362,14 @@ if [[ $kube == yes ]]; then
   csi_sidecar external-attacher github.com/kubernetes-csi/external-attacher/v4 \
     "$CSI_ATTACHER_VERSION" -- csi-attacher
   csi_sidecar external-snapshotter github.com/kubernetes-csi/external-snapshotter/v8 \
-    "$CSI_SNAPSHOTTER_VERSION" github.com/kubernetes-csi/external-snapshotter/client/v8 \
-    -- snapshot-controller csi-snapshotter
+    "$CSI_SNAPSHOTTER_VERSION" "github.com/kubernetes-csi/external-snapshotter/client/v8@$CSI_SNAPSHOTTER_VERSION" \
+    snapshot.storage.k8s.io_volumesnapshots.yaml -- snapshot-controller csi-snapshotter
+  # Changed-block tracking's sidecar: serves the Kubernetes-facing SnapshotMetadata API
+  # (VolumeSnapshots by name, callers by token) in front of ferry-csi's CSI one.
+  csi_sidecar external-snapshot-metadata github.com/kubernetes-csi/external-snapshot-metadata \
+    "$CSI_SNAPSHOT_METADATA_VERSION" \
+    "github.com/kubernetes-csi/external-snapshot-metadata/client@$CSI_SNAPSHOT_METADATA_CLIENT_VERSION" \
+    cbt.storage.k8s.io_snapshotmetadataservices.yaml -- csi-snapshot-metadata
 fi
 csi_bin() { echo "$FERRY_TOOLS/csi/$1-$2/bin/$3"; }
 
@@ -401,6 +414,8 @@ export FERRY_CSI_ATTACHER="$(csi_bin external-attacher "$CSI_ATTACHER_VERSION" c
 export FERRY_CSI_SNAPSHOTTER="$(csi_bin external-snapshotter "$CSI_SNAPSHOTTER_VERSION" csi-snapshotter)"
 export FERRY_SNAPSHOT_CONTROLLER="$(csi_bin external-snapshotter "$CSI_SNAPSHOTTER_VERSION" snapshot-controller)"
 export FERRY_SNAPSHOT_CRDS="$FERRY_TOOLS/csi/external-snapshotter-$CSI_SNAPSHOTTER_VERSION/crds"
+export FERRY_SNAPSHOT_METADATA="$(csi_bin external-snapshot-metadata "$CSI_SNAPSHOT_METADATA_VERSION" csi-snapshot-metadata)"
+export FERRY_SNAPSHOT_METADATA_CRDS="$FERRY_TOOLS/csi/external-snapshot-metadata-$CSI_SNAPSHOT_METADATA_VERSION/crds"
 export FERRY_ETCD="$etcd_path"
 export FERRY_PROMETHEUS="$prom_path"
 export FERRY_PROMTOOL="$promtool_path"
@@ -464,5 +479,5 @@ export PATH="$k8s_bin:$helm_bin:\$PATH"
 EOF
 if [[ $kube == yes ]]; then
   echo "ferry-csi       $csi_dir/bin/ferry-csi  ($v_csi, $(size "$csi_dir/bin/ferry-csi"))"
-  echo "CSI sidecars    $FERRY_TOOLS/csi/  (provisioner $CSI_PROVISIONER_VERSION, attacher $CSI_ATTACHER_VERSION, snapshotter $CSI_SNAPSHOTTER_VERSION)"
+  echo "CSI sidecars    $FERRY_TOOLS/csi/  (provisioner $CSI_PROVISIONER_VERSION, attacher $CSI_ATTACHER_VERSION, snapshotter $CSI_SNAPSHOTTER_VERSION, snapshot-metadata $CSI_SNAPSHOT_METADATA_VERSION)"
 fi

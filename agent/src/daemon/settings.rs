@@ -35,6 +35,8 @@ pub struct Settings {
     pub transfer_listen: Option<std::net::SocketAddr>,
     /// Where other agents reach it, if not at `transfer_listen` (see `--transfer-address`).
     pub transfer_address: Option<String>,
+    /// Changed-block tracking's caller: this agent's ServiceAccount, or `None` (off).
+    pub changed_blocks_account: Option<String>,
     /// Test-only: flip a byte of what is sent of the source file at this path (from the
     /// source's top), after it was hashed (`FERRY_FAULT_CORRUPT_IN_FLIGHT`: `path` once per
     /// connection, `path#n` n times), as a network that changes bytes in flight would.

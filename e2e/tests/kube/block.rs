@@ -33,7 +33,7 @@ fn holder(tier: &KubeTier, name: &str, claim: &str, write: bool) -> Result<Strin
 }
 
 /// The volume's file on the host and its PV's name, for block claim `name`.
-fn volume(tier: &KubeTier, name: &str) -> Result<(PathBuf, String)> {
+pub(super) fn volume(tier: &KubeTier, name: &str) -> Result<(PathBuf, String)> {
     let pv = tier.get(&format!("pvc/{name}"), "default", "{.spec.volumeName}")?;
     ensure!(!pv.is_empty(), "claim {name} has no volume");
     let handle = tier.get(&format!("pv/{pv}"), "", "{.spec.csi.volumeHandle}")?;
@@ -132,7 +132,7 @@ pub fn held_and_handed_over(tier: &KubeTier, _: &std::path::Path) -> Result<()> 
 }
 
 /// Block claims (`name`, `size`) on ferry-csi in `default`, bound.
-fn block_claims(tier: &KubeTier, claims: &[(&str, &str)]) -> Result<()> {
+pub(super) fn block_claims(tier: &KubeTier, claims: &[(&str, &str)]) -> Result<()> {
     for (name, size) in claims {
         tier.apply(&format!(
             "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  storageClassName: ferry-csi\n  volumeMode: Block\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: {size}}}}}\n"
@@ -145,7 +145,7 @@ fn block_claims(tier: &KubeTier, claims: &[(&str, &str)]) -> Result<()> {
 }
 
 /// Delete each of `objects` (`kind/name`) in `default`, waiting until it is gone.
-fn delete(tier: &KubeTier, objects: &[&str]) -> Result<()> {
+pub(super) fn delete(tier: &KubeTier, objects: &[&str]) -> Result<()> {
     for what in objects {
         tier.kubectl_ok(&[
             "delete",

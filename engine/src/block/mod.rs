@@ -67,6 +67,13 @@ pub struct BlockOptions {
     /// Only the caller knows whether nothing else wrote the destination since; the engine
     /// trusts it (it is never read from the volume).
     pub kept: Option<ChunkManifest>,
+    /// Changed-block tracking: one flag per chunk, false for a chunk the source's driver
+    /// says did not change since the snapshot the destination holds. Such a chunk is not
+    /// read on either side; its hash is taken from [`BlockOptions::kept`]. Used only with a
+    /// usable `kept` (the caller also knows the destination holds that snapshot) and a
+    /// length of exactly the copy's chunks; otherwise ignored, and every chunk is compared
+    /// ([`BlockSummary::delta_used`] says which).
+    pub changed: Option<Vec<bool>>,
     /// Read every written chunk back from the destination and compare its hash.
     pub verify: bool,
     /// Whether both ends bypass the page cache.
@@ -90,6 +97,7 @@ impl Default for BlockOptions {
             workers: 0,
             rerun: Rerun::WriteAll,
             kept: None,
+            changed: None,
             verify: true,
             cache: Cache::Auto,
             zeros: Zeros::Punch,
@@ -146,6 +154,8 @@ pub struct BlockSummary {
     pub verified: u64,
     /// Whether [`BlockOptions::kept`] stood in for reading the destination.
     pub kept_used: bool,
+    /// Whether [`BlockOptions::changed`] spared reading the chunks it says did not change.
+    pub delta_used: bool,
     /// Chunks an earlier, stopped run finished, found in the journal with the source's
     /// hash: not written again (see [`BlockOptions::journal`]).
     pub resumed: u64,
@@ -253,6 +263,10 @@ pub fn copy_from(
         opts.rerun == Rerun::OnlyChanged
             && (k.chunk, k.size, k.hashes.len() as u64) == (chunk, size, chunks)
     });
+    let changed = opts
+        .changed
+        .as_deref()
+        .filter(|c| kept.is_some() && c.len() as u64 == chunks);
     let (journal, done) = match &opts.journal {
         Some(path) => {
             let (j, done) = journal::Journal::open(path, chunk, size, chunks)?;
@@ -265,6 +279,7 @@ pub fn copy_from(
         dst,
         opts,
         kept,
+        changed,
         journal: journal.as_ref(),
         done,
         progress,
@@ -328,6 +343,7 @@ pub fn copy_from(
         bytes_written: n.bytes_written.load(Relaxed),
         verified: n.verified.load(Relaxed),
         kept_used: kept.is_some(),
+        delta_used: changed.is_some(),
         resumed: n.resumed.load(Relaxed),
         direct,
         zeros,
@@ -379,6 +395,8 @@ struct Run<'a> {
     dst: &'a Device,
     opts: &'a BlockOptions,
     kept: Option<&'a ChunkManifest>,
+    /// [`BlockOptions::changed`], when it is used.
+    changed: Option<&'a [bool]>,
     journal: Option<&'a journal::Journal>,
     /// The journal's chunks (their hashes when finished by an earlier run); empty without one.
     done: Vec<Option<u128>>,
@@ -446,6 +464,14 @@ impl Run<'_> {
                 e,
             )
         };
+        // Unchanged by the driver's account: neither end is read, the kept hash stands.
+        if let (Some(changed), Some(kept)) = (self.changed, self.kept) {
+            if !changed[i as usize] {
+                self.n.unchanged.fetch_add(1, Relaxed);
+                self.progress.skipped();
+                return self.finished(i, kept.hashes[i as usize]);
+            }
+        }
         // From another node, where only the hash may be needed (a re-run, or a chunk the
         // journal lists), the hash crosses first.
         let hash_first = matches!(self.src, Source::Remote { .. })

@@ -19,9 +19,10 @@ use ferry_resolve::block as claims;
 use kube::ResourceExt;
 
 use super::copy::publish_until;
+use super::delta;
 use super::node::{Active, Node};
 use super::sender::{connect, dial_until, Link, MAX_REDIALS};
-use super::witness;
+use super::witness::{self, Snapshot};
 use crate::daemon::devices::{self, take};
 use crate::daemon::error::ShardError;
 use crate::daemon::publish::{Live, Target};
@@ -211,13 +212,35 @@ pub(super) async fn run(
         }
     })
     .await?;
+    // The snapshot the source is, kept in the destination's record after the copy; and
+    // the one the destination holds now, if its record says, for changed-block tracking.
+    let origin = match delta::source(&node.client, job).await {
+        Ok(origin) => origin,
+        Err(why) => {
+            tracing::info!(job = %job.name_any(), shard = %shard.id, %why, "the source's snapshot is not known: the destination's record will not name one");
+            None
+        }
+    };
+    let mut held = None;
     match taken {
-        Ok(kept) => opts.kept = Some(kept),
+        Ok((kept, copied_from)) => {
+            opts.kept = Some(kept);
+            held = copied_from;
+        }
         Err(why) if wanted => {
             tracing::info!(job = %job.name_any(), shard = %shard.id, %why, "reading the destination for its hashes");
         }
         Err(_) => {}
     }
+    opts.changed = changed_chunks(
+        node,
+        target,
+        held.as_ref(),
+        origin.as_ref(),
+        &opts,
+        from.size(),
+    )
+    .await;
     let live = Arc::new(Live::default());
     live.set_planned(1, from.size() as i64);
     tracing::info!(job = %job.name_any(), %uid, shard = %shard.id, bytes = from.size(), sender = ?shard.sender, "starting block shard");
@@ -261,9 +284,62 @@ pub(super) async fn run(
         return Err(ShardError::Fenced);
     }
     let shown = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
-    let state = settle(&shown, &live, active, result, &journal, &record).await;
+    let copied_from = origin.map(|o| o.snapshot);
+    let state = settle(
+        &shown,
+        &live,
+        active,
+        result,
+        (&journal, &record),
+        copied_from,
+    )
+    .await;
     node.publish(target, state, &live, None).await?;
     Ok(state)
+}
+
+/// The chunks that may differ between the snapshot the destination holds (`held`, from its
+/// record) and the source's snapshot, by the driver's changed-block tracking; `None`
+/// (compare every chunk) unless this agent may ask, the destination's manifest is kept,
+/// and the job does not ask to read everything (`verify: Full`). Why not is logged.
+async fn changed_chunks(
+    node: &Node,
+    target: Target<'_>,
+    held: Option<&Snapshot>,
+    origin: Option<&delta::Source>,
+    opts: &BlockOptions,
+    size: u64,
+) -> Option<Vec<bool>> {
+    let (job, shard) = (target.job, target.shard);
+    let account = node.settings.changed_blocks_account.as_deref()?;
+    let (Some(held), Some(origin), true) = (held, origin, opts.kept.is_some()) else {
+        return None;
+    };
+    if job.spec.verify == Verify::Full {
+        tracing::info!(job = %job.name_any(), shard = %shard.id, "verify Full reads the whole source: changed-block tracking is not used");
+        return None;
+    }
+    let job_ns = job.namespace().unwrap_or_default();
+    let asked = delta::changed(
+        &node.client,
+        (&node.settings.namespace, account),
+        &job_ns,
+        held,
+        origin,
+        (opts.chunk, size),
+    )
+    .await;
+    match asked {
+        Ok(flags) => {
+            let n = flags.iter().filter(|&&c| c).count();
+            tracing::info!(job = %job.name_any(), shard = %shard.id, base = %held.handle, snapshot = %origin.name, changed = n, chunks = flags.len(), "changed-block tracking: reading only the chunks changed since the snapshot the destination holds");
+            Some(flags)
+        }
+        Err(why) => {
+            tracing::info!(job = %job.name_any(), shard = %shard.id, %why, "changed-block tracking not used: comparing every chunk");
+            None
+        }
+    }
 }
 
 /// One run of the engine's block copy, on its own thread, to its end; `dst` is handed back
@@ -328,8 +404,8 @@ async fn settle(
     live: &Live,
     active: &Active,
     result: Result<Copied, ferry_engine::Error>,
-    journal: &Path,
-    record: &Path,
+    (journal, record): (&Path, &Path),
+    copied_from: Option<Snapshot>,
 ) -> ShardState {
     match result {
         Ok((s, _)) if s.cancelled => {
@@ -351,6 +427,8 @@ async fn settle(
                 resumed = s.resumed,
                 verified = s.verified,
                 kept = s.kept_used,
+                delta = s.delta_used,
+                read_source = s.bytes_read_source,
                 read_destination = s.bytes_read_destination,
                 direct = s.direct,
                 zeros = ?s.zeros,
@@ -368,9 +446,8 @@ async fn settle(
             let kept = tokio::task::spawn_blocking(move || {
                 let _ = std::fs::remove_file(journal);
                 match (m, witness) {
-                    (Some(m), Some(Ok(w))) => {
-                        witness::keep(&path, &w, &m).map_err(|e| e.to_string())
-                    }
+                    (Some(m), Some(Ok(w))) => witness::keep(&path, &w, &m, copied_from.as_ref())
+                        .map_err(|e| e.to_string()),
                     (_, Some(Err(why))) => Err(format!("no witness of the destination: {why}")),
                     _ => Err("a ReadWriteMany volume: nothing to witness it by".into()),
                 }

@@ -8,6 +8,7 @@
 mod block;
 mod copy;
 mod count;
+mod delta;
 mod node;
 mod open;
 mod prepare;

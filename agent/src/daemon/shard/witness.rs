@@ -32,6 +32,29 @@ const SYS_DEV_BLOCK: &str = "/sys/dev/block";
 /// The first line of a record: the witness, as JSON. Longer is not one.
 const WITNESS_MAX: u64 = 4096;
 
+/// Where the bytes a record's manifest describes came from, when they were a snapshot's:
+/// what a delta (changed-block tracking) must start from to be usable on this destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct Snapshot {
+    /// The CSI driver that took it.
+    pub driver: String,
+    /// Its VolumeSnapshotContent's `status.snapshotHandle`.
+    pub handle: String,
+    /// The CSI volume it was taken of (`spec.source.volumeHandle`), when the content says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+}
+
+/// A record's first line.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Header {
+    witness: Witness,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    copied_from: Option<Snapshot>,
+}
+
 /// The state of a destination device that any write would change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
@@ -158,19 +181,32 @@ fn write_counters(stat: &str) -> Option<[u64; 4]> {
 
 /// Keep `manifest` for the destination, with the witness taken after the copy that wrote
 /// it: written beside the record and renamed over it.
-pub(super) fn keep(record: &Path, witness: &Witness, manifest: &ChunkManifest) -> io::Result<()> {
+pub(super) fn keep(
+    record: &Path,
+    witness: &Witness,
+    manifest: &ChunkManifest,
+    copied_from: Option<&Snapshot>,
+) -> io::Result<()> {
     let tmp = record.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp)?;
-    let line = serde_json::to_string(witness).map_err(io::Error::other)?;
+    let header = Header {
+        witness: witness.clone(),
+        copied_from: copied_from.cloned(),
+    };
+    let line = serde_json::to_string(&header).map_err(io::Error::other)?;
     f.write_all(format!("{line}\n{}", manifest.to_text()).as_bytes())?;
     f.sync_all()?;
     std::fs::rename(&tmp, record)
 }
 
-/// The manifest kept for the destination, if the witness it was kept with is `now`'s; else
-/// why not. The record is removed either way: the run about to start writes the device,
-/// and keeps a new one only when it completes.
-pub(super) fn take(record: &Path, now: Result<Witness, String>) -> Result<ChunkManifest, String> {
+/// What a record keeps for a destination: its chunk hashes, and the snapshot they were
+/// copied from, if they were.
+pub(super) type Kept = (ChunkManifest, Option<Snapshot>);
+
+/// The manifest kept for the destination (and the snapshot it was copied from), if the
+/// witness it was kept with is `now`'s; else why not. The record is removed either way: the
+/// run about to start writes the device, and keeps a new one only when it completes.
+pub(super) fn take(record: &Path, now: Result<Witness, String>) -> Result<Kept, String> {
     let kept = read(record);
     match std::fs::remove_file(record) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -180,15 +216,16 @@ pub(super) fn take(record: &Path, now: Result<Witness, String>) -> Result<ChunkM
     }
     let (then, manifest) = kept?;
     let now = now.map_err(|why| format!("the destination's state cannot be witnessed: {why}"))?;
-    if then != now {
+    if then.witness != now {
         return Err(format!(
-            "the destination changed since the manifest was kept (then {then:?}, now {now:?})"
+            "the destination changed since the manifest was kept (then {:?}, now {now:?})",
+            then.witness
         ));
     }
-    Ok(manifest)
+    Ok((manifest, then.copied_from))
 }
 
-fn read(record: &Path) -> Result<(Witness, ChunkManifest), String> {
+fn read(record: &Path) -> Result<(Header, ChunkManifest), String> {
     let f = match std::fs::File::open(record) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -202,11 +239,11 @@ fn read(record: &Path) -> Result<(Witness, ChunkManifest), String> {
         .take(WITNESS_MAX)
         .read_line(&mut line)
         .map_err(|e| format!("{}: {e}", record.display()))?;
-    let witness = serde_json::from_str(line.trim_end())
+    let header = serde_json::from_str(line.trim_end())
         .map_err(|e| format!("{}: the witness: {e}", record.display()))?;
     let manifest = ChunkManifest::read_from(r)
         .map_err(|e| format!("{}: the manifest: {e}", record.display()))?;
-    Ok((witness, manifest))
+    Ok((header, manifest))
 }
 
 #[cfg(test)]
@@ -246,19 +283,48 @@ mod tests {
     fn a_kept_manifest_is_taken_once_and_only_with_the_same_witness() -> Result<(), String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let record = dir.path().join("rec");
-        keep(&record, &loop_file(100), &manifest()).map_err(|e| e.to_string())?;
-        assert_eq!(take(&record, Ok(loop_file(100)))?, manifest());
+        keep(&record, &loop_file(100), &manifest(), None).map_err(|e| e.to_string())?;
+        assert_eq!(take(&record, Ok(loop_file(100)))?, (manifest(), None));
         // Taken: gone, so a run that stops half-way leaves nothing to trust.
         assert!(take(&record, Ok(loop_file(100))).is_err_and(|why| why.contains("no manifest")));
 
-        keep(&record, &loop_file(100), &manifest()).map_err(|e| e.to_string())?;
+        keep(&record, &loop_file(100), &manifest(), None).map_err(|e| e.to_string())?;
         let why = take(&record, Ok(loop_file(101))).expect_err("a written file");
         assert!(why.contains("changed since"), "{why}");
         assert!(!record.exists(), "the record stays after a mismatch");
 
-        keep(&record, &loop_file(100), &manifest()).map_err(|e| e.to_string())?;
+        keep(&record, &loop_file(100), &manifest(), None).map_err(|e| e.to_string())?;
         let why = take(&record, Err("a partition".into())).expect_err("no witness");
         assert!(why.contains("a partition"), "{why}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_snapshot_a_destination_was_copied_from_is_kept_with_its_manifest() -> Result<(), String>
+    {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let record = dir.path().join("rec");
+        let from = Snapshot {
+            driver: "csi.example".into(),
+            handle: "snap-1".into(),
+            volume: Some("vol-7".into()),
+        };
+        keep(&record, &loop_file(100), &manifest(), Some(&from)).map_err(|e| e.to_string())?;
+        assert_eq!(
+            take(&record, Ok(loop_file(100)))?,
+            (manifest(), Some(from.clone()))
+        );
+        // Written since: neither the manifest nor where it came from is trusted.
+        keep(&record, &loop_file(100), &manifest(), Some(&from)).map_err(|e| e.to_string())?;
+        assert!(take(&record, Ok(loop_file(101))).is_err());
+        // A record of before (a bare witness line) is not read as one.
+        let old = format!(
+            "{}\n{}",
+            serde_json::to_string(&loop_file(100)).map_err(|e| e.to_string())?,
+            manifest().to_text()
+        );
+        std::fs::write(&record, old).map_err(|e| e.to_string())?;
+        assert!(take(&record, Ok(loop_file(100))).is_err());
         Ok(())
     }
 
@@ -318,7 +384,7 @@ mod tests {
     fn a_damaged_record_is_not_trusted() -> Result<(), String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let record = dir.path().join("rec");
-        keep(&record, &loop_file(100), &manifest()).map_err(|e| e.to_string())?;
+        keep(&record, &loop_file(100), &manifest(), None).map_err(|e| e.to_string())?;
         let text = std::fs::read_to_string(&record).map_err(|e| e.to_string())?;
         // One hash changed: the device hash no longer matches the list.
         let last = text

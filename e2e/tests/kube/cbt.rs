@@ -1,0 +1,144 @@
+//! Changed-block tracking in the tier: the `csi-snapshot-metadata` sidecar (started by
+//! `e2e/kube/up.sh` beside ferry-csi, advertised by its SnapshotMetadataService) asked
+//! through `ferry-cbt`, the client Ferry's operator uses, with the tokens a ServiceAccount
+//! gets from the API server.
+
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use ferry_cbt::{ranges, token, Error, Limits, Query, Ranges, Service};
+use ferry_e2e::kube::KubeTier;
+
+const MIB: u64 = 1 << 20;
+/// ferry-csi compares snapshots in blocks of this size (e2e/csi/snapmeta.go).
+const BLOCK: u64 = 64 << 10;
+
+const LIMITS: Limits = Limits {
+    deadline: Duration::from_secs(30),
+    ranges: 4096,
+};
+
+/// Does `r` cover `[off, off + len)` and, apart from that, at most `slack` bytes?
+fn covers(r: &Ranges, off: u64, len: u64, slack: u64) -> bool {
+    let covered: u64 = r
+        .ranges
+        .iter()
+        .map(|&(o, l)| (o + l).min(off + len).saturating_sub(o.max(off)))
+        .sum();
+    covered == len && r.bytes() <= len + slack
+}
+
+/// A snapshot's allocated ranges and the ranges changed between two snapshots, as the
+/// driver knows them, reach a caller that may read the namespace's VolumeSnapshots; a
+/// caller that may not, or whose token is for another audience, gets nothing.
+pub fn changed_blocks_through_the_sidecar(tier: &KubeTier, _: &std::path::Path) -> Result<()> {
+    super::block::block_claims(tier, &[("cbt-src", "64Mi")])?;
+    let (file, _) = super::block::volume(tier, "cbt-src")?;
+    let f = std::fs::OpenOptions::new().write(true).open(&file)?;
+    f.write_all_at(&vec![0x33; 3 * MIB as usize], 8 * MIB)?;
+    f.sync_all()?;
+    let base = super::csi::snapshot(tier, "cbt-1", "cbt-src")?;
+    // 1 MiB, not on a block boundary: two blocks at its ends are partly changed.
+    f.write_all_at(&vec![0x77; MIB as usize], 40 * MIB + 4096)?;
+    f.sync_all()?;
+    super::csi::snapshot(tier, "cbt-2", "cbt-src")?;
+    let base_handle = base
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("the base snapshot's handle")?
+        .to_owned();
+
+    // Who may read the snapshots, and who may not.
+    tier.apply("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: cbt-reader, namespace: default}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: cbt-stranger, namespace: default}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: cbt-reader, namespace: default}\nrules:\n- apiGroups: [snapshot.storage.k8s.io]\n  resources: [volumesnapshots]\n  verbs: [get]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: cbt-reader, namespace: default}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: cbt-reader}\nsubjects:\n- {kind: ServiceAccount, name: cbt-reader, namespace: default}\n")?;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&tier.kubeconfig)?,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await?;
+        let client = kube::Client::try_from(config)?;
+        let service = Service::of_driver(&client, "csi.ferry.dev")
+            .await?
+            .context("ferry-csi's SnapshotMetadataService is not there")?;
+        let ttl = Duration::from_secs(600);
+        let reader = token(&client, "default", "cbt-reader", &service.audience, ttl).await?;
+
+        let allocated = ranges(
+            &service,
+            &reader,
+            "default",
+            Query::Allocated { snapshot: "cbt-1" },
+            LIMITS,
+        )
+        .await?;
+        ensure!(
+            allocated.capacity == 64 * MIB,
+            "capacity {} of a 64 MiB claim",
+            allocated.capacity
+        );
+        // The file's data extents: the 3 MiB written (the filesystem's blocks round it).
+        ensure!(
+            covers(&allocated, 8 * MIB, 3 * MIB, 2 * BLOCK),
+            "the first snapshot's data is 3 MiB at 8 MiB, the sidecar says {:?}",
+            allocated.ranges
+        );
+
+        let delta = ranges(
+            &service,
+            &reader,
+            "default",
+            Query::Delta {
+                base_handle: &base_handle,
+                snapshot: "cbt-2",
+            },
+            LIMITS,
+        )
+        .await?;
+        ensure!(
+            covers(&delta, 40 * MIB + 4096, MIB, 2 * BLOCK),
+            "1 MiB changed at 40 MiB + 4 KiB, the sidecar says {:?}",
+            delta.ranges
+        );
+
+        // A caller that may not get the namespace's snapshots, and a token for another
+        // audience: refused by the sidecar, with nothing sent.
+        let stranger = token(&client, "default", "cbt-stranger", &service.audience, ttl).await?;
+        let elsewhere = token(&client, "default", "cbt-reader", "another-audience", ttl).await?;
+        for (who, token) in [("stranger", &stranger), ("other audience", &elsewhere)] {
+            match ranges(
+                &service,
+                token,
+                "default",
+                Query::Allocated { snapshot: "cbt-1" },
+                LIMITS,
+            )
+            .await
+            {
+                Err(Error::Refused {
+                    code: tonic::Code::PermissionDenied | tonic::Code::Unauthenticated,
+                    ..
+                }) => {}
+                other => anyhow::bail!("{who}: expected a refusal, got {other:?}"),
+            }
+        }
+        Ok(())
+    });
+    super::block::delete(
+        tier,
+        &[
+            "volumesnapshot/cbt-1",
+            "volumesnapshot/cbt-2",
+            "pvc/cbt-src",
+            "rolebinding/cbt-reader",
+            "role/cbt-reader",
+            "serviceaccount/cbt-reader",
+            "serviceaccount/cbt-stranger",
+        ],
+    )?;
+    result
+}
