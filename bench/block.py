@@ -19,7 +19,9 @@ Then the re-run: the source's backing file copied to an image and onto the desti
 device; BLOCK_CHANGED chunks' worth of the source changed (0.1% of its 4 MiB chunks,
 at least one: 64 KiB written into each, at spread offsets); and, warm and cold,
 ferry-agent copy-block --overwrite if-changed --compare checksum with the first run's
---kept manifest (the destination not read) and without it (read), against
+--kept manifest (the destination not read), with it and the changed ranges as a driver's
+changed-block tracking reports them (--changed: the source read only there), and without
+it (read), against
 rsync --inplace --no-whole-file on the same bytes as image files (VolSync's diskrsync
 approach: rsync's delta algorithm). Ratios against the first copy's median.
 
@@ -179,16 +181,20 @@ def main():
     write(results, rerun, first)
 
 
-def change_source(src_file, seed):
-    """0.1% of the chunks (at least one) get 64 KiB of new random bytes each."""
+def change_source(src_file, seed, ranges_file):
+    """0.1% of the chunks (at least one) get 64 KiB of new random bytes each; the byte
+    ranges written go to `ranges_file` (`offset length` lines), as a CSI driver's
+    changed-block tracking would report them between a snapshot before and one after."""
     rng = random.Random(seed)
     chunks = SIZE // CHUNK
     n = max(1, chunks // 1000)
-    picked = rng.sample(range(chunks), n)
-    with open(src_file, "r+b") as f:
+    picked = sorted(rng.sample(range(chunks), n))
+    with open(src_file, "r+b") as f, open(ranges_file, "w") as ranges:
         for c in picked:
-            f.seek(c * CHUNK + rng.randrange(0, CHUNK - 65536, 4096))
+            off = c * CHUNK + rng.randrange(0, CHUNK - 65536, 4096)
+            f.seek(off)
             f.write(rng.randbytes(65536))
+            ranges.write(f"{off} 65536\n")
         f.flush()
         os.fsync(f.fileno())
     return n
@@ -208,7 +214,8 @@ def rerun_rows(ferry, src, src_file, dst_file, manifest):
                 sh(ferry, "copy-block", "--verify", "none", "--manifest", manifest,
                    src.dev, dst.dev, stdout=subprocess.DEVNULL)
                 sh("cp", "--sparse=always", src_file, img)
-                changed = change_source(src_file, 1000 + r + (100 if cold else 0))
+                ranges = os.path.join(DIR, "changed.ranges")
+                changed = change_source(src_file, 1000 + r + (100 if cold else 0), ranges)
                 # The source loop device reads its file through the page cache of the
                 # file, not its own: drop the device's stale pages.
                 sh("blockdev", "--flushbufs", src.dev)
@@ -223,6 +230,12 @@ def rerun_rows(ferry, src, src_file, dst_file, manifest):
                      [ferry, "copy-block"] + base + [src.dev, dst.dev]),
                     ("rsync -I --inplace --no-whole-file (image files)",
                      ["rsync", "--ignore-times", "--inplace", "--no-whole-file", src_file, img]),
+                    # Last: the rows before it brought the destination to the source; the
+                    # chunks the ranges name still differ from the kept manifest, so it
+                    # reads and writes them as on the destination before the change.
+                    ("ferry copy-block, changed-block tracking's ranges (--changed), --kept manifest",
+                     [ferry, "copy-block"] + base
+                     + ["--kept", manifest, "--changed", ranges, src.dev, dst.dev]),
                 ]
                 for name, cmd in cmds:
                     if not cold:
@@ -276,7 +289,10 @@ def write(results, rerun, first):
         f"## Re-run after {changed} of {SIZE // CHUNK} chunks changed (0.1%)", "",
         "The destination device first brought to the source (`copy-block --verify none "
         "--manifest`) and an image copy of the source made for rsync; then 64 KiB written "
-        "into each of the changed chunks of the source. Ratios against the first copy "
+        "into each of the changed chunks of the source. `--changed`: those ranges, as a "
+        "CSI driver's changed-block tracking reports them between a snapshot before the "
+        "change and one after (what the agent asks the driver's snapshot-metadata sidecar "
+        "for); the other chunks are read on neither side. Ratios against the first copy "
         "(Ferry's defaults, same temperature).",
         "",
         "| tool | median (s) | min-max (s) | ratio to the first copy | CPU (s) |",

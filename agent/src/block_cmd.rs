@@ -78,13 +78,43 @@ pub fn fault_chunk_delay() -> Option<std::time::Duration> {
         .map(std::time::Duration::from_millis)
 }
 
+/// At most this many lines in a --changed file (2^20 ranges; a 4 TiB device's chunks).
+const MAX_CHANGED_RANGES: usize = 1 << 20;
+
+/// The --changed file's ranges, or what to change.
+fn changed_ranges(args: &CopyBlockArgs) -> Result<Option<ferry_cbt::Ranges>, String> {
+    let Some(path) = &args.changed else {
+        return Ok(None);
+    };
+    // ~40 bytes a line at most: the file is read only that far.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            std::io::Read::read_to_string(
+                &mut std::io::Read::take(f, MAX_CHANGED_RANGES as u64 * 42),
+                &mut text,
+            )
+        })
+        .map_err(|e| format!("--changed {}: {e}", path.display()))?;
+    ferry_cbt::Ranges::parse(&text, MAX_CHANGED_RANGES)
+        .map(Some)
+        .map_err(|e| format!("--changed {}: {e}", path.display()))
+}
+
 pub fn run(args: &CopyBlockArgs) -> ExitCode {
-    let opts = match options(args) {
+    let mut opts = match options(args) {
         Ok(o) => o,
+        Err(msg) => return usage(&msg),
+    };
+    let changed = match changed_ranges(args) {
+        Ok(c) => c,
         Err(msg) => return usage(&msg),
     };
     let show = !args.no_progress && std::io::stderr().is_terminal();
     let result = Device::open(&args.src, false, false).and_then(|src| {
+        if let Some(c) = &changed {
+            opts.changed = Some(c.chunks(opts.chunk, src.size()));
+        }
         let mut dst = Device::open(&args.dst, true, true)?;
         if !show {
             return copy_device(&src, &mut dst, &opts, &NoProgress);
@@ -117,6 +147,9 @@ pub fn run(args: &CopyBlockArgs) -> ExitCode {
             );
             return ExitCode::FAILURE;
         }
+    }
+    if changed.is_some() && !summary.delta_used {
+        eprintln!("ferry-agent copy-block: --changed was not used (the --kept manifest is of another chunk size or device size): every chunk was compared");
     }
     println!("{}", report(&summary));
     ExitCode::SUCCESS

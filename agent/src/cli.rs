@@ -191,6 +191,11 @@ pub struct CopyBlockArgs {
     /// written DST since.
     #[arg(long, value_name = "FILE")]
     pub kept: Option<PathBuf>,
+    /// With --kept: the byte ranges of SRC that changed since the state --kept describes,
+    /// one `offset length` a line (as a CSI driver's changed-block tracking reports them
+    /// between two snapshots). Chunks no range touches are read on neither side. Believed.
+    #[arg(long, value_name = "FILE", requires = "kept")]
+    pub changed: Option<PathBuf>,
     /// `auto`: direct I/O (no page cache) where both ends take it and the size is a
     /// multiple of 4096 bytes, as measured faster; `direct`: that or refuse; `buffered`.
     #[arg(long, value_parser = ["auto", "direct", "buffered"], default_value = "auto")]

@@ -118,6 +118,82 @@ fn an_image_is_copied_then_only_its_changed_chunk_is_written_again() -> Result<(
 }
 
 #[test]
+fn changed_ranges_given_with_the_kept_manifest_are_all_that_is_read() -> Result<()> {
+    let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir())?;
+    let (src, dst) = (dir.path().join("disk.img"), dir.path().join("copy.img"));
+    let (manifest, ranges) = (dir.path().join("m"), dir.path().join("ranges"));
+    let f = File::create(&src)?;
+    f.set_len(8 * CHUNK)?;
+    for c in 0..8 {
+        f.write_all_at(&noise(c, CHUNK as usize), c * CHUNK)?;
+    }
+    let out = run(&[&src, &dst, &"--manifest", &manifest])?;
+    ensure!(out.status.success(), "{out:?}");
+    // 64 KiB changed in chunks 2 and 6, and the ranges say so.
+    for c in [2, 6] {
+        f.write_all_at(&noise(c + 50, 65536), c * CHUNK + 8192)?;
+    }
+    std::fs::write(
+        &ranges,
+        format!("{} 65536\n{} 65536\n", 6 * CHUNK + 8192, 2 * CHUNK + 8192),
+    )?;
+    let rerun = ["--overwrite", "if-changed", "--compare", "checksum"];
+    let out = run(&[
+        &src,
+        &dst,
+        &rerun[0],
+        &rerun[1],
+        &rerun[2],
+        &rerun[3],
+        &"--kept",
+        &manifest,
+        &"--changed",
+        &ranges,
+    ])?;
+    ensure!(out.status.success(), "{out:?}");
+    ensure!(same(&src, &dst)?, "the copy by changed ranges differs");
+    ensure!(
+        (
+            count(&out, " written")?,
+            count(&out, " bytes of the source")?,
+            count(&out, " of the destination")?
+        ) == (2, 2 * CHUNK, 0),
+        "{out:?}"
+    );
+    // A line that is not `offset length`, and --changed without --kept: refused (exit 2).
+    std::fs::write(&ranges, "12 banana\n")?;
+    let out = run(&[
+        &src,
+        &dst,
+        &rerun[0],
+        &rerun[1],
+        &rerun[2],
+        &rerun[3],
+        &"--kept",
+        &manifest,
+        &"--changed",
+        &ranges,
+    ])?;
+    ensure!(
+        out.status.code() == Some(2)
+            && String::from_utf8_lossy(&out.stderr).contains("offset length"),
+        "{out:?}"
+    );
+    let out = run(&[
+        &src,
+        &dst,
+        &rerun[0],
+        &rerun[1],
+        &rerun[2],
+        &rerun[3],
+        &"--changed",
+        &ranges,
+    ])?;
+    ensure!(out.status.code() == Some(2), "{out:?}");
+    Ok(())
+}
+
+#[test]
 fn a_killed_copy_run_again_resumes_from_its_journal() -> Result<()> {
     let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir())?;
     let (src, dst) = (dir.path().join("disk.img"), dir.path().join("copy.img"));

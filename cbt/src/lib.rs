@@ -95,6 +95,8 @@ pub struct Limits {
 /// merged, all inside `capacity`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ranges {
+    /// The volume's size, as every message says it; 0 when the answer had no message (no
+    /// range: nothing allocated or changed, and the size not said).
     pub capacity: u64,
     pub ranges: Vec<(u64, u64)>,
 }
@@ -103,6 +105,58 @@ impl Ranges {
     /// Bytes the ranges cover.
     pub fn bytes(&self) -> u64 {
         self.ranges.iter().map(|&(_, len)| len).sum()
+    }
+
+    /// One flag a chunk of `chunk` bytes over a device of `size`: set where a range touches
+    /// the chunk, and past `capacity` (what the driver says nothing about is read).
+    pub fn chunks(&self, chunk: u64, size: u64) -> Vec<bool> {
+        let count = size.div_ceil(chunk.max(1));
+        let mut changed = vec![false; usize::try_from(count).unwrap_or(usize::MAX)];
+        let mut mark = |from: u64, to: u64| {
+            if from >= to || from >= size {
+                return;
+            }
+            let last = (to.min(size) - 1) / chunk;
+            for c in from / chunk..=last {
+                changed[c as usize] = true;
+            }
+        };
+        for &(off, len) in &self.ranges {
+            mark(off, off.saturating_add(len));
+        }
+        mark(self.capacity, size);
+        changed
+    }
+
+    /// Ranges from text, one `offset length` (bytes) a line, in any order: what
+    /// `ferry-agent copy-block --changed` reads. At most `limit` lines.
+    pub fn parse(text: &str, limit: usize) -> Result<Ranges, String> {
+        let mut ranges = Vec::new();
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            if ranges.len() == limit {
+                return Err(format!("more than {limit} ranges"));
+            }
+            let mut fields = line.split_whitespace().map(str::parse::<u64>);
+            match (fields.next(), fields.next(), fields.next()) {
+                (Some(Ok(off)), Some(Ok(len)), None) if len > 0 => ranges.push((off, len)),
+                _ => {
+                    return Err(format!(
+                        "line {}: {line:?} is not `offset length` in bytes",
+                        n + 1
+                    ))
+                }
+            }
+        }
+        ranges.sort_unstable();
+        Ok(Ranges {
+            // The list covers the whole device: nothing past a capacity to read.
+            capacity: u64::MAX,
+            ranges,
+        })
     }
 }
 
@@ -510,6 +564,35 @@ mod tests {
             .take(1 << 20, &[block(105, 10)])
             .expect_err("only the first may overlap");
         assert!(matches!(err, Error::Invalid { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_range_marks_every_chunk_it_touches_and_past_the_capacity_is_read() {
+        let mib = 1 << 20;
+        let r = Ranges {
+            capacity: 12 * mib,
+            // Inside chunk 0; across chunks 1 and 2 (4 MiB chunks); the last byte of chunk 2.
+            ranges: vec![(4096, 4096), (8 * mib - 1, 2), (12 * mib - 1, 1)],
+        };
+        let set = |f: Vec<bool>| -> Vec<usize> { (0..f.len()).filter(|&i| f[i]).collect() };
+        assert_eq!(set(r.chunks(4 * mib, 12 * mib)), vec![0, 1, 2]);
+        // A device larger than the snapshot: the chunks past its capacity are read.
+        assert_eq!(set(r.chunks(4 * mib, 20 * mib)), vec![0, 1, 2, 3, 4]);
+        let none = Ranges {
+            capacity: 12 * mib,
+            ranges: vec![],
+        };
+        assert!(set(none.chunks(4 * mib, 12 * mib)).is_empty());
+    }
+
+    #[test]
+    fn ranges_as_text_are_offset_and_length_lines_and_nothing_else() {
+        let r = Ranges::parse("8192 10\n\n0 4096\n", 10).expect("two lines");
+        assert_eq!(r.ranges, vec![(0, 4096), (8192, 10)]);
+        for bad in ["1", "1 2 3", "x 1", "5 0", "-1 4"] {
+            assert!(Ranges::parse(bad, 10).is_err(), "{bad:?}");
+        }
+        assert!(Ranges::parse("0 1\n2 1\n", 1).is_err_and(|e| e.contains("more than 1")));
     }
 
     #[test]

@@ -353,6 +353,8 @@ ferry() {
     kc label namespace ferry-system pod-security.kubernetes.io/enforce=privileged >/dev/null
     KUBECONFIG="$KUBECONFIG_OUT" "$HELM" install ferry "$repo/charts/ferry" -n ferry-system \
         --set kubeletDir="$STATE/kubelet" \
+        --set changedBlockTracking.enabled=true \
+        --set-json "changedBlockTracking.egress=[{\"to\":[{\"ipBlock\":{\"cidr\":\"$NODE_IP/32\"}}],\"ports\":[{\"port\":$SNAPSHOT_METADATA_PORT,\"protocol\":\"TCP\"}]}]" \
         --set image.repository="$IMAGE_REPOSITORY" --set image.tag="$IMAGE_TAG" \
         >"$STATE/logs/helm-install.log"
     wait_until "the operator Deployment Available" 120 \

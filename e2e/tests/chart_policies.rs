@@ -159,17 +159,24 @@ fn every_port_a_ferry_pod_serves_is_open_only_to_named_peers_and_pods_reach_only
                     ensure!(covered, "{what}: port {port} has no ingress rule");
                 }
             }
-            // Egress: the API server only, on its ports (and addresses where named).
+            // Egress: the API server only, on its ports (and addresses where named); an
+            // agent also to the other agents' transfer port and, with changed-block
+            // tracking (custom.yaml), to where its values say the sidecars are.
             let egress = spec["egress"].as_array().context("egress")?;
             let peer_agents = transfer_port
                 .map(|port| json!({"to": agents, "ports": [{"port": port, "protocol": "TCP"}]}));
+            let sidecars = match (set.as_deref(), is_agent) {
+                (Some("custom.yaml"), true) => vec![json!({
+                    "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "csi-driver"}}}],
+                    "ports": [{"port": 50051, "protocol": "TCP"}]
+                })],
+                _ => vec![],
+            };
+            let extra: Vec<Value> = peer_agents.into_iter().chain(sidecars).collect();
             ensure!(
-                egress.len() == 1 + usize::from(peer_agents.is_some()),
-                "{what}: egress rules {egress:?}"
+                egress.len() == 1 + extra.len() && egress[1..] == extra[..],
+                "{what}: egress rules {egress:?}, expected the API server's then {extra:?}"
             );
-            if let Some(rule) = peer_agents {
-                ensure!(egress[1] == rule, "{what}: egress {} != {rule}", egress[1]);
-            }
             ensure!(
                 egress[0]["ports"] == api_ports,
                 "{what}: egress ports {}",
@@ -244,6 +251,14 @@ fn every_port_a_ferry_pod_serves_is_open_only_to_named_peers_and_pods_reach_only
     .expect_err("an egress rule without ports was rendered");
     ensure!(
         format!("{err:#}").contains("networkPolicy.apiServer.ports is empty"),
+        "{err:#}"
+    );
+    // Changed-block tracking without saying where the sidecars are: refused, not an agent
+    // that cannot reach them.
+    let err = render(&helm, None, &["--set", "changedBlockTracking.enabled=true"])
+        .expect_err("changed-block tracking rendered without its egress");
+    ensure!(
+        format!("{err:#}").contains("changedBlockTracking.egress is empty"),
         "{err:#}"
     );
     Ok(())

@@ -35,7 +35,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 23] = [
+    let checks: [(&str, Check); 24] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -111,6 +111,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "changed-block tracking: the driver's sidecar tells a snapshot's data and what changed, to a caller that may read the snapshots only",
             cbt::changed_blocks_through_the_sidecar,
+        ),
+        (
+            "changed-block tracking: a block copy from a later snapshot reads only the chunks the driver says changed",
+            cbt::a_rerun_from_a_later_snapshot_reads_only_what_changed,
         ),
         // Last: they slow the agent down (and put it back).
         (

@@ -212,7 +212,7 @@ fn refused_with(tier: &KubeTier, name: &str, reason: &str) -> Result<String> {
 }
 
 /// The agents' log lines that say job `default/<job>` copied a device.
-fn copied_lines(tier: &KubeTier, job: &str) -> Result<Vec<String>> {
+pub(super) fn copied_lines(tier: &KubeTier, job: &str) -> Result<Vec<String>> {
     let logs = tier.kubectl_ok(&[
         "logs",
         "-n",
@@ -242,7 +242,7 @@ fn copied(tier: &KubeTier, name: &str, src: &str, dst: &str, extra: &str) -> Res
 }
 
 /// `key=<number>` in a log line.
-fn field(line: &str, key: &str) -> Option<u64> {
+pub(super) fn field(line: &str, key: &str) -> Option<u64> {
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(&format!("{key}=")))
         .and_then(|v| v.parse().ok())

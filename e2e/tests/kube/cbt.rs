@@ -142,3 +142,121 @@ pub fn changed_blocks_through_the_sidecar(tier: &KubeTier, _: &std::path::Path) 
     )?;
     result
 }
+
+/// A block CopyJob from a VolumeSnapshot onto a claim that holds an earlier snapshot of the
+/// same volume reads only the chunks the driver says changed since (the agent asks the
+/// sidecar with its own token: the chart's `changedBlockTracking`, on in this tier); the
+/// result is the later snapshot's bytes exactly. `verify: Full` reads the whole source.
+pub fn a_rerun_from_a_later_snapshot_reads_only_what_changed(
+    tier: &KubeTier,
+    _: &std::path::Path,
+) -> Result<()> {
+    use super::block::{block_claims, copied_lines, delete, field, volume};
+    block_claims(tier, &[("cbt-a", "64Mi"), ("cbt-b", "64Mi")])?;
+    let (a_file, _) = volume(tier, "cbt-a")?;
+    let (b_file, _) = volume(tier, "cbt-b")?;
+    let f = std::fs::OpenOptions::new().write(true).open(&a_file)?;
+    for i in 0..6u64 {
+        let data: Vec<u8> = (0..2 * MIB).map(|b| (b as u8) ^ (i as u8 * 29)).collect();
+        f.write_all_at(&data, i * 10 * MIB + 12_345)?;
+    }
+    f.sync_all()?;
+    let job = |name: &str, snapshot: &str, extra: &str| {
+        tier.apply(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  source: {{snapshot: {snapshot}}}\n  destination: {{pvc: cbt-b}}\n{extra}"
+        ))?;
+        tier.wait_succeeded("default", name, 180)?;
+        super::csi::all_let_go(tier, "default")?;
+        copied_lines(tier, name)?
+            .into_iter()
+            .next()
+            .with_context(|| format!("no block copy logged for job {name}"))
+    };
+    let rerun = "  overwrite: IfChanged\n  compare: Checksum\n";
+
+    super::csi::snapshot(tier, "cbt-s1", "cbt-a")?;
+    let first = job("cbt-first", "cbt-s1", "  overwrite: Always\n")?;
+    ensure!(
+        std::fs::read(&b_file)? == std::fs::read(&a_file)?,
+        "the first copy is not the snapshot's bytes"
+    );
+    ensure!(
+        !first.contains("delta=true"),
+        "a first copy used a delta: {first}"
+    );
+
+    // 1 MiB changed inside chunk 10 (40..44 MiB), then a later snapshot copied by checksums.
+    f.write_all_at(&vec![0x6B; MIB as usize], 40 * MIB + 4096)?;
+    f.sync_all()?;
+    super::csi::snapshot(tier, "cbt-s2", "cbt-a")?;
+    let line = job("cbt-delta", "cbt-s2", rerun)?;
+    ensure!(
+        std::fs::read(&b_file)? == std::fs::read(&a_file)?,
+        "the copy by changed blocks is not the later snapshot's bytes"
+    );
+    let (read, written) = (field(&line, "read_source"), field(&line, "written"));
+    ensure!(
+        line.contains("delta=true") && read == Some(4 * MIB) && written == Some(1),
+        "one changed chunk: read {read:?} bytes of the source, wrote {written:?} chunks: {line}\nwhat the agents said of snapshots:\n{}",
+        said_of_snapshots(tier)?
+    );
+
+    // A snapshot with nothing changed since: the driver's answer has no range, and
+    // nothing of the source is read.
+    super::csi::snapshot(tier, "cbt-s2b", "cbt-a")?;
+    let line = job("cbt-same", "cbt-s2b", rerun)?;
+    let (read, written) = (field(&line, "read_source"), field(&line, "written"));
+    ensure!(
+        line.contains("delta=true") && read == Some(0) && written == Some(0),
+        "nothing changed: read {read:?} bytes of the source, wrote {written:?} chunks: {line}\nwhat the agents said of snapshots:\n{}",
+        said_of_snapshots(tier)?
+    );
+
+    // verify Full: the whole source is read, whatever the driver says.
+    f.write_all_at(&vec![0x6C; MIB as usize], 20 * MIB)?;
+    f.sync_all()?;
+    super::csi::snapshot(tier, "cbt-s3", "cbt-a")?;
+    let line = job("cbt-full", "cbt-s3", &format!("{rerun}  verify: Full\n"))?;
+    ensure!(
+        std::fs::read(&b_file)? == std::fs::read(&a_file)?,
+        "the verify Full copy is not the snapshot's bytes"
+    );
+    let read = field(&line, "read_source");
+    ensure!(
+        line.contains("delta=false") && read == Some(64 * MIB),
+        "verify Full read {read:?} bytes of a 64 MiB source: {line}"
+    );
+    delete(
+        tier,
+        &[
+            "copyjob/cbt-first",
+            "copyjob/cbt-delta",
+            "copyjob/cbt-same",
+            "copyjob/cbt-full",
+            "volumesnapshot/cbt-s1",
+            "volumesnapshot/cbt-s2",
+            "volumesnapshot/cbt-s2b",
+            "volumesnapshot/cbt-s3",
+            "pvc/cbt-a",
+            "pvc/cbt-b",
+        ],
+    )
+}
+
+/// The agents' log lines about a source's snapshot or changed-block tracking: why a delta
+/// was or was not used.
+fn said_of_snapshots(tier: &KubeTier) -> Result<String> {
+    let logs = tier.kubectl_ok(&[
+        "logs",
+        "-n",
+        super::NS,
+        "-l",
+        "app.kubernetes.io/component=agent",
+        "--tail=-1",
+    ])?;
+    Ok(logs
+        .lines()
+        .filter(|l| l.contains("changed-block tracking") || l.contains("snapshot is not known"))
+        .collect::<Vec<_>>()
+        .join("\n"))
+}

@@ -214,7 +214,11 @@ pub(super) async fn run(
     .await?;
     // The snapshot the source is, kept in the destination's record after the copy; and
     // the one the destination holds now, if its record says, for changed-block tracking.
-    let origin = match delta::source(&node.client, job).await {
+    let origin = match node.settings.changed_blocks_account {
+        None => Ok(None),
+        Some(_) => delta::source(&node.client, job).await,
+    };
+    let origin = match origin {
         Ok(origin) => origin,
         Err(why) => {
             tracing::info!(job = %job.name_any(), shard = %shard.id, %why, "the source's snapshot is not known: the destination's record will not name one");

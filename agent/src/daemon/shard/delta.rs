@@ -33,6 +33,8 @@ const TOKEN_TTL: Duration = Duration::from_secs(600);
 pub(super) struct Source {
     pub name: String,
     pub snapshot: Snapshot,
+    /// Its content's `status.restoreSize`, if said.
+    pub size: Option<u64>,
 }
 
 fn api(client: &Client, ns: Option<&str>, kind: &str, plural: &str) -> Api<DynamicObject> {
@@ -103,6 +105,10 @@ pub(super) async fn source(client: &Client, job: &CopyJob) -> Result<Option<Sour
             handle,
             volume: field("/spec/source/volumeHandle"),
         },
+        size: content
+            .data
+            .pointer("/status/restoreSize")
+            .and_then(Value::as_u64),
     }))
 }
 
@@ -133,11 +139,11 @@ pub(super) async fn changed(
     let driver = &base.driver;
     let service = Service::of_driver(client, driver)
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| crate::with_causes(&e))?
         .ok_or_else(|| format!("driver {driver} advertises no SnapshotMetadataService"))?;
     let token = ferry_cbt::token(client, agent_ns, account, &service.audience, TOKEN_TTL)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| crate::with_causes(&e))?;
     let query = Query::Delta {
         base_handle: &base.handle,
         snapshot: &now.name,
@@ -146,53 +152,13 @@ pub(super) async fn changed(
         deadline: DEADLINE,
         ranges: MAX_RANGES,
     };
-    let ranges = ferry_cbt::ranges(&service, &token, job_ns, query, limits)
+    let mut ranges = ferry_cbt::ranges(&service, &token, job_ns, query, limits)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(flags(&ranges, chunk, size))
-}
-
-/// One flag a chunk: set where a range touches it, and past the snapshot's capacity (what
-/// the driver says nothing about is read).
-fn flags(ranges: &ferry_cbt::Ranges, chunk: u64, size: u64) -> Vec<bool> {
-    let chunks = size.div_ceil(chunk);
-    let mut changed = vec![false; chunks as usize];
-    let mut mark = |from: u64, to: u64| {
-        if from >= to || from >= size {
-            return;
-        }
-        let last = (to.min(size) - 1) / chunk;
-        for c in from / chunk..=last {
-            changed[c as usize] = true;
-        }
-    };
-    for &(off, len) in &ranges.ranges {
-        mark(off, off.saturating_add(len));
+        .map_err(|e| crate::with_causes(&e))?;
+    if ranges.capacity == 0 {
+        // No message: nothing changed, and the volume's size is the snapshot's (unknown:
+        // then every chunk past 0, all of them, is read).
+        ranges.capacity = now.size.unwrap_or(0);
     }
-    mark(ranges.capacity, size);
-    changed
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_range_marks_every_chunk_it_touches_and_past_the_capacity_is_read() {
-        let mib = 1 << 20;
-        let r = ferry_cbt::Ranges {
-            capacity: 12 * mib,
-            // Inside chunk 0; across chunks 1 and 2 (4 MiB chunks); the last byte of chunk 2.
-            ranges: vec![(4096, 4096), (8 * mib - 1, 2), (12 * mib - 1, 1)],
-        };
-        let set = |f: Vec<bool>| -> Vec<usize> { (0..f.len()).filter(|&i| f[i]).collect() };
-        assert_eq!(set(flags(&r, 4 * mib, 12 * mib)), vec![0, 1, 2]);
-        // A device larger than the snapshot: the chunks past its capacity are read.
-        assert_eq!(set(flags(&r, 4 * mib, 20 * mib)), vec![0, 1, 2, 3, 4]);
-        let none = ferry_cbt::Ranges {
-            capacity: 12 * mib,
-            ranges: vec![],
-        };
-        assert!(set(flags(&none, 4 * mib, 12 * mib)).is_empty());
-    }
+    Ok(ranges.chunks(chunk, size))
 }
