@@ -138,18 +138,21 @@ fn changed_ranges_given_with_the_kept_manifest_are_all_that_is_read() -> Result<
         format!("{} 65536\n{} 65536\n", 6 * CHUNK + 8192, 2 * CHUNK + 8192),
     )?;
     let rerun = ["--overwrite", "if-changed", "--compare", "checksum"];
-    let out = run(&[
-        &src,
-        &dst,
-        &rerun[0],
-        &rerun[1],
-        &rerun[2],
-        &rerun[3],
-        &"--kept",
-        &manifest,
-        &"--changed",
-        &ranges,
-    ])?;
+    let by_ranges = || {
+        run(&[
+            &src,
+            &dst,
+            &rerun[0],
+            &rerun[1],
+            &rerun[2],
+            &rerun[3],
+            &"--kept",
+            &manifest,
+            &"--changed",
+            &ranges,
+        ])
+    };
+    let out = by_ranges()?;
     ensure!(out.status.success(), "{out:?}");
     ensure!(same(&src, &dst)?, "the copy by changed ranges differs");
     ensure!(
@@ -162,18 +165,7 @@ fn changed_ranges_given_with_the_kept_manifest_are_all_that_is_read() -> Result<
     );
     // A line that is not `offset length`, and --changed without --kept: refused (exit 2).
     std::fs::write(&ranges, "12 banana\n")?;
-    let out = run(&[
-        &src,
-        &dst,
-        &rerun[0],
-        &rerun[1],
-        &rerun[2],
-        &rerun[3],
-        &"--kept",
-        &manifest,
-        &"--changed",
-        &ranges,
-    ])?;
+    let out = by_ranges()?;
     ensure!(
         out.status.code() == Some(2)
             && String::from_utf8_lossy(&out.stderr).contains("offset length"),

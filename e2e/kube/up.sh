@@ -91,24 +91,10 @@ pki() {
     local p="$STATE/pki"
     openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=ferry-kube-ca" \
         -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
-    cat >"$p/apiserver.ext" <<EOF
-subjectAltName = IP:$SVC_IP, IP:$NODE_IP, IP:127.0.0.1, DNS:kubernetes, DNS:kubernetes.default, DNS:kubernetes.default.svc, DNS:kubernetes.default.svc.cluster.local
-extendedKeyUsage = serverAuth
-EOF
-    openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
-        -keyout "$p/apiserver.key" -out "$p/apiserver.csr" 2>/dev/null
-    openssl x509 -req -in "$p/apiserver.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
-        -days 30 -extfile "$p/apiserver.ext" -out "$p/apiserver.crt" 2>/dev/null
+    serving_cert apiserver kube-apiserver "IP:$SVC_IP, IP:$NODE_IP, IP:127.0.0.1, DNS:kubernetes, DNS:kubernetes.default, DNS:kubernetes.default.svc, DNS:kubernetes.default.svc.cluster.local"
     # The snapshot-metadata sidecar serves TLS at the node's address; its clients trust the
     # tier's CA through the SnapshotMetadataService object.
-    cat >"$p/snapshot-metadata.ext" <<EOF
-subjectAltName = IP:$NODE_IP
-extendedKeyUsage = serverAuth
-EOF
-    openssl req -newkey rsa:2048 -nodes -subj "/CN=csi-snapshot-metadata" \
-        -keyout "$p/snapshot-metadata.key" -out "$p/snapshot-metadata.csr" 2>/dev/null
-    openssl x509 -req -in "$p/snapshot-metadata.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
-        -days 30 -extfile "$p/snapshot-metadata.ext" -out "$p/snapshot-metadata.crt" 2>/dev/null
+    serving_cert snapshot-metadata csi-snapshot-metadata "IP:$NODE_IP"
     openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
     openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
     # One token per component. All are in system:masters: this tier tests Ferry's RBAC (its
@@ -124,6 +110,16 @@ EOF
         kubeconfig "$STATE/${who//:/-}.kubeconfig" "$token"
     done
     cp "$STATE/admin.kubeconfig" "$KUBECONFIG_OUT"
+}
+
+# serving_cert NAME CN SANS: $STATE/pki/NAME.{key,crt}, a server certificate of the tier's CA.
+serving_cert() {
+    local p="$STATE/pki" name=$1
+    printf 'subjectAltName = %s\nextendedKeyUsage = serverAuth\n' "$3" >"$p/$name.ext"
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=$2" \
+        -keyout "$p/$name.key" -out "$p/$name.csr" 2>/dev/null
+    openssl x509 -req -in "$p/$name.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
+        -days 30 -extfile "$p/$name.ext" -out "$p/$name.crt" 2>/dev/null
 }
 
 # kubeconfig FILE TOKEN: talks to the apiserver at the node's address, trusting our CA.

@@ -250,12 +250,10 @@ pub async fn prepare(
             format!("VolumeSnapshot {name:?} is not ready to use yet ({why})"),
         )));
     }
-    // Bound both ways: its content names this very snapshot (a tenant's VolumeSnapshot may
-    // name any content; only the content, which the tenant cannot write, says whose it is).
-    // An empty name would make the GET a list of every content.
-    let content = match str_at(status, &["boundVolumeSnapshotContentName"]) {
-        Some(n) if !n.is_empty() => contents(client).get_opt(n).await?,
-        _ => None,
+    // Bound both ways: its content names this very snapshot (ferry_resolve::snapshot).
+    let content = match ferry_resolve::snapshot::bound_content(&snapshot.data) {
+        Some(n) => contents(client).get_opt(n).await?,
+        None => None,
     };
     let Some(content) = content else {
         return Ok(Some(blocked(
@@ -263,13 +261,8 @@ pub async fn prepare(
             format!("VolumeSnapshot {name:?} is bound to no VolumeSnapshotContent yet"),
         )));
     };
-    let back = content.data.pointer("/spec/volumeSnapshotRef");
-    let names_it = back.is_some_and(|r| {
-        r.get("namespace").and_then(Value::as_str) == Some(ns)
-            && r.get("name").and_then(Value::as_str) == Some(name.as_str())
-            && r.get("uid").and_then(Value::as_str) == snapshot.metadata.uid.as_deref()
-    });
-    if !names_it {
+    let uid = snapshot.metadata.uid.as_deref();
+    if !ferry_resolve::snapshot::names_snapshot(&content.data, ns, &name, uid) {
         return Ok(Some(Blocked {
             condition: ConditionType::Accepted,
             reason: Reason::CrossNamespace,

@@ -11,6 +11,7 @@ use kube::{Api, Client, ResourceExt};
 pub mod block;
 mod nodes;
 mod pods;
+pub mod snapshot;
 pub mod validate;
 pub mod volume;
 

@@ -211,8 +211,8 @@ fn refused_with(tier: &KubeTier, name: &str, reason: &str) -> Result<String> {
     super::csi::condition_with(tier, name, "Accepted", reason)
 }
 
-/// The agents' log lines that say job `default/<job>` copied a device.
-pub(super) fn copied_lines(tier: &KubeTier, job: &str) -> Result<Vec<String>> {
+/// The agents' log lines (each prefixed with its pod) that `keep` accepts.
+pub(super) fn agent_lines(tier: &KubeTier, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
     let logs = tier.kubectl_ok(&[
         "logs",
         "-n",
@@ -222,11 +222,14 @@ pub(super) fn copied_lines(tier: &KubeTier, job: &str) -> Result<Vec<String>> {
         "--tail=-1",
         "--prefix",
     ])?;
-    Ok(logs
-        .lines()
-        .filter(|l| l.contains("block shard copied") && l.contains(&format!("default/{job}\"")))
-        .map(String::from)
-        .collect())
+    Ok(logs.lines().filter(|l| keep(l)).map(String::from).collect())
+}
+
+/// The agents' log lines that say job `default/<job>` copied a device.
+pub(super) fn copied_lines(tier: &KubeTier, job: &str) -> Result<Vec<String>> {
+    agent_lines(tier, |l| {
+        l.contains("block shard copied") && l.contains(&format!("default/{job}\""))
+    })
 }
 
 /// Run block job `name` from claim `src` onto `dst` (with `extra` spec lines) to success,

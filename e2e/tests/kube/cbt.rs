@@ -246,17 +246,8 @@ pub fn a_rerun_from_a_later_snapshot_reads_only_what_changed(
 /// The agents' log lines about a source's snapshot or changed-block tracking: why a delta
 /// was or was not used.
 fn said_of_snapshots(tier: &KubeTier) -> Result<String> {
-    let logs = tier.kubectl_ok(&[
-        "logs",
-        "-n",
-        super::NS,
-        "-l",
-        "app.kubernetes.io/component=agent",
-        "--tail=-1",
-    ])?;
-    Ok(logs
-        .lines()
-        .filter(|l| l.contains("changed-block tracking") || l.contains("snapshot is not known"))
-        .collect::<Vec<_>>()
-        .join("\n"))
+    let lines = super::block::agent_lines(tier, |l| {
+        l.contains("changed-block tracking") || l.contains("snapshot is not known")
+    })?;
+    Ok(lines.join("\n"))
 }

@@ -68,7 +68,7 @@ pub(super) async fn source(client: &Client, job: &CopyJob) -> Result<Option<Sour
         .get(&name)
         .await
         .map_err(|e| format!("VolumeSnapshot {ns}/{name}: {e}"))?;
-    let content_name = str_at(&vs.data, "/status/boundVolumeSnapshotContentName")
+    let content_name = ferry_resolve::snapshot::bound_content(&vs.data)
         .ok_or_else(|| format!("VolumeSnapshot {ns}/{name} is bound to no content"))?;
     let content = api(
         client,
@@ -79,10 +79,8 @@ pub(super) async fn source(client: &Client, job: &CopyJob) -> Result<Option<Sour
     .get(content_name)
     .await
     .map_err(|e| format!("VolumeSnapshotContent {content_name}: {e}"))?;
-    let names_it = str_at(&content.data, "/spec/volumeSnapshotRef/namespace") == Some(&ns)
-        && str_at(&content.data, "/spec/volumeSnapshotRef/name") == Some(&name)
-        && str_at(&content.data, "/spec/volumeSnapshotRef/uid") == vs.metadata.uid.as_deref();
-    if !names_it {
+    let uid = vs.metadata.uid.as_deref();
+    if !ferry_resolve::snapshot::names_snapshot(&content.data, &ns, &name, uid) {
         return Err(format!(
             "VolumeSnapshotContent {content_name} is not bound to VolumeSnapshot {ns}/{name}"
         ));
