@@ -6,9 +6,10 @@ MiB runs, the zeros written out: a device holds no holes), over a file on the ma
 disk; the destination a loop device over a fresh sparse file on the same disk, made anew
 for every run outside the timing. Rows, warm (source in the page cache) and cold (caches
 dropped before each run):
-  - ferry-agent copy-block with its defaults (direct I/O, every chunk read back and
-    hashed), with --verify none, through the page cache (--cache buffered), and with 1, 2
-    and 8 workers (the default is 4);
+  - ferry-agent copy-block with its defaults (direct I/O, every written chunk read back
+    and hashed, of the punched ones the first), with --verify none, with --verify full
+    (every punched chunk read back too), through the page cache (--cache buffered), and
+    with 1, 2 and 8 workers (the default is 4);
   - dd bs=4M conv=sparse,fsync, buffered and direct; blkdiscard of the destination then
     the same dd; qemu-img convert -n -W (out-of-order writes, its zero detection and
     write-zeroes), buffered and direct (-t none -T none).
@@ -124,10 +125,12 @@ def main():
     src = Loop(src_file)
     manifest = os.path.join(DIR, "first.manifest")
     first = [
-        ("ferry copy-block (defaults: direct I/O, read back, 4 workers)",
+        ("ferry copy-block (defaults: direct I/O, written chunks read back, 4 workers)",
          lambda d: [ferry, "copy-block", src.dev, d]),
         ("ferry copy-block --verify none",
          lambda d: [ferry, "copy-block", "--verify", "none", src.dev, d]),
+        ("ferry copy-block --verify full (punched chunks read back too)",
+         lambda d: [ferry, "copy-block", "--verify", "full", src.dev, d]),
         ("ferry copy-block --cache buffered",
          lambda d: [ferry, "copy-block", "--cache", "buffered", src.dev, d]),
         ("ferry copy-block --cache buffered --verify none",

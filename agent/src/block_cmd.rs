@@ -27,13 +27,10 @@ pub fn options(args: &CopyBlockArgs) -> Result<BlockOptions, String> {
             return Err("--overwrite never keeps what DST holds, which for a device is all of it: use always, or if-changed --compare checksum".into())
         }
     };
-    let verify = match args.verify {
-        Verify::None => false,
-        Verify::Checksum => true,
-        Verify::Full => {
-            return Err("--verify full is for files (it flushes and re-reads them from the disk): for a device --verify checksum reads every chunk back, from the device itself under direct I/O (--cache auto, the default, where the device takes it)".into())
-        }
-    };
+    let verify = args.verify != Verify::None;
+    if args.verify == Verify::Full && args.cache == "buffered" {
+        return Err("--verify full reads every chunk back from the device itself: it cannot with --cache buffered; use --cache direct (or auto)".into());
+    }
     ChunkManifest::check_shape(0, args.chunk).map_err(|e| format!("--chunk: {e}"))?;
     if args.kept.is_some() && rerun != Rerun::OnlyChanged {
         return Err("--kept stands in for reading DST when only changed chunks are written: add --overwrite if-changed --compare checksum".into());
@@ -53,7 +50,9 @@ pub fn options(args: &CopyBlockArgs) -> Result<BlockOptions, String> {
         kept,
         changed: None,
         verify,
+        verify_punched: args.verify == Verify::Full,
         cache: match args.cache.as_str() {
+            _ if args.verify == Verify::Full => Cache::Direct,
             "direct" => Cache::Direct,
             "buffered" => Cache::Buffered,
             _ => Cache::Auto,

@@ -30,9 +30,10 @@ pub enum Command {
     Copy(CopyArgs),
     /// Copy a block device (or a disk image) onto another, in parallel chunks.
     ///
-    /// Every chunk is hashed (xxHash3-128) and read back from DST unless --verify none;
-    /// chunks of zeros are punched (discard, write-zeroes, or a hole in an image) where DST
-    /// reads them back as zeros, written otherwise. With `--overwrite if-changed --compare
+    /// Every chunk is hashed (xxHash3-128) and every written chunk read back from DST unless
+    /// --verify none; chunks of zeros are punched (discard, write-zeroes, or a hole in an
+    /// image) where DST guarantees they read back as zeros (the first one is read back to
+    /// check; --verify full reads every one back), written otherwise. With `--overwrite if-changed --compare
     /// checksum` only chunks whose hashes differ are written. DST must be at least as large
     /// as SRC; a missing DST becomes an image file. Its bytes past SRC's size are left alone.
     ///

@@ -244,8 +244,8 @@ fn flags_that_mean_nothing_for_a_device_are_refused_with_what_to_change() -> Res
         (vec!["--compare", "checksum"], "add --overwrite if-changed"),
         (vec!["--overwrite", "never"], "use always"),
         (
-            vec!["--verify", "full"],
-            "--verify checksum reads every chunk back",
+            vec!["--verify", "full", "--cache", "buffered"],
+            "use --cache direct",
         ),
         (
             vec!["--kept", bad.to_str().context("utf-8")?],

@@ -215,7 +215,8 @@ wire_enum! {
     /// Source claims only: how the claim is read. Direct (the default): the live volume.
     /// Snapshot: the operator takes a `VolumeSnapshot` of it first, restores that to a
     /// temporary claim and copies from it, so the copy is one point in time even while an
-    /// application writes; both are deleted afterwards.
+    /// application writes; both are deleted afterwards (but a raw block claim's snapshot
+    /// is kept as the destination claim's base for changed-block tracking, when that is on).
     #[derive(Default)]
     pub enum CopyMethod {
         /// The live volume, through a pod that mounts it.

@@ -98,6 +98,30 @@ pub struct ShardProgress {
     /// match, so nothing planted there gets into the job's manifest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub manifest_part: Option<ManifestPart>,
+    /// A raw block copy, once it finished: what it read and wrote, chunk by chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<BlockProgress>,
+}
+
+/// What a finished raw block copy did (`progress.bytesDone` is the device's size).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockProgress {
+    /// The device's chunks (of `chunkBytes`).
+    pub chunks: i64,
+    pub chunk_bytes: i64,
+    /// Chunks written: they differed from the destination's, or it was not compared.
+    pub written: i64,
+    /// Chunks of zeros punched (discard or write-zeroes) instead of written.
+    pub punched: i64,
+    /// Chunks the destination already held, by their hashes.
+    pub unchanged: i64,
+    /// Bytes of the source read: less than the device only when the chunks to read came
+    /// from the CSI driver's changed-block tracking (`changedBlocksOnly`).
+    pub source_bytes_read: i64,
+    /// Whether only the chunks the CSI driver said changed since the snapshot the
+    /// destination held were read (the rest kept their hashes from the last copy).
+    pub changed_blocks_only: bool,
 }
 
 /// A file as its writer left it: its length and xxHash3-64.

@@ -35,7 +35,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 24] = [
+    let checks: [(&str, Check); 25] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -115,6 +115,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "changed-block tracking: a block copy from a later snapshot reads only the chunks the driver says changed",
             cbt::a_rerun_from_a_later_snapshot_reads_only_what_changed,
+        ),
+        (
+            "changed-block tracking: copyMethod Snapshot keeps its snapshot as the destination's base, and the next run reads only what changed",
+            cbt::copymethod_snapshot_keeps_its_base_for_the_next_run,
         ),
         // Last: they slow the agent down (and put it back).
         (

@@ -39,6 +39,10 @@ pub struct Context {
     /// Whether snapshot sources may be used (`FERRY_SNAPSHOT_SOURCES=true`: the chart's
     /// `operator.snapshotSources`, which grants what [`crate::snapshot`] needs).
     pub snapshot_sources: bool,
+    /// Whether a block snapshot taken for a copy onto a claim is kept as that claim's base
+    /// for changed-block tracking (`FERRY_SNAPSHOT_BASES=true`: the chart's
+    /// `changedBlockTracking.enabled`; see [`crate::snapshot`]).
+    pub snapshot_bases: bool,
 }
 
 /// Read what the decision needs (the endpoints, who is lost, the eligible nodes when
@@ -207,7 +211,8 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             crate::holder::release(&ctx.client, &ns, job).await?;
         }
         if finished(status.phase) && ctx.snapshot_sources {
-            crate::snapshot::release(&ctx.client, &ns, job).await?;
+            let succeeded = status.phase == Some(Phase::Succeeded);
+            crate::snapshot::release(&ctx.client, &ns, job, succeeded).await?;
         }
     }
     label_nodes(job, &status, ctx, &ns).await?;
@@ -279,7 +284,7 @@ async fn snapshot_source(
             message: "spec.source: snapshot sources are off in this installation (chart values operator.snapshotSources and operator.holderPods); copy the live claim, or ask an admin to turn them on".into(),
         }));
     }
-    Ok(crate::snapshot::prepare(&ctx.client, ns, job).await?)
+    Ok(crate::snapshot::prepare(&ctx.client, ns, job, ctx.snapshot_bases).await?)
 }
 
 /// Deletion: the agents see the deletion timestamp and stop their running shards at the
@@ -311,7 +316,9 @@ pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
                 crate::holder::release(&ctx.client, &ns, job).await?;
             }
             if ctx.snapshot_sources {
-                crate::snapshot::release(&ctx.client, &ns, job).await?;
+                // A job deleted after it succeeded leaves the base it kept.
+                let succeeded = job.status.as_ref().and_then(|s| s.phase) == Some(Phase::Succeeded);
+                crate::snapshot::release(&ctx.client, &ns, job, succeeded).await?;
             }
         }
         return Ok(Action::await_change());

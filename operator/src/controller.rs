@@ -59,6 +59,7 @@ pub async fn run(
             .unwrap_or_else(agent_namespace),
         holder_image: holder_image(),
         snapshot_sources: std::env::var("FERRY_SNAPSHOT_SOURCES").is_ok_and(|v| v == "true"),
+        snapshot_bases: std::env::var("FERRY_SNAPSHOT_BASES").is_ok_and(|v| v == "true"),
     });
     // An agent that comes or goes changes no CopyJob, and a Lease that expires sends no
     // event at all: so the set of live agents is watched here, and every job is looked at

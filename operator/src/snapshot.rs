@@ -5,6 +5,12 @@
 //! writes to the source meanwhile. The restored claim and a snapshot the operator took are
 //! deleted when the job finishes or is deleted; a snapshot the user named is theirs.
 //!
+//! One exception: with changed-block tracking on (`FERRY_SNAPSHOT_BASES`), a snapshot taken
+//! of a raw block claim for a copy onto a claim is kept after a successful copy, as the
+//! base the next copy onto that claim asks the driver's changes against (the agent's record
+//! of the destination names it). It is owned by the destination claim too (deleted with
+//! it), labelled [`BASE_FOR`] its uid, and deleted once a later base of that claim is kept.
+//!
 //! What a tenant controls here is the job's spec and the objects of its own namespace; the
 //! operator follows a snapshot only if the snapshot controller bound it to a content that
 //! names it back (a content is cluster-scoped: only admins or the controller write one),
@@ -22,13 +28,16 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 
 /// The label naming the CopyJob (its uid) a restored claim or a taken snapshot is for.
 pub const SNAPSHOT_OF: &str = "ferry.dev/snapshot-of";
+/// The label of a taken snapshot kept as the base of the next copy onto a claim: that
+/// claim's uid (it is also one of the snapshot's owners).
+pub const BASE_FOR: &str = "ferry.dev/base-for";
 const GROUP: &str = "snapshot.storage.k8s.io";
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
@@ -109,8 +118,13 @@ fn labels(job: &CopyJob) -> BTreeMap<String, String> {
 
 /// The VolumeSnapshot the operator takes of a `copyMethod: Snapshot` source. It and
 /// [`claim_for`]'s claim are what the chart's `-snapshot-sources` admission policy admits,
-/// field by field (`e2e/tests/hostile/holder.rs` tries both).
-pub fn snapshot_of_claim(job: &CopyJob, claim: &str) -> DynamicObject {
+/// field by field (`e2e/tests/hostile/holder.rs` tries both). `base_for`: the destination
+/// claim it is to stay for as a base after the copy (see the module's comment).
+pub fn snapshot_of_claim(
+    job: &CopyJob,
+    claim: &str,
+    base_for: Option<&PersistentVolumeClaim>,
+) -> DynamicObject {
     let mut spec = json!({"source": {"persistentVolumeClaimName": claim}});
     if let Some(class) = &job.spec.source.volume_snapshot_class_name {
         spec["volumeSnapshotClassName"] = json!(class);
@@ -120,8 +134,24 @@ pub fn snapshot_of_claim(job: &CopyJob, claim: &str) -> DynamicObject {
         &resource("VolumeSnapshot", "volumesnapshots"),
     );
     obj.metadata.namespace = job.namespace();
-    obj.metadata.labels = Some(labels(job));
-    obj.metadata.owner_references = Some(vec![crate::holder::owned_by(job)]);
+    let mut labels = labels(job);
+    let mut owners = vec![crate::holder::owned_by(job)];
+    if let Some(dest) = base_for {
+        let uid = dest.uid().unwrap_or_default();
+        labels.insert(BASE_FOR.to_string(), uid.clone());
+        // Not the controller, not blocking: the snapshot goes when the claim goes (once
+        // the job, its controller, is gone too).
+        owners.push(OwnerReference {
+            api_version: "v1".into(),
+            kind: "PersistentVolumeClaim".into(),
+            name: dest.name_any(),
+            uid,
+            controller: None,
+            block_owner_deletion: None,
+        });
+    }
+    obj.metadata.labels = Some(labels);
+    obj.metadata.owner_references = Some(owners);
     obj.data = json!({ "spec": spec });
     obj
 }
@@ -179,10 +209,13 @@ fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
 /// it to be ready, check it, and restore it to the job's claim. `Some(blocked)` while that
 /// is not done (the job waits, and says on what); `None` when the restored claim is there
 /// and bound (or waits for a first consumer: a holder), and for any other job.
+/// `keep_bases`: whether a block snapshot taken for a copy onto a claim is to be kept as
+/// that claim's base afterwards (changed-block tracking is on).
 pub async fn prepare(
     client: &Client,
     ns: &str,
     job: &CopyJob,
+    keep_bases: bool,
 ) -> Result<Option<Blocked>, kube::Error> {
     let src = &job.spec.source;
     if !ferry_resolve::from_snapshot(src) || job.meta().deletion_timestamp.is_some() {
@@ -216,7 +249,15 @@ pub async fn prepare(
     let snapshot = match (api.get_opt(&name).await, &source_claim) {
         (Ok(Some(s)), _) => s,
         (Ok(None), Some(claim)) => {
-            let made = snapshot_of_claim(job, &claim.name_any());
+            // A base for the next copy only where one can use it: a raw block source
+            // copied onto a claim.
+            let base_for = match &job.spec.destination.pvc {
+                Some(dest) if keep_bases && ferry_resolve::claim_end(claim).is_some() => {
+                    claims.get_opt(dest).await?
+                }
+                _ => None,
+            };
+            let made = snapshot_of_claim(job, &claim.name_any(), base_for.as_ref());
             match api.create(&PostParams::default(), &made).await {
                 Ok(s) => {
                     tracing::info!(job = %job.name_any(), snapshot = %name, claim = %claim.name_any(), "took a snapshot");
@@ -388,8 +429,15 @@ async fn restore_class(
 }
 
 /// Delete the job's restored claim and the snapshot it took (when it finished, or is being
-/// deleted); only objects it owns, never a snapshot the user named.
-pub async fn release(client: &Client, ns: &str, job: &CopyJob) -> Result<(), kube::Error> {
+/// deleted); only objects it owns, never a snapshot the user named. After a copy that
+/// `succeeded`, a taken snapshot labelled [`BASE_FOR`] a claim stays, and the older bases
+/// of that claim go.
+pub async fn release(
+    client: &Client,
+    ns: &str,
+    job: &CopyJob,
+    succeeded: bool,
+) -> Result<(), kube::Error> {
     if !ferry_resolve::from_snapshot(&job.spec.source) {
         return Ok(());
     }
@@ -408,10 +456,65 @@ pub async fn release(client: &Client, ns: &str, job: &CopyJob) -> Result<(), kub
         let api = snapshots(client, ns);
         let taken = ferry_resolve::taken_snapshot(&uid);
         if let Some(s) = api.get_opt(&taken).await? {
-            if made_for(&s.metadata, job) {
-                gone(api.delete(&taken, &Default::default()).await.map(drop))?;
-                tracing::info!(job = %job.name_any(), snapshot = %taken, "deleted the snapshot it took");
+            match base_for(&s.metadata) {
+                Some(claim) if succeeded => prune_bases(&api, &s, claim).await?,
+                _ if made_for(&s.metadata, job) => {
+                    gone(api.delete(&taken, &Default::default()).await.map(drop))?;
+                    tracing::info!(job = %job.name_any(), snapshot = %taken, "deleted the snapshot it took");
+                }
+                _ => {}
             }
+        }
+    }
+    Ok(())
+}
+
+/// The claim uid a snapshot is a base for: a snapshot the operator took (its name, its
+/// labels) that is labelled [`BASE_FOR`] a claim which owns it.
+fn base_for(meta: &ObjectMeta) -> Option<&str> {
+    let labels = meta.labels.as_ref()?;
+    let claim = labels.get(BASE_FOR)?;
+    let ours = meta
+        .name
+        .as_deref()
+        .is_some_and(|n| n.starts_with(ferry_resolve::TAKEN_SNAPSHOT_PREFIX))
+        && labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str)
+            == Some("ferry-operator");
+    let owned = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "PersistentVolumeClaim" && &o.uid == claim);
+    (ours && owned).then_some(claim.as_str())
+}
+
+/// `kept` stays as the base of claim `claim`: the bases of that claim taken before it go
+/// (only the newest is what the destination may hold; an older one only costs the driver
+/// space). Compared by creation time, so a later release of an older job deletes nothing
+/// newer.
+async fn prune_bases(
+    api: &Api<DynamicObject>,
+    kept: &DynamicObject,
+    claim: &str,
+) -> Result<(), kube::Error> {
+    let Some(born) = kept.metadata.creation_timestamp.as_ref() else {
+        return Ok(());
+    };
+    let list = api
+        .list(&ListParams::default().labels(&format!("{BASE_FOR}={claim}")))
+        .await?;
+    for old in list.items {
+        let older = old
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| t.0 < born.0);
+        if older && base_for(&old.metadata) == Some(claim) {
+            let name = old.name_any();
+            gone(api.delete(&name, &Default::default()).await.map(drop))?;
+            tracing::info!(snapshot = %name, kept = %kept.name_any(), "deleted an older base of the claim");
         }
     }
     Ok(())
@@ -493,7 +596,7 @@ mod tests {
             volume_snapshot_class_name: Some("csi-fast".into()),
             ..Default::default()
         });
-        let s = snapshot_of_claim(&j, "db");
+        let s = snapshot_of_claim(&j, "db", None);
         assert_eq!(
             s.metadata.name.as_deref(),
             Some("ferry-snapshot-0f1e2d3c-aaaa-bbbb-cccc-000000000001")
@@ -507,5 +610,46 @@ mod tests {
         let mut other = j.clone();
         other.metadata.uid = Some("another".into());
         assert!(!made_for(&s.metadata, &other));
+    }
+
+    #[test]
+    fn a_snapshot_kept_as_a_base_is_owned_by_the_destination_claim_too() {
+        let j = job(ferry_crds::Endpoint {
+            pvc: Some("vm-disk".into()),
+            copy_method: Some(ferry_crds::CopyMethod::Snapshot),
+            ..Default::default()
+        });
+        let mut dest = PersistentVolumeClaim::default();
+        dest.metadata.name = Some("backup".into());
+        dest.metadata.uid = Some("99999999-aaaa-bbbb-cccc-000000000002".into());
+        let s = snapshot_of_claim(&j, "vm-disk", Some(&dest));
+        // Still the job's (deleted by it if the copy fails), and the claim's.
+        assert!(made_for(&s.metadata, &j));
+        assert_eq!(
+            base_for(&s.metadata),
+            Some("99999999-aaaa-bbbb-cccc-000000000002")
+        );
+        let owners = s.metadata.owner_references.clone().expect("owners");
+        assert_eq!(owners.len(), 2);
+        assert_eq!(
+            (
+                owners[1].kind.as_str(),
+                owners[1].name.as_str(),
+                owners[1].controller
+            ),
+            ("PersistentVolumeClaim", "backup", None)
+        );
+        // Without a destination to keep it for, no base.
+        assert_eq!(
+            base_for(&snapshot_of_claim(&j, "vm-disk", None).metadata),
+            None
+        );
+        // A label alone makes no base: the claim must own it, and the name be the operator's.
+        let mut forged = s.clone();
+        forged.metadata.owner_references = Some(vec![owners[0].clone()]);
+        assert_eq!(base_for(&forged.metadata), None);
+        let mut renamed = s.clone();
+        renamed.metadata.name = Some("nightly".into());
+        assert_eq!(base_for(&renamed.metadata), None);
     }
 }

@@ -414,9 +414,12 @@ pub fn restore_claim(job_uid: &str) -> String {
     format!("ferry-restore-{job_uid}")
 }
 
+/// How the names of [`taken_snapshot`] begin.
+pub const TAKEN_SNAPSHOT_PREFIX: &str = "ferry-snapshot-";
+
 /// The VolumeSnapshot the operator takes of a `copyMethod: Snapshot` source of job `job_uid`.
 pub fn taken_snapshot(job_uid: &str) -> String {
-    format!("ferry-snapshot-{job_uid}")
+    format!("{TAKEN_SNAPSHOT_PREFIX}{job_uid}")
 }
 
 /// Whether an endpoint is read from a snapshot (one named, or one the operator takes).

@@ -44,6 +44,8 @@ pub(super) struct Live {
     pub(super) deleted: AtomicU64,
     /// A dry run's mirror: entries it would remove, and the first paths.
     planned_deletions: Mutex<Option<(u64, Vec<String>)>>,
+    /// A finished raw block copy's counts.
+    pub(super) block: Mutex<Option<ferry_crds::BlockProgress>>,
 }
 
 impl Default for Live {
@@ -64,6 +66,7 @@ impl Default for Live {
             planned: Mutex::default(),
             deleted: AtomicU64::default(),
             planned_deletions: Mutex::default(),
+            block: Mutex::default(),
         }
     }
 }
@@ -272,6 +275,7 @@ pub(super) async fn publish(
         planned_bytes: planned.map(|p| p.1),
         failures,
         manifest_part: lock(&live.manifest_part).clone(),
+        block: lock(&live.block).clone(),
     };
     let ops = progress.fenced_patch(target.index, shard, node)?;
     let patch: json_patch::Patch = serde_json::from_value(ops)?;

@@ -76,6 +76,9 @@ enum Base {
     BlockDestination,
     Claim,
     Snapshot,
+    /// A VolumeSnapshot taken to be kept as the base of the next copy onto a claim
+    /// (changed-block tracking): that claim its second owner and its `ferry.dev/base-for`.
+    KeptSnapshot,
 }
 
 #[derive(Debug)]
@@ -496,6 +499,42 @@ fn snapshot_rows() -> Vec<Row> {
     ]
 }
 
+/// The rows of a VolumeSnapshot kept as a base: its second owner and label bound to each
+/// other, and what every taken snapshot is refused.
+#[rustfmt::skip]
+fn kept_snapshot_rows() -> Vec<Row> {
+    use Answer::{Admitted, Refused};
+    use Base::KeptSnapshot as K;
+    const OTHER: &str = "7c1d2e3f-0000-4000-8000-000000000001";
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "other", "uid": OTHER});
+    vec![
+        row(K, "kept for another claim", vec![set("/metadata/ownerReferences/1/name", json!("other")), set("/metadata/ownerReferences/1/uid", json!(OTHER)), set("/metadata/labels/ferry.dev~1base-for", json!(OTHER))], Admitted),
+        row(K, "another claim", vec![set("/spec/source/persistentVolumeClaimName", json!("other"))], Admitted),
+        row(K, "another namespace", vec![set("/metadata/namespace", json!("team-b"))], Admitted),
+        row(K, "an owner of another name", vec![set("/metadata/ownerReferences/0/name", json!("other"))], Admitted),
+        row(K, "another class", vec![set("/spec/volumeSnapshotClassName", json!("other"))], Admitted),
+        row(K, "a job owner blocking deletion", vec![set("/metadata/ownerReferences/0/blockOwnerDeletion", json!(true))], Refused("metadata.ownerReferences")),
+        row(K, "kept for a claim that does not own it", vec![set("/metadata/labels/ferry.dev~1base-for", json!(OTHER))], Refused("metadata.labels")),
+        row(K, "owned by a claim it is not kept for", vec![set("/metadata/ownerReferences/1/uid", json!(OTHER))], Refused("metadata.labels")),
+        row(K, "a second owner of another kind", vec![set("/metadata/ownerReferences/1/kind", json!("Secret"))], Refused("metadata.ownerReferences")),
+        row(K, "a second owner of another API version", vec![set("/metadata/ownerReferences/1/apiVersion", json!("v2"))], Refused("metadata.ownerReferences")),
+        row(K, "the claim as its controller", vec![set("/metadata/ownerReferences/1/controller", json!(true))], Refused("metadata.ownerReferences")),
+        row(K, "the claim blocking deletion", vec![set("/metadata/ownerReferences/1/blockOwnerDeletion", json!(true))], Refused("metadata.ownerReferences")),
+        row(K, "a third owner", vec![set("/metadata/ownerReferences/2", claim)], Refused("metadata.ownerReferences")),
+        row(K, "not a taken snapshot", vec![set("/metadata/name", json!("grab"))], Refused(NOT_OURS)),
+        row(K, "an annotation", vec![set("/metadata/annotations", json!({"snapshot.storage.kubernetes.io/deletion-secret-name": "other"}))], Refused("metadata.annotations")),
+        row(K, "an extra label", vec![set("/metadata/labels/tenant", json!("team-b"))], Refused("metadata.labels")),
+        row(K, "managed by someone else", vec![set("/metadata/labels/app.kubernetes.io~1managed-by", json!("helm"))], Refused("metadata.labels")),
+        row(K, "for another job", vec![set("/metadata/labels/ferry.dev~1snapshot-of", json!(OTHER))], Refused("metadata.labels")),
+        row(K, "an owner of another API version", vec![set("/metadata/ownerReferences/0/apiVersion", json!("ferry.dev/v1"))], Refused("metadata.ownerReferences")),
+        row(K, "an owner of another kind", vec![set("/metadata/ownerReferences/0/kind", json!("CopySchedule"))], Refused(NOT_OURS)),
+        row(K, "an owner other than the name's", vec![set("/metadata/ownerReferences/0/uid", json!(OTHER))], Refused("metadata.name")),
+        row(K, "a job that is not the controller", vec![set("/metadata/ownerReferences/0/controller", json!(false))], Refused(NOT_OURS)),
+        row(K, "an existing content", vec![set("/spec/source/volumeSnapshotContentName", json!("someone-elses"))], Refused("spec.source")),
+        row(K, "an extra field", vec![set("/spec/deletionPolicy", json!("Retain"))], Refused("spec.deletionPolicy")),
+    ]
+}
+
 /// Objects whose every field snapshot.rs sets.
 const SNAPSHOT_WHOLE: &[&str] = &["/spec/dataSource"];
 
@@ -732,9 +771,20 @@ fn snapshot_sources_policy_admits_exactly_the_claim_and_snapshot_snapshot_rs_bui
     let taken = ferry_operator::resolve::taken_snapshot(UID);
     let claim = serde_json::to_value(snapshot::claim_for(&job, &taken, "csi", "1Gi", false))?;
     let block = serde_json::to_value(snapshot::claim_for(&job, &taken, "csi", "1Gi", true))?;
-    let snap = serde_json::to_value(snapshot::snapshot_of_claim(&job, "data"))?;
-    let bases = [(Base::Claim, claim.clone()), (Base::Snapshot, snap)];
-    let rows = snapshot_rows();
+    let snap = serde_json::to_value(snapshot::snapshot_of_claim(&job, "data", None))?;
+    // The destination claim it is kept for.
+    let backup = serde_json::from_value(json!({"metadata":
+        {"name": "backup", "uid": "5a7e0c3d-1b2a-4c5d-8e9f-0a1b2c3d4e5f"}}))?;
+    let kept = serde_json::to_value(snapshot::snapshot_of_claim(&job, "data", Some(&backup)))?;
+    let bases = [
+        (Base::Claim, claim.clone()),
+        (Base::Snapshot, snap),
+        (Base::KeptSnapshot, kept),
+    ];
+    let rows: Vec<Row> = snapshot_rows()
+        .into_iter()
+        .chain(kept_snapshot_rows())
+        .collect();
     // Each kind on its own rows.
     for base in &bases {
         check_coverage(std::slice::from_ref(base), &rows, SNAPSHOT_WHOLE)?;

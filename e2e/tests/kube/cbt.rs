@@ -251,3 +251,112 @@ fn said_of_snapshots(tier: &KubeTier) -> Result<String> {
     })?;
     Ok(lines.join("\n"))
 }
+
+/// `copyMethod: Snapshot` of a block claim onto a claim, as a CopySchedule runs it night
+/// after night: the snapshot the operator takes stays after a successful copy (owned by the
+/// destination claim too, labelled as its base), so the next run asks the driver what
+/// changed since and reads only that; the older base goes once the newer is kept, and the
+/// last one goes with the destination claim.
+pub fn copymethod_snapshot_keeps_its_base_for_the_next_run(
+    tier: &KubeTier,
+    _: &std::path::Path,
+) -> Result<()> {
+    use super::block::{block_claims, copied_lines, delete, field, volume};
+    block_claims(tier, &[("cbt-live", "64Mi"), ("cbt-copy", "64Mi")])?;
+    let (live, _) = volume(tier, "cbt-live")?;
+    let (copy, _) = volume(tier, "cbt-copy")?;
+    let f = std::fs::OpenOptions::new().write(true).open(&live)?;
+    for i in 0..5u64 {
+        let data: Vec<u8> = (0..3 * MIB).map(|b| (b as u8) ^ (i as u8 * 41)).collect();
+        f.write_all_at(&data, i * 12 * MIB + 777)?;
+    }
+    f.sync_all()?;
+    let copy_uid = tier.get("pvc/cbt-copy", "default", "{.metadata.uid}")?;
+    let run = |name: &str| -> Result<(String, String)> {
+        tier.apply(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  source: {{pvc: cbt-live, copyMethod: Snapshot}}\n  destination: {{pvc: cbt-copy}}\n  overwrite: IfChanged\n  compare: Checksum\n"
+        ))?;
+        tier.wait_succeeded("default", name, 180)?;
+        super::csi::all_let_go(tier, "default")?;
+        let uid = tier.get(&format!("copyjob/{name}"), "default", "{.metadata.uid}")?;
+        let line = copied_lines(tier, name)?
+            .into_iter()
+            .next()
+            .with_context(|| format!("no block copy logged for job {name}"))?;
+        Ok((format!("ferry-snapshot-{uid}"), line))
+    };
+    let base_of = |snapshot: &str| {
+        tier.get(
+            &format!("volumesnapshot/{snapshot}"),
+            "default",
+            "{.metadata.labels.ferry\\.dev/base-for} {.metadata.ownerReferences[*].kind}",
+        )
+    };
+    let gone = |snapshot: &str, why: &str| {
+        tier.wait_until(
+            &format!("volumesnapshot/{snapshot}"),
+            "default",
+            "{.metadata.name}",
+            Duration::from_secs(60),
+            str::is_empty,
+        )
+        .with_context(|| format!("snapshot {snapshot} stayed {why}"))
+    };
+
+    let (first, line) = run("cbt-night-1")?;
+    ensure!(
+        std::fs::read(&copy)? == std::fs::read(&live)?,
+        "the first copy is not the claim's bytes"
+    );
+    ensure!(
+        !line.contains("delta=true"),
+        "a first copy used a delta: {line}"
+    );
+    let kept = base_of(&first)?;
+    ensure!(
+        kept == format!("{copy_uid} CopyJob PersistentVolumeClaim"),
+        "after a successful copy the taken snapshot is kept as the base of claim {copy_uid} (label, and owned by job and claim): {kept:?}"
+    );
+    // The job goes (a schedule's history limit, a TTL): the base stays, the claim owns it.
+    delete(tier, &["copyjob/cbt-night-1"])?;
+    std::thread::sleep(Duration::from_secs(2));
+    ensure!(
+        base_of(&first)?.starts_with(&copy_uid),
+        "the base went with its job"
+    );
+
+    // The next night: 1 MiB changed inside chunk 7 (28..32 MiB).
+    f.write_all_at(&vec![0x5A; MIB as usize], 29 * MIB)?;
+    f.sync_all()?;
+    let (second, line) = run("cbt-night-2")?;
+    ensure!(
+        std::fs::read(&copy)? == std::fs::read(&live)?,
+        "the copy by changed blocks is not the claim's bytes"
+    );
+    let (read, written) = (field(&line, "read_source"), field(&line, "written"));
+    ensure!(
+        line.contains("delta=true") && read == Some(4 * MIB) && written == Some(1),
+        "one changed chunk since the kept base: read {read:?} bytes of the source, wrote {written:?} chunks: {line}\nwhat the agents said of snapshots:\n{}",
+        said_of_snapshots(tier)?
+    );
+    // The job's status says so too, for whoever does not read the agents' logs.
+    let status = tier.get(
+        "copyjob/cbt-night-2",
+        "default",
+        "{.status.shards[0].block.changedBlocksOnly} {.status.shards[0].block.sourceBytesRead} {.status.shards[0].block.written} {.status.shards[0].block.unchanged}",
+    )?;
+    ensure!(
+        status == format!("true {} 1 15", 4 * MIB),
+        "status.shards[0].block: changed blocks only, read, written, unchanged: {status:?}"
+    );
+    gone(&first, "after a newer base was kept")?;
+    ensure!(
+        base_of(&second)?.starts_with(&copy_uid),
+        "the newer base is not kept"
+    );
+
+    // The destination claim deleted (its job first, the base's other owner): its base goes.
+    delete(tier, &["copyjob/cbt-night-2", "pvc/cbt-copy"])?;
+    gone(&second, "after its claim was deleted")?;
+    delete(tier, &["pvc/cbt-live"])
+}

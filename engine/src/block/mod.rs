@@ -76,6 +76,11 @@ pub struct BlockOptions {
     pub changed: Option<Vec<bool>>,
     /// Read every written chunk back from the destination and compare its hash.
     pub verify: bool,
+    /// With `verify`, also read back every punched chunk (a range of zeros made by discard
+    /// or write-zeroes). Otherwise only the first one of the copy is: the kernel punches a
+    /// device only with an operation the device guarantees reads back as zeros
+    /// (`BLKDEV_ZERO_NOFALLBACK`), and that one read checks the device keeps it.
+    pub verify_punched: bool,
     /// Whether both ends bypass the page cache.
     pub cache: Cache,
     pub zeros: Zeros,
@@ -99,6 +104,7 @@ impl Default for BlockOptions {
             kept: None,
             changed: None,
             verify: true,
+            verify_punched: false,
             cache: Cache::Auto,
             zeros: Zeros::Punch,
             cancel: None,
@@ -290,6 +296,7 @@ pub fn copy_from(
         next: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         punch: AtomicU8::new(PUNCH_UNKNOWN),
+        punch_checked: AtomicBool::new(false),
         n: Counters::default(),
         hashes: Mutex::new(vec![None; chunks as usize]),
         error: Mutex::new(None),
@@ -409,6 +416,8 @@ struct Run<'a> {
     next: AtomicU64,
     stop: AtomicBool,
     punch: AtomicU8,
+    /// The first punched chunk was read back (see `BlockOptions::verify_punched`).
+    punch_checked: AtomicBool,
     n: Counters,
     hashes: Mutex<Vec<Option<u128>>>,
     error: Mutex<Option<Error>>,
@@ -509,15 +518,20 @@ impl Run<'_> {
         }
         let (zero, hash) = (got.zero, got.hash);
         let dst = self.dst.as_fd();
-        if zero {
-            self.zero(off, len).map_err(|e| at("zero", self.dst, e))?;
+        let punched = if zero {
+            self.zero(off, len).map_err(|e| at("zero", self.dst, e))?
         } else {
             write_all_at(dst, &src_buf[..len], off).map_err(|e| at("write", self.dst, e))?;
             self.n.written.fetch_add(1, Relaxed);
             self.n.bytes_written.fetch_add(len as u64, Relaxed);
-        }
+            false
+        };
         self.progress.bytes_copied(len as u64, Strategy::ReadWrite);
-        if self.opts.verify {
+        // A punched chunk past the first is zeros by the device's guarantee (see
+        // `BlockOptions::verify_punched`).
+        let trusted =
+            punched && !self.opts.verify_punched && self.punch_checked.swap(true, Relaxed);
+        if self.opts.verify && !trusted {
             let back = &mut dst_buf[..len];
             read_exact_at(self.dst, back, off).map_err(|e| at("read back", self.dst, e))?;
             let got = XxHash3_128::oneshot(back);
@@ -614,14 +628,14 @@ impl Run<'_> {
     }
 
     /// Make `[off, off + len)` of the destination zeros: punched once the destination has
-    /// shown it can (the first zero chunk asks), written otherwise.
-    fn zero(&self, off: u64, len: usize) -> io::Result<()> {
+    /// shown it can (the first zero chunk asks), written otherwise. `true`: punched.
+    fn zero(&self, off: u64, len: usize) -> io::Result<bool> {
         if self.opts.zeros == Zeros::Punch && self.punch.load(Relaxed) != PUNCH_CANNOT {
             match sys::punch_hole(self.dst.as_fd(), off, len as u64) {
                 Ok(()) => {
                     self.punch.store(PUNCH_WORKS, Relaxed);
                     self.n.punched.fetch_add(1, Relaxed);
-                    return Ok(());
+                    return Ok(true);
                 }
                 // The device has no discard or write-zeroes that reads back as zeros
                 // (BLKDEV_ZERO_NOFALLBACK), or the filesystem no holes.
@@ -639,7 +653,7 @@ impl Run<'_> {
         write_all_at(self.dst.as_fd(), &self.zeros[..len], off)?;
         self.n.zeros_written.fetch_add(1, Relaxed);
         self.n.bytes_written.fetch_add(len as u64, Relaxed);
-        Ok(())
+        Ok(false)
     }
 }
 

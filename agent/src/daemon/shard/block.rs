@@ -48,7 +48,9 @@ fn options(target: Target<'_>, active: &Active, journal: PathBuf) -> BlockOption
     BlockOptions {
         rerun,
         verify: spec.verify != Verify::None,
-        // Full: read back from the device itself, never from the page cache.
+        // Full: every chunk read back, the punched ones too, from the device itself, never
+        // from the page cache.
+        verify_punched: spec.verify == Verify::Full,
         cache: match spec.verify {
             Verify::Full => Cache::Direct,
             _ => Cache::Auto,
@@ -422,6 +424,15 @@ async fn settle(
         Ok((mut s, witness)) => {
             live.files.store(1, Ordering::Relaxed);
             live.bytes.store(s.size, Ordering::Relaxed);
+            *crate::lock(&live.block) = Some(ferry_crds::BlockProgress {
+                chunks: s.chunks as i64,
+                chunk_bytes: s.chunk as i64,
+                written: s.written as i64,
+                punched: s.punched as i64,
+                unchanged: s.unchanged as i64,
+                source_bytes_read: s.bytes_read_source as i64,
+                changed_blocks_only: s.delta_used,
+            });
             tracing::info!(
                 job,
                 bytes = s.size,
