@@ -29,7 +29,7 @@ approach: rsync's delta algorithm). Ratios against the first copy's median.
 Disk: 3 x BLOCK_GIB in BLOCK_DIR while it runs; the source (BLOCK_GIB) is kept for the
 next run, the rest removed. Writes bench/BLOCK.md. Env: BLOCK_RUNS (rounds, default 3), BLOCK_GIB (default 4),
 BLOCK_DIR (default /var/cache/ferry-bench/block: on the disk, not a tmpfs),
-BLOCK_MD (out). Root (loop devices, drop_caches).
+BLOCK_MD (out), BLOCK_ONLY (a focused run: see below). Root (loop devices, drop_caches).
 """
 import datetime
 import os
@@ -43,6 +43,9 @@ from timed import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = int(os.environ.get("BLOCK_RUNS", "3"))
+# BLOCK_ONLY: comma-separated words; only the first-copy rows whose names have one, and no
+# re-run (a focused run with more rounds, e.g. "defaults,verify none,-t none,oflag").
+ONLY = [w for w in os.environ.get("BLOCK_ONLY", "").split(",") if w]
 GIB = int(os.environ.get("BLOCK_GIB", "4"))
 DIR = os.environ.get("BLOCK_DIR", "/var/cache/ferry-bench/block")
 OUT = os.environ.get("BLOCK_MD", os.path.join(REPO, "bench", "BLOCK.md"))
@@ -153,6 +156,8 @@ def main():
          lambda d: ["qemu-img", "convert", "-n", "-W", "-t", "none", "-T", "none", "-f", "raw",
                     "-O", "raw", src.dev, d]),
     ]
+    if ONLY:
+        first = [(n, c) for n, c in first if any(w in n for w in ONLY)]
     results = {}
     checked = set()
     try:
@@ -174,7 +179,7 @@ def main():
                     finally:
                         dst.close()
                 print(f"{temp} round {r + 1}/{RUNS} done", file=sys.stderr)
-        rerun = rerun_rows(ferry, src, src_file, dst_file, manifest)
+        rerun = {} if ONLY else rerun_rows(ferry, src, src_file, dst_file, manifest)
     finally:
         src.close()
         # The destinations (2 x BLOCK_GIB) go; the source stays, reused by the next run.
@@ -267,7 +272,8 @@ def write(results, rerun, first):
         "source read once before the run; cold: caches dropped. Every row's wall time "
         "includes a final `sync`. Each result was compared with the source (`cmp`). "
         f"{RUNS} rounds in an order rotated each round; medians, and ratios against the "
-        "fastest peer's median in the same table.",
+        "fastest peer's median in the same table."
+        + (f" Only the rows matching BLOCK_ONLY={','.join(ONLY)}, no re-run." if ONLY else ""),
         "",
     ]
     peers = [n for n, _ in first if not n.startswith("ferry")]
@@ -287,6 +293,11 @@ def write(results, rerun, first):
                 f"{SIZE / m / 1e9:.2f} | {m / best:.2f} | "
                 f"{median([c for _, c, _ in rs]):.2f} | {alloc:.2f} |")
         lines.append("")
+    if not rerun:
+        with open(OUT, "w") as f:
+            f.write("\n".join(lines))
+        print(f"wrote {OUT}", file=sys.stderr)
+        return
     changed = rerun.pop("changed")
     lines += [
         f"## Re-run after {changed} of {SIZE // CHUNK} chunks changed (0.1%)", "",

@@ -174,7 +174,60 @@ fn a_device_on_another_node_is_copied_by_range_with_no_zeros_crossing() -> Resul
         "{} bytes crossed on a re-run that changed one chunk",
         conn.bytes_received()
     );
+    let manifest = sum.manifest.context("the re-run's manifest")?;
     drop(conn);
+
+    // Changed-block tracking between nodes (what the receiving agent does when the
+    // driver says only chunk 11 changed): nothing is asked of the other node for the rest,
+    // not even a hash, and the manifest stays whole.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&src)?
+        .write_all_at(&chunk_data(11, 0x66), 11 * CHUNK)?;
+    let link3 = served(&src, None)?;
+    let conn = link3.0.clone();
+    let mut changed = vec![false; 16];
+    changed[11] = true;
+    let delta = BlockOptions {
+        rerun: Rerun::OnlyChanged,
+        kept: Some(manifest),
+        changed: Some(changed),
+        ..opts()
+    };
+    let sum = copy_from(&Source::remote(&conn, false)?, &mut d, &delta, &NoProgress)?;
+    ensure!(
+        std::fs::read(&src)? == std::fs::read(&dst)?,
+        "delta run not identical"
+    );
+    ensure!(
+        (
+            sum.delta_used,
+            sum.written,
+            sum.unchanged,
+            sum.bytes_read_source
+        ) == (true, 1, 15, CHUNK),
+        "{sum:?}"
+    );
+    // Whole: the device hash a full copy of the source computes.
+    let fresh = ferry_engine::block::copy_device(
+        &Device::open(&src, false, false)?,
+        &mut Device::open(&dir.path().join("fresh"), true, true)?,
+        &opts(),
+        &NoProgress,
+    )?;
+    let digest = |s: &ferry_engine::block::BlockSummary| s.manifest.as_ref().map(|m| m.digest());
+    ensure!(
+        digest(&sum).is_some() && digest(&sum) == digest(&fresh),
+        "the delta run's manifest is not the source's"
+    );
+    ensure!(
+        conn.bytes_received() == CHUNK,
+        "{} bytes crossed for one changed chunk",
+        conn.bytes_received()
+    );
+    drop(conn);
+    let sent = finish(link3)?;
+    ensure!(sent.bytes_sent == CHUNK, "{sent:?}");
     finish(link)?;
     finish(link2)?;
     Ok(())
