@@ -482,7 +482,8 @@ fn block_user(tier: &KubeTier, name: &str, claim: &str) -> Result<()> {
 /// as a block claim and copied onto a block claim; a VolumeSnapshot the user took, restored
 /// and copied after the claim changed (the copy is the snapshot's bytes, re-run by chunk
 /// hashes); a filesystem destination refused before anything is snapshotted or restored;
-/// what the jobs made deleted after them.
+/// what the jobs made deleted after them, but for the snapshot `copyMethod: Snapshot` took,
+/// kept as the destination's base (changed-block tracking is on here) until it is deleted.
 pub fn copyjob_from_block_snapshot(tier: &KubeTier, _: &std::path::Path) -> Result<()> {
     block_claims(tier, &[("snap-a", "64Mi"), ("snap-b", "64Mi")])?;
     tier.apply("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: snap-fs, namespace: default}\nspec:\n  storageClassName: ferry-csi\n  accessModes: [ReadWriteOnce]\n  resources: {requests: {storage: 64Mi}}\n")?;
@@ -528,7 +529,22 @@ pub fn copyjob_from_block_snapshot(tier: &KubeTier, _: &std::path::Path) -> Resu
     let lines = copied_lines(tier, "snap-copy")?;
     // Logged by a block shard only: the restored claim was a block claim.
     ensure!(lines.len() == 1, "one block copy logged: {lines:?}");
-    super::csi::snapshot_objects_gone(tier, &uid)?;
+    // The restored claim goes; the snapshot stays as snap-b's base (changed-block
+    // tracking is on in this tier: cbt.rs), until snap-b goes.
+    tier.wait_until(
+        &format!("pvc/ferry-restore-{uid}"),
+        "default",
+        "{.metadata.name}",
+        Duration::from_secs(60),
+        str::is_empty,
+    )?;
+    let base = format!("volumesnapshot/ferry-snapshot-{uid}");
+    let b_uid = tier.get("pvc/snap-b", "default", "{.metadata.uid}")?;
+    let label = tier.get(&base, "default", "{.metadata.labels.ferry\\.dev/base-for}")?;
+    ensure!(
+        label == b_uid,
+        "the taken snapshot is not kept as snap-b's base: {label:?}"
+    );
 
     // The user's own snapshot, then the claim changes: the copy is the snapshot's bytes,
     // and the destination (a copy of the same bytes) has nothing to write.
@@ -568,5 +584,14 @@ pub fn copyjob_from_block_snapshot(tier: &KubeTier, _: &std::path::Path) -> Resu
             "pvc/snap-b",
             "pvc/snap-fs",
         ],
+    )?;
+    tier.wait_until(
+        &base,
+        "default",
+        "{.metadata.name}",
+        Duration::from_secs(60),
+        str::is_empty,
     )
+    .map(drop)
+    .context("snap-b's base stayed after snap-b was deleted")
 }
