@@ -237,6 +237,12 @@ pub(super) fn copied_lines(tier: &KubeTier, job: &str) -> Result<Vec<String>> {
 /// its holders let go; the agent's one "block shard copied" line for it.
 fn copied(tier: &KubeTier, name: &str, src: &str, dst: &str, extra: &str) -> Result<String> {
     block_job(tier, name, src, dst, extra)?;
+    finished(tier, name)
+}
+
+/// Block job `name` (applied) run to success, its holders let go; the agent's one "block
+/// shard copied" line for it.
+pub(super) fn finished(tier: &KubeTier, name: &str) -> Result<String> {
     tier.wait_succeeded("default", name, 180)?;
     super::csi::all_let_go(tier, "default")?;
     copied_lines(tier, name)?
@@ -531,13 +537,7 @@ pub fn copyjob_from_block_snapshot(tier: &KubeTier, _: &std::path::Path) -> Resu
     ensure!(lines.len() == 1, "one block copy logged: {lines:?}");
     // The restored claim goes; the snapshot stays as snap-b's base (changed-block
     // tracking is on in this tier: cbt.rs), until snap-b goes.
-    tier.wait_until(
-        &format!("pvc/ferry-restore-{uid}"),
-        "default",
-        "{.metadata.name}",
-        Duration::from_secs(60),
-        str::is_empty,
-    )?;
+    super::csi::gone(tier, &format!("pvc/ferry-restore-{uid}"))?;
     let base = format!("volumesnapshot/ferry-snapshot-{uid}");
     let b_uid = tier.get("pvc/snap-b", "default", "{.metadata.uid}")?;
     let label = tier.get(&base, "default", "{.metadata.labels.ferry\\.dev/base-for}")?;
@@ -585,13 +585,5 @@ pub fn copyjob_from_block_snapshot(tier: &KubeTier, _: &std::path::Path) -> Resu
             "pvc/snap-fs",
         ],
     )?;
-    tier.wait_until(
-        &base,
-        "default",
-        "{.metadata.name}",
-        Duration::from_secs(60),
-        str::is_empty,
-    )
-    .map(drop)
-    .context("snap-b's base stayed after snap-b was deleted")
+    super::csi::gone(tier, &base).context("snap-b's base stayed after snap-b was deleted")
 }

@@ -151,7 +151,7 @@ pub fn a_rerun_from_a_later_snapshot_reads_only_what_changed(
     tier: &KubeTier,
     _: &std::path::Path,
 ) -> Result<()> {
-    use super::block::{block_claims, copied_lines, delete, field, volume};
+    use super::block::{block_claims, delete, field, finished, volume};
     block_claims(tier, &[("cbt-a", "64Mi"), ("cbt-b", "64Mi")])?;
     let (a_file, _) = volume(tier, "cbt-a")?;
     let (b_file, _) = volume(tier, "cbt-b")?;
@@ -165,12 +165,7 @@ pub fn a_rerun_from_a_later_snapshot_reads_only_what_changed(
         tier.apply(&format!(
             "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  source: {{snapshot: {snapshot}}}\n  destination: {{pvc: cbt-b}}\n{extra}"
         ))?;
-        tier.wait_succeeded("default", name, 180)?;
-        super::csi::all_let_go(tier, "default")?;
-        copied_lines(tier, name)?
-            .into_iter()
-            .next()
-            .with_context(|| format!("no block copy logged for job {name}"))
+        finished(tier, name)
     };
     let rerun = "  overwrite: IfChanged\n  compare: Checksum\n";
 
@@ -261,7 +256,7 @@ pub fn copymethod_snapshot_keeps_its_base_for_the_next_run(
     tier: &KubeTier,
     _: &std::path::Path,
 ) -> Result<()> {
-    use super::block::{block_claims, copied_lines, delete, field, volume};
+    use super::block::{block_claims, delete, field, finished, volume};
     block_claims(tier, &[("cbt-live", "64Mi"), ("cbt-copy", "64Mi")])?;
     let (live, _) = volume(tier, "cbt-live")?;
     let (copy, _) = volume(tier, "cbt-copy")?;
@@ -276,13 +271,8 @@ pub fn copymethod_snapshot_keeps_its_base_for_the_next_run(
         tier.apply(&format!(
             "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  source: {{pvc: cbt-live, copyMethod: Snapshot}}\n  destination: {{pvc: cbt-copy}}\n  overwrite: IfChanged\n  compare: Checksum\n"
         ))?;
-        tier.wait_succeeded("default", name, 180)?;
-        super::csi::all_let_go(tier, "default")?;
+        let line = finished(tier, name)?;
         let uid = tier.get(&format!("copyjob/{name}"), "default", "{.metadata.uid}")?;
-        let line = copied_lines(tier, name)?
-            .into_iter()
-            .next()
-            .with_context(|| format!("no block copy logged for job {name}"))?;
         Ok((format!("ferry-snapshot-{uid}"), line))
     };
     let base_of = |snapshot: &str| {
@@ -293,14 +283,8 @@ pub fn copymethod_snapshot_keeps_its_base_for_the_next_run(
         )
     };
     let gone = |snapshot: &str, why: &str| {
-        tier.wait_until(
-            &format!("volumesnapshot/{snapshot}"),
-            "default",
-            "{.metadata.name}",
-            Duration::from_secs(60),
-            str::is_empty,
-        )
-        .with_context(|| format!("snapshot {snapshot} stayed {why}"))
+        super::csi::gone(tier, &format!("volumesnapshot/{snapshot}"))
+            .with_context(|| format!("snapshot {snapshot} stayed {why}"))
     };
 
     let (first, line) = run("cbt-night-1")?;

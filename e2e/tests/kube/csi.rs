@@ -418,19 +418,20 @@ fn snapshot_dir(tier: &KubeTier, name: &str) -> Result<PathBuf> {
 
 /// The job's restored claim and the snapshot it took are gone.
 pub(super) fn snapshot_objects_gone(tier: &KubeTier, uid: &str) -> Result<()> {
-    for what in [
-        format!("pvc/ferry-restore-{uid}"),
-        format!("volumesnapshot/ferry-snapshot-{uid}"),
-    ] {
-        tier.wait_until(
-            &what,
-            "default",
-            "{.metadata.name}",
-            Duration::from_secs(60),
-            str::is_empty,
-        )?;
-    }
-    Ok(())
+    gone(tier, &format!("pvc/ferry-restore-{uid}"))?;
+    gone(tier, &format!("volumesnapshot/ferry-snapshot-{uid}"))
+}
+
+/// Wait (up to 60 s) until object `what` (`kind/name`) of `default` is gone.
+pub(super) fn gone(tier: &KubeTier, what: &str) -> Result<()> {
+    tier.wait_until(
+        what,
+        "default",
+        "{.metadata.name}",
+        Duration::from_secs(60),
+        str::is_empty,
+    )
+    .map(drop)
 }
 
 /// A copy from a VolumeSnapshot the user took, while an application keeps writing to the

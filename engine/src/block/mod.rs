@@ -529,9 +529,9 @@ impl Run<'_> {
         self.progress.bytes_copied(len as u64, Strategy::ReadWrite);
         // A punched chunk past the first is zeros by the device's guarantee (see
         // `BlockOptions::verify_punched`).
-        let trusted =
-            punched && !self.opts.verify_punched && self.punch_checked.swap(true, Relaxed);
-        if self.opts.verify && !trusted {
+        let read_back = self.opts.verify
+            && !(punched && !self.opts.verify_punched && self.punch_checked.swap(true, Relaxed));
+        if read_back {
             let back = &mut dst_buf[..len];
             read_exact_at(self.dst, back, off).map_err(|e| at("read back", self.dst, e))?;
             let got = XxHash3_128::oneshot(back);
