@@ -7,7 +7,8 @@
 //! - [`reason`]: every failure and condition reason;
 //! - [`filter`]: `include`/`exclude`, compiled once for the operator, agent and engine;
 //! - `api` (feature `k8s`, on by default): the `CopyJob` and `StorageRoot` resources;
-//! - `schedule` (feature `k8s`): the `CopySchedule` resource.
+//! - `schedule` (feature `k8s`): the `CopySchedule` resource;
+//! - `populate` (feature `k8s`): the `VolumeSource` resource a new claim is populated from.
 //!
 //! The engine depends on this crate without `k8s`, so it shares the contract's types
 //! without knowing anything of Kubernetes.
@@ -35,6 +36,10 @@ mod digest;
 mod node_label;
 #[cfg(feature = "k8s")]
 pub use node_label::{node_label, node_labels, NODE_LABEL_PREFIX};
+#[cfg(feature = "k8s")]
+mod populate;
+#[cfg(feature = "k8s")]
+pub use populate::*;
 #[cfg(feature = "k8s")]
 mod schedule;
 #[cfg(feature = "k8s")]

@@ -1190,6 +1190,13 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster core/persistentvolumeclaims create", // snapshot::prepare: the restored claim
         "cluster core/persistentvolumeclaims delete", // snapshot::release
         "cluster storage.k8s.io/storageclasses list", // snapshot::restore_class
+        "cluster core/persistentvolumeclaims list", // populator: the claims' Controller watch
+        "cluster core/persistentvolumeclaims watch", // populator: the claims' Controller watch
+        "cluster ferry.dev/volumesources get",      // populator::gather
+        "cluster ferry.dev/volumesources list",     // populator: the watches of VolumeSources
+        "cluster ferry.dev/volumesources watch",    // populator: the watches of VolumeSources
+        "cluster ferry.dev/volumesources/status patch", // populator: status by server-side apply
+        "cluster core/persistentvolumes patch", // populator: the rebind (narrowed by -populator)
         "cluster events.k8s.io/events create",        // Recorder::publish
         "cluster events.k8s.io/events patch",         // Recorder::publish, a repeat
         "ferry-system coordination.k8s.io/leases list", // heartbeats reflector
@@ -1315,7 +1322,7 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         );
         let rules = serde_json::json!([{
             "apiGroups": ["ferry.dev"],
-            "resources": ["copyjobs", "copyschedules"],
+            "resources": ["copyjobs", "copyschedules", "volumesources"],
             "verbs": verbs.split(' ').collect::<Vec<_>>(),
         }]);
         ensure!(role["rules"] == rules, "{name} rules {}", role["rules"]);

@@ -1,5 +1,5 @@
-//! `ferry-operator`: reconciles CopyJobs and CopySchedules and signs the agents' transfer
-//! certificates (the leading replica only).
+//! `ferry-operator`: reconciles CopyJobs and CopySchedules, populates claims from
+//! VolumeSources, and signs the agents' transfer certificates (the leading replica only).
 //! Uses the in-cluster config, or KUBECONFIG.
 //! Serves `/metrics`, `/healthz` and `/readyz` on `--listen` from the start, leader or not.
 
@@ -30,6 +30,14 @@ struct Args {
         default_value = "ferry-agent"
     )]
     agent_service_account: String,
+}
+
+/// The volume populator, when the chart turns it on (`FERRY_POPULATOR=true`: it needs
+/// holder pods and the rebind's admission policy, which the chart installs with it).
+async fn populator(client: kube::Client) {
+    if std::env::var("FERRY_POPULATOR").is_ok_and(|v| v == "true") {
+        ferry_operator::populator::run(client).await;
+    }
 }
 
 #[tokio::main]
@@ -79,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
             std::time::Duration::from_secs(args.node_unavailable_after),
         ),
         ferry_operator::copyschedule::run(client.clone(), &health),
+        populator(client.clone()),
         ferry_operator::signer::run(client, &namespace, &args.agent_service_account),
     );
     Ok(())
