@@ -1803,17 +1803,26 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "ValidatingAdmissionPolicyBinding/copier-snapshot-sources",
         "ValidatingAdmissionPolicy/copier-node-labels",
         "ValidatingAdmissionPolicyBinding/copier-node-labels",
+        "ValidatingAdmissionPolicy/copier-populator",
+        "ValidatingAdmissionPolicyBinding/copier-populator",
     ]);
     ensure!(names == expected, "custom render has {names:?}");
     // The policies are about the renamed accounts: the agents', and the operator's for its
-    // holder pods.
+    // holder pods. (The populator's applies to everyone, for the names it reserves, and
+    // says who the operator is in its variable `operator`.)
     for policy in docs
         .iter()
         .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
     {
-        let matches = policy["spec"]["matchConditions"][0]["expression"]
-            .as_str()
-            .unwrap_or_default();
+        let operator_variable = policy["spec"]["variables"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == "operator"));
+        let matches = match (&policy["spec"]["matchConditions"][0], operator_variable) {
+            (Value::Null, Some(v)) => &v["expression"],
+            (m, _) => &m["expression"],
+        }
+        .as_str()
+        .unwrap_or_default();
         let account = match policy["metadata"]["name"]
             .as_str()
             .is_some_and(|n| n.starts_with("copier-agent"))
