@@ -92,7 +92,8 @@ impl Default for Parallelism {
 // at admission; the controller checks the same before it compiles anything.
 pub(crate) const PATTERN_BYTES_RULE: &str = "self.map(p, size(p)).sum() <= 16384";
 pub(crate) const PATTERN_BYTES_MESSAGE: &str = "the patterns of a list may have at most 16384 bytes in all: use fewer or shorter patterns (a directory pattern such as cache/ covers everything beneath it)";
-pub(crate) const PATTERN_WILDCARDS_RULE: &str = "self.map(p, size(p.findAll('[*?\\\\[]'))).sum() <= 1024";
+pub(crate) const PATTERN_WILDCARDS_RULE: &str =
+    "self.map(p, size(p.findAll('[*?\\\\[]'))).sum() <= 1024";
 pub(crate) const PATTERN_WILDCARDS_MESSAGE: &str = "the patterns of a list may have at most 1024 wildcards (*, ? and [, escaped or not) in all: each costs memory to compile, so use fewer";
 
 /// A copy of one tree (or file) from `source` to `destination`, carried out by Ferry's

@@ -159,6 +159,51 @@ impl Reason {
     ];
 }
 
+impl Reason {
+    /// What to change about it, in a sentence (`kubectl ferry why` prints it; docs/copyjob.md's
+    /// "Why a job failed" and "Refusals" say the same at more length). Empty for a reason that
+    /// needs nothing changed.
+    pub fn remedy(self) -> &'static str {
+        use Reason::*;
+        match self {
+            DestinationFull => "free or add the space the message names, then create the job again: what was copied is kept and not copied again (unless overwrite: Always)",
+            PermissionDenied => "give the paths listed in status.failures read access on the source, or write access on the destination, then run the job again",
+            NotFound => "the listed entries vanished while the job ran; run it again once the source is at rest",
+            SourceChanged => "the listed files kept changing; stop the writer, or copy from a snapshot (source.snapshot, or copyMethod: Snapshot)",
+            ChecksumMismatch => "the destination did not read back what was written: check its device, then run the job again",
+            IOError => "check the device of the listed paths (each failed file was already rewritten once)",
+            DestinationConflict => "remove or rename the destination entries listed (another type, or a symlink where a directory is needed), or choose another destination path",
+            ReflinkUnsupported => "use reflink: Auto (clone where the filesystems can, copy elsewhere), or a destination on the source's reflink-capable filesystem",
+            NodeUnavailable => "bring the node (or its Ferry agent) back, then create the job again: what it committed is kept",
+            PathEscape => "use a relative path inside the root or volume: no leading /, no .., no NUL",
+            SymlinkRejected => "name the path without a symlink in it: links inside a root are copied, never followed",
+            SpecChanged => "create a new CopyJob for the new spec: a started job's spec does not change",
+            Openat2Unavailable => "run the agent on a kernel with openat2 (Linux 5.6 or later)",
+            CannotStart => "the message names what is missing on the node (a root's path not mounted, for one): fix that, or the StorageRoot's nodeSelector",
+            PartiallyFailed => "fix the entries status.failures lists (the message counts them by reason), then run the job again",
+            Valid | Resolved | Assigned | Copied | Planned | Reassigned => "",
+            InvalidEndpoint => "set exactly one of root, pvc or snapshot in each endpoint",
+            InvalidSpec => "change the field the message names",
+            CrossNamespace => "name a claim, snapshot or VolumeSource of the job's own namespace (a volume whose claimRef names another claim is not this claim's)",
+            RootNotAllowed => "ask an admin to add this namespace to the StorageRoot's spec.namespaces",
+            ReadOnlyRoot => "choose a destination that is not read-only (the StorageRoot's readOnly, or a claim mounted read-only)",
+            VolumeModeMismatch => "copy a raw block claim onto a raw block claim and a filesystem onto a filesystem",
+            DestinationTooSmall => "make the destination claim at least as large as the source",
+            NotForBlock => "remove the fields the message names: a copy between raw block claims copies the whole device",
+            PVCNotFound => "create the claim in the job's namespace, or fix its name",
+            PVCNotBound => "wait for the claim to be bound (or give it a StorageClass that can provision it): the job resolves once it is",
+            VolumeNotMounted => "start a pod that mounts the claim, or let the operator hold it (the chart's operator.holderPods)",
+            SnapshotNotFound => "create the VolumeSnapshot in the job's namespace, or a VolumeSnapshotClass for the claim's driver",
+            SnapshotNotReady => "wait: the message says what the snapshot waits for, or its error",
+            VolumeInUse => "stop the pod the message names: a ReadWriteOncePod claim has one user at a time",
+            VolumeNotSupported => "use a claim on a local, hostPath or CSI volume (a raw block volume must be CSI)",
+            RootNotFound => "create the StorageRoot, or fix its name",
+            WaitingForNode => "bring the node's Ferry agent back before the operator's deadline",
+            NoAgent => "run a Ferry agent on a node that has the volumes (the message names what is missing)",
+        }
+    }
+}
+
 wire_enum! {
     /// The types of a CopyJob's conditions, in the order a job meets them.
     pub enum ConditionType {
@@ -188,6 +233,21 @@ mod tests {
                 Reason::STOPS_SHARD.contains(&r),
                 "{r:?} is not in STOPS_SHARD"
             );
+        }
+    }
+
+    #[test]
+    fn every_reason_that_is_a_refusal_or_failure_says_what_to_change() {
+        let fine = [
+            Reason::Valid,
+            Reason::Resolved,
+            Reason::Assigned,
+            Reason::Copied,
+            Reason::Planned,
+            Reason::Reassigned,
+        ];
+        for r in Reason::ALL {
+            assert_eq!(r.remedy().is_empty(), fine.contains(r), "{r:?}");
         }
     }
 

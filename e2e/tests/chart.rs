@@ -1190,15 +1190,15 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster core/persistentvolumeclaims create", // snapshot::prepare: the restored claim
         "cluster core/persistentvolumeclaims delete", // snapshot::release
         "cluster storage.k8s.io/storageclasses list", // snapshot::restore_class
-        "cluster core/persistentvolumeclaims list", // populator: the claims' Controller watch
-        "cluster core/persistentvolumeclaims watch", // populator: the claims' Controller watch
-        "cluster ferry.dev/volumesources get",      // populator::gather
-        "cluster ferry.dev/volumesources list",     // populator: the watches of VolumeSources
-        "cluster ferry.dev/volumesources watch",    // populator: the watches of VolumeSources
+        "cluster core/persistentvolumeclaims list",   // populator: the claims' Controller watch
+        "cluster core/persistentvolumeclaims watch",  // populator: the claims' Controller watch
+        "cluster ferry.dev/volumesources get",        // populator::gather
+        "cluster ferry.dev/volumesources list",       // populator: the watches of VolumeSources
+        "cluster ferry.dev/volumesources watch",      // populator: the watches of VolumeSources
         "cluster ferry.dev/volumesources/status patch", // populator: status by server-side apply
         "cluster core/persistentvolumes patch", // populator: the rebind (narrowed by -populator)
-        "cluster events.k8s.io/events create",        // Recorder::publish
-        "cluster events.k8s.io/events patch",         // Recorder::publish, a repeat
+        "cluster events.k8s.io/events create",  // Recorder::publish
+        "cluster events.k8s.io/events patch",   // Recorder::publish, a repeat
         "ferry-system coordination.k8s.io/leases list", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases watch", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases create", // leader: first claim
@@ -1211,12 +1211,12 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster certificates.k8s.io/certificatesigningrequests/status update", // the certificate
         "cluster certificates.k8s.io/signers approve ferry.dev/transfer", // checked on approval
         "cluster certificates.k8s.io/signers sign ferry.dev/transfer", // checked on the certificate
-        "ferry-system core/configmaps create",        // signer: the first trust bundle
+        "ferry-system core/configmaps create",  // signer: the first trust bundle
         "ferry-system core/configmaps get ferry-transfer-trust", // signer: publish
         "ferry-system core/configmaps update ferry-transfer-trust", // signer: publish
-        "ferry-system-tickets core/secrets create",   // ticket::issue (apply, first time)
-        "ferry-system-tickets core/secrets patch",    // ticket::issue (apply)
-        "ferry-system-tickets core/secrets delete",   // ticket::revoke
+        "ferry-system-tickets core/secrets create", // ticket::issue (apply, first time)
+        "ferry-system-tickets core/secrets patch", // ticket::issue (apply)
+        "ferry-system-tickets core/secrets delete", // ticket::revoke
     ])
 }
 

@@ -137,7 +137,10 @@ async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Resu
         }
         Step::DeleteJob => {
             let jobs = Api::<CopyJob>::namespaced(ctx.client.clone(), &ns);
-            ignore_missing(jobs.delete(&populate_job_name(&uid), &DeleteParams::default()).await)?;
+            ignore_missing(
+                jobs.delete(&populate_job_name(&uid), &DeleteParams::default())
+                    .await,
+            )?;
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
         Step::Rebind {
@@ -233,7 +236,11 @@ async fn gather(claim: &PersistentVolumeClaim, ns: &str, ctx: &Context) -> Resul
         .and_then(|s| s.volume_name.clone())
         .filter(|v| !v.is_empty());
     let volume = match volume_name {
-        Some(v) => Api::<PersistentVolume>::all(client.clone()).get_opt(&v).await?,
+        Some(v) => {
+            Api::<PersistentVolume>::all(client.clone())
+                .get_opt(&v)
+                .await?
+        }
         None => None,
     };
     Ok(Gathered {
@@ -255,9 +262,14 @@ async fn say(claim: &PersistentVolumeClaim, said: &Said, ctx: &Context) {
         .and_then(|p| p.trim_end_matches('%').parse::<f64>().ok())
         .map_or(0, |p| (p / 10.0).floor().clamp(0.0, 10.0) as u8);
     {
-        let mut last = ctx.said.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut last = ctx
+            .said
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let same = last.get(&uid).is_some_and(|(s, t)| {
-            s.reason == said.reason && *t == tenth && (s.message == said.message || s.percent.is_some())
+            s.reason == said.reason
+                && *t == tenth
+                && (s.message == said.message || s.percent.is_some())
         });
         if same {
             return;
@@ -362,7 +374,10 @@ struct SourcesContext {
     claims: Store<PersistentVolumeClaim>,
 }
 
-async fn reconcile_source(source: Arc<VolumeSource>, ctx: Arc<SourcesContext>) -> Result<Action, Error> {
+async fn reconcile_source(
+    source: Arc<VolumeSource>,
+    ctx: Arc<SourcesContext>,
+) -> Result<Action, Error> {
     let ns = source
         .namespace()
         .ok_or_else(|| Error::NoNamespace(source.name_any()))?;
@@ -375,7 +390,7 @@ async fn reconcile_source(source: Arc<VolumeSource>, ctx: Arc<SourcesContext>) -
         .filter(|c| matches!(decide::source_of(c), Some(Ok(n)) if n == name))
         .collect();
     // Newest first.
-    naming.sort_by(|a, b| b.creation_timestamp().cmp(&a.creation_timestamp()));
+    naming.sort_by_key(|c| std::cmp::Reverse(c.creation_timestamp()));
     let jobs = Api::<CopyJob>::namespaced(ctx.client.clone(), &ns);
     let mut status = VolumeSourceStatus::default();
     let previous = source.status.clone().unwrap_or_default();
@@ -448,7 +463,11 @@ async fn reconcile_source(source: Arc<VolumeSource>, ctx: Arc<SourcesContext>) -
             )
             .await?;
     }
-    Ok(Action::requeue(Duration::from_secs(if unsettled { 5 } else { 300 })))
+    Ok(Action::requeue(Duration::from_secs(if unsettled {
+        5
+    } else {
+        300
+    })))
 }
 
 fn source_error_policy(_s: Arc<VolumeSource>, error: &Error, _ctx: Arc<SourcesContext>) -> Action {

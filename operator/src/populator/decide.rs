@@ -23,8 +23,8 @@ use std::collections::BTreeMap;
 
 use ferry_crds::{
     populate_job_name, prime_claim_name, CopyJob, CopyJobSpec, Endpoint, Overwrite, Phase,
-    PopulatePhase, PopulateReason, VolumeSource, GROUP, POPULATE_FOR,
-    SELECTED_NODE_ANNOTATION, SOURCE_GENERATION_ANNOTATION, VOLUME_SOURCE_LABEL,
+    PopulatePhase, PopulateReason, VolumeSource, GROUP, POPULATE_FOR, SELECTED_NODE_ANNOTATION,
+    SOURCE_GENERATION_ANNOTATION, VOLUME_SOURCE_LABEL,
 };
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
@@ -74,7 +74,7 @@ pub enum Step {
     Rebind {
         volume: String,
         resource_version: String,
-        claim_ref: ObjectReference,
+        claim_ref: Box<ObjectReference>,
     },
     /// The prime claim has done its part: delete it.
     DeletePrime,
@@ -219,7 +219,7 @@ pub fn populate_job(claim: &PersistentVolumeClaim, source: &VolumeSource) -> Cop
         verify: s.verify,
         overwrite: Overwrite::Always,
         compare: Default::default(),
-        preserve: s.preserve.clone(),
+        preserve: s.preserve,
         include: s.include.clone(),
         exclude: s.exclude.clone(),
         delete_extraneous: false,
@@ -260,7 +260,9 @@ fn claimed_by(volume: &PersistentVolume, claim: &PersistentVolumeClaim) -> bool 
         .as_ref()
         .and_then(|s| s.claim_ref.as_ref())
         .is_some_and(|r| {
-            r.uid == claim.uid() && r.name == Some(claim.name_any()) && r.namespace == claim.namespace()
+            r.uid == claim.uid()
+                && r.name == Some(claim.name_any())
+                && r.namespace == claim.namespace()
         })
 }
 
@@ -298,9 +300,8 @@ pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
     let prime = i.prime.filter(|p| made_for(&p.metadata, claim));
     let job = i.job.filter(|j| made_for(&j.metadata, claim));
     let spec = claim.spec.clone().unwrap_or_default();
-    let job_succeeded = job.is_some_and(|j| {
-        j.status.as_ref().and_then(|s| s.phase) == Some(Phase::Succeeded)
-    });
+    let job_succeeded =
+        job.is_some_and(|j| j.status.as_ref().and_then(|s| s.phase) == Some(Phase::Succeeded));
 
     // Bound: populated (or bound to a volume by someone else, which is not Ferry's to say).
     if spec.volume_name.as_deref().is_some_and(|v| !v.is_empty()) {
@@ -315,10 +316,15 @@ pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
                 spec.volume_name.unwrap_or_default()
             ),
         );
-        let step = if prime.is_some() { Step::DeletePrime } else { Step::Wait };
+        let step = if prime.is_some() {
+            Step::DeletePrime
+        } else {
+            Step::Wait
+        };
         return (step, Some(said));
     }
-    let refuse = |reason, message: String| (Step::Refuse, Some(Said::new(P::Pending, reason, message)));
+    let refuse =
+        |reason, message: String| (Step::Refuse, Some(Said::new(P::Pending, reason, message)));
     let source_name = match named {
         Ok(n) => n,
         Err(other) => {
@@ -338,7 +344,12 @@ pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
             )),
         );
     };
-    if spec.storage_class_name.as_deref().unwrap_or_default().is_empty() {
+    if spec
+        .storage_class_name
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
         return refuse(R::InvalidClaim, "the claim has no storageClassName and the cluster no default class: a populated claim gets a new volume of its class; set spec.storageClassName".into());
     }
     if spec.selector.is_some() {
@@ -350,7 +361,10 @@ pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
         .and_then(|r| r.requests.as_ref())
         .is_some_and(|r| r.contains_key("storage"));
     if !has_size {
-        return refuse(R::InvalidClaim, "the claim requests no storage: set spec.resources.requests.storage".into());
+        return refuse(
+            R::InvalidClaim,
+            "the claim requests no storage: set spec.resources.requests.storage".into(),
+        );
     }
     if i.waits_for_consumer && !claim.annotations().contains_key(SELECTED_NODE_ANNOTATION) {
         return (
@@ -377,10 +391,15 @@ pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
             R::Populating,
             format!("copying VolumeSource {source_name} into claim {prime_name} (CopyJob {job_name}); the claim is bound once the copy is verified"),
         );
-        return (Step::CreateJob(Box::new(populate_job(claim, source))), Some(said));
+        return (
+            Step::CreateJob(Box::new(populate_job(claim, source))),
+            Some(said),
+        );
     };
     let status = job.status.as_ref();
-    let percent = status.and_then(|s| s.progress.as_ref()).and_then(|p| p.percent.clone());
+    let percent = status
+        .and_then(|s| s.progress.as_ref())
+        .and_then(|p| p.percent.clone());
     match status.and_then(|s| s.phase) {
         Some(Phase::Failed) => {
             if generation_of(job) != source.metadata.generation {
@@ -403,7 +422,7 @@ pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
                     Step::Rebind {
                         volume: v.name_any(),
                         resource_version: v.resource_version().unwrap_or_default(),
-                        claim_ref: claim_ref(claim),
+                        claim_ref: Box::new(claim_ref(claim)),
                     },
                     None,
                 ),

@@ -90,7 +90,7 @@ fn volume(bound_to: &PersistentVolumeClaim) -> PersistentVolume {
 fn bound_prime(c: &PersistentVolumeClaim) -> PersistentVolumeClaim {
     let mut p = prime_claim(c);
     p.metadata.uid = Some("prime-uid".into());
-    p.spec.as_mut().unwrap().volume_name = Some("pv-1".into());
+    p.spec.as_mut().expect("set above").volume_name = Some("pv-1".into());
     p
 }
 
@@ -108,7 +108,13 @@ fn inputs<'a>(c: &'a PersistentVolumeClaim) -> Inputs<'a> {
 #[test]
 fn a_claim_without_a_volume_source_ref_is_not_ferrys() {
     let mut c = claim(None);
-    c.spec.as_mut().unwrap().data_source_ref.as_mut().unwrap().kind = "Other".into();
+    c.spec
+        .as_mut()
+        .expect("set above")
+        .data_source_ref
+        .as_mut()
+        .expect("set above")
+        .kind = "Other".into();
     assert_eq!(decide(&inputs(&c)).0, Step::Ignore);
 }
 
@@ -121,7 +127,7 @@ fn a_volume_source_of_another_namespace_is_refused_and_nothing_is_made() {
         ..inputs(&c)
     });
     assert_eq!(step, Step::Refuse);
-    let said = said.unwrap();
+    let said = said.expect("set above");
     assert_eq!(said.reason, PopulateReason::CrossNamespace);
     assert!(said.message.contains("team-b"), "{}", said.message);
 }
@@ -131,7 +137,10 @@ fn a_missing_source_waits_and_says_so() {
     let c = claim(None);
     let (step, said) = decide(&inputs(&c));
     assert_eq!(step, Step::Wait);
-    assert_eq!(said.unwrap().reason, PopulateReason::VolumeSourceNotFound);
+    assert_eq!(
+        said.expect("set above").reason,
+        PopulateReason::VolumeSourceNotFound
+    );
 }
 
 #[test]
@@ -144,7 +153,10 @@ fn wait_for_first_consumer_waits_for_the_node_then_the_prime_claim_gets_it() {
         ..inputs(&c)
     });
     assert_eq!(step, Step::Wait);
-    assert_eq!(said.unwrap().reason, PopulateReason::WaitingForConsumer);
+    assert_eq!(
+        said.expect("set above").reason,
+        PopulateReason::WaitingForConsumer
+    );
     c.metadata.annotations = Some(BTreeMap::from([(
         SELECTED_NODE_ANNOTATION.into(),
         "node-a".into(),
@@ -157,7 +169,13 @@ fn wait_for_first_consumer_waits_for_the_node_then_the_prime_claim_gets_it() {
     let Step::CreatePrime(prime) = step else {
         panic!("{step:?}")
     };
-    assert_eq!(prime.annotations().get(SELECTED_NODE_ANNOTATION).unwrap(), "node-a");
+    assert_eq!(
+        prime
+            .annotations()
+            .get(SELECTED_NODE_ANNOTATION)
+            .expect("set above"),
+        "node-a"
+    );
 }
 
 #[test]
@@ -165,7 +183,7 @@ fn the_prime_claim_is_the_claims_class_size_and_modes_owned_by_it_and_nothing_el
     let c = claim(None);
     let p = prime_claim(&c);
     assert_eq!(
-        serde_json::to_value(&p).unwrap(),
+        serde_json::to_value(&p).expect("set above"),
         json!({
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
@@ -190,12 +208,23 @@ fn the_copyjob_copies_the_source_with_its_options_into_the_top_of_the_prime_clai
     let s = source(3);
     let j = populate_job(&c, &s);
     assert_eq!(j.spec.source, s.spec.source);
-    assert_eq!(j.spec.destination.pvc.as_deref(), Some(prime_claim_name(UID).as_str()));
+    assert_eq!(
+        j.spec.destination.pvc.as_deref(),
+        Some(prime_claim_name(UID).as_str())
+    );
     assert_eq!(j.spec.destination.path, "");
     assert_eq!(j.spec.exclude, vec!["*.tmp".to_string()]);
     assert_eq!(j.spec.overwrite, Overwrite::Always);
-    assert_eq!(j.annotations().get(SOURCE_GENERATION_ANNOTATION).unwrap(), "3");
-    assert_eq!(j.labels().get(VOLUME_SOURCE_LABEL).unwrap(), "golden");
+    assert_eq!(
+        j.annotations()
+            .get(SOURCE_GENERATION_ANNOTATION)
+            .expect("set above"),
+        "3"
+    );
+    assert_eq!(
+        j.labels().get(VOLUME_SOURCE_LABEL).expect("set above"),
+        "golden"
+    );
     assert!(made_for(&j.metadata, &c));
 }
 
@@ -214,7 +243,7 @@ fn the_steps_in_order_prime_then_job_then_rebind_then_the_prime_deleted() {
         ..base
     });
     assert!(matches!(step, Step::CreateJob(_)), "{step:?}");
-    assert_eq!(said.unwrap().phase, PopulatePhase::Populating);
+    assert_eq!(said.expect("set above").phase, PopulatePhase::Populating);
 
     let running = with_phase(populate_job(&c, &s), Phase::Running);
     let (step, said) = decide(&Inputs {
@@ -223,7 +252,7 @@ fn the_steps_in_order_prime_then_job_then_rebind_then_the_prime_deleted() {
         ..base
     });
     assert_eq!(step, Step::Wait);
-    assert_eq!(said.unwrap().percent.as_deref(), Some("40%"));
+    assert_eq!(said.expect("set above").percent.as_deref(), Some("40%"));
 
     // Succeeded, but the prime's volume is not known yet: wait, never rebind blind.
     let done = with_phase(populate_job(&c, &s), Phase::Succeeded);
@@ -246,7 +275,7 @@ fn the_steps_in_order_prime_then_job_then_rebind_then_the_prime_deleted() {
         Step::Rebind {
             volume: "pv-1".into(),
             resource_version: "42".into(),
-            claim_ref: claim_ref(&c),
+            claim_ref: Box::new(claim_ref(&c)),
         }
     );
     let rebound = volume(&c);
@@ -259,14 +288,14 @@ fn the_steps_in_order_prime_then_job_then_rebind_then_the_prime_deleted() {
     assert_eq!(step, Step::DeletePrime);
 
     let mut bound = c.clone();
-    bound.spec.as_mut().unwrap().volume_name = Some("pv-1".into());
+    bound.spec.as_mut().expect("set above").volume_name = Some("pv-1".into());
     let (step, said) = decide(&Inputs {
         claim: &bound,
         job: Some(&done),
         ..base
     });
     assert_eq!(step, Step::Wait);
-    assert_eq!(said.unwrap().phase, PopulatePhase::Populated);
+    assert_eq!(said.expect("set above").phase, PopulatePhase::Populated);
 }
 
 #[test]
@@ -275,7 +304,12 @@ fn a_job_not_yet_succeeded_is_never_rebound() {
     let s = source(1);
     let prime = bound_prime(&c);
     let v = volume(&prime);
-    for phase in [Phase::Pending, Phase::Running, Phase::Suspended, Phase::Failed] {
+    for phase in [
+        Phase::Pending,
+        Phase::Running,
+        Phase::Suspended,
+        Phase::Failed,
+    ] {
         let job = with_phase(populate_job(&c, &s), phase);
         let (step, _) = decide(&Inputs {
             source: Some(&s),
@@ -301,7 +335,10 @@ fn a_failed_copy_is_said_and_tried_again_once_the_source_changes() {
         ..inputs(&c)
     });
     assert_eq!(step, Step::Wait);
-    assert_eq!(said.unwrap().reason, PopulateReason::PopulateFailed);
+    assert_eq!(
+        said.expect("set above").reason,
+        PopulateReason::PopulateFailed
+    );
     let s2 = source(2);
     let (step, _) = decide(&Inputs {
         source: Some(&s2),
@@ -324,11 +361,18 @@ fn objects_with_ferrys_names_not_made_for_the_claim_are_never_followed() {
         ..inputs(&c)
     });
     assert_eq!(step, Step::Refuse);
-    assert_eq!(said.unwrap().reason, PopulateReason::InvalidClaim);
+    assert_eq!(
+        said.expect("set above").reason,
+        PopulateReason::InvalidClaim
+    );
 
     let prime = bound_prime(&c);
     let mut job = with_phase(populate_job(&c, &s), Phase::Succeeded);
-    job.metadata.labels.as_mut().unwrap().insert(POPULATE_FOR.into(), "other".into());
+    job.metadata
+        .labels
+        .as_mut()
+        .expect("set above")
+        .insert(POPULATE_FOR.into(), "other".into());
     let v = volume(&prime);
     let (step, _) = decide(&Inputs {
         source: Some(&s),
@@ -344,11 +388,15 @@ fn objects_with_ferrys_names_not_made_for_the_claim_are_never_followed() {
 fn a_claim_without_class_or_size_or_with_a_selector_is_refused_with_what_to_change() {
     let s = source(1);
     let mut no_class = claim(None);
-    no_class.spec.as_mut().unwrap().storage_class_name = None;
+    no_class
+        .spec
+        .as_mut()
+        .expect("set above")
+        .storage_class_name = None;
     let mut no_size = claim(None);
-    no_size.spec.as_mut().unwrap().resources = None;
+    no_size.spec.as_mut().expect("set above").resources = None;
     let mut selector = claim(None);
-    selector.spec.as_mut().unwrap().selector = Some(Default::default());
+    selector.spec.as_mut().expect("set above").selector = Some(Default::default());
     for (c, field) in [
         (no_class, "storageClassName"),
         (no_size, "requests.storage"),
@@ -359,7 +407,7 @@ fn a_claim_without_class_or_size_or_with_a_selector_is_refused_with_what_to_chan
             ..inputs(&c)
         });
         assert_eq!(step, Step::Refuse);
-        let said = said.unwrap();
+        let said = said.expect("set above");
         assert!(said.message.contains(field), "{field}: {}", said.message);
     }
 }

@@ -1,0 +1,168 @@
+//! `kubectl ferry` against the local control plane with the operator and two agents: a copy
+//! created and followed to its end from the command line (the copy identical, the exit
+//! status 0), `get` showing it, a job that cannot resolve explained by `why` with what to
+//! change, `watch` giving up after its timeout with the job left running, refusals of bad
+//! endpoints before anything is created, and the completion scripts.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use anyhow::{ensure, Result};
+use ferry_e2e::{assert_same_contents, workspace_bin, ControlPlane};
+
+fn plugin(kubeconfig: &Path, args: &[&str]) -> Result<Output> {
+    let bin = workspace_bin("kubectl-ferry", "kubectl-ferry")?;
+    Ok(Command::new(bin)
+        .env("KUBECONFIG", kubeconfig)
+        .args(args)
+        .output()?)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn kubectl_ferry_copies_follows_explains_and_refuses_through_the_api() -> Result<()> {
+    // The completion scripts need no cluster.
+    for shell in ["bash", "zsh"] {
+        let o = plugin(Path::new("/nonexistent"), &["completion", shell])?;
+        let script = String::from_utf8_lossy(&o.stdout);
+        ensure!(
+            o.status.success() && script.contains("kubectl-ferry") && script.contains("copy"),
+            "completion {shell}: {}",
+            text(&o)
+        );
+    }
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(());
+    };
+    cp.install_crds()?;
+    let (_ferry, hosts) = cp.start_ferry(&["node-a", "node-b"])?;
+    let kc = cp.kubeconfig.clone();
+    let tree = hosts.join("node-a/srv/data/src");
+    for d in 0..5 {
+        std::fs::create_dir_all(tree.join(format!("d{d}")))?;
+        for f in 0..40 {
+            std::fs::write(
+                tree.join(format!("d{d}/f{f}")),
+                vec![(d * 40 + f) as u8; 1000 + f * 97],
+            )?;
+        }
+    }
+    cp.apply(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: data\nspec:\n  path: /srv/data\n  nodeSelector: {ferry.dev/node: node-a}\n  namespaces: {names: [default]}\n",
+    )?;
+
+    // A copy from the command line, followed to Succeeded.
+    let o = plugin(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "copy",
+            "root:data:src",
+            "root:data:copy",
+            "--name",
+            "cli",
+            "--exclude",
+            "d4/",
+        ],
+    )?;
+    ensure!(o.status.success(), "copy: {}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    ensure!(
+        out.contains("copyjob.ferry.dev/cli created")
+            && (out.contains("succeeded: 160/160 files") || out.contains("succeeded: 160 files")),
+        "copy said: {}",
+        text(&o)
+    );
+    ensure!(
+        out.contains("checksum manifest: .ferry/"),
+        "no manifest named: {}",
+        text(&o)
+    );
+    std::fs::remove_dir_all(tree.join("d4"))?;
+    assert_same_contents(&tree, &hosts.join("node-a/srv/data/copy"))?;
+
+    let o = plugin(&kc, &["-n", "default", "get", "cli"])?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    ensure!(
+        o.status.success() && out.contains("Succeeded") && out.contains("160"),
+        "get: {}",
+        text(&o)
+    );
+
+    // A job that cannot resolve: `watch` gives up at its timeout (the job goes on), and `why`
+    // names the reason and what to change.
+    let o = plugin(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "copy",
+            "missing:x",
+            "root:data:y",
+            "--name",
+            "stuck",
+            "--timeout",
+            "5",
+        ],
+    )?;
+    ensure!(
+        o.status.code() == Some(2)
+            && String::from_utf8_lossy(&o.stderr).contains("did not finish within 5 s"),
+        "a job that cannot run: {}",
+        text(&o)
+    );
+    let o = plugin(&kc, &["-n", "default", "why", "stuck"])?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    ensure!(
+        o.status.success()
+            && out.contains("PVCNotFound")
+            && out.contains(&format!(
+                "what to change: {}",
+                ferry_crds::Reason::PVCNotFound.remedy()
+            )),
+        "why: {}",
+        text(&o)
+    );
+
+    // Refused before anything is made: a snapshot as destination, a path out of the volume,
+    // a verification that does not exist; and the API server's own refusal passed on.
+    for (args, says) in [
+        (
+            vec!["copy", "root:data:src", "snapshot:s"],
+            "a snapshot is a source only",
+        ),
+        (vec!["copy", "root:data:/etc", "root:data:z"], "relative"),
+        (
+            vec!["copy", "root:data:src", "root:data:z", "--verify", "Maybe"],
+            "use one of None, Checksum, Full",
+        ),
+        (
+            vec!["copy", "root:data:src", "root:data:.ferry/x"],
+            "the API server refused the CopyJob",
+        ),
+    ] {
+        let mut all = vec!["-n", "default"];
+        all.extend(args.iter());
+        let o = plugin(&kc, &all)?;
+        ensure!(
+            !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(says),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    let jobs = cp.kubectl_ok(&["get", "copyjobs", "-n", "default", "-o", "name"])?;
+    ensure!(
+        jobs.lines().count() == 2,
+        "only the two jobs above exist: {jobs}"
+    );
+    Ok(())
+}

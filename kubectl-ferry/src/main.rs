@@ -1,0 +1,256 @@
+//! `kubectl ferry` (the binary `kubectl-ferry`, found by kubectl on the PATH): Ferry's
+//! CopyJobs from the command line. `copy SRC DST` creates one and follows it with a live bar;
+//! `get` and `watch` show files, bytes, rate and ETA; `why` says where a job is and what to
+//! change; `completion` prints a bash or zsh completion script. It uses the user's
+//! kubeconfig and nothing else: it creates and reads Ferry's objects as the user, and has
+//! no privileges of its own.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{CommandFactory, Parser, Subcommand};
+use ferry_crds::{Compare, CopyJob, CopyJobSpec, Overwrite, Verify};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+mod endpoint;
+mod follow;
+mod why;
+
+/// Ferry's CopyJobs from kubectl.
+#[derive(Debug, Parser)]
+#[command(name = "kubectl-ferry", bin_name = "kubectl ferry", version)]
+struct Cli {
+    /// Namespace (default: the kubeconfig context's).
+    #[arg(short, long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Copy SRC to DST with a CopyJob, and follow it to its end (exit status 1 if it fails).
+    /// SRC and DST: NAME[:PATH] (a claim; also pvc:NAME[:PATH]), snapshot:NAME (a source
+    /// only), root:NAME[:PATH] (a StorageRoot).
+    Copy {
+        src: String,
+        dst: String,
+        /// The CopyJob's name (default: one the API server makes, copy-XXXXX).
+        #[arg(long)]
+        name: Option<String>,
+        /// None, Checksum or Full.
+        #[arg(long, default_value = "Checksum", value_parser = parse_verify)]
+        verify: Verify,
+        /// What to do with entries the destination has: Never, IfChanged or Always.
+        #[arg(long, default_value = "Never", value_parser = parse_overwrite)]
+        overwrite: Overwrite,
+        /// With --overwrite IfChanged: SizeAndTime or Checksum.
+        #[arg(long, default_value = "SizeAndTime", value_parser = parse_compare)]
+        compare: Compare,
+        /// Copy only what matches (gitignore syntax; repeat for more).
+        #[arg(long)]
+        include: Vec<String>,
+        /// Skip what matches (gitignore syntax; repeat for more).
+        #[arg(long)]
+        exclude: Vec<String>,
+        /// Mirror: remove from DST what SRC lacks, after a copy without failures.
+        #[arg(long)]
+        delete_extraneous: bool,
+        /// Plan only: count what would be copied.
+        #[arg(long)]
+        dry_run: bool,
+        /// Create the job and return at once.
+        #[arg(long)]
+        detach: bool,
+        /// Stop following after this many seconds (the job goes on).
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
+    /// List CopyJobs with their phase, files, bytes, rate and ETA (one, if named).
+    Get {
+        job: Option<String>,
+        /// In every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+    },
+    /// Follow a CopyJob to its end with a live bar (exit status 1 if it fails).
+    Watch {
+        job: String,
+        /// Stop following after this many seconds.
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
+    /// Where a CopyJob is, why, and what to change: its conditions, failed paths and events.
+    Why { job: String },
+    /// Print a completion script: `source <(kubectl ferry completion bash)`, or for zsh
+    /// `kubectl ferry completion zsh > "${fpath[1]}/_kubectl-ferry"`.
+    Completion { shell: clap_complete::Shell },
+}
+
+fn parse_policy<T: serde::de::DeserializeOwned>(
+    s: &str,
+    what: &str,
+    choices: &str,
+) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("{s:?} is no {what}: use one of {choices}"))
+}
+
+fn parse_verify(s: &str) -> Result<Verify, String> {
+    parse_policy(s, "verification", "None, Checksum, Full")
+}
+
+fn parse_overwrite(s: &str) -> Result<Overwrite, String> {
+    parse_policy(s, "overwrite policy", "Never, IfChanged, Always")
+}
+
+fn parse_compare(s: &str) -> Result<Compare, String> {
+    parse_policy(s, "comparison", "SizeAndTime, Checksum")
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Cli::parse()).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kubectl ferry: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    if let Command::Completion { shell } = cli.command {
+        let mut cmd = Cli::command();
+        clap_complete::generate(shell, &mut cmd, "kubectl-ferry", &mut std::io::stdout());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let client = Client::try_default()
+        .await
+        .context("no cluster to talk to: set KUBECONFIG or a kubeconfig context")?;
+    let ns = cli
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let jobs = Api::<CopyJob>::namespaced(client.clone(), &ns);
+    match cli.command {
+        Command::Copy {
+            src,
+            dst,
+            name,
+            verify,
+            overwrite,
+            compare,
+            include,
+            exclude,
+            delete_extraneous,
+            dry_run,
+            detach,
+            timeout,
+        } => {
+            let mut spec: CopyJobSpec = serde_json::from_value(serde_json::json!({
+                "source": endpoint::parse(&src, true)?,
+                "destination": endpoint::parse(&dst, false)?,
+            }))?;
+            spec.verify = verify;
+            spec.overwrite = overwrite;
+            spec.compare = compare;
+            spec.include = include;
+            spec.exclude = exclude;
+            spec.delete_extraneous = delete_extraneous;
+            spec.dry_run = dry_run;
+            let mut job = CopyJob::new(name.as_deref().unwrap_or_default(), spec);
+            if name.is_none() {
+                job.metadata.name = None;
+                job.metadata.generate_name = Some("copy-".into());
+            }
+            // The API server's refusal (its CEL rules) says what to change; pass it on.
+            let made = jobs
+                .create(&PostParams::default(), &job)
+                .await
+                .map_err(|e| match e {
+                    kube::Error::Api(s) => {
+                        anyhow::anyhow!("the API server refused the CopyJob: {}", s.message)
+                    }
+                    e => e.into(),
+                })?;
+            let name = made.name_any();
+            println!("copyjob.ferry.dev/{name} created in {ns}");
+            if detach {
+                return Ok(ExitCode::SUCCESS);
+            }
+            finish(&client, &jobs, &ns, &name, timeout).await
+        }
+        Command::Watch { job, timeout } => finish(&client, &jobs, &ns, &job, timeout).await,
+        Command::Get {
+            job,
+            all_namespaces,
+        } => {
+            let list: Vec<CopyJob> = match (&job, all_namespaces) {
+                (Some(j), _) => vec![jobs.get(j).await?],
+                (None, true) => {
+                    Api::<CopyJob>::all(client)
+                        .list(&ListParams::default())
+                        .await?
+                        .items
+                }
+                (None, false) => jobs.list(&ListParams::default()).await?.items,
+            };
+            println!(
+                "{:<16} {:<40} {:<10} PROGRESS",
+                "NAMESPACE", "NAME", "PHASE"
+            );
+            for j in &list {
+                let phase = j.status.as_ref().and_then(|s| s.phase).unwrap_or_default();
+                println!(
+                    "{:<16} {:<40} {:<10} {}",
+                    j.namespace().unwrap_or_default(),
+                    j.name_any(),
+                    format!("{phase:?}"),
+                    follow::numbers(j)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Why { job } => {
+            let j = jobs.get(&job).await?;
+            let events = why::events_of(&Api::<Event>::namespaced(client, &ns), &job).await?;
+            print!("{}", why::explain(&j, &events));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completion { .. } => unreachable!("handled above"),
+    }
+}
+
+/// Follow `name` to its end; on failure print why. Exit status 0 Succeeded, 1 Failed.
+async fn finish(
+    client: &Client,
+    jobs: &Api<CopyJob>,
+    ns: &str,
+    name: &str,
+    timeout: Option<u64>,
+) -> Result<ExitCode> {
+    let outcome = follow::follow(jobs, name, timeout.map(Duration::from_secs)).await?;
+    let job = jobs.get(name).await?;
+    match outcome {
+        follow::Outcome::Succeeded => {
+            println!(
+                "copyjob.ferry.dev/{name} succeeded: {}",
+                follow::numbers(&job)
+            );
+            if let Some(m) = job.status.as_ref().and_then(|s| s.manifest.clone()) {
+                println!("checksum manifest: {m} in the destination");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        follow::Outcome::Failed => {
+            let events =
+                why::events_of(&Api::<Event>::namespaced(client.clone(), ns), name).await?;
+            eprint!("{}", why::explain(&job, &events));
+            Ok(ExitCode::from(1))
+        }
+    }
+}
