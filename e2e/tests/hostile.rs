@@ -32,6 +32,8 @@ mod holder;
 mod listeners;
 #[path = "hostile/pods.rs"]
 mod pods;
+#[path = "hostile/populator.rs"]
+mod populator;
 #[path = "hostile/spec.rs"]
 mod spec;
 #[path = "hostile/watch.rs"]

@@ -148,20 +148,7 @@ async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Resu
             resource_version,
             claim_ref,
         } => {
-            // At the resourceVersion the decision read: a volume changed since (by the PV
-            // controller, say) is read again, never overwritten blind.
-            let patch = serde_json::json!({
-                "metadata": {"resourceVersion": resource_version},
-                "spec": {"claimRef": {
-                    "apiVersion": claim_ref.api_version,
-                    "kind": claim_ref.kind,
-                    "namespace": claim_ref.namespace,
-                    "name": claim_ref.name,
-                    "uid": claim_ref.uid,
-                    "resourceVersion": null,
-                    "fieldPath": null,
-                }},
-            });
+            let patch = decide::rebind_patch(&resource_version, &claim_ref);
             tracing::info!(claim = %claim.name_any(), %ns, %volume, "populated: volume handed to the claim");
             let pvs = Api::<PersistentVolume>::all(ctx.client.clone());
             ignore_conflict(

@@ -25,7 +25,7 @@ use ferry_operator::{holder, snapshot};
 use serde_json::{json, Value};
 
 const NS: &str = "ferry-system";
-const TEAM: &str = "team-a";
+pub(super) const TEAM: &str = "team-a";
 const UID: &str = "0b5e2c1e-6a4c-4a5e-9d51-1f0e7c9c2d10";
 /// The message of the `-holder-pods` policy's first rule (a pod that is no holder at all).
 const NOT_A_HOLDER: &str = "creates and deletes only its holder pods";
@@ -53,11 +53,11 @@ use ferry_e2e::holder_image;
 
 /// One change to an object: the JSON pointer of a field (a new key, or the index one past
 /// a list's end, adds it) and its new value, or `None` to remove it.
-type Edit = (&'static str, Option<Value>);
+pub(super) type Edit = (&'static str, Option<Value>);
 
 /// What the API server answers.
 #[derive(Debug, Clone, Copy)]
-enum Answer {
+pub(super) enum Answer {
     Admitted,
     /// Refused, the answer naming this (a field the policy's message lists, or the rule).
     Refused(&'static str),
@@ -65,7 +65,7 @@ enum Answer {
 
 /// Which of the objects the code builds a row starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Base {
+pub(super) enum Base {
     /// The source's holder, no node preferred.
     Source,
     /// The destination's holder, preferring node-b.
@@ -81,15 +81,16 @@ enum Base {
     KeptSnapshot,
 }
 
+/// One row of a table: `base` with `edits`, and the answer (generic for hostile/populator.rs).
 #[derive(Debug)]
-struct Row {
-    base: Base,
-    what: &'static str,
-    edits: Vec<Edit>,
-    answer: Answer,
+pub(super) struct Row<B = Base> {
+    pub(super) base: B,
+    pub(super) what: &'static str,
+    pub(super) edits: Vec<Edit>,
+    pub(super) answer: Answer,
 }
 
-fn row(base: Base, what: &'static str, edits: Vec<Edit>, answer: Answer) -> Row {
+pub(super) fn row<B>(base: B, what: &'static str, edits: Vec<Edit>, answer: Answer) -> Row<B> {
     Row {
         base,
         what,
@@ -98,7 +99,7 @@ fn row(base: Base, what: &'static str, edits: Vec<Edit>, answer: Answer) -> Row 
     }
 }
 
-fn set(pointer: &'static str, value: Value) -> Edit {
+pub(super) fn set(pointer: &'static str, value: Value) -> Edit {
     (pointer, Some(value))
 }
 
@@ -107,7 +108,7 @@ fn unescape(token: &str) -> String {
 }
 
 /// Apply `edit` to `v`; a missing object on the way is made.
-fn apply(v: &mut Value, (pointer, value): &Edit) -> Result<()> {
+pub(super) fn apply(v: &mut Value, (pointer, value): &Edit) -> Result<()> {
     let tokens: Vec<String> = pointer.split('/').skip(1).map(unescape).collect();
     let (last, path) = tokens.split_last().context("an empty pointer")?;
     let mut at = v;
@@ -180,7 +181,11 @@ fn walk(
 /// The rows of `objects`' bases cover them: each value the code sets is changed by a row,
 /// each object gets a field it does not have, each list an element, except `whole`: objects
 /// whose every field the code sets (nothing valid is left to add), and the top level.
-fn check_coverage(objects: &[(Base, Value)], rows: &[Row], whole: &[&str]) -> Result<()> {
+pub(super) fn check_coverage<B: Copy + PartialEq + std::fmt::Debug>(
+    objects: &[(B, Value)],
+    rows: &[Row<B>],
+    whole: &[&str],
+) -> Result<()> {
     let edited: BTreeSet<&str> = rows
         .iter()
         .filter(|r| objects.iter().any(|(b, _)| *b == r.base))
@@ -540,7 +545,7 @@ const SNAPSHOT_WHOLE: &[&str] = &["/spec/dataSource"];
 
 /// Ask the API server, as the operator, to create `obj` (a dry run: admission runs, nothing
 /// is stored); `Err` with the answer when it is not `answer`.
-fn ask(cp: &ControlPlane, kc: &Path, obj: &Value, answer: Answer) -> Result<()> {
+pub(super) fn ask(cp: &ControlPlane, kc: &Path, obj: &Value, answer: Answer) -> Result<()> {
     let kc = kc.to_string_lossy();
     let out = cp.kubectl_stdin(
         &["--kubeconfig", &kc, "create", "--dry-run=server", "-f", "-"],
@@ -563,7 +568,12 @@ fn ask(cp: &ControlPlane, kc: &Path, obj: &Value, answer: Answer) -> Result<()> 
 }
 
 /// Every row against the API server; all the failures at once.
-fn ask_all(cp: &ControlPlane, kc: &Path, bases: &[(Base, Value)], rows: &[Row]) -> Result<()> {
+pub(super) fn ask_all<B: Copy + PartialEq + std::fmt::Debug>(
+    cp: &ControlPlane,
+    kc: &Path,
+    bases: &[(B, Value)],
+    rows: &[Row<B>],
+) -> Result<()> {
     let mut failed = Vec::new();
     for r in rows {
         let mut obj = bases
@@ -592,7 +602,7 @@ fn ask_all(cp: &ControlPlane, kc: &Path, bases: &[(Base, Value)], rows: &[Row]) 
 
 /// `ask` until it gives `answer` (the API server applies a new policy, or sees a new
 /// PriorityClass, a moment after it is stored), for at most 30 s; then the last answer.
-fn ask_until(cp: &ControlPlane, kc: &Path, obj: &Value, answer: Answer) -> Result<()> {
+pub(super) fn ask_until(cp: &ControlPlane, kc: &Path, obj: &Value, answer: Answer) -> Result<()> {
     let _ = wait_for("the answer", Duration::from_secs(30), || {
         ask(cp, kc, obj, answer).is_ok()
     });
@@ -602,7 +612,7 @@ fn ask_until(cp: &ControlPlane, kc: &Path, obj: &Value, answer: Answer) -> Resul
 /// The chart as rendered into `deploy/`, the job's namespaces, and the operator's
 /// ServiceAccount kubeconfig; returned once the chart's policies refuse `refused` (an
 /// object the policies have always refused).
-fn install(cp: &ControlPlane, refused: &Value, why: &'static str) -> Result<PathBuf> {
+pub(super) fn install(cp: &ControlPlane, refused: &Value, why: &'static str) -> Result<PathBuf> {
     cp.install_rendered(NS, "ferry.yaml")?;
     for ns in [TEAM, "team-b"] {
         cp.kubectl_ok(&["create", "namespace", ns])?;

@@ -253,6 +253,25 @@ pub fn claim_ref(claim: &PersistentVolumeClaim) -> ObjectReference {
     }
 }
 
+/// The merge patch of the rebind: the volume at `resource_version` (the one the decision
+/// read: a volume changed since is read again, never overwritten blind), its `claimRef`
+/// exactly `claim_ref` (the prime claim's resourceVersion and any fieldPath dropped), and
+/// nothing else. The chart's `-populator` policy admits this change and no other.
+pub fn rebind_patch(resource_version: &str, claim_ref: &ObjectReference) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"resourceVersion": resource_version},
+        "spec": {"claimRef": {
+            "apiVersion": claim_ref.api_version,
+            "kind": claim_ref.kind,
+            "namespace": claim_ref.namespace,
+            "name": claim_ref.name,
+            "uid": claim_ref.uid,
+            "resourceVersion": null,
+            "fieldPath": null,
+        }},
+    })
+}
+
 /// `volume`'s claim is `claim` (by namespace, name and uid).
 fn claimed_by(volume: &PersistentVolume, claim: &PersistentVolumeClaim) -> bool {
     volume
