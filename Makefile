@@ -94,6 +94,12 @@ dev-up: deps
 dev-down:
 	$(CARGO) run -q -p ferry-e2e --bin ferry-dev -- down
 
+## kubectl ferry packed for krew: target/krew/kubectl-ferry-linux-amd64.tar.gz and the
+## manifest deploy/krew/ferry.yaml filled in for it (target/krew/ferry.yaml).
+.PHONY: krew
+krew:
+	@./scripts/krew.sh
+
 ## ferry-agent copy on its own: copy a generated tree, verify, check the manifest.
 demo-copy: release
 	@./scripts/demo.sh

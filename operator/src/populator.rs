@@ -97,8 +97,13 @@ pub async fn run(client: Client) {
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
-            if let Err(e) = res {
-                tracing::warn!(error = %crate::error_chain(&e), "populator reconcile failed");
+            match res {
+                // A claim deleted before its queued reconcile ran (every populated claim
+                // that goes): nothing to do for it.
+                Err(kube::runtime::controller::Error::ObjectNotFound(_)) | Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %crate::error_chain(&e), "populator reconcile failed")
+                }
             }
         });
     tokio::join!(claims, run_sources(client, store));
@@ -348,8 +353,9 @@ async fn run_sources(client: Client, claims: Store<PersistentVolumeClaim>) {
     .shutdown_on_signal()
     .run(reconcile_source, source_error_policy, ctx)
     .for_each(|res| async move {
-        if let Err(e) = res {
-            tracing::warn!(error = %crate::error_chain(&e), "VolumeSource status failed");
+        match res {
+            Err(kube::runtime::controller::Error::ObjectNotFound(_)) | Ok(_) => {}
+            Err(e) => tracing::warn!(error = %crate::error_chain(&e), "VolumeSource status failed"),
         }
     })
     .await;
