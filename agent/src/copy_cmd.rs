@@ -325,20 +325,7 @@ fn count_tree(path: &Path, entries: &AtomicU64, bytes: &AtomicU64) {
     }
 }
 
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
+pub use ferry_crds::human_bytes as human;
 
 #[derive(Serialize)]
 struct JsonFailure<'a> {

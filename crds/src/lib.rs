@@ -58,6 +58,23 @@ pub const ALLOW_PRIVILEGED_FILES: &str = "spec.allowPrivilegedFiles: true";
 /// a node's CPU count): each holds a 1 MiB buffer.
 pub const MAX_WORKERS: i32 = 64;
 
+/// 1536 -> "1.5 KiB": bytes as the status's human-readable columns, the CLIs and the
+/// messages write them (binary units, one decimal).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
 /// API group of every Ferry resource.
 pub const GROUP: &str = "ferry.dev";
 /// API version served.

@@ -18,6 +18,8 @@ mod block;
 mod cbt;
 #[path = "kube/csi.rs"]
 mod csi;
+#[path = "kube/populate.rs"]
+mod populate;
 #[path = "../../engine/tests/common/mod.rs"]
 mod tree;
 
@@ -35,7 +37,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 25] = [
+    let checks: [(&str, Check); 29] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -119,6 +121,19 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "changed-block tracking: copyMethod Snapshot keeps its snapshot as the destination's base, and the next run reads only what changed",
             cbt::copymethod_snapshot_keeps_its_base_for_the_next_run,
+        ),
+        ("populator: a claim from another claim", populate::from_a_claim),
+        (
+            "populator: from a VolumeSnapshot, on a WaitForFirstConsumer class",
+            populate::from_a_snapshot_on_first_use,
+        ),
+        (
+            "populator: another namespace's source refused",
+            populate::another_namespaces_source,
+        ),
+        (
+            "populator: a claim deleted mid-population leaves nothing",
+            populate::deleted_mid_population,
         ),
         // Last: they slow the agent down (and put it back).
         (
@@ -862,24 +877,27 @@ fn upgrade_and_roll(tier: &KubeTier, sets: &[&str]) -> Result<()> {
     .map(drop)
 }
 
-/// With the agent slowed down (30 ms per file at 2 workers: a 400-file copy takes long
-/// enough to act on mid-way), then back to full speed for whatever runs next.
+/// The chart values that slow the agent down to 30 ms per file at 2 workers (a 400-file
+/// copy takes long enough to act on mid-way).
+const SLOW_FILES: [&str; 6] = [
+    "--set",
+    "agent.workers=2",
+    "--set",
+    "agent.extraEnv[0].name=FERRY_FAULT_FILE_DELAY_MS",
+    "--set-string",
+    "agent.extraEnv[0].value=30",
+];
+
+/// With the agent slowed down ([`SLOW_FILES`], and 1 s per chunk of a block copy), then
+/// back to full speed for whatever runs next.
 fn slowed_agent(tier: &KubeTier, data: &Path) -> Result<()> {
-    upgrade_and_roll(
-        tier,
-        &[
-            "--set",
-            "agent.workers=2",
-            "--set",
-            "agent.extraEnv[0].name=FERRY_FAULT_FILE_DELAY_MS",
-            "--set-string",
-            "agent.extraEnv[0].value=30",
-            "--set",
-            "agent.extraEnv[1].name=FERRY_FAULT_CHUNK_DELAY_MS",
-            "--set-string",
-            "agent.extraEnv[1].value=1000",
-        ],
-    )?;
+    let chunks = [
+        "--set",
+        "agent.extraEnv[1].name=FERRY_FAULT_CHUNK_DELAY_MS",
+        "--set-string",
+        "agent.extraEnv[1].value=1000",
+    ];
+    upgrade_and_roll(tier, &[&SLOW_FILES[..], &chunks[..]].concat())?;
     let result = agent_replaced_mid_copy(tier, data)
         .and_then(|()| csi::deleted_mid_copy(tier, data))
         .and_then(|()| block::agent_killed_mid_copy(tier, data));

@@ -37,20 +37,8 @@ pub fn numbers(job: &CopyJob) -> String {
     format!("{files}, {bytes}, {rate}{eta}")
 }
 
-/// 1536 -> "1.5 KiB".
-pub fn human(n: i64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", units[u])
-    }
+fn human(n: i64) -> String {
+    ferry_crds::human_bytes(u64::try_from(n).unwrap_or(0))
 }
 
 fn phase(job: &CopyJob) -> Phase {

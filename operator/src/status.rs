@@ -41,20 +41,9 @@ pub fn condition(
     }
 }
 
-/// 1536 -> "1.5 KiB": for the RATE column.
+/// 1536 -> "1.5 KiB": for the RATE column (negative counts as 0).
 pub fn human_bytes(n: i64) -> String {
-    let mut v = n as f64;
-    for unit in ["B", "KiB", "MiB", "GiB"] {
-        if v < 1024.0 {
-            return if unit == "B" {
-                format!("{n} B")
-            } else {
-                format!("{v:.1} {unit}")
-            };
-        }
-        v /= 1024.0;
-    }
-    format!("{v:.1} TiB")
+    ferry_crds::human_bytes(u64::try_from(n).unwrap_or(0))
 }
 
 /// 200 -> "3m20s": for the ETA column.

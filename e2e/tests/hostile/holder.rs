@@ -551,6 +551,11 @@ pub(super) fn ask(cp: &ControlPlane, kc: &Path, obj: &Value, answer: Answer) -> 
         &["--kubeconfig", &kc, "create", "--dry-run=server", "-f", "-"],
         &obj.to_string(),
     )?;
+    answered(&out, answer)
+}
+
+/// `out` (kubectl's) is `answer`: admitted, or refused with a message naming what it says.
+pub(super) fn answered(out: &std::process::Output, answer: Answer) -> Result<()> {
     let err = String::from_utf8_lossy(&out.stderr);
     match answer {
         Answer::Admitted => ensure!(out.status.success(), "refused: {err}"),

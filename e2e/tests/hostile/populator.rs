@@ -29,7 +29,7 @@ use ferry_operator::populator::decide;
 use serde_json::{json, Value};
 
 use super::holder::{
-    apply, ask, ask_all, ask_until, check_coverage, install, row, set, Answer, Row, TEAM,
+    answered, apply, ask, ask_all, ask_until, check_coverage, install, row, set, Answer, Row, TEAM,
 };
 
 /// The user's claim being populated, and two others of its namespace.
@@ -292,23 +292,6 @@ fn ask_delete(cp: &ControlPlane, kc: &Path, name: &str, answer: Answer) -> Resul
         "--wait=false",
     ])?;
     answered(&out, answer)
-}
-
-fn answered(out: &std::process::Output, answer: Answer) -> Result<()> {
-    let err = String::from_utf8_lossy(&out.stderr);
-    match answer {
-        Answer::Admitted => ensure!(out.status.success(), "refused: {err}"),
-        Answer::Refused(why) => ensure!(
-            !out.status.success() && err.contains(why),
-            "expected a refusal naming {why:?}, got {}: {err}",
-            if out.status.success() {
-                "admitted"
-            } else {
-                "another refusal"
-            }
-        ),
-    }
-    Ok(())
 }
 
 /// The `-populator` policy's validations type-check against the kinds it matches (the

@@ -16,7 +16,7 @@ use super::{dated_tree, rich_tree, NS};
 const HOLDER: &str = "app.kubernetes.io/name=ferry-holder";
 
 /// A claim of `size` on `class` in `ns`, with `modes` (e.g. `ReadWriteOnce`).
-fn claim(tier: &KubeTier, ns: &str, name: &str, class: &str, modes: &str) -> Result<()> {
+pub(super) fn claim(tier: &KubeTier, ns: &str, name: &str, class: &str, modes: &str) -> Result<()> {
     tier.apply(&format!(
         "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  storageClassName: {class}\n  accessModes: [{modes}]\n  resources: {{requests: {{storage: 1Gi}}}}\n"
     ))
@@ -24,7 +24,7 @@ fn claim(tier: &KubeTier, ns: &str, name: &str, class: &str, modes: &str) -> Res
 
 /// Where the driver keeps the volume bound to claim `ns/name`, on the host: the test
 /// writes a source there and reads a destination back.
-fn volume_dir(tier: &KubeTier, ns: &str, name: &str) -> Result<PathBuf> {
+pub(super) fn volume_dir(tier: &KubeTier, ns: &str, name: &str) -> Result<PathBuf> {
     let pv = tier.get(&format!("pvc/{name}"), ns, "{.spec.volumeName}")?;
     ensure!(!pv.is_empty(), "claim {ns}/{name} has no volume");
     let handle = tier.get(&format!("pv/{pv}"), "", "{.spec.csi.volumeHandle}")?;
@@ -45,7 +45,7 @@ pub(super) fn holder_image(tier: &KubeTier) -> Result<String> {
 
 /// A user's pod that mounts `claim` read-write and does nothing (the Ferry image's pause,
 /// under the restricted Pod Security profile).
-fn user_pod(tier: &KubeTier, ns: &str, name: &str, claim: &str) -> Result<()> {
+pub(super) fn user_pod(tier: &KubeTier, ns: &str, name: &str, claim: &str) -> Result<()> {
     let image = holder_image(tier)?;
     tier.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n  securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}\n  containers:\n  - name: app\n    image: {image}\n    args: [pause]\n    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  volumes:\n  - {{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}\n"
