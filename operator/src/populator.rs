@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -45,8 +45,6 @@ use decide::{Inputs, Said, Step};
 pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
-    /// Every claim, cached (the controller's own store).
-    pub claims: Store<PersistentVolumeClaim>,
     /// What was last said of each claim (by uid): an event only when it changes, and a
     /// progress event at most every 10 %.
     said: Mutex<HashMap<String, (Said, u8)>>,
@@ -69,7 +67,6 @@ pub async fn run(client: Client) {
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter()),
         client: client.clone(),
-        claims: store.clone(),
         said: Mutex::new(HashMap::new()),
     });
     // A VolumeSource that appears or changes wakes the claims that name it.
@@ -83,13 +80,8 @@ pub async fn run(client: Client) {
             Api::<VolumeSource>::all(client.clone()),
             watcher::Config::default(),
             move |source| {
-                let ns = source.namespace();
-                let name = source.name_any();
-                naming
-                    .state()
-                    .into_iter()
-                    .filter(|c| c.namespace() == ns)
-                    .filter(|c| matches!(decide::source_of(c), Some(Ok(n)) if n == name))
+                naming_claims(&naming, &source)
+                    .iter()
                     .map(|c| ObjectRef::from_obj(c.as_ref()))
                     .collect::<Vec<_>>()
             },
@@ -107,6 +99,21 @@ pub async fn run(client: Client) {
             }
         });
     tokio::join!(claims, run_sources(client, store));
+}
+
+/// The cached claims that name `source` (of its namespace).
+fn naming_claims(
+    claims: &Store<PersistentVolumeClaim>,
+    source: &VolumeSource,
+) -> Vec<Arc<PersistentVolumeClaim>> {
+    let ns = source.namespace();
+    let name = source.name_any();
+    claims
+        .state()
+        .into_iter()
+        .filter(|c| c.namespace() == ns)
+        .filter(|c| matches!(decide::source_of(c), Some(Ok(n)) if n == name))
+        .collect()
 }
 
 async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -128,7 +135,7 @@ async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Resu
         ..Default::default()
     };
     match step {
-        Step::Ignore | Step::Refuse => return Ok(Action::await_change()),
+        Step::Ignore | Step::Refuse | Step::Done => return Ok(Action::await_change()),
         Step::Wait => {}
         Step::CreatePrime(prime) => {
             tracing::info!(claim = %claim.name_any(), %ns, "populating: prime claim");
@@ -375,22 +382,23 @@ async fn reconcile_source(
         .namespace()
         .ok_or_else(|| Error::NoNamespace(source.name_any()))?;
     let name = source.name_any();
-    let mut naming: Vec<Arc<PersistentVolumeClaim>> = ctx
-        .claims
-        .state()
-        .into_iter()
-        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
-        .filter(|c| matches!(decide::source_of(c), Some(Ok(n)) if n == name))
-        .collect();
+    let mut naming = naming_claims(&ctx.claims, &source);
     // Newest first.
     naming.sort_by_key(|c| std::cmp::Reverse(c.creation_timestamp()));
-    let jobs = Api::<CopyJob>::namespaced(ctx.client.clone(), &ns);
+    // The CopyJobs made from this source, in one list rather than a get per claim.
+    let mut jobs: HashMap<String, CopyJob> = Api::<CopyJob>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default().labels(&format!("{VOLUME_SOURCE_LABEL}={name}")))
+        .await?
+        .items
+        .into_iter()
+        .map(|j| (j.name_any(), j))
+        .collect();
     let mut status = VolumeSourceStatus::default();
     let previous = source.status.clone().unwrap_or_default();
     let mut unsettled = false;
     for claim in &naming {
         let uid = claim.uid().unwrap_or_default();
-        let job = jobs.get_opt(&populate_job_name(&uid)).await?;
+        let job = jobs.remove(&populate_job_name(&uid));
         let prime = ctx
             .claims
             .get(&ObjectRef::new(&prime_claim_name(&uid)).within(&ns));

@@ -330,16 +330,7 @@ pub fn copyjob_between_claims(tier: &KubeTier, _: &std::path::Path) -> Result<()
     for job in ["disk-default", "disk-small", "disk-to-fs", "disk-path"] {
         tier.kubectl_ok(&["delete", "copyjob", job, "-n", "default", "--wait=true"])?;
     }
-    let holders = tier.kubectl_ok(&[
-        "get",
-        "pods",
-        "-n",
-        "default",
-        "-l",
-        "app.kubernetes.io/name=ferry-holder",
-        "-o",
-        "name",
-    ])?;
+    let holders = super::csi::holder_pods(tier, "default")?;
     ensure!(
         holders.trim().is_empty(),
         "holders made for refused jobs: {holders}"

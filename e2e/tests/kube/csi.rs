@@ -60,11 +60,15 @@ fn job(tier: &KubeTier, name: &str, src: &str, dst: &str) -> Result<()> {
     ))
 }
 
+/// The holder pods in `ns`, a `pod/NAME` line each.
+pub(super) fn holder_pods(tier: &KubeTier, ns: &str) -> Result<String> {
+    tier.kubectl_ok(&["get", "pods", "-n", ns, "-l", HOLDER, "-o", "name"])
+}
+
 /// Until no holder pod is left in `ns`.
 pub(super) fn all_let_go(tier: &KubeTier, ns: &str) -> Result<()> {
     wait_for("no holder pod left", Duration::from_secs(60), || {
-        tier.kubectl_ok(&["get", "pods", "-n", ns, "-l", HOLDER, "-o", "name"])
-            .is_ok_and(|p| p.trim().is_empty())
+        holder_pods(tier, ns).is_ok_and(|p| p.trim().is_empty())
     })
     .with_context(|| {
         format!(
@@ -281,7 +285,7 @@ pub fn other_namespaces_claim(tier: &KubeTier, _: &Path) -> Result<()> {
         "{message}"
     );
     for ns in ["default", "other-team"] {
-        let pods = tier.kubectl_ok(&["get", "pods", "-n", ns, "-l", HOLDER, "-o", "name"])?;
+        let pods = holder_pods(tier, ns)?;
         ensure!(pods.trim().is_empty(), "holders in {ns}: {pods}");
     }
     tier.kubectl_ok(&["delete", "copyjob", "steal", "-n", "default", "--wait=true"])?;
@@ -314,7 +318,7 @@ pub fn deleted_mid_copy(tier: &KubeTier, _: &Path) -> Result<()> {
         Duration::from_secs(120),
         |n| n.parse::<u64>().is_ok_and(|n| n >= 20),
     )?;
-    let holders = tier.kubectl_ok(&["get", "pods", "-n", "default", "-l", HOLDER, "-o", "name"])?;
+    let holders = holder_pods(tier, "default")?;
     ensure!(
         holders.lines().count() == 2,
         "mid-copy, the holders are: {holders:?}"

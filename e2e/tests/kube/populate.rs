@@ -14,7 +14,7 @@ use ferry_crds::{populate_job_name, prime_claim_name, STATE_DIR};
 use ferry_e2e::kube::KubeTier;
 use ferry_e2e::wait_for;
 
-use super::csi::{all_let_go, claim, gone, snapshot, user_pod, volume_dir};
+use super::csi::{all_let_go, claim, gone, holder_pods, snapshot, user_pod, volume_dir};
 use super::{dated_tree, rich_tree, tree, upgrade_and_roll, SLOW_FILES};
 
 /// The target: a claim is bound within this long of its copy finishing.
@@ -531,18 +531,7 @@ pub fn deleted_mid_population(tier: &KubeTier, _: &Path) -> Result<()> {
                 })
                 .cloned()
                 .collect();
-            let holders = tier
-                .kubectl_ok(&[
-                    "get",
-                    "pods",
-                    "-n",
-                    "default",
-                    "-l",
-                    "app.kubernetes.io/name=ferry-holder",
-                    "-o",
-                    "name",
-                ])
-                .unwrap_or_else(|e| format!("{e:#}"));
+            let holders = holder_pods(tier, "default").unwrap_or_else(|e| format!("{e:#}"));
             left.extend(holders.split_whitespace().map(String::from));
             left
         };

@@ -63,6 +63,8 @@ pub enum Step {
     Ignore,
     /// Nothing to do until something changes: a consumer, the source, the copy.
     Wait,
+    /// Populated, and the prime claim gone: nothing is left to do for the claim.
+    Done,
     /// A refusal that only the user can lift (say it, and wait for a change).
     Refuse,
     CreatePrime(Box<PersistentVolumeClaim>),
@@ -338,7 +340,7 @@ pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
         let step = if prime.is_some() {
             Step::DeletePrime
         } else {
-            Step::Wait
+            Step::Done
         };
         return (step, Some(said));
     }

@@ -294,8 +294,16 @@ fn the_steps_in_order_prime_then_job_then_rebind_then_the_prime_deleted() {
         job: Some(&done),
         ..base
     });
-    assert_eq!(step, Step::Wait);
+    assert_eq!(step, Step::Done);
     assert_eq!(said.expect("set above").phase, PopulatePhase::Populated);
+    // Bound while the prime claim is still there: it goes first.
+    let (step, _) = decide(&Inputs {
+        claim: &bound,
+        job: Some(&done),
+        prime: Some(&prime),
+        ..base
+    });
+    assert_eq!(step, Step::DeletePrime);
 }
 
 #[test]
