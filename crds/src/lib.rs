@@ -8,7 +8,8 @@
 //! - [`filter`]: `include`/`exclude`, compiled once for the operator, agent and engine;
 //! - `api` (feature `k8s`, on by default): the `CopyJob` and `StorageRoot` resources;
 //! - `schedule` (feature `k8s`): the `CopySchedule` resource;
-//! - `populate` (feature `k8s`): the `VolumeSource` resource a new claim is populated from.
+//! - `populate` (feature `k8s`): the `VolumeSource` resource a new claim is populated from;
+//! - `migrate` (feature `k8s`): the `ClaimMigration` resource, a claim moved keeping its name.
 //!
 //! The engine depends on this crate without `k8s`, so it shares the contract's types
 //! without knowing anything of Kubernetes.
@@ -36,6 +37,10 @@ mod digest;
 mod node_label;
 #[cfg(feature = "k8s")]
 pub use node_label::{node_label, node_labels, NODE_LABEL_PREFIX};
+#[cfg(feature = "k8s")]
+mod migrate;
+#[cfg(feature = "k8s")]
+pub use migrate::*;
 #[cfg(feature = "k8s")]
 mod populate;
 #[cfg(feature = "k8s")]

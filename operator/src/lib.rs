@@ -1,13 +1,14 @@
 //! The Ferry operator: validation (the second of three checks: CRD rules at admission,
 //! this, the agent at open time), volume resolution, shard scheduling, the CopyJob
-//! reconciler, the CopySchedule controller, the volume populator, the signer of the agents' transfer certificates,
+//! reconciler, the CopySchedule controller, the volume populator, claim migrations, the signer of the agents' transfer certificates,
 //! leader election, and the metrics and readiness served on `--listen`.
 //!
 //! Modules depend one way: `controller` (wiring) on `apply` (the finalizer's two sides),
 //! which uses `resolve`, `decide`, `status`, `schedule`, `heartbeat` and `ticket`; `copyschedule`
 //! (its own wiring and I/O) on `copyschedule::decide`, which uses `cron`, `status` and
 //! `validate`; `populator` (its two controllers' wiring and I/O) on `populator::decide`,
-//! which knows only the API types; `metrics` (which reads schedules with `cron`) and `leader` know nothing of
+//! which knows only the API types; `migrate` (the ClaimMigration controller's wiring and
+//! I/O) on `migrate::decide`, which knows only the API types; `metrics` (which reads schedules with `cron`) and `leader` know nothing of
 //! the controllers (`main` passes what they need in); `signer` stands alone.
 
 pub mod apply;
@@ -20,6 +21,7 @@ pub mod heartbeat;
 pub mod holder;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod populator;
 pub mod schedule;
 pub mod signer;

@@ -40,6 +40,14 @@ async fn populator(client: kube::Client) {
     }
 }
 
+/// Claim migrations, when the chart turns them on (`FERRY_MIGRATIONS=true`: they need
+/// holder pods for the final sync and the `-migrations` admission policy).
+async fn migrations(client: kube::Client) {
+    if std::env::var("FERRY_MIGRATIONS").is_ok_and(|v| v == "true") {
+        ferry_operator::migrate::run(client).await;
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -88,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         ferry_operator::copyschedule::run(client.clone(), &health),
         populator(client.clone()),
+        migrations(client.clone()),
         ferry_operator::signer::run(client, &namespace, &args.agent_service_account),
     );
     Ok(())

@@ -1,0 +1,804 @@
+//! A claim migration's pure decision: from the ClaimMigration (its status is the record of
+//! where it is) and what exists for it (the claim, its volume, the target class, the claim's
+//! users and their replica counts, the new claim and volume, the two CopyJobs), the one
+//! step to take now. A new step is always first written to the status ([`Step::Status`]),
+//! and only the next reconcile acts on it; every action checks the state it expects, so an
+//! operator killed anywhere resumes where the status says, or rolls back:
+//!
+//! 1. `Checking`: the claim is bound; the class exists and is another; every pod that has
+//!    the claim is run by a Deployment or a StatefulSet (else refused, naming it); their
+//!    replica counts are recorded.
+//! 2. `Copying`: the new claim ([`migration_claim`]) and the live copy into it.
+//! 3. `Quiescing`: the downtime's start is recorded, the users scaled to zero, until no
+//!    pod has the claim (or the timeout rolls back).
+//! 4. `FinalSync`: what changed since, by checksum, deletions included, verified.
+//! 5. `Swapping` (never undone once begun): the old volume `Retain`; the new volume
+//!    pre-bound by name to the claim's name; the old claim and the new claim deleted; a
+//!    claim of the original name ([`renamed_claim`]) made, which the PV controller binds to
+//!    the pre-bound volume.
+//! 6. `Resuming`: the users scaled back to their recorded counts; the downtime written.
+//!
+//! A failure (or the ClaimMigration's deletion) before `Swapping` is `RollingBack`: the
+//! users scaled back on the old claim, which the copies only read.
+
+use std::collections::BTreeMap;
+
+use ferry_crds::{
+    migration_claim_name, migration_copy_name, migration_sync_name, ClaimMigration,
+    ClaimMigrationStatus, Compare, CopyJob, CopyJobSpec, Endpoint, MigrationReason, MigrationStep,
+    MigrationUser, Overwrite, Phase, UserKind, Verify, MAX_MIGRATION_USERS, MIGRATION_FINALIZER,
+    MIGRATION_LABEL, SELECTED_NODE_ANNOTATION,
+};
+use k8s_openapi::api::core::v1::{
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::{Resource, ResourceExt};
+
+use crate::populator::decide::MANAGED_BY;
+
+/// What runs a pod that has the claim, as the operator found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// A Deployment or StatefulSet with `replicas` wanted now.
+    User(MigrationUser),
+    /// Anything Ferry does not scale; the sentence names it and says what to change.
+    Unsupported(String),
+}
+
+/// The one step to take for a migration now.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Nothing to do until something changes (a copy, a pod going, the PV controller).
+    Wait,
+    /// Finished (or refused), and nothing left to do.
+    Done,
+    AddFinalizer,
+    RemoveFinalizer,
+    /// Write this status (the next step, or where the current one is): always before the
+    /// step is taken.
+    Status(Box<ClaimMigrationStatus>),
+    CreateClaim(Box<PersistentVolumeClaim>),
+    CreateJob(Box<CopyJob>),
+    /// The final sync ran while a pod had the claim again: it is deleted and run anew.
+    DeleteJob(String),
+    Scale {
+        kind: UserKind,
+        name: String,
+        replicas: i32,
+    },
+    /// Set the volume's reclaim policy to Retain, at `resource_version`.
+    Retain {
+        volume: String,
+        resource_version: String,
+    },
+    /// Give the new volume (at `resource_version`) to the claim's name, no uid: the claim
+    /// of that name made next is bound to it.
+    PreBind {
+        volume: String,
+        resource_version: String,
+        claim_ref: Box<ObjectReference>,
+    },
+    /// Delete the claim `name`, only if its uid is still `uid`.
+    DeleteClaim {
+        name: String,
+        uid: String,
+    },
+}
+
+impl PartialEq for Step {
+    fn eq(&self, other: &Self) -> bool {
+        use Step::*;
+        match (self, other) {
+            (Status(a), Status(b)) => a == b,
+            (CreateClaim(a), CreateClaim(b)) => a == b,
+            // A CopyJob is its metadata and spec (the derive gives it no PartialEq).
+            (CreateJob(a), CreateJob(b)) => a.metadata == b.metadata && a.spec == b.spec,
+            (DeleteJob(a), DeleteJob(b)) => a == b,
+            (
+                Scale {
+                    kind: k1,
+                    name: n1,
+                    replicas: r1,
+                },
+                Scale {
+                    kind: k2,
+                    name: n2,
+                    replicas: r2,
+                },
+            ) => (k1, n1, r1) == (k2, n2, r2),
+            (
+                Retain {
+                    volume: v1,
+                    resource_version: r1,
+                },
+                Retain {
+                    volume: v2,
+                    resource_version: r2,
+                },
+            ) => (v1, r1) == (v2, r2),
+            (
+                PreBind {
+                    volume: v1,
+                    resource_version: r1,
+                    claim_ref: c1,
+                },
+                PreBind {
+                    volume: v2,
+                    resource_version: r2,
+                    claim_ref: c2,
+                },
+            ) => (v1, r1, c1) == (v2, r2, c2),
+            (DeleteClaim { name: n1, uid: u1 }, DeleteClaim { name: n2, uid: u2 }) => {
+                (n1, u1) == (n2, u2)
+            }
+            _ => std::mem::discriminant(self) == std::mem::discriminant(other),
+        }
+    }
+}
+
+/// What the decision reads.
+#[derive(Debug, Clone)]
+pub struct Inputs<'a> {
+    pub migration: &'a ClaimMigration,
+    pub now: Timestamp,
+    /// The claim named `spec.claim` in the migration's namespace, if any (after the swap,
+    /// the one made for the new volume).
+    pub claim: Option<&'a PersistentVolumeClaim>,
+    /// The claim's volume before the swap (`status.oldVolume`, or the claim's own).
+    pub old_volume: Option<&'a PersistentVolume>,
+    /// The target StorageClass, if it exists.
+    pub class: Option<&'a StorageClass>,
+    /// At `Checking`: what runs each pod that has the claim (one entry per workload).
+    pub found: &'a [Found],
+    /// Other ClaimMigrations of the namespace, not finished, that name the same claim.
+    pub others: &'a [String],
+    /// The recorded users' `spec.replicas` now (absent: the workload is gone).
+    pub replicas: &'a BTreeMap<(UserKind, String), i32>,
+    /// Pods that have the claim (any not Succeeded or Failed, terminating ones included).
+    pub pods_using: usize,
+    /// The object named [`migration_claim_name`], if any.
+    pub new_claim: Option<&'a PersistentVolumeClaim>,
+    /// The new claim's volume (`status.newVolume`, or the new claim's own).
+    pub new_volume: Option<&'a PersistentVolume>,
+    /// The objects named [`migration_copy_name`] and [`migration_sync_name`], if any.
+    pub copy: Option<&'a CopyJob>,
+    pub sync: Option<&'a CopyJob>,
+}
+
+/// The reference that makes the migration the controller of what it makes (the new claim,
+/// the CopyJobs), so that they go with it. The claim that takes the original name is not
+/// owned: it is the user's.
+pub fn owned_by(m: &ClaimMigration) -> OwnerReference {
+    OwnerReference {
+        api_version: ClaimMigration::api_version(&()).into(),
+        kind: ClaimMigration::kind(&()).into(),
+        name: m.name_any(),
+        uid: m.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+fn labels(uid: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY.0.into(), MANAGED_BY.1.into()),
+        (MIGRATION_LABEL.into(), uid.into()),
+    ])
+}
+
+/// Made by the operator for `m`: controlled by it and labelled for it.
+fn made_for(meta: &ObjectMeta, m: &ClaimMigration) -> bool {
+    let uid = m.uid().unwrap_or_default();
+    let controlled = meta.owner_references.as_deref().is_some_and(|o| {
+        o.iter()
+            .any(|o| o.controller == Some(true) && o.kind == "ClaimMigration" && o.uid == uid)
+    });
+    controlled && meta.labels.as_ref().and_then(|l| l.get(MIGRATION_LABEL)) == Some(&uid)
+}
+
+/// The size a new volume for `claim` asks for: what its volume holds (its capacity, which
+/// may exceed the request), else its request.
+fn size_of(claim: &PersistentVolumeClaim) -> Option<Quantity> {
+    let capacity = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"));
+    let request = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"));
+    capacity.or(request).cloned()
+}
+
+/// The spec a claim on the target class gets: `claim`'s access modes, size and volume mode,
+/// in class `class`, provisioned new (no data source, no volumeName, no selector).
+fn target_spec(claim: &PersistentVolumeClaim, class: &str) -> PersistentVolumeClaimSpec {
+    let spec = claim.spec.clone().unwrap_or_default();
+    PersistentVolumeClaimSpec {
+        storage_class_name: Some(class.into()),
+        access_modes: spec.access_modes,
+        resources: Some(VolumeResourceRequirements {
+            requests: size_of(claim).map(|q| BTreeMap::from([("storage".to_string(), q)])),
+            limits: None,
+        }),
+        volume_mode: spec.volume_mode,
+        ..Default::default()
+    }
+}
+
+/// The new claim: provisioned like `claim` in the target class (on `to.node`, when given),
+/// owned by the migration. The chart's `-migrations` policy admits exactly this shape.
+pub fn migration_claim(m: &ClaimMigration, claim: &PersistentVolumeClaim) -> PersistentVolumeClaim {
+    let uid = m.uid().unwrap_or_default();
+    let annotations = m
+        .spec
+        .to
+        .node
+        .as_ref()
+        .map(|node| BTreeMap::from([(SELECTED_NODE_ANNOTATION.to_string(), node.clone())]));
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(migration_claim_name(&uid)),
+            namespace: m.namespace(),
+            labels: Some(labels(&uid)),
+            annotations,
+            owner_references: Some(vec![owned_by(m)]),
+            ..Default::default()
+        },
+        spec: Some(target_spec(claim, &m.spec.to.storage_class_name)),
+        status: None,
+    }
+}
+
+/// The claim that takes the original name after the swap: the old claim's labels (and the
+/// migration's), the new claim's spec, no volumeName (the new volume is pre-bound to this
+/// name, and the PV controller binds a pre-bound volume before any provisioner is asked).
+/// Not owned by the migration: it is the user's claim.
+pub fn renamed_claim(
+    m: &ClaimMigration,
+    new_claim: &PersistentVolumeClaim,
+) -> PersistentVolumeClaim {
+    let uid = m.uid().unwrap_or_default();
+    let mut labels = m
+        .status
+        .as_ref()
+        .map(|s| s.claim_labels.clone())
+        .unwrap_or_default();
+    labels.insert(MIGRATION_LABEL.to_string(), uid);
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(m.spec.claim.clone()),
+            namespace: m.namespace(),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: new_claim.spec.clone().map(|s| PersistentVolumeClaimSpec {
+            volume_name: None,
+            ..s
+        }),
+        status: None,
+    }
+}
+
+fn copy_spec(m: &ClaimMigration) -> CopyJobSpec {
+    CopyJobSpec {
+        source: Endpoint {
+            pvc: Some(m.spec.claim.clone()),
+            ..Default::default()
+        },
+        destination: Endpoint {
+            pvc: Some(migration_claim_name(&m.uid().unwrap_or_default())),
+            ..Default::default()
+        },
+        reflink: Default::default(),
+        verify: Verify::Checksum,
+        overwrite: Overwrite::Always,
+        compare: Default::default(),
+        preserve: Default::default(),
+        include: Vec::new(),
+        exclude: Vec::new(),
+        delete_extraneous: false,
+        delete_excluded: false,
+        parallelism: m.spec.parallelism,
+        suspend: false,
+        ttl_seconds_after_finished: None,
+        dry_run: false,
+        transfer: Default::default(),
+    }
+}
+
+fn job(m: &ClaimMigration, name: String, spec: CopyJobSpec) -> CopyJob {
+    let mut job = CopyJob::new(&name, spec);
+    job.metadata.namespace = m.namespace();
+    job.metadata.labels = Some(labels(&m.uid().unwrap_or_default()));
+    job.metadata.owner_references = Some(vec![owned_by(m)]);
+    job
+}
+
+/// The live copy: the whole claim into the new one, while its users run.
+pub fn copy_job(m: &ClaimMigration) -> CopyJob {
+    job(
+        m,
+        migration_copy_name(&m.uid().unwrap_or_default()),
+        copy_spec(m),
+    )
+}
+
+/// The final sync, the users at zero: what differs by checksum is written again and what
+/// the claim no longer has is deleted (a raw block claim has no files to delete: its
+/// chunks that differ are written).
+pub fn sync_job(m: &ClaimMigration, block: bool) -> CopyJob {
+    let spec = CopyJobSpec {
+        overwrite: Overwrite::IfChanged,
+        compare: Compare::Checksum,
+        delete_extraneous: !block,
+        ..copy_spec(m)
+    };
+    job(m, migration_sync_name(&m.uid().unwrap_or_default()), spec)
+}
+
+/// The `claimRef` that reserves a volume for the claim named `name` in `ns`: no uid, so
+/// the claim of that name made next is the one bound.
+pub fn pre_bind_ref(ns: &str, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: Some(ns.into()),
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
+/// The merge patch of the pre-bind: the volume at `resource_version`, its `claimRef`
+/// exactly `claim_ref` (the old claim's uid, resourceVersion and fieldPath dropped), nothing
+/// else. The chart's `-migrations` policy admits this change and no other.
+pub fn pre_bind_patch(resource_version: &str, claim_ref: &ObjectReference) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"resourceVersion": resource_version},
+        "spec": {"claimRef": {
+            "apiVersion": claim_ref.api_version,
+            "kind": claim_ref.kind,
+            "namespace": claim_ref.namespace,
+            "name": claim_ref.name,
+            "uid": null,
+            "resourceVersion": null,
+            "fieldPath": null,
+        }},
+    })
+}
+
+/// The merge patch that keeps a volume when its claim goes.
+pub fn retain_patch(resource_version: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"resourceVersion": resource_version},
+        "spec": {"persistentVolumeReclaimPolicy": "Retain"},
+    })
+}
+
+fn claim_ref_of(v: &PersistentVolume) -> Option<&ObjectReference> {
+    v.spec.as_ref().and_then(|s| s.claim_ref.as_ref())
+}
+
+fn volume_of(c: &PersistentVolumeClaim) -> Option<String> {
+    c.spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .filter(|v| !v.is_empty())
+}
+
+fn phase(job: Option<&CopyJob>) -> Option<Phase> {
+    job.and_then(|j| j.status.as_ref()).and_then(|s| s.phase)
+}
+
+/// The job's condition that explains where it is: its Failed condition, else the first
+/// one that is False.
+fn job_story(job: &CopyJob) -> String {
+    let conditions = job.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+    conditions
+        .iter()
+        .find(|c| c.type_ == "Failed" && c.status == "True")
+        .or_else(|| conditions.iter().find(|c| c.status == "False"))
+        .map_or_else(String::new, |c| format!("{}: {}", c.reason, c.message))
+}
+
+fn seconds_between(from: Option<&Time>, to: Timestamp) -> Option<f64> {
+    from.map(|t| {
+        let d = to.duration_since(t.0);
+        (d.as_secs_f64() * 10.0).round() / 10.0
+    })
+}
+
+/// Decide the step for `i.migration`.
+pub fn decide(i: &Inputs) -> Step {
+    use MigrationReason as R;
+    use MigrationStep as S;
+    let m = i.migration;
+    let status = m.status.clone().unwrap_or_default();
+    let deleting = m.metadata.deletion_timestamp.is_some();
+    let has_finalizer = m.finalizers().iter().any(|f| f == MIGRATION_FINALIZER);
+    let uid = m.uid().unwrap_or_default();
+    let claim_name = &m.spec.claim;
+    let next = |step: S, reason: R, message: String| {
+        let mut s = status.clone();
+        s.step = Some(step);
+        s.reason = Some(reason);
+        s.message = message;
+        Step::Status(Box::new(s))
+    };
+    let step = status.step.unwrap_or(S::Checking);
+    let terminal = matches!(step, S::Succeeded | S::Failed);
+    if deleting {
+        if !has_finalizer {
+            return Step::Done;
+        }
+        // Nothing of the users' touched yet, or all of it back: nothing holds it.
+        if terminal || matches!(step, S::Checking | S::Copying) {
+            return Step::RemoveFinalizer;
+        }
+        if matches!(step, S::Quiescing | S::FinalSync) {
+            return next(S::RollingBack, R::Cancelled, format!("the ClaimMigration was deleted before the swap: scaling the users of claim {claim_name} back, on its old volume"));
+        }
+        // Swapping and Resuming are finished, RollingBack too: on with them.
+    } else if terminal {
+        return Step::Done;
+    } else if !has_finalizer {
+        return Step::AddFinalizer;
+    }
+    let new_name = migration_claim_name(&uid);
+    let new_claim = i.new_claim.filter(|c| made_for(&c.metadata, m));
+    let fail = |reason: R, message: String| next(S::Failed, reason, message);
+    // Users scaled back to the counts recorded, then `done` is written.
+    let scale_back = |done: Step| {
+        for u in &status.users {
+            match i.replicas.get(&(u.kind, u.name.clone())) {
+                Some(&r) if r != u.replicas => {
+                    return Step::Scale {
+                        kind: u.kind,
+                        name: u.name.clone(),
+                        replicas: u.replicas,
+                    }
+                }
+                _ => {}
+            }
+        }
+        done
+    };
+    let scale_down = || {
+        status
+            .users
+            .iter()
+            .find_map(|u| match i.replicas.get(&(u.kind, u.name.clone())) {
+                Some(&r) if r != 0 => Some(Step::Scale {
+                    kind: u.kind,
+                    name: u.name.clone(),
+                    replicas: 0,
+                }),
+                _ => None,
+            })
+    };
+    match step {
+        S::Checking => {
+            if status.step.is_none() {
+                let mut s = status.clone();
+                s.step = Some(S::Checking);
+                s.reason = Some(R::Migrating);
+                s.message = format!("checking claim {claim_name} and its users");
+                s.started_at = Some(Time(i.now));
+                return Step::Status(Box::new(s));
+            }
+            let Some(claim) = i.claim else {
+                return fail(R::ClaimNotFound, format!("no claim {claim_name} in this namespace: spec.claim names the claim to move"));
+            };
+            let Some(volume) = volume_of(claim) else {
+                return fail(
+                    R::ClaimNotBound,
+                    format!(
+                        "claim {claim_name} is not bound to a volume yet: there is nothing to move"
+                    ),
+                );
+            };
+            if let Some(other) = i.others.first() {
+                return fail(R::AlreadyMigrating, format!("ClaimMigration {other} is moving claim {claim_name}: wait until it ends, or delete it"));
+            }
+            let target = &m.spec.to.storage_class_name;
+            let Some(class) = i.class else {
+                return fail(R::InvalidMigration, format!("no StorageClass {target}: to.storageClassName names the class of the new volume"));
+            };
+            let own = claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.storage_class_name.clone())
+                .unwrap_or_default();
+            if own == *target && m.spec.to.node.is_none() {
+                return fail(R::InvalidMigration, format!("claim {claim_name} is of class {target} already: name another class in to.storageClassName, or a node in to.node"));
+            }
+            let waits = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
+            if m.spec.to.node.is_some() && !waits {
+                return fail(R::InvalidMigration, format!("to.node places a volume of a class that waits for a first consumer, and StorageClass {target} binds at once (volumeBindingMode Immediate): remove to.node, or choose a WaitForFirstConsumer class"));
+            }
+            if size_of(claim).is_none() {
+                return fail(R::InvalidMigration, format!("claim {claim_name} has no size (neither status.capacity nor spec.resources.requests.storage)"));
+            }
+            if i.new_claim.is_some() && new_claim.is_none() {
+                return fail(R::InvalidMigration, format!("claim {new_name} exists and was not made for this migration: Ferry needs that name; delete it"));
+            }
+            let unsupported: Vec<&str> = i
+                .found
+                .iter()
+                .filter_map(|f| match f {
+                    Found::Unsupported(why) => Some(why.as_str()),
+                    Found::User(_) => None,
+                })
+                .collect();
+            if !unsupported.is_empty() {
+                return fail(R::UnsupportedUser, format!("{}; Ferry scales only Deployments and StatefulSets to zero for the final sync: stop the others, or run them under one", unsupported.join("; ")));
+            }
+            let mut users: Vec<MigrationUser> = i
+                .found
+                .iter()
+                .filter_map(|f| match f {
+                    Found::User(u) => Some(u.clone()),
+                    Found::Unsupported(_) => None,
+                })
+                .collect();
+            users.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
+            users.dedup();
+            if users.len() > MAX_MIGRATION_USERS {
+                return fail(R::UnsupportedUser, format!("{} workloads have claim {claim_name}, and a migration scales at most {MAX_MIGRATION_USERS}", users.len()));
+            }
+            let mut s = status.clone();
+            s.step = Some(S::Copying);
+            s.reason = Some(R::Migrating);
+            s.message = format!(
+                "copying claim {claim_name} into {new_name} of class {target} while its users run"
+            );
+            s.users = users;
+            s.claim_uid = claim.uid();
+            s.claim_labels = claim.labels().clone();
+            s.claim_labels.remove(MIGRATION_LABEL);
+            s.old_volume = Some(volume);
+            Step::Status(Box::new(s))
+        }
+        S::Copying => {
+            let Some(claim) = i.claim.filter(|c| c.uid() == status.claim_uid) else {
+                return next(
+                    S::RollingBack,
+                    R::ClaimNotFound,
+                    format!("claim {claim_name} went during the copy: nothing was changed"),
+                );
+            };
+            if i.new_claim.is_none() {
+                return Step::CreateClaim(Box::new(migration_claim(m, claim)));
+            }
+            if new_claim.is_none() {
+                return next(S::RollingBack, R::InvalidMigration, format!("claim {new_name} exists and was not made for this migration: Ferry needs that name; delete it"));
+            }
+            let copy = i.copy.filter(|j| made_for(&j.metadata, m));
+            let Some(copy) = copy else {
+                if i.copy.is_some() {
+                    return next(S::RollingBack, R::InvalidMigration, format!("CopyJob {} exists and was not made for this migration: Ferry needs that name; delete it", migration_copy_name(&uid)));
+                }
+                return Step::CreateJob(Box::new(copy_job(m)));
+            };
+            match phase(Some(copy)) {
+                Some(Phase::Failed) => next(
+                    S::RollingBack,
+                    R::CopyFailed,
+                    format!(
+                        "the live copy (CopyJob {}) failed: {}; the users were not stopped",
+                        copy.name_any(),
+                        job_story(copy)
+                    ),
+                ),
+                Some(Phase::Succeeded) => {
+                    let mut s = status.clone();
+                    s.step = Some(S::Quiescing);
+                    s.reason = Some(R::Migrating);
+                    s.message = format!(
+                        "scaling the users of claim {claim_name} to zero for the final sync"
+                    );
+                    s.copy_seconds = seconds_between(status.started_at.as_ref(), i.now);
+                    s.scaled_down_at = Some(Time(i.now));
+                    s.quiescing_since = Some(Time(i.now));
+                    Step::Status(Box::new(s))
+                }
+                _ => Step::Wait,
+            }
+        }
+        S::Quiescing => {
+            if let Some(s) = scale_down() {
+                return s;
+            }
+            // A final sync run while a pod had the claim again: run it anew.
+            if let Some(sync) = i.sync.filter(|j| made_for(&j.metadata, m)) {
+                return Step::DeleteJob(sync.name_any());
+            }
+            if i.pods_using == 0 {
+                return next(S::FinalSync, R::Migrating, format!("the users of claim {claim_name} are at zero: syncing what changed since the copy"));
+            }
+            let waited = seconds_between(status.quiescing_since.as_ref(), i.now).unwrap_or(0.0);
+            if waited > f64::from(m.spec.quiesce_timeout_seconds) {
+                return next(S::RollingBack, R::QuiesceTimeout, format!("{} pods still had claim {claim_name} {}s after its users were scaled to zero (quiesceTimeoutSeconds); scaling them back", i.pods_using, m.spec.quiesce_timeout_seconds));
+            }
+            Step::Wait
+        }
+        S::FinalSync => {
+            // A user scaled up again, or another pod with the claim: what the sync read may
+            // have changed since; stop them and sync again.
+            if scale_down().is_some() || i.pods_using > 0 {
+                let mut s = status.clone();
+                s.step = Some(S::Quiescing);
+                s.message = format!("a pod had claim {claim_name} again during the final sync: stopping it and syncing again");
+                s.quiescing_since = Some(Time(i.now));
+                return Step::Status(Box::new(s));
+            }
+            let sync = i.sync.filter(|j| made_for(&j.metadata, m));
+            let Some(sync) = sync else {
+                if i.sync.is_some() {
+                    return next(S::RollingBack, R::InvalidMigration, format!("CopyJob {} exists and was not made for this migration: Ferry needs that name; delete it", migration_sync_name(&uid)));
+                }
+                let block = i
+                    .claim
+                    .and_then(|c| c.spec.as_ref())
+                    .and_then(|s| s.volume_mode.as_deref())
+                    == Some("Block");
+                return Step::CreateJob(Box::new(sync_job(m, block)));
+            };
+            match phase(Some(sync)) {
+                Some(Phase::Failed) => next(S::RollingBack, R::FinalSyncFailed, format!("the final sync (CopyJob {}) failed: {}; scaling the users back on the old volume", sync.name_any(), job_story(sync))),
+                Some(Phase::Succeeded) => {
+                    let Some(volume) = new_claim.and_then(volume_of) else {
+                        return Step::Wait;
+                    };
+                    let mut s = status.clone();
+                    s.step = Some(S::Swapping);
+                    s.reason = Some(R::Migrating);
+                    s.message = format!("giving claim name {claim_name} the new volume {volume}");
+                    s.new_volume = Some(volume);
+                    Step::Status(Box::new(s))
+                }
+                _ => Step::Wait,
+            }
+        }
+        S::Swapping => {
+            let (Some(old), Some(new)) = (i.old_volume, i.new_volume) else {
+                // Both were bound when recorded, and both are kept: read again.
+                return Step::Wait;
+            };
+            let ns = m.namespace().unwrap_or_default();
+            let policy = |v: &PersistentVolume| {
+                v.spec
+                    .as_ref()
+                    .and_then(|s| s.persistent_volume_reclaim_policy.clone())
+            };
+            if policy(old).as_deref() != Some("Retain") {
+                return Step::Retain {
+                    volume: old.name_any(),
+                    resource_version: old.resource_version().unwrap_or_default(),
+                };
+            }
+            let to_name = claim_ref_of(new).is_some_and(|r| {
+                r.name.as_deref() == Some(claim_name.as_str())
+                    && r.namespace.as_deref() == Some(ns.as_str())
+            });
+            let from_new = claim_ref_of(new).is_some_and(|r| {
+                r.name.as_deref() == Some(new_name.as_str())
+                    && r.namespace.as_deref() == Some(ns.as_str())
+                    && r.uid == new_claim.and_then(|c| c.uid())
+            });
+            if from_new && new_claim.is_some() {
+                return Step::PreBind {
+                    volume: new.name_any(),
+                    resource_version: new.resource_version().unwrap_or_default(),
+                    claim_ref: Box::new(pre_bind_ref(&ns, claim_name)),
+                };
+            }
+            if !to_name {
+                // Neither the new claim's nor the name's: not Ferry's to change.
+                return next(
+                    S::Swapping,
+                    R::Migrating,
+                    format!(
+                        "volume {} is bound to neither {new_name} nor {claim_name}: waiting",
+                        new.name_any()
+                    ),
+                );
+            }
+            if let Some(old_claim) = i.claim.filter(|c| c.uid() == status.claim_uid) {
+                // Its users stay at zero (the claim's deletion waits for its last pod).
+                if let Some(s) = scale_down() {
+                    return s;
+                }
+                return Step::DeleteClaim {
+                    name: claim_name.clone(),
+                    uid: old_claim.uid().unwrap_or_default(),
+                };
+            }
+            if let Some(c) = new_claim {
+                return Step::DeleteClaim {
+                    name: new_name,
+                    uid: c.uid().unwrap_or_default(),
+                };
+            }
+            let Some(claim) = i.claim else {
+                let Some(spec_from) = i.new_claim.cloned().or_else(|| {
+                    // The new claim is gone: its spec, made again from the volume's.
+                    let v = new.spec.clone().unwrap_or_default();
+                    Some(PersistentVolumeClaim {
+                        spec: Some(PersistentVolumeClaimSpec {
+                            storage_class_name: v.storage_class_name,
+                            access_modes: v.access_modes,
+                            resources: Some(VolumeResourceRequirements {
+                                requests: v.capacity,
+                                limits: None,
+                            }),
+                            volume_mode: v.volume_mode,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                }) else {
+                    return Step::Wait;
+                };
+                return Step::CreateClaim(Box::new(renamed_claim(m, &spec_from)));
+            };
+            if volume_of(claim).as_deref() == Some(new.name_any().as_str()) {
+                return next(
+                    S::Resuming,
+                    R::Migrating,
+                    format!(
+                        "claim {claim_name} is bound to the new volume {}: scaling its users back",
+                        new.name_any()
+                    ),
+                );
+            }
+            Step::Wait
+        }
+        S::Resuming => {
+            let mut s = status.clone();
+            s.step = Some(S::Succeeded);
+            s.reason = Some(R::Migrated);
+            s.scaled_up_at = Some(Time(i.now));
+            s.downtime_seconds = seconds_between(status.scaled_down_at.as_ref(), i.now);
+            s.message = format!(
+                "claim {claim_name} is on volume {} of class {}; its old volume {} is kept (Retain): delete it when it is no longer needed",
+                status.new_volume.clone().unwrap_or_default(),
+                m.spec.to.storage_class_name,
+                status.old_volume.clone().unwrap_or_default(),
+            );
+            scale_back(Step::Status(Box::new(s)))
+        }
+        S::RollingBack => {
+            let mut s = status.clone();
+            s.step = Some(S::Failed);
+            s.scaled_up_at = status.scaled_down_at.as_ref().map(|_| Time(i.now));
+            s.downtime_seconds = seconds_between(status.scaled_down_at.as_ref(), i.now);
+            if !s.message.contains("on its old volume") {
+                s.message = format!(
+                    "{}; the users run on claim {claim_name}, on its old volume",
+                    status.message
+                );
+            }
+            scale_back(Step::Status(Box::new(s)))
+        }
+        S::Succeeded | S::Failed => {
+            if deleting {
+                Step::RemoveFinalizer
+            } else {
+                Step::Done
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "decide/tests.rs"]
+mod tests;
