@@ -83,6 +83,11 @@ impl KubeTier {
         stdout_of("helm", args, out)
     }
 
+    /// The tier's kubeconfig (cluster-admin), for a client of its own (`kubectl ferry`).
+    pub fn kubeconfig(&self) -> PathBuf {
+        PathBuf::from(STATE).join("kubeconfig")
+    }
+
     /// The kubelet's root directory (the chart's `kubeletDir` in this tier).
     pub fn kubelet_dir(&self) -> PathBuf {
         PathBuf::from(STATE).join("kubelet")

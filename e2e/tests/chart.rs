@@ -1197,8 +1197,19 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster ferry.dev/volumesources watch",      // populator: the watches of VolumeSources
         "cluster ferry.dev/volumesources/status patch", // populator: status by server-side apply
         "cluster core/persistentvolumes patch", // populator: the rebind (narrowed by -populator)
-        "cluster events.k8s.io/events create",  // Recorder::publish
-        "cluster events.k8s.io/events patch",   // Recorder::publish, a repeat
+        "cluster ferry.dev/claimmigrations list", // migrate: the Controller's watch; others of a claim
+        "cluster ferry.dev/claimmigrations watch", // migrate: the Controller's watch
+        "cluster ferry.dev/claimmigrations patch", // migrate: its finalizer
+        "cluster ferry.dev/claimmigrations/status patch", // migrate: status by server-side apply
+        "cluster apps/replicasets get",           // migrate::user_of: a pod's ReplicaSet
+        "cluster apps/deployments get",           // migrate::user_of: its Deployment
+        "cluster apps/statefulsets get", // migrate::user_of: a StatefulSet's retention policy
+        "cluster apps/deployments/scale get", // migrate::replicas_of
+        "cluster apps/deployments/scale patch", // migrate: to zero and back (-migrations)
+        "cluster apps/statefulsets/scale get", // migrate::replicas_of
+        "cluster apps/statefulsets/scale patch", // migrate: to zero and back (-migrations)
+        "cluster events.k8s.io/events create", // Recorder::publish
+        "cluster events.k8s.io/events patch", // Recorder::publish, a repeat
         "ferry-system coordination.k8s.io/leases list", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases watch", // heartbeats reflector
         "ferry-system coordination.k8s.io/leases create", // leader: first claim
@@ -1211,7 +1222,7 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster certificates.k8s.io/certificatesigningrequests/status update", // the certificate
         "cluster certificates.k8s.io/signers approve ferry.dev/transfer", // checked on approval
         "cluster certificates.k8s.io/signers sign ferry.dev/transfer", // checked on the certificate
-        "ferry-system core/configmaps create",  // signer: the first trust bundle
+        "ferry-system core/configmaps create", // signer: the first trust bundle
         "ferry-system core/configmaps get ferry-transfer-trust", // signer: publish
         "ferry-system core/configmaps update ferry-transfer-trust", // signer: publish
         "ferry-system-tickets core/secrets create", // ticket::issue (apply, first time)
@@ -1805,11 +1816,13 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "ValidatingAdmissionPolicyBinding/copier-node-labels",
         "ValidatingAdmissionPolicy/copier-populator",
         "ValidatingAdmissionPolicyBinding/copier-populator",
+        "ValidatingAdmissionPolicy/copier-migrations",
+        "ValidatingAdmissionPolicyBinding/copier-migrations",
     ]);
     ensure!(names == expected, "custom render has {names:?}");
     // The policies are about the renamed accounts: the agents', and the operator's for its
-    // holder pods. (The populator's applies to everyone, for the names it reserves, and
-    // says who the operator is in its variable `operator`.)
+    // holder pods. (The populator's and the migrations' apply to everyone, for the names
+    // they reserve, and say who the operator is in their variable `operator`.)
     for policy in docs
         .iter()
         .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")

@@ -18,6 +18,8 @@ mod block;
 mod cbt;
 #[path = "kube/csi.rs"]
 mod csi;
+#[path = "kube/migrate.rs"]
+mod migrate;
 #[path = "kube/populate.rs"]
 mod populate;
 #[path = "../../engine/tests/common/mod.rs"]
@@ -37,7 +39,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 29] = [
+    let checks: [(&str, Check); 32] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -134,6 +136,18 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "populator: a claim deleted mid-population leaves nothing",
             populate::deleted_mid_population,
+        ),
+        (
+            "migration: a StatefulSet's claim moved to another class while it writes (kubectl ferry migrate)",
+            migrate::statefulset_with_a_writer,
+        ),
+        (
+            "migration: the operator's leader killed at each step",
+            migrate::operator_killed_at_each_step,
+        ),
+        (
+            "migration: a claim a bare pod uses is refused",
+            migrate::a_bare_pod_is_refused,
         ),
         // Last: they slow the agent down (and put it back).
         (

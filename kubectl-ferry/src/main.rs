@@ -1,7 +1,8 @@
 //! `kubectl ferry` (the binary `kubectl-ferry`, found by kubectl on the PATH): Ferry's
 //! CopyJobs from the command line. `copy SRC DST` creates one and follows it with a live bar;
 //! `get` and `watch` show files, bytes, rate and ETA; `why` says where a job is and what to
-//! change; `completion` prints a bash or zsh completion script. It uses the user's
+//! change; `migrate` moves a claim to another StorageClass keeping its name (a
+//! ClaimMigration, followed step by step); `completion` prints a bash or zsh completion script. It uses the user's
 //! kubeconfig and nothing else: it creates and reads Ferry's objects as the user, and has
 //! no privileges of its own.
 
@@ -10,13 +11,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
-use ferry_crds::{Compare, CopyJob, CopyJobSpec, Overwrite, Verify};
+use ferry_crds::{
+    ClaimMigration, ClaimMigrationSpec, Compare, CopyJob, CopyJobSpec, Overwrite, Verify,
+};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 mod endpoint;
 mod follow;
+mod migrate;
 mod why;
 
 /// Ferry's CopyJobs from kubectl.
@@ -85,6 +89,31 @@ enum Command {
     },
     /// Where a CopyJob is, why, and what to change: its conditions, failed paths and events.
     Why { job: String },
+    /// Move CLAIM to another StorageClass keeping its name (a ClaimMigration): a live copy,
+    /// its Deployments and StatefulSets scaled to zero for a final sync, the swap, and back.
+    /// Exit status 0 when it is on the new volume, 1 when it failed (its users back on the
+    /// old one).
+    Migrate {
+        claim: String,
+        /// The StorageClass of the new volume.
+        #[arg(long = "to-class")]
+        to_class: String,
+        /// The node for the new volume (a WaitForFirstConsumer class only).
+        #[arg(long)]
+        node: Option<String>,
+        /// The ClaimMigration's name (default: CLAIM-migrate-XXXXX).
+        #[arg(long)]
+        name: Option<String>,
+        /// Seconds the users get to stop before it rolls back (10 to 3600).
+        #[arg(long, default_value_t = 300)]
+        quiesce_timeout: i32,
+        /// Create it and return at once.
+        #[arg(long)]
+        detach: bool,
+        /// Stop following after this many seconds (the migration goes on).
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
     /// Print a completion script: `source <(kubectl ferry completion bash)`, or for zsh
     /// `kubectl ferry completion zsh > "${fpath[1]}/_kubectl-ferry"`.
     Completion { shell: clap_complete::Shell },
@@ -220,6 +249,55 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let events = why::events_of(&Api::<Event>::namespaced(client, &ns), &job).await?;
             print!("{}", why::explain(&j, &events));
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Migrate {
+            claim,
+            to_class,
+            node,
+            name,
+            quiesce_timeout,
+            detach,
+            timeout,
+        } => {
+            let spec: ClaimMigrationSpec = serde_json::from_value(serde_json::json!({
+                "claim": claim,
+                "to": {"storageClassName": to_class, "node": node},
+                "quiesceTimeoutSeconds": quiesce_timeout,
+            }))?;
+            let mut m = ClaimMigration::new(name.as_deref().unwrap_or_default(), spec);
+            if name.is_none() {
+                m.metadata.name = None;
+                // A name is at most 63 characters; the API server adds 5.
+                let head: String = claim.chars().take(40).collect();
+                m.metadata.generate_name = Some(format!("{head}-migrate-"));
+            }
+            let migrations = Api::<ClaimMigration>::namespaced(client, &ns);
+            let made = migrations
+                .create(&PostParams::default(), &m)
+                .await
+                .map_err(|e| match e {
+                    kube::Error::Api(s) => {
+                        anyhow::anyhow!("the API server refused the ClaimMigration: {}", s.message)
+                    }
+                    e => e.into(),
+                })?;
+            let name = made.name_any();
+            println!("claimmigration.ferry.dev/{name} created in {ns}");
+            if detach {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let (outcome, m) =
+                migrate::follow(&migrations, &name, timeout.map(Duration::from_secs)).await?;
+            match outcome {
+                migrate::Outcome::Succeeded => {
+                    println!("{name}: {}", migrate::line(&m));
+                    Ok(ExitCode::SUCCESS)
+                }
+                migrate::Outcome::Failed => {
+                    eprintln!("{name}: {}", migrate::line(&m));
+                    Ok(ExitCode::from(1))
+                }
+            }
         }
         Command::Completion { .. } => unreachable!("handled above"),
     }

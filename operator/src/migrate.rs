@@ -34,6 +34,7 @@ use crate::holder::HOLDER_OF;
 use crate::Error;
 
 pub mod decide;
+pub mod objects;
 
 use decide::{Found, Inputs, Step};
 

@@ -7,8 +7,12 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use ferry_crds::{ClaimMigrationSpec, CopyJobStatus, MigrationTarget};
+use ferry_crds::{
+    ClaimMigrationSpec, Compare, CopyJobStatus, MigrationTarget, Overwrite, Verify,
+    SELECTED_NODE_ANNOTATION,
+};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, PersistentVolumeSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::SignedDuration;
 
 const MIG: &str = "99999999-0000-0000-0000-000000000001";

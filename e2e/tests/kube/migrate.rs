@@ -1,0 +1,448 @@
+//! Claim migrations on the real node (`operator.migrations`, on by default): a
+//! StatefulSet's claim moved from `ferry-csi` to `ferry-csi-wffc` by `kubectl ferry migrate`
+//! while a writer appends to it through the pod's mount, the pod back on the same claim name
+//! with every byte written before the scale-down; the same with the operator's leader killed
+//! at every step it is seen in; a claim a bare pod uses refused with nothing touched. Each
+//! check deletes what it made, the old volume too.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use ferry_crds::{migration_claim_name, STATE_DIR};
+use ferry_e2e::kube::KubeTier;
+use ferry_e2e::{wait_for, workspace_bin};
+
+use super::csi::{all_let_go, holder_image, user_pod, volume_dir};
+use super::{rich_tree, tree, NS};
+
+/// A one-replica StatefulSet `name` in `default` whose pod (the Ferry image's pause, as
+/// nobody) mounts its claim `data-<name>-0` of class `ferry-csi` at `/data`.
+fn statefulset(tier: &KubeTier, name: &str) -> Result<()> {
+    let image = holder_image(tier)?;
+    tier.apply(&format!(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 1\n  serviceName: {name}\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      automountServiceAccountToken: false\n      securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}\n      containers:\n      - name: app\n        image: {image}\n        args: [pause]\n        securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n        volumeMounts: [{{name: data, mountPath: /data}}]\n  volumeClaimTemplates:\n  - metadata: {{name: data, labels: {{app: {name}}}}}\n    spec: {{storageClassName: ferry-csi, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}}}\n"
+    ))?;
+    tier.wait_pod_ready("default", &format!("{name}-0"), 120)
+}
+
+/// Whether `path` is a mount point now (this process's view, the host's).
+fn mounted(path: &Path) -> bool {
+    let want = path.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split(' ').nth(4).is_some_and(|p| p == want))
+    })
+}
+
+/// The application: appends a numbered line to `log` in the volume every 20 ms, through
+/// the pod's own mount of it (as the pod would), each line fsynced. A line counts as
+/// written only when the mount was there before the file was opened and still is after
+/// it was closed: once the pod is gone and the kubelet has unmounted its volume, nothing
+/// more is written.
+struct App {
+    stop: Arc<AtomicBool>,
+    written: Arc<Mutex<Vec<u64>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl App {
+    fn start(mount: PathBuf) -> App {
+        let stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let (flag, out) = (stop.clone(), written.clone());
+        let thread = std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+                if !mounted(&mount) {
+                    continue;
+                }
+                n += 1;
+                let wrote = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(mount.join("log"))
+                    .and_then(|mut f| {
+                        f.write_all(format!("{n}\n").as_bytes())?;
+                        f.sync_all()
+                    });
+                if wrote.is_ok() && mounted(&mount) {
+                    out.lock().unwrap_or_else(|e| e.into_inner()).push(n);
+                }
+            }
+        });
+        App {
+            stop,
+            written,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop; the lines written.
+    fn stop(mut self) -> Vec<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let w = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        w.clone()
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Where the kubelet mounts claim volume `pv` for pod `ns/pod`.
+fn pod_mount(tier: &KubeTier, ns: &str, pod: &str, pv: &str) -> Result<PathBuf> {
+    let uid = tier.get(&format!("pod/{pod}"), ns, "{.metadata.uid}")?;
+    let path = tier
+        .kubelet_dir()
+        .join("pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~csi")
+        .join(pv)
+        .join("mount");
+    ensure!(mounted(&path), "{} is not mounted", path.display());
+    Ok(path)
+}
+
+/// What a migrated claim must hold: the tree made before, and every line written before
+/// its users stopped (no line lost, none made up).
+fn holds_all(volume: &Path, tree_before: &tree::Tree, written: &[u64]) -> Result<()> {
+    let found = tree::snapshot(&volume.join("tree"))?;
+    let mut want = tree_before.clone();
+    // What the copies leave beside the data is theirs.
+    let state = STATE_DIR.as_bytes();
+    for (path, meta) in &found.entries {
+        if path.starts_with(state) {
+            want.entries.insert(path.clone(), meta.clone());
+        }
+    }
+    let check = tree::Check {
+        root_meta: false,
+        ..tree::Check::default()
+    };
+    tree::compare(&want, &volume.join("tree"), check).context("the tree made before")?;
+    let log = std::fs::read_to_string(volume.join("log")).context("the application's log")?;
+    let lines: BTreeSet<u64> = log
+        .lines()
+        .map(|l| {
+            l.parse::<u64>()
+                .with_context(|| format!("a torn line {l:?}"))
+        })
+        .collect::<Result<_>>()?;
+    let missing: Vec<&u64> = written.iter().filter(|n| !lines.contains(n)).collect();
+    ensure!(
+        missing.is_empty(),
+        "{} of {} lines written before the scale-down are missing, the first {:?}",
+        missing.len(),
+        written.len(),
+        missing.first()
+    );
+    Ok(())
+}
+
+/// The migration's `{.status.FIELD}`.
+fn status(tier: &KubeTier, name: &str, field: &str) -> Result<String> {
+    tier.get(
+        &format!("claimmigration/{name}"),
+        "default",
+        &format!("{{.status.{field}}}"),
+    )
+}
+
+/// Until migration `name` Succeeded (or an error with its message when it Failed).
+fn until_migrated(tier: &KubeTier, name: &str, timeout: Duration) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        match status(tier, name, "step")?.as_str() {
+            "Succeeded" => return Ok(()),
+            "Failed" => bail!(
+                "migration {name} failed: {}: {}",
+                status(tier, name, "reason")?,
+                status(tier, name, "message")?
+            ),
+            _ if started.elapsed() > timeout => bail!(
+                "migration {name} still at {} after {} s: {}",
+                status(tier, name, "step")?,
+                timeout.as_secs(),
+                status(tier, name, "message")?
+            ),
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// A StatefulSet `set` with a tree in its claim and the application writing to it; the
+/// claim's volume, its tree as made, and the application.
+fn running_app(tier: &KubeTier, set: &str) -> Result<(String, tree::Tree, App)> {
+    statefulset(tier, set)?;
+    let claim = format!("data-{set}-0");
+    let pv = tier.get(&format!("pvc/{claim}"), "default", "{.spec.volumeName}")?;
+    let dir = volume_dir(tier, "default", &claim)?;
+    rich_tree(&dir.join("tree"))?;
+    let before = tree::snapshot(&dir.join("tree"))?;
+    let app = App::start(pod_mount(tier, "default", &format!("{set}-0"), &pv)?);
+    std::thread::sleep(Duration::from_millis(500));
+    Ok((pv, before, app))
+}
+
+/// After migration `name` of StatefulSet `set`'s claim from volume `old` succeeded: the pod
+/// runs again on the same claim name, now bound to the new volume of the other class, which
+/// holds everything written; the old volume is kept (Retain); nothing of Ferry's is left.
+fn check_migrated(
+    tier: &KubeTier,
+    name: &str,
+    set: &str,
+    old: &str,
+    before: &tree::Tree,
+    written: &[u64],
+) -> Result<()> {
+    let claim = format!("data-{set}-0");
+    ensure!(
+        written.len() > 10,
+        "the application wrote only {} lines",
+        written.len()
+    );
+    tier.wait_pod_ready("default", &format!("{set}-0"), 120)?;
+    let pod_claim = tier.get(
+        &format!("pod/{set}-0"),
+        "default",
+        "{.spec.volumes[?(@.name==\"data\")].persistentVolumeClaim.claimName}",
+    )?;
+    ensure!(pod_claim == claim, "the pod has claim {pod_claim:?}");
+    let new = tier.get(&format!("pvc/{claim}"), "default", "{.spec.volumeName}")?;
+    ensure!(
+        new != old && !new.is_empty(),
+        "claim {claim} is on volume {new:?}"
+    );
+    ensure!(
+        status(tier, name, "newVolume")? == new,
+        "the status names another new volume"
+    );
+    let class = tier.get(&format!("pv/{new}"), "", "{.spec.storageClassName}")?;
+    ensure!(
+        class == "ferry-csi-wffc",
+        "the new volume is of class {class:?}"
+    );
+    let labels = tier.get(&format!("pvc/{claim}"), "default", "{.metadata.labels.app}")?;
+    ensure!(labels == set, "the claim lost its labels ({labels:?})");
+    holds_all(&volume_dir(tier, "default", &claim)?, before, written).context("the new volume")?;
+    let kept = tier.get(
+        &format!("pv/{old}"),
+        "",
+        "{.spec.persistentVolumeReclaimPolicy} {.status.phase}",
+    )?;
+    ensure!(kept == "Retain Released", "the old volume is {kept:?}");
+    let uid = tier.get(
+        &format!("claimmigration/{name}"),
+        "default",
+        "{.metadata.uid}",
+    )?;
+    let left = tier.kubectl_ok(&["get", "pvc", "-n", "default", "-o", "name"])?;
+    ensure!(
+        !left.contains(&migration_claim_name(&uid)),
+        "the migration's claim is left: {left}"
+    );
+    all_let_go(tier, "default")
+}
+
+/// Delete StatefulSet `set`, its claim, migration `name`, and the old volume `old` (its
+/// reclaim policy set back to Delete, so the driver deletes its data too).
+fn clean_up(tier: &KubeTier, set: &str, name: &str, old: &str) -> Result<()> {
+    let claim = format!("data-{set}-0");
+    let mut first = tier
+        .kubectl_ok(&[
+            "delete",
+            "statefulset",
+            set,
+            "-n",
+            "default",
+            "--wait=true",
+            "--timeout=90s",
+        ])
+        .map(drop);
+    for what in [format!("claimmigration/{name}"), format!("pvc/{claim}")] {
+        first = first.and(
+            tier.kubectl_ok(&[
+                "delete",
+                &what,
+                "-n",
+                "default",
+                "--ignore-not-found",
+                "--wait=true",
+                "--timeout=90s",
+            ])
+            .map(drop),
+        );
+    }
+    let patch = r#"{"spec":{"persistentVolumeReclaimPolicy":"Delete"}}"#;
+    first = first.and(
+        tier.kubectl_ok(&["patch", "pv", old, "--type=merge", "-p", patch])
+            .map(drop),
+    );
+    first.and(wait_for(
+        "the old volume deleted",
+        Duration::from_secs(60),
+        || {
+            tier.get(&format!("pv/{old}"), "", "{.metadata.name}")
+                .is_err()
+        },
+    ))
+}
+
+/// `kubectl ferry migrate` of a StatefulSet's claim while the application writes: done,
+/// the pod back on the same name with every line, the downtime reported.
+pub fn statefulset_with_a_writer(tier: &KubeTier, _: &Path) -> Result<()> {
+    let (old, before, app) = running_app(tier, "web")?;
+    let result = (|| -> Result<()> {
+        let bin = workspace_bin("kubectl-ferry", "kubectl-ferry")?;
+        let started = Instant::now();
+        let out = Command::new(&bin)
+            .env("KUBECONFIG", tier.kubeconfig())
+            .args([
+                "-n",
+                "default",
+                "migrate",
+                "data-web-0",
+                "--to-class",
+                "ferry-csi-wffc",
+            ])
+            .args(["--name", "move-web", "--timeout", "300"])
+            .output()?;
+        let took = started.elapsed().as_secs_f64();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        ensure!(
+            out.status.success(),
+            "kubectl ferry migrate: {:?}\n{stdout}{stderr}",
+            out.status
+        );
+        for step in ["Copying", "Quiescing", "FinalSync", "Swapping", "Resuming"] {
+            ensure!(stderr.contains(step), "the steps shown: {stderr}");
+        }
+        ensure!(stdout.contains("users at zero"), "{stdout}");
+        let written = app.stop();
+        let downtime: f64 = status(tier, "move-web", "downtimeSeconds")?.parse()?;
+        let copy: f64 = status(tier, "move-web", "copySeconds")?.parse()?;
+        ensure!(
+            downtime > 0.0 && downtime < took,
+            "downtime {downtime} s of {took} s"
+        );
+        eprintln!(
+            "migrated data-web-0 in {took:.1} s: live copy {copy} s, users at zero {downtime} s, {} lines written before",
+            written.len()
+        );
+        check_migrated(tier, "move-web", "web", &old, &before, &written)
+    })();
+    clean_up(tier, "web", "move-web", &old).and(result)
+}
+
+/// The operator's leader killed each time the migration is seen at a new step: the next
+/// leader resumes each step from the status, and the migration ends as the first one did.
+pub fn operator_killed_at_each_step(tier: &KubeTier, _: &Path) -> Result<()> {
+    let (old, before, app) = running_app(tier, "kill")?;
+    let result = (|| -> Result<()> {
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: ClaimMigration\nmetadata: {name: move-kill, namespace: default}\nspec:\n  claim: data-kill-0\n  to: {storageClassName: ferry-csi-wffc}\n")?;
+        let started = Instant::now();
+        let mut killed = Vec::new();
+        let mut last = String::new();
+        loop {
+            let step = status(tier, "move-kill", "step")?;
+            if step == "Succeeded" || step == "Failed" {
+                break;
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(480),
+                "still at {step} after 480 s: {}",
+                status(tier, "move-kill", "message")?
+            );
+            if !step.is_empty() && step != last {
+                let leader = tier.get("lease/ferry-operator", NS, "{.spec.holderIdentity}")?;
+                tier.kubectl_ok(&["delete", "pod", &leader, "-n", NS, "--wait=false"])?;
+                killed.push(step.clone());
+                last = step;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        until_migrated(tier, "move-kill", Duration::from_secs(1))?;
+        let written = app.stop();
+        eprintln!("the operator's leader was killed at {killed:?}");
+        for step in ["Copying", "Quiescing"] {
+            ensure!(
+                killed.iter().any(|k| k == step),
+                "never killed at {step}: {killed:?}"
+            );
+        }
+        check_migrated(tier, "move-kill", "kill", &old, &before, &written)
+    })();
+    let operators = tier.kubectl_ok(&[
+        "rollout",
+        "status",
+        "deployment/ferry-operator",
+        "-n",
+        NS,
+        "--timeout=120s",
+    ]);
+    clean_up(tier, "kill", "move-kill", &old)
+        .and(result)
+        .and(operators.map(drop))
+}
+
+/// A claim a bare pod uses: refused naming the pod, and nothing touched (the pod runs on,
+/// no claim or CopyJob made).
+pub fn a_bare_pod_is_refused(tier: &KubeTier, _: &Path) -> Result<()> {
+    super::csi::claim(tier, "default", "loose", "ferry-csi", "ReadWriteOnce")?;
+    let result = (|| -> Result<()> {
+        user_pod(tier, "default", "loose-user", "loose")?;
+        let uid = tier.get("pod/loose-user", "default", "{.metadata.uid}")?;
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: ClaimMigration\nmetadata: {name: move-loose, namespace: default}\nspec:\n  claim: loose\n  to: {storageClassName: ferry-csi-wffc}\n")?;
+        wait_for("the migration refused", Duration::from_secs(60), || {
+            status(tier, "move-loose", "step").is_ok_and(|s| s == "Failed")
+        })?;
+        let reason = status(tier, "move-loose", "reason")?;
+        let message = status(tier, "move-loose", "message")?;
+        ensure!(reason == "UnsupportedUser", "{reason}: {message}");
+        ensure!(
+            message.contains("pod loose-user is a bare pod"),
+            "{message}"
+        );
+        ensure!(
+            tier.get("pod/loose-user", "default", "{.metadata.uid}")? == uid,
+            "the pod was touched"
+        );
+        let jobs = tier.kubectl_ok(&["get", "copyjobs", "-n", "default", "-o", "name"])?;
+        ensure!(
+            !jobs.contains("ferry-migrate"),
+            "a CopyJob was made: {jobs}"
+        );
+        Ok(())
+    })();
+    let mut done = result;
+    for what in ["claimmigration/move-loose", "pod/loose-user", "pvc/loose"] {
+        done = done.and(
+            tier.kubectl_ok(&[
+                "delete",
+                what,
+                "-n",
+                "default",
+                "--ignore-not-found",
+                "--wait=true",
+                "--timeout=90s",
+            ])
+            .map(drop),
+        );
+    }
+    done
+}
