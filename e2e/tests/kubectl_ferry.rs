@@ -2,7 +2,8 @@
 //! created and followed to its end from the command line (the copy identical, the exit
 //! status 0), `get` showing it, a job that cannot resolve explained by `why` with what to
 //! change, `watch` giving up after its timeout with the job left running, refusals of bad
-//! endpoints before anything is created, and the completion scripts.
+//! endpoints before anything is created, `migrate` making a ClaimMigration (and the API
+//! server's refusal of a bad one passed on), and the completion scripts.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -163,6 +164,66 @@ fn kubectl_ferry_copies_follows_explains_and_refuses_through_the_api() -> Result
     ensure!(
         jobs.lines().count() == 2,
         "only the two jobs above exist: {jobs}"
+    );
+
+    // `migrate`: the ClaimMigration it makes, and the API server's refusal passed on.
+    let o = plugin(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "migrate",
+            "data-db-0",
+            "--to-class",
+            "fast",
+            "--detach",
+        ],
+    )?;
+    ensure!(o.status.success(), "migrate: {}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let made = out
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("claimmigration.ferry.dev/"))
+        .unwrap_or_default()
+        .to_string();
+    ensure!(
+        made.starts_with("data-db-0-migrate-"),
+        "migrate: {}",
+        text(&o)
+    );
+    let spec = cp.kubectl_ok(&[
+        "get",
+        "claimmigration",
+        &made,
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.spec.claim} {.spec.to.storageClassName} {.spec.quiesceTimeoutSeconds}",
+    ])?;
+    ensure!(
+        spec == "data-db-0 fast 300",
+        "the ClaimMigration made: {spec:?}"
+    );
+    let o = plugin(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "migrate",
+            "data-db-0",
+            "--to-class",
+            "fast",
+            "--quiesce-timeout",
+            "5",
+        ],
+    )?;
+    ensure!(
+        o.status.code() == Some(2)
+            && String::from_utf8_lossy(&o.stderr).contains("refused the ClaimMigration: ")
+            && String::from_utf8_lossy(&o.stderr)
+                .contains("quiesceTimeoutSeconds must be between 10 and 3600"),
+        "migrate --quiesce-timeout 5: {}",
+        text(&o)
     );
     Ok(())
 }
