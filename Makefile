@@ -218,6 +218,12 @@ bench-throughput-kube: kube-deps
 	@./bench/install-tools.sh
 	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-throughput-kube $(THROUGHPUT_RUNS) bench/REAL-NODE.md
 
+## A claim of 100,000 files migrated on the real one-node tier (brought up for it): the
+## downtime against the final sync of the unchanged tree; writes bench/MIGRATE.md. Root.
+.PHONY: bench-migrate
+bench-migrate: kube-deps
+	FERRY_KUBE_BENCH=1 FERRY_KUBE_ONLY="migration bench" $(CARGO) test -p ferry-e2e --test kube -- --nocapture
+
 clean:
 	$(CARGO) clean
 

@@ -39,7 +39,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 32] = [
+    let checks: [(&str, Check); 33] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -148,6 +148,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "migration: a claim a bare pod uses is refused",
             migrate::a_bare_pod_is_refused,
+        ),
+        (
+            "migration bench: a claim of 100,000 files (make bench-migrate)",
+            migrate::bench_100k_files,
         ),
         // Last: they slow the agent down (and put it back).
         (

@@ -473,8 +473,18 @@ async fn reconcile(m: Arc<ClaimMigration>, ctx: Arc<Context>) -> Result<Action, 
         }
     }
     // Waiting on a copy, pods going or the PV controller: the CopyJobs' changes wake it,
-    // and this bounds what a missed change costs.
-    Ok(Action::requeue(Duration::from_secs(2)))
+    // and this bounds what a missed change costs. Pods and claims are not watched (every
+    // pod of the cluster would be cached): while the users are at zero, each half second
+    // of a missed change is downtime, so those steps look again sooner.
+    let users_down = matches!(
+        step_now,
+        Some(MigrationStep::Quiescing | MigrationStep::Swapping | MigrationStep::Resuming)
+    );
+    Ok(Action::requeue(Duration::from_millis(if users_down {
+        300
+    } else {
+        2000
+    })))
 }
 
 /// A conflict (changed since read, or made by an earlier reconcile) or a missing object

@@ -18,7 +18,8 @@ use ferry_crds::{migration_claim_name, STATE_DIR};
 use ferry_e2e::kube::KubeTier;
 use ferry_e2e::{wait_for, workspace_bin};
 
-use super::csi::{all_let_go, holder_image, user_pod, volume_dir};
+use super::csi::{all_let_go, gone, holder_image, user_pod, volume_dir};
+use super::populate::epoch_of;
 use super::{rich_tree, tree, NS};
 
 /// A one-replica StatefulSet `name` in `default` whose pod (the Ferry image's pause, as
@@ -285,18 +286,20 @@ fn clean_up(tier: &KubeTier, set: &str, name: &str, old: &str) -> Result<()> {
             .map(drop),
         );
     }
+    // What the user does with the kept volume when done with it, and what it takes: the
+    // driver deletes the data once the volume's reclaim policy is Delete.
+    let handle = tier.get(&format!("pv/{old}"), "", "{.spec.csi.volumeHandle}")?;
     let patch = r#"{"spec":{"persistentVolumeReclaimPolicy":"Delete"}}"#;
     first = first.and(
         tier.kubectl_ok(&["patch", "pv", old, "--type=merge", "-p", patch])
             .map(drop),
     );
+    first = first.and(gone(tier, &format!("pv/{old}")));
+    let dir = tier.csi_volumes().join(&handle);
     first.and(wait_for(
-        "the old volume deleted",
-        Duration::from_secs(60),
-        || {
-            tier.get(&format!("pv/{old}"), "", "{.metadata.name}")
-                .is_err()
-        },
+        "the old volume's data deleted",
+        Duration::from_secs(30),
+        || !handle.is_empty() && !dir.exists(),
     ))
 }
 
@@ -445,4 +448,80 @@ pub fn a_bare_pod_is_refused(tier: &KubeTier, _: &Path) -> Result<()> {
         );
     }
     done
+}
+
+/// The issue's target for a 100k-file claim: the downtime is at most the final sync of the
+/// unchanged tree plus this long.
+const DOWNTIME_OVER_SYNC: f64 = 10.0;
+
+/// A benchmark, not a test (`make bench-migrate`, `FERRY_KUBE_BENCH=1`; otherwise it says
+/// why it skips): a StatefulSet's claim of 100,000 files migrated, nothing writing; the
+/// downtime against the final sync of that unchanged tree and against the live copy,
+/// written into bench/MIGRATE.md with the machine's core count.
+pub fn bench_100k_files(tier: &KubeTier, _: &Path) -> Result<()> {
+    if std::env::var("FERRY_KUBE_BENCH").is_err() {
+        eprintln!("skipped: the 100k-file migration is a benchmark (make bench-migrate sets FERRY_KUBE_BENCH=1)");
+        return Ok(());
+    }
+    statefulset(tier, "bench")?;
+    let old = tier.get("pvc/data-bench-0", "default", "{.spec.volumeName}")?;
+    let result = (|| -> Result<String> {
+        let dir = volume_dir(tier, "default", "data-bench-0")?.join("tree");
+        let mut bytes = 0u64;
+        for d in 0..1000 {
+            let sub = dir.join(format!("d{d:04}"));
+            std::fs::create_dir_all(&sub)?;
+            for f in 0..100u64 {
+                let body =
+                    vec![b'a' + (f % 26) as u8; 512 + ((d as u64 * 100 + f) % 8) as usize * 512];
+                bytes += body.len() as u64;
+                std::fs::write(sub.join(format!("f{f:03}")), body)?;
+            }
+        }
+        let sync_cmd = Command::new("sync").status();
+        ensure!(sync_cmd.is_ok_and(|s| s.success()), "sync");
+        let started = Instant::now();
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: ClaimMigration\nmetadata: {name: move-bench, namespace: default}\nspec:\n  claim: data-bench-0\n  to: {storageClassName: ferry-csi-wffc}\n")?;
+        until_migrated(tier, "move-bench", Duration::from_secs(1800))?;
+        let total = started.elapsed().as_secs_f64();
+        let downtime: f64 = status(tier, "move-bench", "downtimeSeconds")?.parse()?;
+        let copy: f64 = status(tier, "move-bench", "copySeconds")?.parse()?;
+        let uid = tier.get("claimmigration/move-bench", "default", "{.metadata.uid}")?;
+        let times = tier.get(
+            &format!("copyjob/{}", ferry_crds::migration_sync_name(&uid)),
+            "default",
+            "{.metadata.creationTimestamp} {.status.finishedAt}",
+        )?;
+        let (made, finished) = times
+            .split_once(' ')
+            .with_context(|| format!("the final sync's times {times:?}"))?;
+        let sync = epoch_of(finished)? - epoch_of(made)?;
+        let over = downtime - sync;
+        let cores = std::thread::available_parallelism().map_or(0, usize::from);
+        let verdict = if over <= DOWNTIME_OVER_SYNC {
+            "met"
+        } else {
+            "MISSED"
+        };
+        Ok(format!(
+            "# A claim of 100,000 files migrated (ClaimMigration, real one-node tier)\n\n\
+             Written by `make bench-migrate` (e2e/tests/kube/migrate.rs, `bench_100k_files`) on {cores} cores.\n\
+             The claim of a StatefulSet's pod (`ferry-csi`) moved to `ferry-csi-wffc`, nothing writing: \
+             1000 directories of 100 files, {bytes} bytes.\n\n\
+             | what | seconds |\n|---|---|\n\
+             | the whole migration (created to Succeeded) | {total:.1} |\n\
+             | live copy (the users running) | {copy:.1} |\n\
+             | final sync of the unchanged tree (checksums; its CopyJob created to finished) | {sync:.1} |\n\
+             | downtime (the users at zero) | {downtime:.1} |\n\
+             | downtime beyond the final sync | {over:.1} |\n\n\
+             Target (issue 34): downtime at most the final sync of an unchanged tree plus {DOWNTIME_OVER_SYNC} s: **{verdict}**.\n"
+        ))
+    })();
+    let done = clean_up(tier, "bench", "move-bench", &old);
+    let report = result?;
+    done?;
+    let path = ferry_e2e::repo_root().join("bench/MIGRATE.md");
+    std::fs::write(&path, &report)?;
+    eprintln!("{report}wrote {}", path.display());
+    Ok(())
 }

@@ -83,7 +83,7 @@ fn epoch_now() -> f64 {
 }
 
 /// An API server timestamp (RFC 3339), in seconds since the epoch.
-fn epoch_of(time: &str) -> Result<f64> {
+pub(super) fn epoch_of(time: &str) -> Result<f64> {
     let out = Command::new("date")
         .args(["-u", "-d", time, "+%s.%N"])
         .output()?;
