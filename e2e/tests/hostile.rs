@@ -30,6 +30,8 @@ mod devices;
 mod holder;
 #[path = "hostile/listeners.rs"]
 mod listeners;
+#[path = "hostile/migrations.rs"]
+mod migrations;
 #[path = "hostile/pods.rs"]
 mod pods;
 #[path = "hostile/populator.rs"]

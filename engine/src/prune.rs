@@ -230,7 +230,11 @@ impl Pass<'_> {
                     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
                     let src_child = sys::open_beneath(src.as_fd(), &name, flags | libc::O_NOATIME)
                         .or_else(|_| sys::open_beneath(src.as_fd(), &name, flags));
-                    match (src_child, sys::open_beneath(dst.as_fd(), &name, flags)) {
+                    // The destination's too: listing it must not undo the atime the copy
+                    // gave it (relatime moves it once, its ctime being newer).
+                    let dst_child = sys::open_beneath(dst.as_fd(), &name, flags | libc::O_NOATIME)
+                        .or_else(|_| sys::open_beneath(dst.as_fd(), &name, flags));
+                    match (src_child, dst_child) {
                         (Ok(s), Ok(d)) => self.mirror(&s, &d, path, false),
                         (Err(e), _) => self.fail(&path, "open source directory", &e),
                         (_, Err(e)) => self.fail(&path, "open directory", &e),

@@ -193,3 +193,29 @@ fn a_removal_that_fails_is_listed_and_the_rest_is_removed() -> Result<()> {
     ensure!(!dst.join("old.txt").exists() && !dst.join("gone").exists());
     Ok(())
 }
+
+#[test]
+fn a_mirror_leaves_the_destination_directories_atimes_as_the_copy_gave_them() -> Result<()> {
+    // The final sync of a claim migration mirrors a tree the copy has just given its times:
+    // its listing of each directory must not move them.
+    let tmp = tempdir()?;
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    for root in [&src, &dst] {
+        std::fs::create_dir_all(root.join("k/sub"))?;
+        write(&root.join("k/sub/f"), b"f")?;
+    }
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    for dir in ["k", "k/sub"] {
+        std::fs::File::open(dst.join(dir))?.set_times(
+            std::fs::FileTimes::new()
+                .set_accessed(old)
+                .set_modified(old),
+        )?;
+    }
+    prune(&src, &dst, &opts())?;
+    for dir in ["k", "k/sub"] {
+        let atime = std::fs::metadata(dst.join(dir))?.accessed()?;
+        ensure!(atime == old, "{dir}: atime moved to {atime:?}");
+    }
+    Ok(())
+}

@@ -90,11 +90,38 @@ fn claims_of(pod: &Pod) -> impl Iterator<Item = &str> {
         .map(|c| c.claim_name.as_str())
 }
 
-fn running(pod: &Pod) -> bool {
-    !matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
+/// Pods listed a page at a time: what the operator holds of a namespace's pods at once.
+const POD_PAGE: u32 = 100;
+
+/// The pods of `ns` that have `claim` and have not ended (Pending ones too: they may start
+/// writing), with only their metadata and volumes kept: the rest of each page is dropped as
+/// it arrives, so a namespace of many pods costs one page of them.
+async fn pods_with(client: &Client, ns: &str, claim: &str) -> Result<Vec<Pod>, Error> {
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    let mut params = ListParams::default()
+        .fields("status.phase!=Succeeded,status.phase!=Failed")
+        .limit(POD_PAGE);
+    let mut kept = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        for mut pod in page.items {
+            if !claims_of(&pod).any(|c| c == claim) {
+                continue;
+            }
+            pod.metadata.managed_fields = None;
+            pod.metadata.annotations = None;
+            pod.status = None;
+            if let Some(spec) = pod.spec.as_mut() {
+                spec.containers.clear();
+                spec.init_containers = None;
+            }
+            kept.push(pod);
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(kept),
+        }
+    }
 }
 
 /// What runs `pod`, by its controller: a Deployment (through its ReplicaSet) or a
@@ -271,12 +298,9 @@ async fn reconcile(m: Arc<ClaimMigration>, ctx: Arc<Context>) -> Result<Action, 
         .iter()
         .filter_map(|j| j.as_ref().and_then(|j| j.uid()))
         .collect();
-    let pods: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default())
+    let pods: Vec<Pod> = pods_with(client, &ns, &m.spec.claim)
         .await?
-        .items
         .into_iter()
-        .filter(|p| running(p) && claims_of(p).any(|c| c == m.spec.claim))
         .filter(|p| {
             !p.labels()
                 .get(HOLDER_OF)
@@ -286,10 +310,24 @@ async fn reconcile(m: Arc<ClaimMigration>, ctx: Arc<Context>) -> Result<Action, 
     let mut found = Vec::new();
     let mut others = Vec::new();
     if step_now == Some(MigrationStep::Checking) {
+        // One lookup per controller, not per pod; a few of what cannot be scaled say enough,
+        // and one more user than a migration scales refuses it.
+        let mut seen = std::collections::BTreeSet::new();
         for pod in &pods {
+            let owner = pod
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .map(|o| (o.kind.clone(), o.name.clone()));
+            if owner.as_ref().is_some_and(|o| !seen.insert(o.clone())) {
+                continue;
+            }
             let f = user_of(pod, &ns, client).await?;
             if !found.contains(&f) {
                 found.push(f);
+            }
+            if found.len() > ferry_crds::MAX_MIGRATION_USERS {
+                break;
             }
         }
         for other in Api::<ClaimMigration>::namespaced(client.clone(), &ns)

@@ -31,6 +31,10 @@ const UID: &str = "0b5e2c1e-6a4c-4a5e-9d51-1f0e7c9c2d10";
 const NOT_A_HOLDER: &str = "creates and deletes only its holder pods";
 /// The same of the `-snapshot-sources` policy.
 const NOT_OURS: &str = "creates and deletes only its restored claims";
+/// The `-migrations` policy's refusal of a claim the operator creates that is none of its
+/// restored, prime or migrations' claims (with `operator.migrations` on, the default, the
+/// `-snapshot-sources` policy judges only claims named `ferry-restore-*`).
+const NOT_RENAMED: &str = "a claim the Ferry operator creates under a migrated claim's name";
 /// The API server's own refusal of a volume that is both mounted and a device.
 const MOUNTED_AND_DEVICE: &str = "must not already exist in volume";
 
@@ -453,7 +457,7 @@ fn snapshot_rows() -> Vec<Row> {
         row(C, "another class", vec![set("/spec/storageClassName", json!("other"))], Admitted),
         row(C, "another size", vec![set("/spec/resources/requests/storage", json!("5Gi"))], Admitted),
         row(C, "another snapshot", vec![set("/spec/dataSource/name", json!("named-by-the-user"))], Admitted),
-        row(C, "not a restored claim", vec![set("/metadata/name", json!("grab"))], Refused(NOT_OURS)),
+        row(C, "not a restored claim", vec![set("/metadata/name", json!("grab"))], Refused(NOT_RENAMED)),
         row(C, "a name not made from the job", vec![set("/metadata/name", json!("ferry-restore-evil"))], Refused("metadata.name")),
         row(C, "another namespace's job's name", vec![set("/metadata/namespace", json!("team-b"))], Admitted),
         row(C, "a provisioner's annotation", vec![set("/metadata/annotations/nfs.io~1storage-path", json!("team-b/data"))], Refused("metadata.annotations")),
@@ -808,8 +812,12 @@ fn snapshot_sources_policy_admits_exactly_the_claim_and_snapshot_snapshot_rs_bui
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(());
     };
+    // A restored claim's name owned by no CopyJob: this policy's refusal, not -migrations'.
     let mut grab = claim;
-    apply(&mut grab, &set("/metadata/name", json!("grab")))?;
+    apply(
+        &mut grab,
+        &set("/metadata/ownerReferences/0/kind", json!("CopySchedule")),
+    )?;
     let kc = install(&cp, &grab, NOT_OURS)?;
     // The VolumeSnapshot API, as far as admission needs it: the kind, its fields kept as sent.
     cp.apply(concat!(

@@ -38,8 +38,12 @@ const OTHER: &str = "9a2b7c4d-1e3f-4a5b-8c6d-7e8f9a0b1c2d";
 const THIRD: &str = "c3d4e5f6-a7b8-4c9d-8e0f-1a2b3c4d5e6f";
 /// The policy's refusal of a reserved name to anyone but the operator.
 const RESERVED: &str = "is reserved for the Ferry operator's volume populator";
-/// The `-snapshot-sources` policy's refusal of a claim that is none of the operator's.
-const NOT_OURS: &str = "creates and deletes only its restored claims";
+/// The `-migrations` policy's refusal of a claim the operator creates that is none of its
+/// restored, prime or migrations' claims (it judges every such claim, `operator.migrations`
+/// being on by default): the shape of the claim that takes a migrated claim's name.
+const NOT_RENAMED: &str = "a claim the Ferry operator creates under a migrated claim's name";
+/// The same policy's refusal of a deletion of such a claim that is not bound.
+const NOT_MIGRATED: &str = "deletes only its migrations' claims";
 /// The `-populator` policy's refusal of a deletion.
 const NOT_A_PRIME: &str = "deletes only its prime claims";
 /// The API server's refusal of a patch at an old resourceVersion.
@@ -379,7 +383,8 @@ fn populator_policy_admits_exactly_the_prime_claim_and_rebind_the_operator_makes
         ask(&cp, &kc, exact, Answer::Admitted)
             .with_context(|| format!("the prime claim the code builds: {exact}"))?;
     }
-    // And the CopyJob that fills it; but no claim but a prime (or a restored one).
+    // And the CopyJob that fills it; but no claim but a prime (or a restored one, or a
+    // migration's).
     let source: VolumeSource = serde_json::from_value(json!({
         "apiVersion": "ferry.dev/v1alpha1", "kind": "VolumeSource",
         "metadata": {"name": "golden", "namespace": TEAM, "generation": 3},
@@ -388,7 +393,7 @@ fn populator_policy_admits_exactly_the_prime_claim_and_rebind_the_operator_makes
     let job = decide::populate_job(&serde_json::from_value(claim.clone())?, &source);
     ask(&cp, &kc, &serde_json::to_value(&job)?, Answer::Admitted)
         .context("the CopyJob the code builds")?;
-    ask(&cp, &kc, &claim, Answer::Refused(NOT_OURS))
+    ask(&cp, &kc, &claim, Answer::Refused(NOT_RENAMED))
         .context("the user's claim, by the operator")?;
     ask_all(&cp, &kc, &bases, &rows)?;
 
@@ -541,7 +546,8 @@ fn populator_policy_admits_exactly_the_prime_claim_and_rebind_the_operator_makes
         .context("deleting a prime claim labelled for another claim")?;
     ask_delete(&cp, &kc, &two_owners, Answer::Refused(NOT_A_PRIME))
         .context("deleting a prime claim of two owners")?;
-    ask_delete(&cp, &kc, "data", Answer::Refused(NOT_OURS)).context("deleting a tenant's claim")?;
+    ask_delete(&cp, &kc, "data", Answer::Refused(NOT_MIGRATED))
+        .context("deleting a tenant's (pending) claim")?;
     // And for real.
     cp.kubectl_ok(&[
         "--kubeconfig",

@@ -255,10 +255,12 @@ pub fn decide(i: &Inputs) -> Step {
     let new_claim = i.new_claim.filter(|c| made_for(&c.metadata, m));
     let fail = |reason: R, message: String| next(S::Failed, reason, message);
     // Users scaled back to the counts recorded, then `done` is written.
+    // Only from zero: a user someone scaled up meanwhile is theirs again (and the policy
+    // lets the operator change a scale only to or from zero).
     let scale_back = |done: Step| {
         for u in &status.users {
             match i.replicas.get(&(u.kind, u.name.clone())) {
-                Some(&r) if r != u.replicas => {
+                Some(&0) if u.replicas != 0 => {
                     return Step::Scale {
                         kind: u.kind,
                         name: u.name.clone(),
@@ -296,6 +298,9 @@ pub fn decide(i: &Inputs) -> Step {
             let Some(claim) = i.claim else {
                 return fail(R::ClaimNotFound, format!("no claim {claim_name} in this namespace: spec.claim names the claim to move"));
             };
+            if claim_name.starts_with("ferry-") {
+                return fail(R::InvalidMigration, format!("claim {claim_name} has a name of Ferry's own (ferry-*), which no volume is handed to: copy it to a claim of another name with a CopyJob instead"));
+            }
             let Some(volume) = volume_of(claim) else {
                 return fail(
                     R::ClaimNotBound,

@@ -569,6 +569,28 @@ fn a_failed_final_sync_scales_the_users_back_on_the_old_claim() {
 }
 
 #[test]
+fn a_user_someone_scaled_up_meanwhile_is_left_as_it_is() {
+    let mut w = World::new(migration("fast", None));
+    w.faults.sync_fails = true;
+    for _ in 0..100 {
+        if w.status().step == Some(MigrationStep::RollingBack) {
+            break;
+        }
+        let s = w.decide();
+        w.apply(&s);
+    }
+    assert_eq!(w.status().step, Some(MigrationStep::RollingBack));
+    w.replicas.insert((UserKind::StatefulSet, "db".into()), 1);
+    w.run(20);
+    assert_eq!(w.status().step, Some(MigrationStep::Failed));
+    assert_eq!(
+        w.replicas[&(UserKind::StatefulSet, "db".into())],
+        1,
+        "not resized from 1 to 2"
+    );
+}
+
+#[test]
 fn users_that_do_not_stop_are_scaled_back_after_the_timeout() {
     let mut w = World::new(migration("fast", None));
     w.faults.pod_stays = true;
@@ -710,6 +732,14 @@ fn what_cannot_be_moved_is_refused_saying_what_to_change() {
     let (reason, message) = refused(World::new(migration("fast", Some("node-b"))));
     assert_eq!(reason, MigrationReason::InvalidMigration);
     assert!(message.contains("remove to.node"), "{message}");
+
+    let mut ferrys = World::new(migration("fast", None));
+    let old = ferrys.claims.remove("data").expect("made");
+    ferrys.m.spec.claim = "ferry-cache".into();
+    ferrys.claims.insert("data".into(), old);
+    let (reason, message) = refused(ferrys);
+    assert_eq!(reason, MigrationReason::InvalidMigration);
+    assert!(message.contains("ferry-*"), "{message}");
 
     let mut gone = World::new(migration("fast", None));
     gone.claims.clear();
