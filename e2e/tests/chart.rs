@@ -1049,15 +1049,17 @@ fn held_claim_is_copied_and_its_holder_deleted(cp: &ControlPlane, hosts: &Path) 
         );
     }
     // Nor may it make claims other than a restored one (as operator/src/snapshot.rs makes it
-    // for this job): not one bound to a volume it names (another tenant's), nor a "restored"
-    // one that also names a volume.
+    // for this job) or a migration's: not one bound to a volume it names (another tenant's),
+    // nor a "restored" one that also names a volume.
     let restored = |extra: &str| {
         format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: ferry-restore-{uid}\n  namespace: team-a\n  labels: {{app.kubernetes.io/managed-by: ferry-operator, ferry.dev/snapshot-of: {uid}}}\n  annotations: {{ferry.dev/copyjob: from-csi}}\n  ownerReferences: [{{apiVersion: ferry.dev/v1alpha1, kind: CopyJob, name: from-csi, uid: {uid}, controller: true}}]\nspec:\n  storageClassName: csi\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: 1Gi}}}}\n  dataSource: {{apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: s}}\n{extra}")
     };
     for (claim, why) in [
         (
-            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: grab, namespace: team-a}\nspec: {accessModes: [ReadWriteOnce], volumeName: someone-elses, resources: {requests: {storage: 1Gi}}}\n".to_string(),
-            "creates and deletes only its restored claims",
+            // Shaped as a migration's claim under a user's name (-migrations): still no
+            // volume it names.
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: grab, namespace: team-a, labels: {ferry.dev/migration: x}}\nspec: {storageClassName: csi, accessModes: [ReadWriteOnce], volumeName: someone-elses, resources: {requests: {storage: 1Gi}}}\n".to_string(),
+            "this one differs in spec.volumeName",
         ),
         (
             restored("  volumeName: someone-elses\n"),
@@ -1333,7 +1335,7 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         );
         let rules = serde_json::json!([{
             "apiGroups": ["ferry.dev"],
-            "resources": ["copyjobs", "copyschedules", "volumesources"],
+            "resources": ["copyjobs", "copyschedules", "volumesources", "claimmigrations"],
             "verbs": verbs.split(' ').collect::<Vec<_>>(),
         }]);
         ensure!(role["rules"] == rules, "{name} rules {}", role["rules"]);
