@@ -39,7 +39,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 33] = [
+    let checks: [(&str, Check); 34] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -144,6 +144,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "migration: the operator's leader killed at each step",
             migrate::operator_killed_at_each_step,
+        ),
+        (
+            "migration: a Deployment's claim moved while it writes",
+            migrate::deployment_with_a_writer,
         ),
         (
             "migration: a claim a bare pod uses is refused",

@@ -32,6 +32,90 @@ fn statefulset(tier: &KubeTier, name: &str) -> Result<()> {
     tier.wait_pod_ready("default", &format!("{name}-0"), 120)
 }
 
+/// A one-replica Deployment `name` in `default` like [`statefulset`]'s, on a claim
+/// `<name>-data` of class `ferry-csi` made first.
+fn deployment(tier: &KubeTier, name: &str) -> Result<()> {
+    let image = holder_image(tier)?;
+    tier.apply(&format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}-data, namespace: default, labels: {{app: {name}}}}}\nspec: {{storageClassName: ferry-csi, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}}}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 1\n  strategy: {{type: Recreate}}\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      automountServiceAccountToken: false\n      securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}\n      containers:\n      - name: app\n        image: {image}\n        args: [pause]\n        securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n        volumeMounts: [{{name: data, mountPath: /data}}]\n      volumes:\n      - {{name: data, persistentVolumeClaim: {{claimName: {name}-data}}}}\n"
+    ))
+}
+
+/// What uses the claim being moved: a StatefulSet (its claim `data-<name>-0`) or a
+/// Deployment (its claim `<name>-data`), one replica either way.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    deployment: bool,
+    name: &'static str,
+}
+
+impl Workload {
+    fn set(name: &'static str) -> Self {
+        Workload {
+            deployment: false,
+            name,
+        }
+    }
+
+    fn claim(self) -> String {
+        if self.deployment {
+            format!("{}-data", self.name)
+        } else {
+            format!("data-{}-0", self.name)
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        if self.deployment {
+            "deployment"
+        } else {
+            "statefulset"
+        }
+    }
+
+    fn start(self, tier: &KubeTier) -> Result<()> {
+        if self.deployment {
+            deployment(tier, self.name)
+        } else {
+            statefulset(tier, self.name)
+        }
+    }
+
+    /// Its one pod, once Ready (none being deleted beside it).
+    fn pod(self, tier: &KubeTier) -> Result<String> {
+        if !self.deployment {
+            let pod = format!("{}-0", self.name);
+            tier.wait_pod_ready("default", &pod, 120)?;
+            return Ok(pod);
+        }
+        let mut pod = String::new();
+        let listing = "jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}";
+        let label = format!("app={}", self.name);
+        wait_for(
+            &format!("one Ready pod of Deployment {}", self.name),
+            Duration::from_secs(120),
+            || {
+                let out = tier
+                    .kubectl_ok(&["get", "pods", "-n", "default", "-l", &label, "-o", listing])
+                    .unwrap_or_default();
+                let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+                let ready: Vec<&str> = lines
+                    .iter()
+                    .filter(|l| l.split(' ').collect::<Vec<_>>()[1..] == ["", "True"])
+                    .copied()
+                    .collect();
+                if lines.len() == 1 && ready.len() == 1 {
+                    pod = ready[0].split(' ').next().unwrap_or_default().to_string();
+                    true
+                } else {
+                    false
+                }
+            },
+        )?;
+        Ok(pod)
+    }
+}
+
 /// Whether `path` is a mount point now (this process's view, the host's).
 fn mounted(path: &Path) -> bool {
     let want = path.to_string_lossy();
@@ -185,14 +269,15 @@ fn until_migrated(tier: &KubeTier, name: &str, timeout: Duration) -> Result<()> 
 
 /// A StatefulSet `set` with a tree in its claim and the application writing to it; the
 /// claim's volume, its tree as made, and the application.
-fn running_app(tier: &KubeTier, set: &str) -> Result<(String, tree::Tree, App)> {
-    statefulset(tier, set)?;
-    let claim = format!("data-{set}-0");
+fn running_app(tier: &KubeTier, w: Workload) -> Result<(String, tree::Tree, App)> {
+    w.start(tier)?;
+    let pod = w.pod(tier)?;
+    let claim = w.claim();
     let pv = tier.get(&format!("pvc/{claim}"), "default", "{.spec.volumeName}")?;
     let dir = volume_dir(tier, "default", &claim)?;
     rich_tree(&dir.join("tree"))?;
     let before = tree::snapshot(&dir.join("tree"))?;
-    let app = App::start(pod_mount(tier, "default", &format!("{set}-0"), &pv)?);
+    let app = App::start(pod_mount(tier, "default", &pod, &pv)?);
     std::thread::sleep(Duration::from_millis(500));
     Ok((pv, before, app))
 }
@@ -203,20 +288,20 @@ fn running_app(tier: &KubeTier, set: &str) -> Result<(String, tree::Tree, App)> 
 fn check_migrated(
     tier: &KubeTier,
     name: &str,
-    set: &str,
+    w: Workload,
     old: &str,
     before: &tree::Tree,
     written: &[u64],
 ) -> Result<()> {
-    let claim = format!("data-{set}-0");
+    let claim = w.claim();
     ensure!(
         written.len() > 10,
         "the application wrote only {} lines",
         written.len()
     );
-    tier.wait_pod_ready("default", &format!("{set}-0"), 120)?;
+    let pod = w.pod(tier)?;
     let pod_claim = tier.get(
-        &format!("pod/{set}-0"),
+        &format!("pod/{pod}"),
         "default",
         "{.spec.volumes[?(@.name==\"data\")].persistentVolumeClaim.claimName}",
     )?;
@@ -236,7 +321,7 @@ fn check_migrated(
         "the new volume is of class {class:?}"
     );
     let labels = tier.get(&format!("pvc/{claim}"), "default", "{.metadata.labels.app}")?;
-    ensure!(labels == set, "the claim lost its labels ({labels:?})");
+    ensure!(labels == w.name, "the claim lost its labels ({labels:?})");
     holds_all(&volume_dir(tier, "default", &claim)?, before, written).context("the new volume")?;
     let kept = tier.get(
         &format!("pv/{old}"),
@@ -257,15 +342,15 @@ fn check_migrated(
     all_let_go(tier, "default")
 }
 
-/// Delete StatefulSet `set`, its claim, migration `name`, and the old volume `old` (its
+/// Delete workload `w`, its claim, migration `name`, and the old volume `old` (its
 /// reclaim policy set back to Delete, so the driver deletes its data too).
-fn clean_up(tier: &KubeTier, set: &str, name: &str, old: &str) -> Result<()> {
-    let claim = format!("data-{set}-0");
+fn clean_up(tier: &KubeTier, w: Workload, name: &str, old: &str) -> Result<()> {
+    let claim = w.claim();
     let mut first = tier
         .kubectl_ok(&[
             "delete",
-            "statefulset",
-            set,
+            w.kind(),
+            w.name,
             "-n",
             "default",
             "--wait=true",
@@ -306,7 +391,7 @@ fn clean_up(tier: &KubeTier, set: &str, name: &str, old: &str) -> Result<()> {
 /// `kubectl ferry migrate` of a StatefulSet's claim while the application writes: done,
 /// the pod back on the same name with every line, the downtime reported.
 pub fn statefulset_with_a_writer(tier: &KubeTier, _: &Path) -> Result<()> {
-    let (old, before, app) = running_app(tier, "web")?;
+    let (old, before, app) = running_app(tier, Workload::set("web"))?;
     let result = (|| -> Result<()> {
         let bin = workspace_bin("kubectl-ferry", "kubectl-ferry")?;
         let started = Instant::now();
@@ -347,15 +432,22 @@ pub fn statefulset_with_a_writer(tier: &KubeTier, _: &Path) -> Result<()> {
             "migrated data-web-0 in {took:.1} s: live copy {copy} s, users at zero {downtime} s, {} lines written before",
             written.len()
         );
-        check_migrated(tier, "move-web", "web", &old, &before, &written)
+        check_migrated(
+            tier,
+            "move-web",
+            Workload::set("web"),
+            &old,
+            &before,
+            &written,
+        )
     })();
-    clean_up(tier, "web", "move-web", &old).and(result)
+    clean_up(tier, Workload::set("web"), "move-web", &old).and(result)
 }
 
 /// The operator's leader killed each time the migration is seen at a new step: the next
 /// leader resumes each step from the status, and the migration ends as the first one did.
 pub fn operator_killed_at_each_step(tier: &KubeTier, _: &Path) -> Result<()> {
-    let (old, before, app) = running_app(tier, "kill")?;
+    let (old, before, app) = running_app(tier, Workload::set("kill"))?;
     let result = (|| -> Result<()> {
         tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: ClaimMigration\nmetadata: {name: move-kill, namespace: default}\nspec:\n  claim: data-kill-0\n  to: {storageClassName: ferry-csi-wffc}\n")?;
         let started = Instant::now();
@@ -388,7 +480,14 @@ pub fn operator_killed_at_each_step(tier: &KubeTier, _: &Path) -> Result<()> {
                 "never killed at {step}: {killed:?}"
             );
         }
-        check_migrated(tier, "move-kill", "kill", &old, &before, &written)
+        check_migrated(
+            tier,
+            "move-kill",
+            Workload::set("kill"),
+            &old,
+            &before,
+            &written,
+        )
     })();
     let operators = tier.kubectl_ok(&[
         "rollout",
@@ -398,9 +497,27 @@ pub fn operator_killed_at_each_step(tier: &KubeTier, _: &Path) -> Result<()> {
         NS,
         "--timeout=120s",
     ]);
-    clean_up(tier, "kill", "move-kill", &old)
+    clean_up(tier, Workload::set("kill"), "move-kill", &old)
         .and(result)
         .and(operators.map(drop))
+}
+
+/// A Deployment's claim, moved the same way while it writes.
+pub fn deployment_with_a_writer(tier: &KubeTier, _: &Path) -> Result<()> {
+    let w = Workload {
+        deployment: true,
+        name: "dep",
+    };
+    let (old, before, app) = running_app(tier, w)?;
+    let result = (|| -> Result<()> {
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: ClaimMigration\nmetadata: {name: move-dep, namespace: default}\nspec:\n  claim: dep-data\n  to: {storageClassName: ferry-csi-wffc}\n")?;
+        until_migrated(tier, "move-dep", Duration::from_secs(300))?;
+        let written = app.stop();
+        let users = status(tier, "move-dep", "users[0].kind")?;
+        ensure!(users == "Deployment", "the user recorded: {users:?}");
+        check_migrated(tier, "move-dep", w, &old, &before, &written)
+    })();
+    clean_up(tier, w, "move-dep", &old).and(result)
 }
 
 /// A claim a bare pod uses: refused naming the pod, and nothing touched (the pod runs on,
@@ -517,7 +634,7 @@ pub fn bench_100k_files(tier: &KubeTier, _: &Path) -> Result<()> {
              Target (issue 34): downtime at most the final sync of an unchanged tree plus {DOWNTIME_OVER_SYNC} s: **{verdict}**.\n"
         ))
     })();
-    let done = clean_up(tier, "bench", "move-bench", &old);
+    let done = clean_up(tier, Workload::set("bench"), "move-bench", &old);
     let report = result?;
     done?;
     let path = ferry_e2e::repo_root().join("bench/MIGRATE.md");
