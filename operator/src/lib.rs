@@ -7,8 +7,8 @@
 //! which uses `resolve`, `decide`, `status`, `schedule`, `heartbeat` and `ticket`; `copyschedule`
 //! (its own wiring and I/O) on `copyschedule::decide`, which uses `cron`, `status` and
 //! `validate`; `populator` (its two controllers' wiring and I/O) on `populator::decide`,
-//! which knows only the API types; `migrate` (the ClaimMigration controller's wiring and
-//! I/O) on `migrate::decide`, which knows only the API types; `metrics` (which reads schedules with `cron`) and `leader` know nothing of
+//! which knows only the API types and `status`; `migrate` (the ClaimMigration controller's wiring and
+//! I/O) on `migrate::decide`, which knows only the API types and `status`; `metrics` (which reads schedules with `cron`) and `leader` know nothing of
 //! the controllers (`main` passes what they need in); `signer` stands alone.
 
 pub mod apply;

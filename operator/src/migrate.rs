@@ -31,6 +31,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::holder::HOLDER_OF;
+use crate::resolve::{pods_with_claims, uses_claim};
 use crate::Error;
 
 pub mod decide;
@@ -79,49 +80,6 @@ pub async fn run(client: Client) {
 fn error_policy(_m: Arc<ClaimMigration>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(error = %crate::error_chain(error), "requeueing ClaimMigration");
     Action::requeue(Duration::from_secs(5))
-}
-
-/// The pod's claims.
-fn claims_of(pod: &Pod) -> impl Iterator<Item = &str> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .filter_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|c| c.claim_name.as_str())
-}
-
-/// Pods listed a page at a time: what the operator holds of a namespace's pods at once.
-const POD_PAGE: u32 = 100;
-
-/// The pods of `ns` that have `claim` and have not ended (Pending ones too: they may start
-/// writing), with only their metadata and volumes kept: the rest of each page is dropped as
-/// it arrives, so a namespace of many pods costs one page of them.
-async fn pods_with(client: &Client, ns: &str, claim: &str) -> Result<Vec<Pod>, Error> {
-    let api = Api::<Pod>::namespaced(client.clone(), ns);
-    let mut params = ListParams::default()
-        .fields("status.phase!=Succeeded,status.phase!=Failed")
-        .limit(POD_PAGE);
-    let mut kept = Vec::new();
-    loop {
-        let page = api.list(&params).await?;
-        for mut pod in page.items {
-            if !claims_of(&pod).any(|c| c == claim) {
-                continue;
-            }
-            pod.metadata.managed_fields = None;
-            pod.metadata.annotations = None;
-            pod.status = None;
-            if let Some(spec) = pod.spec.as_mut() {
-                spec.containers.clear();
-                spec.init_containers = None;
-            }
-            kept.push(pod);
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(kept),
-        }
-    }
 }
 
 /// What runs `pod`, by its controller: a Deployment (through its ReplicaSet) or a
@@ -298,15 +256,18 @@ async fn reconcile(m: Arc<ClaimMigration>, ctx: Arc<Context>) -> Result<Action, 
         .iter()
         .filter_map(|j| j.as_ref().and_then(|j| j.uid()))
         .collect();
-    let pods: Vec<Pod> = pods_with(client, &ns, &m.spec.claim)
-        .await?
-        .into_iter()
-        .filter(|p| {
-            !p.labels()
-                .get(HOLDER_OF)
-                .is_some_and(|of| ours.contains(of))
-        })
-        .collect();
+    // Pending ones too: they may start writing.
+    let pods: Vec<Pod> =
+        pods_with_claims(client, &ns, "status.phase!=Succeeded,status.phase!=Failed")
+            .await?
+            .into_iter()
+            .filter(|p| uses_claim(p, &m.spec.claim))
+            .filter(|p| {
+                !p.labels()
+                    .get(HOLDER_OF)
+                    .is_some_and(|of| ours.contains(of))
+            })
+            .collect();
     let mut found = Vec::new();
     let mut others = Vec::new();
     if step_now == Some(MigrationStep::Checking) {

@@ -1,8 +1,8 @@
 //! What the status says, as pure functions of the shards and the previous conditions: the
 //! phase, progress and failures the shards add up to (`aggregate`), why a failed job failed
 //! (`failed_reason`), one condition that keeps its transition time while unchanged
-//! (`condition`), the whole status they make (`summarize`), and the human columns (rate,
-//! ETA).
+//! (`condition`), the whole status they make (`summarize`), the human columns (rate,
+//! ETA), and the condition that tells a job's story (`story`).
 
 use ferry_crds::{
     ConditionType, CopyJob, CopyJobStatus, CopyMode, FailedPath, ManifestName, Overwrite, Part,
@@ -11,6 +11,18 @@ use ferry_crds::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+
+/// The job's condition that explains where it is, as `reason: message`: its Failed
+/// condition, else the first one that is False ("" when all are fine). What the populator
+/// and claim migrations say of the CopyJobs they run.
+pub fn story(job: &CopyJob) -> String {
+    let conditions = job.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+    conditions
+        .iter()
+        .find(|c| c.type_ == "Failed" && c.status == "True")
+        .or_else(|| conditions.iter().find(|c| c.status == "False"))
+        .map_or_else(String::new, |c| format!("{}: {}", c.reason, c.message))
+}
 
 /// One condition; its `lastTransitionTime` is kept from `previous` while its type, status
 /// and reason stay the same.

@@ -16,8 +16,8 @@ pub mod validate;
 pub mod volume;
 
 pub use nodes::{eligible_nodes, selector_matches, Reachable};
-use pods::{block_holder, holder_of, running_pods_with_claims, uses_claim};
-pub use pods::{end, HOLDER_OF, HOLDS};
+use pods::{block_holder, holder_of, running_pods_with_claims};
+pub use pods::{end, pods_with_claims, uses_claim, HOLDER_OF, HOLDS};
 use volume::{Nodes, PvAccess, Volume};
 
 /// Why a job cannot proceed, as a condition reason and a message for the user.

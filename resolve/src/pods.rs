@@ -25,7 +25,7 @@ pub(crate) fn holder_of(pod: &Pod, job_uid: &str) -> bool {
 }
 
 /// Whether `pod` has `claim` among its volumes (mounted, or as a device).
-pub(crate) fn uses_claim(pod: &Pod, claim: &str) -> bool {
+pub fn uses_claim(pod: &Pod, claim: &str) -> bool {
     pod.spec
         .iter()
         .flat_map(|s| s.volumes.iter().flatten())
@@ -62,18 +62,28 @@ const POD_PAGE: u32 = 100;
 
 /// The Running pods of `ns` that mount a claim, with only what [`volume::mounting_pod`]
 /// reads of them. A job waiting for a CSI claim's pod looks every 5 s: the API server
-/// selects Running pods (a field selector), the list comes a page of [`POD_PAGE`] at a
-/// time, and a pod that mounts no claim, or the parts of one that say nothing about its
-/// mounts (containers, managed fields, annotations, most of its status), are dropped as
-/// each page arrives, so a namespace of many pods costs the operator one page of them.
+/// selects Running pods (a field selector), and [`pods_with_claims`] keeps what it needs.
 pub(crate) async fn running_pods_with_claims(
     client: &Client,
     ns: &str,
 ) -> Result<Vec<Pod>, kube::Error> {
+    pods_with_claims(client, ns, "status.phase=Running").await
+}
+
+/// The pods of `ns` that `phases` (a field selector on `status.phase`) selects and that
+/// have a claim, with their metadata (no annotations or managed fields), their claim
+/// volumes and their phase only: the list comes a page of [`POD_PAGE`] at a time, and a
+/// pod with no claim, or the parts of one that say nothing about its claims (containers,
+/// most of its status), are dropped as each page arrives, so a namespace of many pods costs
+/// one page of them. Also the operator's claim migrations (the pods that have a claim and
+/// have not ended).
+pub async fn pods_with_claims(
+    client: &Client,
+    ns: &str,
+    phases: &str,
+) -> Result<Vec<Pod>, kube::Error> {
     let api = Api::<Pod>::namespaced(client.clone(), ns);
-    let mut params = ListParams::default()
-        .fields("status.phase=Running")
-        .limit(POD_PAGE);
+    let mut params = ListParams::default().fields(phases).limit(POD_PAGE);
     let mut kept = Vec::new();
     loop {
         let page = api.list(&params).await?;

@@ -576,6 +576,135 @@ pub(super) fn answered(out: &std::process::Output, answer: Answer) -> Result<()>
     Ok(())
 }
 
+/// The zone label a volume's node affinity may be moved from (to `topology.kubernetes.io/zone`).
+pub(super) const BETA_ZONE: &str = "failure-domain.beta.kubernetes.io/zone";
+
+/// A volume's node affinity: `node`'s hostname and zone-a under `zone_key`.
+pub(super) fn affinity(node: &str, zone_key: &str) -> Value {
+    json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]},
+        {"key": zone_key, "operator": "In", "values": ["zone-a"]}]}]}})
+}
+
+/// A PersistentVolume of `size` and `class` as a CSI driver provisions it, on node-a (beta
+/// zone label), bound to `claim` (name, uid) of `TEAM`, or to none.
+pub(super) fn csi_volume(
+    name: &str,
+    claim: Option<(&str, &str)>,
+    size: &str,
+    class: &str,
+) -> Value {
+    let mut pv = json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name,
+            "annotations": {"pv.kubernetes.io/provisioned-by": "csi.example.com"}},
+        "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": class,
+            "volumeMode": "Filesystem",
+            "csi": {"driver": "csi.example.com", "volumeHandle": name},
+            "nodeAffinity": affinity("node-a", BETA_ZONE)}
+    });
+    if let Some((claim, uid)) = claim {
+        pv["spec"]["claimRef"] = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "namespace": TEAM, "name": claim, "uid": uid, "resourceVersion": "1"});
+    }
+    pv
+}
+
+/// Patch volume `pv` with the merge patch `patch` on `kc` (a dry run: admission runs,
+/// nothing is stored); `Err` with the answer when it is not `answer`.
+pub(super) fn ask_patch(
+    cp: &ControlPlane,
+    kc: &Path,
+    pv: &str,
+    patch: &Value,
+    answer: Answer,
+) -> Result<()> {
+    let kc = kc.to_string_lossy();
+    let patch = patch.to_string();
+    let out = cp.kubectl(&[
+        "--kubeconfig",
+        &kc,
+        "patch",
+        "pv",
+        pv,
+        "--type=merge",
+        "--dry-run=server",
+        "-p",
+        &patch,
+    ])?;
+    answered(&out, answer)
+}
+
+/// Delete `kind` `name` of `TEAM` on `kc`, a dry run; `Err` when not `answer`.
+pub(super) fn ask_delete(
+    cp: &ControlPlane,
+    kc: &Path,
+    kind: &str,
+    name: &str,
+    answer: Answer,
+) -> Result<()> {
+    let kc = kc.to_string_lossy();
+    let out = cp.kubectl(&[
+        "--kubeconfig",
+        &kc,
+        "delete",
+        kind,
+        name,
+        "-n",
+        TEAM,
+        "--dry-run=server",
+        "--wait=false",
+    ])?;
+    answered(&out, answer)
+}
+
+/// The validations of the chart's policy `policy` (as installed) type-check against the
+/// kinds it matches (the fields they name exist). kube-controller-manager's policy status
+/// controller checks only concrete versions, so a copy with the versions served here (v1
+/// for the core and apps groups, v1alpha1 for Ferry's) is checked, bound to nothing. It does
+/// not check variables (their values are `dyn` to it), nor subresources' kinds: the rows
+/// test those.
+pub(super) fn type_checked(cp: &ControlPlane, policy: &str) -> Result<()> {
+    let out = cp.kubectl_ok(&["get", "validatingadmissionpolicy", policy, "-o", "json"])?;
+    let mut installed: Value = serde_json::from_str(&out)?;
+    let rules = installed["spec"]["matchConstraints"]["resourceRules"]
+        .as_array_mut()
+        .context("the policy's resourceRules")?;
+    for rule in rules {
+        let version = match rule["apiGroups"][0].as_str() {
+            Some("" | "apps") => "v1",
+            _ => "v1alpha1",
+        };
+        rule["apiVersions"] = json!([version]);
+    }
+    let typed = format!("{policy}-typed");
+    let copy = json!({"apiVersion": installed["apiVersion"], "kind": installed["kind"],
+        "metadata": {"name": typed}, "spec": installed["spec"]});
+    cp.apply(&copy.to_string())?;
+    let checked = || -> Result<Value> {
+        let out = cp.kubectl_ok(&["get", "validatingadmissionpolicy", &typed, "-o", "json"])?;
+        let p: Value = serde_json::from_str(&out)?;
+        ensure!(
+            p["status"]["observedGeneration"] == p["metadata"]["generation"]
+                && !p["status"]["typeChecking"].is_null(),
+            "not type-checked yet: {}",
+            p["status"]
+        );
+        Ok(p["status"]["typeChecking"].clone())
+    };
+    let _ = wait_for("the policy type-checked", Duration::from_secs(60), || {
+        checked().is_ok()
+    });
+    let warnings = checked()?["expressionWarnings"].clone();
+    ensure!(
+        warnings.as_array().is_none_or(Vec::is_empty),
+        "the {policy} policy's expressions do not type-check: {warnings:#}"
+    );
+    Ok(())
+}
+
 /// Every row against the API server; all the failures at once.
 pub(super) fn ask_all<B: Copy + PartialEq + std::fmt::Debug>(
     cp: &ControlPlane,

@@ -24,16 +24,16 @@
 //! added to `migration_claim`, `renamed_claim` or the patches without a row here fails.
 
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use ferry_crds::{migration_claim_name, migration_copy_name, migration_sync_name, ClaimMigration};
-use ferry_e2e::{wait_for, ControlPlane};
+use ferry_e2e::ControlPlane;
 use ferry_operator::migrate::decide;
 use serde_json::{json, Value};
 
 use super::holder::{
-    answered, apply, ask, ask_all, ask_until, check_coverage, install, row, set, Answer, Row, TEAM,
+    affinity, answered, apply, ask, ask_all, ask_delete, ask_patch, ask_until, check_coverage,
+    csi_volume, install, row, set, type_checked, Answer, Row, BETA_ZONE, TEAM,
 };
 
 /// The ClaimMigration, and others.
@@ -61,8 +61,6 @@ const NOT_A_REBIND: &str = "bound to its prime claim ferry-prime-<uid>";
 const CONFLICT: &str = "the object has been modified";
 /// The API server's refusal of another node affinity on a volume.
 const IMMUTABLE: &str = "nodeAffinity: Invalid value";
-/// The zone label a volume's node affinity may be moved from (to `topology.kubernetes.io/zone`).
-const BETA_ZONE: &str = "failure-domain.beta.kubernetes.io/zone";
 
 /// Which object a row starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -359,68 +357,9 @@ fn volume_rows() -> Vec<Row<Base>> {
     ]
 }
 
-/// A volume's node affinity: `node`'s hostname and zone-a under `zone_key`.
-fn affinity(node: &str, zone_key: &str) -> Value {
-    json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]},
-        {"key": zone_key, "operator": "In", "values": ["zone-a"]}]}]}})
-}
-
-/// A PersistentVolume as a CSI driver provisions it, bound to `claim` (name, uid) of
-/// `TEAM`, or to none.
+/// A PersistentVolume as a CSI driver provisions it, of the migration's target class.
 fn volume(name: &str, claim: Option<(&str, &str)>) -> Value {
-    let mut pv = json!({
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name,
-            "annotations": {"pv.kubernetes.io/provisioned-by": "csi.example.com"}},
-        "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
-            "volumeMode": "Filesystem",
-            "csi": {"driver": "csi.example.com", "volumeHandle": name},
-            "nodeAffinity": affinity("node-a", BETA_ZONE)}
-    });
-    if let Some((claim, uid)) = claim {
-        pv["spec"]["claimRef"] = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "namespace": TEAM, "name": claim, "uid": uid, "resourceVersion": "1"});
-    }
-    pv
-}
-
-/// Patch volume `pv` with `patch` on `kc` (a dry run: admission runs, nothing is stored);
-/// `Err` with the answer when it is not `answer`.
-fn ask_patch(cp: &ControlPlane, kc: &Path, pv: &str, patch: &Value, answer: Answer) -> Result<()> {
-    let kc = kc.to_string_lossy();
-    let patch = patch.to_string();
-    let out = cp.kubectl(&[
-        "--kubeconfig",
-        &kc,
-        "patch",
-        "pv",
-        pv,
-        "--type=merge",
-        "--dry-run=server",
-        "-p",
-        &patch,
-    ])?;
-    answered(&out, answer)
-}
-
-/// Delete `kind` `name` of `TEAM` on `kc`, a dry run; `Err` when not `answer`.
-fn ask_delete(cp: &ControlPlane, kc: &Path, kind: &str, name: &str, answer: Answer) -> Result<()> {
-    let kc = kc.to_string_lossy();
-    let out = cp.kubectl(&[
-        "--kubeconfig",
-        &kc,
-        "delete",
-        kind,
-        name,
-        "-n",
-        TEAM,
-        "--dry-run=server",
-        "--wait=false",
-    ])?;
-    answered(&out, answer)
+    csi_volume(name, claim, "2Gi", "fast")
 }
 
 /// Scale `kind` `name` of `TEAM` to `replicas` on `kc` with the merge patch the operator
@@ -468,59 +407,6 @@ fn workload(kind: &str, name: &str, replicas: i32) -> Value {
         w["spec"]["serviceName"] = json!(name);
     }
     w
-}
-
-/// The `-migrations` policy's validations type-check against the kinds it matches (the
-/// fields they name exist), as hostile/populator.rs checks `-populator`'s: a copy with the
-/// versions served here, bound to nothing, in kube-controller-manager's policy status.
-fn type_checked(cp: &ControlPlane) -> Result<()> {
-    let out = cp.kubectl_ok(&[
-        "get",
-        "validatingadmissionpolicy",
-        "ferry-migrations",
-        "-o",
-        "json",
-    ])?;
-    let mut policy: Value = serde_json::from_str(&out)?;
-    let rules = policy["spec"]["matchConstraints"]["resourceRules"]
-        .as_array_mut()
-        .context("the policy's resourceRules")?;
-    for rule in rules {
-        let version = match rule["apiGroups"][0].as_str() {
-            Some("" | "apps") => "v1",
-            _ => "v1alpha1",
-        };
-        rule["apiVersions"] = json!([version]);
-    }
-    let copy = json!({"apiVersion": policy["apiVersion"], "kind": policy["kind"],
-        "metadata": {"name": "ferry-migrations-typed"}, "spec": policy["spec"]});
-    cp.apply(&copy.to_string())?;
-    let checked = || -> Result<Value> {
-        let out = cp.kubectl_ok(&[
-            "get",
-            "validatingadmissionpolicy",
-            "ferry-migrations-typed",
-            "-o",
-            "json",
-        ])?;
-        let p: Value = serde_json::from_str(&out)?;
-        ensure!(
-            p["status"]["observedGeneration"] == p["metadata"]["generation"]
-                && !p["status"]["typeChecking"].is_null(),
-            "not type-checked yet: {}",
-            p["status"]
-        );
-        Ok(p["status"]["typeChecking"].clone())
-    };
-    let _ = wait_for("the policy type-checked", Duration::from_secs(60), || {
-        checked().is_ok()
-    });
-    let warnings = checked()?["expressionWarnings"].clone();
-    ensure!(
-        warnings.as_array().is_none_or(Vec::is_empty),
-        "the -migrations policy's expressions do not type-check: {warnings:#}"
-    );
-    Ok(())
 }
 
 /// Create `obj` for real on `kc`.
@@ -573,7 +459,7 @@ fn migrations_policy_admits_exactly_the_claims_volume_changes_and_scales_the_ope
         cp.start_controller_manager_or_skip(&["validatingadmissionpolicy-status-controller"])?;
     let kc = install(&cp, &labelled, "metadata.labels")?;
     if checker.is_some() {
-        type_checked(&cp)?;
+        type_checked(&cp, "ferry-migrations")?;
     }
 
     // 1, 2: the claims the code builds, and each changed.

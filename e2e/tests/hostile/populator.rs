@@ -19,17 +19,15 @@
 //! The tables are checked against the objects first, as hostile/holder.rs's are: a field
 //! added to `prime_claim` (or to the rebind) without a row here fails.
 
-use std::path::Path;
-use std::time::Duration;
-
 use anyhow::{ensure, Context, Result};
 use ferry_crds::VolumeSource;
-use ferry_e2e::{wait_for, ControlPlane};
+use ferry_e2e::ControlPlane;
 use ferry_operator::populator::decide;
 use serde_json::{json, Value};
 
 use super::holder::{
-    answered, apply, ask, ask_all, ask_until, check_coverage, install, row, set, Answer, Row, TEAM,
+    affinity, apply, ask, ask_all, ask_delete, ask_patch, ask_until, check_coverage, csi_volume,
+    install, row, set, type_checked, Answer, Row, BETA_ZONE, TEAM,
 };
 
 /// The user's claim being populated, and two others of its namespace.
@@ -50,8 +48,6 @@ const NOT_A_PRIME: &str = "deletes only its prime claims";
 const CONFLICT: &str = "the object has been modified";
 /// The API server's refusal of another node affinity on a volume.
 const IMMUTABLE: &str = "nodeAffinity: Invalid value";
-/// The zone label a volume's node affinity may be moved from (to `topology.kubernetes.io/zone`).
-const BETA_ZONE: &str = "failure-domain.beta.kubernetes.io/zone";
 
 /// Which object a row starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,9 +189,6 @@ fn tenant_rows() -> Vec<Row<Base>> {
 fn rebind_rows() -> Vec<Row<Base>> {
     use Answer::{Admitted, Refused};
     use Base::{Rebind as R, RebindAvailable as A, RebindClaimed as C};
-    let affinity = |host: &str, zone: &str| json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": [host]},
-        {"key": zone, "operator": "In", "values": ["zone-a"]}]}]}});
     vec![
         // The claim's name is not the policy's to know (it has only the volume); the PV
         // controller binds the volume only to the claim of that name and uid.
@@ -229,27 +222,9 @@ fn rebind_rows() -> Vec<Row<Base>> {
     ]
 }
 
-/// A PersistentVolume as a CSI driver provisions it, bound to `claim` (name, uid) of
-/// `TEAM`, or to none.
+/// A PersistentVolume as a CSI driver provisions it, of the populator's class and size.
 fn volume(name: &str, claim: Option<(&str, &str)>) -> Value {
-    let mut pv = json!({
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name,
-            "annotations": {"pv.kubernetes.io/provisioned-by": "csi.example.com"}},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "csi",
-            "volumeMode": "Filesystem",
-            "csi": {"driver": "csi.example.com", "volumeHandle": name},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]},
-                {"key": BETA_ZONE, "operator": "In", "values": ["zone-a"]}]}]}}}
-    });
-    if let Some((claim, uid)) = claim {
-        pv["spec"]["claimRef"] = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "namespace": TEAM, "name": claim, "uid": uid, "resourceVersion": "1"});
-    }
-    pv
+    csi_volume(name, claim, "1Gi", "csi")
 }
 
 /// The merge patch `populator::reconcile` sends for `Step::Rebind` ([`decide::rebind_patch`])
@@ -260,93 +235,6 @@ fn rebind_patch(claim: &Value, resource_version: &str) -> Result<Value> {
         resource_version,
         &decide::claim_ref(&claim),
     ))
-}
-
-/// Patch volume `pv` with `patch` as the operator (a dry run: admission runs, nothing is
-/// stored); `Err` with the answer when it is not `answer`.
-fn ask_patch(cp: &ControlPlane, kc: &Path, pv: &str, patch: &Value, answer: Answer) -> Result<()> {
-    let kc = kc.to_string_lossy();
-    let patch = patch.to_string();
-    let out = cp.kubectl(&[
-        "--kubeconfig",
-        &kc,
-        "patch",
-        "pv",
-        pv,
-        "--type=merge",
-        "--dry-run=server",
-        "-p",
-        &patch,
-    ])?;
-    answered(&out, answer)
-}
-
-/// Delete claim `name` of `TEAM` as the operator, a dry run; `Err` when not `answer`.
-fn ask_delete(cp: &ControlPlane, kc: &Path, name: &str, answer: Answer) -> Result<()> {
-    let kc = kc.to_string_lossy();
-    let out = cp.kubectl(&[
-        "--kubeconfig",
-        &kc,
-        "delete",
-        "pvc",
-        name,
-        "-n",
-        TEAM,
-        "--dry-run=server",
-        "--wait=false",
-    ])?;
-    answered(&out, answer)
-}
-
-/// The `-populator` policy's validations type-check against the kinds it matches (the
-/// fields they name exist). kube-controller-manager's policy status controller checks only
-/// concrete versions, so a copy with the versions served here is checked, bound to nothing.
-/// It does not check variables (their values are `dyn` to it): the rows test those.
-fn type_checked(cp: &ControlPlane) -> Result<()> {
-    let out = cp.kubectl_ok(&[
-        "get",
-        "validatingadmissionpolicy",
-        "ferry-populator",
-        "-o",
-        "json",
-    ])?;
-    let mut policy: Value = serde_json::from_str(&out)?;
-    let rules = policy["spec"]["matchConstraints"]["resourceRules"]
-        .as_array_mut()
-        .context("the policy's resourceRules")?;
-    for rule in rules {
-        let core = rule["apiGroups"] == json!([""]);
-        rule["apiVersions"] = json!([if core { "v1" } else { "v1alpha1" }]);
-    }
-    let copy = json!({"apiVersion": policy["apiVersion"], "kind": policy["kind"],
-        "metadata": {"name": "ferry-populator-typed"}, "spec": policy["spec"]});
-    cp.apply(&copy.to_string())?;
-    let checked = || -> Result<Value> {
-        let out = cp.kubectl_ok(&[
-            "get",
-            "validatingadmissionpolicy",
-            "ferry-populator-typed",
-            "-o",
-            "json",
-        ])?;
-        let p: Value = serde_json::from_str(&out)?;
-        ensure!(
-            p["status"]["observedGeneration"] == p["metadata"]["generation"]
-                && !p["status"]["typeChecking"].is_null(),
-            "not type-checked yet: {}",
-            p["status"]
-        );
-        Ok(p["status"]["typeChecking"].clone())
-    };
-    let _ = wait_for("the policy type-checked", Duration::from_secs(60), || {
-        checked().is_ok()
-    });
-    let warnings = checked()?["expressionWarnings"].clone();
-    ensure!(
-        warnings.as_array().is_none_or(Vec::is_empty),
-        "the -populator policy's expressions do not type-check: {warnings:#}"
-    );
-    Ok(())
 }
 
 #[test]
@@ -377,7 +265,7 @@ fn populator_policy_admits_exactly_the_prime_claim_and_rebind_the_operator_makes
         cp.start_controller_manager_or_skip(&["validatingadmissionpolicy-status-controller"])?;
     let kc = install(&cp, &labelled, "metadata.labels")?;
     if checker.is_some() {
-        type_checked(&cp)?;
+        type_checked(&cp, "ferry-populator")?;
     }
     for (_, exact) in &bases {
         ask(&cp, &kc, exact, Answer::Admitted)
@@ -541,12 +429,12 @@ fn populator_policy_admits_exactly_the_prime_claim_and_rebind_the_operator_makes
         &second.to_string(),
     ))?;
     cp.apply(&tenant_bases[0].1.to_string())?;
-    ask_delete(&cp, &kc, &exact, Answer::Admitted).context("deleting a prime claim")?;
-    ask_delete(&cp, &kc, &relabelled, Answer::Refused(NOT_A_PRIME))
+    ask_delete(&cp, &kc, "pvc", &exact, Answer::Admitted).context("deleting a prime claim")?;
+    ask_delete(&cp, &kc, "pvc", &relabelled, Answer::Refused(NOT_A_PRIME))
         .context("deleting a prime claim labelled for another claim")?;
-    ask_delete(&cp, &kc, &two_owners, Answer::Refused(NOT_A_PRIME))
+    ask_delete(&cp, &kc, "pvc", &two_owners, Answer::Refused(NOT_A_PRIME))
         .context("deleting a prime claim of two owners")?;
-    ask_delete(&cp, &kc, "data", Answer::Refused(NOT_MIGRATED))
+    ask_delete(&cp, &kc, "pvc", "data", Answer::Refused(NOT_MIGRATED))
         .context("deleting a tenant's (pending) claim")?;
     // And for real.
     cp.kubectl_ok(&[

@@ -19,7 +19,7 @@ use ferry_e2e::kube::KubeTier;
 use ferry_e2e::{wait_for, workspace_bin};
 
 use super::csi::{all_let_go, gone, holder_image, user_pod, volume_dir};
-use super::populate::epoch_of;
+use super::populate::{epoch_of, remove};
 use super::{rich_tree, tree, NS};
 
 /// A one-replica StatefulSet `name` in `default` whose pod (the Ferry image's pause, as
@@ -357,20 +357,11 @@ fn clean_up(tier: &KubeTier, w: Workload, name: &str, old: &str) -> Result<()> {
             "--timeout=90s",
         ])
         .map(drop);
-    for what in [format!("claimmigration/{name}"), format!("pvc/{claim}")] {
-        first = first.and(
-            tier.kubectl_ok(&[
-                "delete",
-                &what,
-                "-n",
-                "default",
-                "--ignore-not-found",
-                "--wait=true",
-                "--timeout=90s",
-            ])
-            .map(drop),
-        );
-    }
+    first = first.and(remove(
+        tier,
+        "default",
+        &[&format!("claimmigration/{name}"), &format!("pvc/{claim}")],
+    ));
     // What the user does with the kept volume when done with it, and what it takes: the
     // driver deletes the data once the volume's reclaim policy is Delete.
     let handle = tier.get(&format!("pv/{old}"), "", "{.spec.csi.volumeHandle}")?;
@@ -549,22 +540,11 @@ pub fn a_bare_pod_is_refused(tier: &KubeTier, _: &Path) -> Result<()> {
         );
         Ok(())
     })();
-    let mut done = result;
-    for what in ["claimmigration/move-loose", "pod/loose-user", "pvc/loose"] {
-        done = done.and(
-            tier.kubectl_ok(&[
-                "delete",
-                what,
-                "-n",
-                "default",
-                "--ignore-not-found",
-                "--wait=true",
-                "--timeout=90s",
-            ])
-            .map(drop),
-        );
-    }
-    done
+    result.and(remove(
+        tier,
+        "default",
+        &["claimmigration/move-loose", "pod/loose-user", "pvc/loose"],
+    ))
 }
 
 /// The target for a 100k-file claim: the downtime is at most the final sync of the

@@ -56,7 +56,7 @@ fn said(tier: &KubeTier, ns: &str, claim: &str, reason: &str) -> Result<String> 
 
 /// Delete each of `objects` (`kind/name`) in `ns` that exists, waiting until it is gone;
 /// all are tried, the first failure returned.
-fn remove(tier: &KubeTier, ns: &str, objects: &[&str]) -> Result<()> {
+pub(super) fn remove(tier: &KubeTier, ns: &str, objects: &[&str]) -> Result<()> {
     let mut first = Ok(());
     for what in objects {
         let done = tier

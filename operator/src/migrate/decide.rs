@@ -37,6 +37,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::status::story;
+
 use super::objects::size_of;
 pub use super::objects::{
     copy_job, migration_claim, owned_by, pre_bind_patch, pre_bind_ref, renamed_claim, retain_patch,
@@ -195,17 +197,6 @@ fn volume_of(c: &PersistentVolumeClaim) -> Option<String> {
 
 fn phase(job: Option<&CopyJob>) -> Option<Phase> {
     job.and_then(|j| j.status.as_ref()).and_then(|s| s.phase)
-}
-
-/// The job's condition that explains where it is: its Failed condition, else the first
-/// one that is False.
-fn job_story(job: &CopyJob) -> String {
-    let conditions = job.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
-    conditions
-        .iter()
-        .find(|c| c.type_ == "Failed" && c.status == "True")
-        .or_else(|| conditions.iter().find(|c| c.status == "False"))
-        .map_or_else(String::new, |c| format!("{}: {}", c.reason, c.message))
 }
 
 fn seconds_between(from: Option<&Time>, to: Timestamp) -> Option<f64> {
@@ -399,7 +390,7 @@ pub fn decide(i: &Inputs) -> Step {
                     format!(
                         "the live copy (CopyJob {}) failed: {}; the users were not stopped",
                         copy.name_any(),
-                        job_story(copy)
+                        story(copy)
                     ),
                 ),
                 Some(Phase::Succeeded) => {
@@ -457,7 +448,7 @@ pub fn decide(i: &Inputs) -> Step {
                 return Step::CreateJob(Box::new(sync_job(m, block)));
             };
             match phase(Some(sync)) {
-                Some(Phase::Failed) => next(S::RollingBack, R::FinalSyncFailed, format!("the final sync (CopyJob {}) failed: {}; scaling the users back on the old volume", sync.name_any(), job_story(sync))),
+                Some(Phase::Failed) => next(S::RollingBack, R::FinalSyncFailed, format!("the final sync (CopyJob {}) failed: {}; scaling the users back on the old volume", sync.name_any(), story(sync))),
                 Some(Phase::Succeeded) => {
                     let Some(volume) = new_claim.and_then(volume_of) else {
                         return Step::Wait;

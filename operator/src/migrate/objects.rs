@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
-use crate::populator::decide::MANAGED_BY;
+use crate::populator::decide::{rebind_patch, MANAGED_BY};
 
 /// The reference that makes the migration the controller of what it makes (the new claim,
 /// the CopyJobs), so that they go with it. The claim that takes the original name is not
@@ -195,22 +195,16 @@ pub fn pre_bind_ref(ns: &str, name: &str) -> ObjectReference {
     }
 }
 
-/// The merge patch of the pre-bind: the volume at `resource_version`, its `claimRef`
-/// exactly `claim_ref` (the old claim's uid, resourceVersion and fieldPath dropped), nothing
-/// else. The chart's `-migrations` policy admits this change and no other.
+/// The merge patch of the pre-bind: the populator's rebind patch (the volume at
+/// `resource_version`, its `claimRef` exactly the one given, nothing else) with
+/// `claim_ref`'s uid dropped. The chart's `-migrations` policy admits this change and no
+/// other.
 pub fn pre_bind_patch(resource_version: &str, claim_ref: &ObjectReference) -> serde_json::Value {
-    serde_json::json!({
-        "metadata": {"resourceVersion": resource_version},
-        "spec": {"claimRef": {
-            "apiVersion": claim_ref.api_version,
-            "kind": claim_ref.kind,
-            "namespace": claim_ref.namespace,
-            "name": claim_ref.name,
-            "uid": null,
-            "resourceVersion": null,
-            "fieldPath": null,
-        }},
-    })
+    let by_name = ObjectReference {
+        uid: None,
+        ..claim_ref.clone()
+    };
+    rebind_patch(resource_version, &by_name)
 }
 
 /// The merge patch that keeps a volume when its claim goes.

@@ -32,6 +32,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 
+use crate::status::story;
+
 /// The label every object the operator makes carries.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "ferry-operator");
 
@@ -293,17 +295,6 @@ fn generation_of(job: &CopyJob) -> Option<i64> {
         .and_then(|g| g.parse().ok())
 }
 
-/// The job's condition that explains where it is: its Failed condition, else the first
-/// one that is False.
-fn job_story(job: &CopyJob) -> String {
-    let conditions = job.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
-    conditions
-        .iter()
-        .find(|c| c.type_ == "Failed" && c.status == "True")
-        .or_else(|| conditions.iter().find(|c| c.status == "False"))
-        .map_or_else(String::new, |c| format!("{}: {}", c.reason, c.message))
-}
-
 /// Decide the step for `i.claim`, and what to say (`None`: nothing new to say).
 pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
     use PopulatePhase as P;
@@ -429,7 +420,7 @@ pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
             let mut said = Said::new(
                 P::Failed,
                 R::PopulateFailed,
-                format!("CopyJob {job_name} failed: {}; fix VolumeSource {source_name} (it is tried again when it changes) or delete the CopyJob to try again", job_story(job)),
+                format!("CopyJob {job_name} failed: {}; fix VolumeSource {source_name} (it is tried again when it changes) or delete the CopyJob to try again", story(job)),
             );
             said.percent = percent;
             (Step::Wait, Some(said))
@@ -453,7 +444,7 @@ pub fn decide(i: &Inputs) -> (Step, Option<Said>) {
             }
         }
         _ => {
-            let story = job_story(job);
+            let story = story(job);
             let mut said = Said::new(
                 P::Populating,
                 R::Populating,
