@@ -18,6 +18,10 @@ pub const MIGRATION_LABEL: &str = "ferry.dev/migration";
 /// The finalizer that keeps a ClaimMigration until its users are running again (on the old
 /// claim if it is deleted before the swap, on the new volume after).
 pub const MIGRATION_FINALIZER: &str = "ferry.dev/migration";
+/// Label a user puts on a hook's Job: the name of the ClaimMigration that may start it. The
+/// operator starts (unsuspends) only a Job that carries it, and the `-migrations` admission
+/// policy holds the operator to exactly that change on Jobs that carry it.
+pub const HOOK_LABEL: &str = "ferry.dev/hook-for";
 /// Most users (Deployments and StatefulSets) a migration scales.
 pub const MAX_MIGRATION_USERS: usize = 16;
 
@@ -48,6 +52,9 @@ wire_enum! {
         Copying,
         /// The users are scaled to zero; waiting until no pod has the claim.
         Quiescing,
+        /// A hook (`status.hook` says which) runs: the user's suspended Job, started by the
+        /// operator, is waited for, within its `timeoutSeconds`.
+        RunningHook,
         /// The final sync (checksums, deleted files removed); the users are at zero.
         FinalSync,
         /// The swap: both volumes Retain, the old claim deleted, a claim of the same name
@@ -89,11 +96,78 @@ wire_enum! {
         QuiesceTimeout,
         /// The final sync failed; the message has its reason.
         FinalSyncFailed,
+        /// A hook's Job failed, or went before it completed; the message has its reason.
+        HookFailed,
+        /// A hook's Job did not complete within its `timeoutSeconds`; it was suspended again
+        /// (its pods stopped).
+        HookTimedOut,
         /// The ClaimMigration was deleted before the swap: its users were scaled back on the
         /// old claim.
         Cancelled,
         /// The claim is on its new volume.
         Migrated,
+    }
+}
+
+wire_enum! {
+    /// The points of a migration where a hook runs.
+    pub enum HookPoint {
+        /// After the live copy, the users still running: flush a database, put the
+        /// application into maintenance, drain its traffic.
+        BeforeScaleDown,
+        /// The users at zero and no pod with the claim, before the final sync: clean up,
+        /// check what the application left (it counts in the downtime).
+        BeforeFinalSync,
+    }
+}
+
+/// A hook: a Job of the user's, in the migration's namespace, created suspended
+/// (`spec.suspend: true`) and labelled `ferry.dev/hook-for: <the ClaimMigration's name>`.
+/// The operator only starts it (sets `spec.suspend` to false) at its point and waits for it
+/// to complete; it runs with the Job's own ServiceAccount and image, so it can do what its
+/// author may (`kubectl exec` into the application, for one), and nothing the operator may.
+/// A Job that fails, or does not complete within `timeoutSeconds` (it is then suspended
+/// again, which stops its pods), rolls the migration back.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationHook {
+    /// The Job's name, in this namespace.
+    #[x_kube(validation = Rule::new("self.size() > 0 && self.size() <= 63").message("hooks.*.job names a Job of this namespace"))]
+    pub job: String,
+    /// How long the Job gets to complete once started (10 to 3600 seconds, default 300).
+    #[serde(default = "hook_timeout")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 3600").message("hooks.*.timeoutSeconds must be between 10 and 3600"))]
+    pub timeout_seconds: i32,
+}
+
+fn hook_timeout() -> i32 {
+    300
+}
+
+/// The hooks of a migration, each optional; a Job runs once, so the two name two Jobs.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.beforeScaleDown) || !has(self.beforeFinalSync) || self.beforeScaleDown.job != self.beforeFinalSync.job").message("hooks.beforeScaleDown and hooks.beforeFinalSync name two Jobs: a Job runs once"))]
+pub struct MigrationHooks {
+    /// Run after the live copy, before the users are scaled to zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_scale_down: Option<MigrationHook>,
+    /// Run once the users are at zero and no pod has the claim, before the final sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_final_sync: Option<MigrationHook>,
+}
+
+impl MigrationHooks {
+    /// The hook at `point`, if one is set.
+    pub fn at(&self, point: HookPoint) -> Option<&MigrationHook> {
+        match point {
+            HookPoint::BeforeScaleDown => self.before_scale_down.as_ref(),
+            HookPoint::BeforeFinalSync => self.before_final_sync.as_ref(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.before_scale_down.is_none() && self.before_final_sync.is_none()
     }
 }
 
@@ -150,6 +224,10 @@ pub struct ClaimMigrationSpec {
     /// Workers and agents of both copies.
     #[serde(default)]
     pub parallelism: Parallelism,
+    /// Jobs of the user's to run before the users are scaled down, and before the final
+    /// sync.
+    #[serde(default, skip_serializing_if = "MigrationHooks::is_empty")]
+    pub hooks: MigrationHooks,
 }
 
 fn quiesce_timeout() -> i32 {
@@ -218,6 +296,15 @@ pub struct ClaimMigrationStatus {
     /// When they were scaled back (its end).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaled_up_at: Option<Time>,
+    /// The hook that runs (step `RunningHook`), or ran last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<HookPoint>,
+    /// When that hook was started: its `timeoutSeconds` counts from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook_started_at: Option<Time>,
+    /// The hooks that completed (each runs once, even if the final sync is run again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks_done: Vec<HookPoint>,
     /// Seconds of the live copy (the users running).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_seconds: Option<f64>,

@@ -28,6 +28,8 @@ fn memory_kib(pid: u32) -> Result<(u64, u64)> {
 mod devices;
 #[path = "hostile/holder.rs"]
 mod holder;
+#[path = "hostile/hooks.rs"]
+mod hooks;
 #[path = "hostile/listeners.rs"]
 mod listeners;
 #[path = "hostile/migrations.rs"]

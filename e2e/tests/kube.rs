@@ -39,7 +39,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 34] = [
+    let checks: [(&str, Check); 35] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -148,6 +148,10 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         (
             "migration: a Deployment's claim moved while it writes",
             migrate::deployment_with_a_writer,
+        ),
+        (
+            "migration: hooks before the scale-down and the final sync; a hook past its timeout rolls back",
+            migrate::hooks_run_at_their_points,
         ),
         (
             "migration: a claim a bare pod uses is refused",

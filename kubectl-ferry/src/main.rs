@@ -107,6 +107,18 @@ enum Command {
         /// Seconds the users get to stop before it rolls back (10 to 3600).
         #[arg(long, default_value_t = 300)]
         quiesce_timeout: i32,
+        /// A suspended Job of yours (labelled ferry.dev/hook-for=NAME) the migration starts
+        /// after the live copy, before the users are scaled to zero (needs --name).
+        #[arg(long, requires = "name")]
+        hook_before_scale_down: Option<String>,
+        /// A suspended Job of yours (labelled ferry.dev/hook-for=NAME) the migration starts
+        /// once the users are at zero, before the final sync (needs --name).
+        #[arg(long, requires = "name")]
+        hook_before_final_sync: Option<String>,
+        /// Seconds each hook's Job gets to complete before the migration rolls back (10 to
+        /// 3600).
+        #[arg(long, default_value_t = 300)]
+        hook_timeout: i32,
         /// Create it and return at once.
         #[arg(long)]
         detach: bool,
@@ -256,13 +268,23 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             node,
             name,
             quiesce_timeout,
+            hook_before_scale_down,
+            hook_before_final_sync,
+            hook_timeout,
             detach,
             timeout,
         } => {
+            let hook = |job: Option<String>| {
+                job.map(|job| serde_json::json!({"job": job, "timeoutSeconds": hook_timeout}))
+            };
             let spec: ClaimMigrationSpec = serde_json::from_value(serde_json::json!({
                 "claim": claim,
                 "to": {"storageClassName": to_class, "node": node},
                 "quiesceTimeoutSeconds": quiesce_timeout,
+                "hooks": {
+                    "beforeScaleDown": hook(hook_before_scale_down),
+                    "beforeFinalSync": hook(hook_before_final_sync),
+                },
             }))?;
             let mut m = ClaimMigration::new(name.as_deref().unwrap_or_default(), spec);
             if name.is_none() {

@@ -9,7 +9,8 @@
 //! or back from zero), create and delete of claims (the new claim, the old one once its
 //! volume is `Retain`, the one that takes the original name), and two changes to a volume:
 //! its reclaim policy to `Retain`, and its `claimRef` from the new claim to the original
-//! name.
+//! name; and `patch` on Jobs, only `spec.suspend` of those labelled `ferry.dev/hook-for`
+//! (a hook, the user's own Job, started and, past its timeout, stopped).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use ferry_crds::{
 };
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
@@ -35,6 +37,7 @@ use crate::resolve::{pods_with_claims, uses_claim};
 use crate::Error;
 
 pub mod decide;
+pub mod hook;
 pub mod objects;
 
 use decide::{Found, Inputs, Step};
@@ -301,6 +304,25 @@ async fn reconcile(m: Arc<ClaimMigration>, ctx: Arc<Context>) -> Result<Action, 
             }
         }
     }
+    // The hooks' Jobs, where a step reads them: at most two gets.
+    let mut hooks = BTreeMap::new();
+    if matches!(
+        step_now,
+        Some(MigrationStep::Checking | MigrationStep::RunningHook | MigrationStep::RollingBack)
+    ) {
+        let api = Api::<Job>::namespaced(client.clone(), &ns);
+        for h in [
+            &m.spec.hooks.before_scale_down,
+            &m.spec.hooks.before_final_sync,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(job) = api.get_opt(&h.job).await? {
+                hooks.insert(h.job.clone(), job);
+            }
+        }
+    }
     let mut replicas = BTreeMap::new();
     for u in &status.users {
         if let Some(r) = replicas_of(u, &ns, client).await? {
@@ -321,6 +343,7 @@ async fn reconcile(m: Arc<ClaimMigration>, ctx: Arc<Context>) -> Result<Action, 
         new_volume: new_volume.as_ref(),
         copy: copy.as_ref(),
         sync: sync.as_ref(),
+        hooks: &hooks,
     };
     let step = decide::decide(&inputs);
     let name = m.name_any();
@@ -470,6 +493,23 @@ async fn reconcile(m: Arc<ClaimMigration>, ctx: Arc<Context>) -> Result<Action, 
             ignore(pvcs.delete(&claim, &dp).await)?;
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
+        Step::SuspendJob {
+            name: job,
+            suspend,
+            resource_version,
+        } => {
+            tracing::info!(migration = %name, %ns, %job, suspend, "migration: hook");
+            ignore(
+                Api::<Job>::namespaced(client.clone(), &ns)
+                    .patch(
+                        &job,
+                        &PatchParams::default(),
+                        &Patch::Merge(&hook::suspend_patch(suspend, &resource_version)),
+                    )
+                    .await,
+            )?;
+            return Ok(Action::requeue(Duration::from_millis(500)));
+        }
     }
     // Waiting on a copy, pods going or the PV controller: the CopyJobs' changes wake it,
     // and this bounds what a missed change costs. Pods and claims are not watched (every
@@ -477,7 +517,12 @@ async fn reconcile(m: Arc<ClaimMigration>, ctx: Arc<Context>) -> Result<Action, 
     // of a missed change is downtime, so those steps look again sooner.
     let users_down = matches!(
         step_now,
-        Some(MigrationStep::Quiescing | MigrationStep::Swapping | MigrationStep::Resuming)
+        Some(
+            MigrationStep::Quiescing
+                | MigrationStep::RunningHook
+                | MigrationStep::Swapping
+                | MigrationStep::Resuming
+        )
     );
     Ok(Action::requeue(Duration::from_millis(if users_down {
         300

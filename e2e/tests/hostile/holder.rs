@@ -621,20 +621,27 @@ pub(super) fn ask_patch(
     patch: &Value,
     answer: Answer,
 ) -> Result<()> {
+    ask_patch_in(cp, kc, None, &format!("pv/{pv}"), patch, answer)
+}
+
+/// Patch `target` (`kind/name`, of namespace `ns` if any) with the merge patch `patch` on
+/// `kc`, a dry run; `Err` with the answer when it is not `answer`.
+pub(super) fn ask_patch_in(
+    cp: &ControlPlane,
+    kc: &Path,
+    ns: Option<&str>,
+    target: &str,
+    patch: &Value,
+    answer: Answer,
+) -> Result<()> {
     let kc = kc.to_string_lossy();
     let patch = patch.to_string();
-    let out = cp.kubectl(&[
-        "--kubeconfig",
-        &kc,
-        "patch",
-        "pv",
-        pv,
-        "--type=merge",
-        "--dry-run=server",
-        "-p",
-        &patch,
-    ])?;
-    answered(&out, answer)
+    let mut args = vec!["--kubeconfig", &kc, "patch", target];
+    if let Some(ns) = ns {
+        args.extend(["-n", ns]);
+    }
+    args.extend(["--type=merge", "--dry-run=server", "-p", &patch]);
+    answered(&cp.kubectl(&args)?, answer)
 }
 
 /// Delete `kind` `name` of `TEAM` on `kc`, a dry run; `Err` when not `answer`.

@@ -37,7 +37,7 @@ use super::holder::{
 };
 
 /// The ClaimMigration, and others.
-const MIG: &str = "6d7e8f90-1a2b-4c3d-9e4f-5a6b7c8d9e0f";
+pub(super) const MIG: &str = "6d7e8f90-1a2b-4c3d-9e4f-5a6b7c8d9e0f";
 const OTHER: &str = "9a2b7c4d-1e3f-4a5b-8c6d-7e8f9a0b1c2d";
 const THIRD: &str = "c3d4e5f6-a7b8-4c9d-8e0f-1a2b3c4d5e6f";
 const FOURTH: &str = "0f1e2d3c-4b5a-4697-8877-665544332211";
@@ -133,7 +133,7 @@ fn migration(uid: &str, node: Option<&str>) -> Result<ClaimMigration> {
 }
 
 /// The new claim the code builds for migration `uid` of [`user_claim`].
-fn new_claim(uid: &str, node: Option<&str>) -> Result<Value> {
+pub(super) fn new_claim(uid: &str, node: Option<&str>) -> Result<Value> {
     let claim = serde_json::from_value(user_claim())?;
     Ok(serde_json::to_value(decide::migration_claim(
         &migration(uid, node)?,

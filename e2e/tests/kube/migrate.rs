@@ -511,6 +511,167 @@ pub fn deployment_with_a_writer(tier: &KubeTier, _: &Path) -> Result<()> {
     clean_up(tier, w, "move-dep", &old).and(result)
 }
 
+/// A hook's Job of migration `for_`: suspended, labelled for it, in `default`, the Ferry
+/// image running `args`, as root (the volume's root is root's), the claim of workload `w`
+/// mounted at `/data` if `mount`.
+fn hook_job(
+    tier: &KubeTier,
+    name: &str,
+    for_: &str,
+    args: &str,
+    mount: Option<Workload>,
+) -> Result<()> {
+    let image = holder_image(tier)?;
+    let (mounts, volumes) = match mount {
+        Some(w) => (
+            "\n        volumeMounts: [{name: data, mountPath: /data}]".to_string(),
+            format!(
+                "\n      volumes:\n      - {{name: data, persistentVolumeClaim: {{claimName: {}}}}}",
+                w.claim()
+            ),
+        ),
+        None => (String::new(), String::new()),
+    };
+    tier.apply(&format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}, namespace: default, labels: {{ferry.dev/hook-for: {for_}}}}}\nspec:\n  suspend: true\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 1\n      automountServiceAccountToken: false\n      containers:\n      - name: hook\n        image: {image}\n        args: {args}{mounts}{volumes}\n"
+    ))
+}
+
+/// A Job's `{.status.FIELD}`.
+fn job_status(tier: &KubeTier, name: &str, field: &str) -> Result<String> {
+    tier.get(
+        &format!("job/{name}"),
+        "default",
+        &format!("{{.status.{field}}}"),
+    )
+}
+
+/// A StatefulSet's claim migrated with both hooks, each a Job that writes into the claim:
+/// `beforeScaleDown` runs with the users up, `beforeFinalSync` with them at zero, each once,
+/// and what both wrote is on the new volume. Then a migration back whose `beforeFinalSync`
+/// Job hangs: past its timeout it is suspended (its pod stopped), the migration rolls back
+/// `HookTimedOut`, and the application runs again on the volume it had.
+pub fn hooks_run_at_their_points(tier: &KubeTier, _: &Path) -> Result<()> {
+    let w = Workload::set("hooked");
+    let (old, before, app) = running_app(tier, w)?;
+    let jobs = ["job/flush", "job/check", "job/hang"];
+    let result = (|| -> Result<()> {
+        // Each hook copies the image's binaries into the claim: its mark, which only a Job
+        // that ran with the claim mounted can leave.
+        hook_job(
+            tier,
+            "flush",
+            "move-hooked",
+            "[copy, /usr/local/bin, /data/flushed]",
+            Some(w),
+        )?;
+        hook_job(
+            tier,
+            "check",
+            "move-hooked",
+            "[copy, /usr/local/bin, /data/checked]",
+            Some(w),
+        )?;
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: ClaimMigration\nmetadata: {name: move-hooked, namespace: default}\nspec:\n  claim: data-hooked-0\n  to: {storageClassName: ferry-csi-wffc}\n  hooks:\n    beforeScaleDown: {job: flush, timeoutSeconds: 120}\n    beforeFinalSync: {job: check, timeoutSeconds: 120}\n")?;
+        until_migrated(tier, "move-hooked", Duration::from_secs(300))?;
+        let written = app.stop();
+        let done = status(tier, "move-hooked", "hooksDone")?;
+        ensure!(
+            done == r#"["BeforeScaleDown","BeforeFinalSync"]"#,
+            "the hooks done: {done}"
+        );
+        let down = epoch_of(&status(tier, "move-hooked", "scaledDownAt")?)?;
+        let flushed = epoch_of(&job_status(tier, "flush", "startTime")?)?;
+        let checked = epoch_of(&job_status(tier, "check", "startTime")?)?;
+        ensure!(
+            flushed <= down,
+            "beforeScaleDown started at {flushed}, after the scale-down at {down}"
+        );
+        ensure!(
+            checked >= down,
+            "beforeFinalSync started at {checked}, before the scale-down at {down}"
+        );
+        for job in ["flush", "check"] {
+            ensure!(
+                job_status(tier, job, "succeeded")? == "1",
+                "Job {job} did not succeed once"
+            );
+        }
+        check_migrated(tier, "move-hooked", w, &old, &before, &written)?;
+        let volume = volume_dir(tier, "default", &w.claim())?;
+        for mark in ["flushed", "checked"] {
+            let agent = volume.join(mark).join("ferry-agent");
+            ensure!(
+                std::fs::metadata(&agent).is_ok_and(|m| m.len() > 0),
+                "{} is not on the new volume: the hook's write was not synced",
+                agent.display()
+            );
+        }
+
+        // Back, with a hook that never ends.
+        let new = tier.get(
+            &format!("pvc/{}", w.claim()),
+            "default",
+            "{.spec.volumeName}",
+        )?;
+        hook_job(tier, "hang", "back-hooked", "[pause]", None)?;
+        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: ClaimMigration\nmetadata: {name: back-hooked, namespace: default}\nspec:\n  claim: data-hooked-0\n  to: {storageClassName: ferry-csi}\n  hooks:\n    beforeFinalSync: {job: hang, timeoutSeconds: 10}\n")?;
+        wait_for(
+            "the migration back rolled back",
+            Duration::from_secs(300),
+            || status(tier, "back-hooked", "step").is_ok_and(|s| s == "Failed"),
+        )?;
+        let (reason, message) = (
+            status(tier, "back-hooked", "reason")?,
+            status(tier, "back-hooked", "message")?,
+        );
+        ensure!(reason == "HookTimedOut", "{reason}: {message}");
+        ensure!(
+            message.contains("hang") && message.contains("10s"),
+            "{message}"
+        );
+        let suspended = tier.get("job/hang", "default", "{.spec.suspend}")?;
+        ensure!(
+            suspended == "true",
+            "the hook was left running (suspend {suspended:?})"
+        );
+        wait_for(
+            "the hung hook's pod stopped",
+            Duration::from_secs(60),
+            || {
+                tier.kubectl_ok(&[
+                    "get",
+                    "pods",
+                    "-n",
+                    "default",
+                    "-l",
+                    "job-name=hang",
+                    "-o",
+                    "name",
+                ])
+                .is_ok_and(|p| p.trim().is_empty())
+            },
+        )?;
+        w.pod(tier)?;
+        let now = tier.get(
+            &format!("pvc/{}", w.claim()),
+            "default",
+            "{.spec.volumeName}",
+        )?;
+        ensure!(
+            now == new,
+            "after the rollback the claim is on {now:?}, not {new:?}"
+        );
+        Ok(())
+    })();
+    let first = remove(tier, "default", &["claimmigration/back-hooked"]);
+    let jobs = remove(tier, "default", &jobs);
+    clean_up(tier, w, "move-hooked", &old)
+        .and(result)
+        .and(first)
+        .and(jobs)
+}
+
 /// A claim a bare pod uses: refused naming the pod, and nothing touched (the pod runs on,
 /// no claim or CopyJob made).
 pub fn a_bare_pod_is_refused(tier: &KubeTier, _: &Path) -> Result<()> {

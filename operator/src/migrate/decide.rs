@@ -11,6 +11,11 @@
 //! 2. `Copying`: the new claim ([`migration_claim`]) and the live copy into it.
 //! 3. `Quiescing`: the downtime's start is recorded, the users scaled to zero, until no
 //!    pod has the claim (or the timeout rolls back).
+//!
+//!    Before it and after it, `RunningHook` for a hook the spec names: the user's
+//!    suspended Job started (`spec.suspend` to false, the only change the operator makes to
+//!    a Job) and waited for; failed, gone or past its timeout (then suspended again, which
+//!    stops its pods), it rolls back. Each hook runs once.
 //! 4. `FinalSync`: what changed since, by checksum, deletions included, verified.
 //! 5. `Swapping` (never undone once begun): the old volume `Retain`; the new volume
 //!    pre-bound by name to the claim's name; the old claim and the new claim deleted; a
@@ -25,9 +30,12 @@ use std::collections::BTreeMap;
 
 use ferry_crds::{
     migration_claim_name, migration_copy_name, migration_sync_name, ClaimMigration,
-    ClaimMigrationStatus, CopyJob, MigrationReason, MigrationStep, MigrationUser, Phase, UserKind,
-    MAX_MIGRATION_USERS, MIGRATION_FINALIZER, MIGRATION_LABEL,
+    ClaimMigrationStatus, CopyJob, HookPoint, MigrationReason, MigrationStep, MigrationUser, Phase,
+    UserKind, HOOK_LABEL, MAX_MIGRATION_USERS, MIGRATION_FINALIZER, MIGRATION_LABEL,
 };
+use k8s_openapi::api::batch::v1::Job;
+
+use super::hook::{hook_field, hook_for, job_state, JobState};
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     VolumeResourceRequirements,
@@ -92,6 +100,13 @@ pub enum Step {
         name: String,
         uid: String,
     },
+    /// Set a hook's Job's `spec.suspend` (false: start it; true: stop it), at
+    /// `resource_version`.
+    SuspendJob {
+        name: String,
+        suspend: bool,
+        resource_version: String,
+    },
 }
 
 impl PartialEq for Step {
@@ -140,6 +155,18 @@ impl PartialEq for Step {
             (DeleteClaim { name: n1, uid: u1 }, DeleteClaim { name: n2, uid: u2 }) => {
                 (n1, u1) == (n2, u2)
             }
+            (
+                SuspendJob {
+                    name: n1,
+                    suspend: s1,
+                    resource_version: r1,
+                },
+                SuspendJob {
+                    name: n2,
+                    suspend: s2,
+                    resource_version: r2,
+                },
+            ) => (n1, s1, r1) == (n2, s2, r2),
             _ => std::mem::discriminant(self) == std::mem::discriminant(other),
         }
     }
@@ -172,6 +199,9 @@ pub struct Inputs<'a> {
     /// The objects named [`migration_copy_name`] and [`migration_sync_name`], if any.
     pub copy: Option<&'a CopyJob>,
     pub sync: Option<&'a CopyJob>,
+    /// At `Checking`, `RunningHook` and `RollingBack`: the Jobs `spec.hooks` names that
+    /// exist, by name.
+    pub hooks: &'a BTreeMap<String, Job>,
 }
 
 /// Made by the operator for `m`: controlled by it and labelled for it.
@@ -233,7 +263,7 @@ pub fn decide(i: &Inputs) -> Step {
         if terminal || matches!(step, S::Checking | S::Copying) {
             return Step::RemoveFinalizer;
         }
-        if matches!(step, S::Quiescing | S::FinalSync) {
+        if matches!(step, S::Quiescing | S::RunningHook | S::FinalSync) {
             return next(S::RollingBack, R::Cancelled, format!("the ClaimMigration was deleted before the swap: scaling the users of claim {claim_name} back, on its old volume"));
         }
         // Swapping and Resuming are finished, RollingBack too: on with them.
@@ -275,6 +305,43 @@ pub fn decide(i: &Inputs) -> Step {
                 }),
                 _ => None,
             })
+    };
+    // The next step with what it records: the users scaled to zero (the downtime's start),
+    // a hook started, the final sync.
+    let quiesce = |s: &mut ClaimMigrationStatus| {
+        s.step = Some(S::Quiescing);
+        s.reason = Some(R::Migrating);
+        s.message = format!("scaling the users of claim {claim_name} to zero for the final sync");
+        s.scaled_down_at = Some(Time(i.now));
+        s.quiescing_since = Some(Time(i.now));
+    };
+    let start_hook = |s: &mut ClaimMigrationStatus, point: HookPoint| {
+        let Some(hook) = m
+            .spec
+            .hooks
+            .at(point)
+            .filter(|_| !s.hooks_done.contains(&point))
+        else {
+            return false;
+        };
+        s.step = Some(S::RunningHook);
+        s.reason = Some(R::Migrating);
+        s.message = format!(
+            "running the Job {} of {} (at most {}s)",
+            hook.job,
+            hook_field(point),
+            hook.timeout_seconds
+        );
+        s.hook = Some(point);
+        s.hook_started_at = Some(Time(i.now));
+        true
+    };
+    let final_sync = |s: &mut ClaimMigrationStatus| {
+        s.step = Some(S::FinalSync);
+        s.reason = Some(R::Migrating);
+        s.message = format!(
+            "the users of claim {claim_name} are at zero: syncing what changed since the copy"
+        );
     };
     match step {
         S::Checking => {
@@ -349,6 +416,32 @@ pub fn decide(i: &Inputs) -> Step {
             if users.len() > MAX_MIGRATION_USERS {
                 return fail(R::UnsupportedUser, format!("{} workloads have claim {claim_name}, and a migration scales at most {MAX_MIGRATION_USERS}", users.len()));
             }
+            for point in HookPoint::ALL {
+                let Some(hook) = m.spec.hooks.at(*point) else {
+                    continue;
+                };
+                let field = hook_field(*point);
+                let name = m.name_any();
+                let how = format!("a hook is a Job of this namespace created with spec.suspend: true and the label {HOOK_LABEL}: {name}, which the migration starts");
+                let Some(job) = i.hooks.get(&hook.job) else {
+                    return fail(
+                        R::InvalidMigration,
+                        format!("no Job {} in this namespace ({field}.job): {how}", hook.job),
+                    );
+                };
+                if hook_for(job, &name).is_none() {
+                    return fail(R::InvalidMigration, format!("Job {} does not carry the label {HOOK_LABEL}: {name} ({field}.job): {how}", hook.job));
+                }
+                if job_state(job) != JobState::Ready {
+                    return fail(
+                        R::InvalidMigration,
+                        format!(
+                            "Job {} is not suspended, or has run ({field}.job): {how}",
+                            hook.job
+                        ),
+                    );
+                }
+            }
             let mut s = status.clone();
             s.step = Some(S::Copying);
             s.reason = Some(R::Migrating);
@@ -395,14 +488,10 @@ pub fn decide(i: &Inputs) -> Step {
                 ),
                 Some(Phase::Succeeded) => {
                     let mut s = status.clone();
-                    s.step = Some(S::Quiescing);
-                    s.reason = Some(R::Migrating);
-                    s.message = format!(
-                        "scaling the users of claim {claim_name} to zero for the final sync"
-                    );
                     s.copy_seconds = seconds_between(status.started_at.as_ref(), i.now);
-                    s.scaled_down_at = Some(Time(i.now));
-                    s.quiescing_since = Some(Time(i.now));
+                    if !start_hook(&mut s, HookPoint::BeforeScaleDown) {
+                        quiesce(&mut s);
+                    }
                     Step::Status(Box::new(s))
                 }
                 _ => Step::Wait,
@@ -417,7 +506,11 @@ pub fn decide(i: &Inputs) -> Step {
                 return Step::DeleteJob(sync.name_any());
             }
             if i.pods_using == 0 {
-                return next(S::FinalSync, R::Migrating, format!("the users of claim {claim_name} are at zero: syncing what changed since the copy"));
+                let mut s = status.clone();
+                if !start_hook(&mut s, HookPoint::BeforeFinalSync) {
+                    final_sync(&mut s);
+                }
+                return Step::Status(Box::new(s));
             }
             let waited = seconds_between(status.quiescing_since.as_ref(), i.now).unwrap_or(0.0);
             if waited > f64::from(m.spec.quiesce_timeout_seconds) {
@@ -557,6 +650,63 @@ pub fn decide(i: &Inputs) -> Step {
             }
             Step::Wait
         }
+        S::RunningHook => {
+            let point = status.hook.unwrap_or(HookPoint::BeforeScaleDown);
+            let Some(hook) = m.spec.hooks.at(point) else {
+                return next(
+                    S::RollingBack,
+                    R::InvalidMigration,
+                    format!(
+                        "the status names hook {}, which the spec does not have",
+                        hook_field(point)
+                    ),
+                );
+            };
+            if point == HookPoint::BeforeFinalSync {
+                // The users stay at zero while it runs.
+                if let Some(s) = scale_down() {
+                    return s;
+                }
+            }
+            let field = hook_field(point);
+            let Some(job) = i
+                .hooks
+                .get(&hook.job)
+                .and_then(|j| hook_for(j, &m.name_any()))
+            else {
+                return next(S::RollingBack, R::HookFailed, format!("the Job {} of {field} went (or lost its label {HOOK_LABEL}) before it completed", hook.job));
+            };
+            let state = job_state(job);
+            if let JobState::Failed(why) = &state {
+                return next(
+                    S::RollingBack,
+                    R::HookFailed,
+                    format!("the Job {} of {field} failed ({why})", hook.job),
+                );
+            }
+            if state == JobState::Complete {
+                let mut s = status.clone();
+                s.hooks_done.push(point);
+                match point {
+                    HookPoint::BeforeScaleDown => quiesce(&mut s),
+                    HookPoint::BeforeFinalSync => final_sync(&mut s),
+                }
+                return Step::Status(Box::new(s));
+            }
+            let waited = seconds_between(status.hook_started_at.as_ref(), i.now).unwrap_or(0.0);
+            if waited > f64::from(hook.timeout_seconds) {
+                // RollingBack suspends it again.
+                return next(S::RollingBack, R::HookTimedOut, format!("the Job {} of {field} did not complete within {}s (its timeoutSeconds): it is suspended again, which stops its pods", hook.job, hook.timeout_seconds));
+            }
+            match state {
+                JobState::Ready | JobState::Suspended => Step::SuspendJob {
+                    name: hook.job.clone(),
+                    suspend: false,
+                    resource_version: job.resource_version().unwrap_or_default(),
+                },
+                _ => Step::Wait,
+            }
+        }
         S::Resuming => {
             let mut s = status.clone();
             s.step = Some(S::Succeeded);
@@ -572,6 +722,21 @@ pub fn decide(i: &Inputs) -> Step {
             scale_back(Step::Status(Box::new(s)))
         }
         S::RollingBack => {
+            // A hook that had started and not ended is stopped (suspended: its pods go).
+            let running = status
+                .hook
+                .filter(|p| !status.hooks_done.contains(p))
+                .and_then(|p| m.spec.hooks.at(p))
+                .and_then(|h| i.hooks.get(&h.job))
+                .and_then(|j| hook_for(j, &m.name_any()))
+                .filter(|j| job_state(j) == JobState::Running);
+            if let Some(job) = running {
+                return Step::SuspendJob {
+                    name: job.name_any(),
+                    suspend: true,
+                    resource_version: job.resource_version().unwrap_or_default(),
+                };
+            }
             let mut s = status.clone();
             s.step = Some(S::Failed);
             s.scaled_up_at = status.scaled_down_at.as_ref().map(|_| Time(i.now));

@@ -11,6 +11,7 @@ use ferry_crds::{
     ClaimMigrationSpec, Compare, CopyJobStatus, MigrationTarget, Overwrite, Verify,
     SELECTED_NODE_ANNOTATION,
 };
+use k8s_openapi::api::batch::v1::{JobCondition, JobSpec};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, PersistentVolumeSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::SignedDuration;
@@ -29,6 +30,7 @@ fn migration(to: &str, node: Option<&str>) -> ClaimMigration {
             },
             quiesce_timeout_seconds: 60,
             parallelism: Default::default(),
+            hooks: Default::default(),
         },
     );
     m.metadata.namespace = Some("app".into());
@@ -132,6 +134,20 @@ struct World {
     lost: Vec<String>,
     steps: Vec<Step>,
     next_uid: u32,
+    /// The hooks' Jobs, by name.
+    hooks: BTreeMap<String, Job>,
+    /// What a hook's Job does once started (absent: it completes).
+    hook_does: BTreeMap<String, HookDoes>,
+    /// Each start of a hook: its Job, the users' replicas then, whether the final sync
+    /// existed then.
+    hook_starts: Vec<(String, i32, bool)>,
+}
+
+/// What a hook's Job does in a simulated run once started.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HookDoes {
+    Fails,
+    Hangs,
 }
 
 impl World {
@@ -155,6 +171,9 @@ impl World {
             lost: Vec::new(),
             steps: Vec::new(),
             next_uid: 0,
+            hooks: BTreeMap::new(),
+            hook_does: BTreeMap::new(),
+            hook_starts: Vec::new(),
         }
     }
 
@@ -200,6 +219,7 @@ impl World {
             new_volume,
             copy: self.jobs.get(&migration_copy_name(uid)),
             sync: self.jobs.get(&migration_sync_name(uid)),
+            hooks: &self.hooks,
         };
         decide(&inputs)
     }
@@ -306,6 +326,39 @@ impl World {
                     .as_mut()
                     .expect("set in the simulated cluster")
                     .claim_ref = Some((**claim_ref).clone());
+            }
+            Step::SuspendJob { name, suspend, .. } => {
+                let does = self.hook_does.get(name).copied();
+                let replicas = self.replicas.values().sum();
+                let synced = self.jobs.contains_key(&migration_sync_name(MIG));
+                let job = self
+                    .hooks
+                    .get_mut(name)
+                    .expect("set in the simulated cluster");
+                job.spec
+                    .as_mut()
+                    .expect("set in the simulated cluster")
+                    .suspend = Some(*suspend);
+                let status = job.status.get_or_insert_with(Default::default);
+                if *suspend {
+                    // The Job controller deletes its pods.
+                    status.active = Some(0);
+                    return;
+                }
+                self.hook_starts.push((name.clone(), replicas, synced));
+                status.start_time = Some(Time(self.now));
+                let condition = |type_: &str| JobCondition {
+                    type_: type_.into(),
+                    status: "True".into(),
+                    reason: Some("Simulated".into()),
+                    message: Some("the simulated Job ended".into()),
+                    ..Default::default()
+                };
+                match does {
+                    None => status.conditions = Some(vec![condition("Complete")]),
+                    Some(HookDoes::Fails) => status.conditions = Some(vec![condition("Failed")]),
+                    Some(HookDoes::Hangs) => status.active = Some(1),
+                }
             }
             Step::DeleteClaim { name, uid } => {
                 let Some(c) = self.claims.get(name) else {
@@ -813,6 +866,7 @@ fn another_migration_of_the_claim_goes_first() {
         new_volume: None,
         copy: None,
         sync: None,
+        hooks: &BTreeMap::new(),
     };
     let Step::Status(s) = decide(&inputs) else {
         panic!()
@@ -825,4 +879,213 @@ fn another_migration_of_the_claim_goes_first() {
         )
     );
     assert!(s.message.contains("earlier"));
+}
+
+/// A hook's Job as its author makes it: suspended, labelled for `for_` (if given).
+fn hook_job(name: &str, for_: Option<&str>, suspend: bool) -> Job {
+    Job {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("app".into()),
+            resource_version: Some("7".into()),
+            labels: for_.map(|f| BTreeMap::from([(HOOK_LABEL.to_string(), f.to_string())])),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            suspend: Some(suspend),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn with_hooks(scale_down: Option<&str>, final_sync: Option<&str>, timeout: i32) -> World {
+    let mut m = migration("fast", None);
+    let hook = |job: &str| ferry_crds::MigrationHook {
+        job: job.into(),
+        timeout_seconds: timeout,
+    };
+    m.spec.hooks.before_scale_down = scale_down.map(hook);
+    m.spec.hooks.before_final_sync = final_sync.map(hook);
+    let mut w = World::new(m);
+    for job in scale_down.into_iter().chain(final_sync) {
+        w.hooks
+            .insert(job.into(), hook_job(job, Some("move-data"), true));
+    }
+    w
+}
+
+fn starts(w: &World, job: &str, suspend: bool) -> usize {
+    w.steps
+        .iter()
+        .filter(|s| matches!(s, Step::SuspendJob { name, suspend: s, .. } if name == job && *s == suspend))
+        .count()
+}
+
+#[test]
+fn each_hook_runs_once_at_its_point() {
+    let mut w = with_hooks(Some("flush"), Some("check"), 60);
+    w.run(200);
+    let s = w.status();
+    assert_eq!(s.step, Some(MigrationStep::Succeeded), "{}", s.message);
+    assert_eq!(
+        w.hook_starts,
+        vec![
+            ("flush".to_string(), 2, false),
+            ("check".to_string(), 0, false)
+        ],
+        "flush with the users running; check with them at zero, before the final sync"
+    );
+    assert_eq!(
+        s.hooks_done,
+        vec![HookPoint::BeforeScaleDown, HookPoint::BeforeFinalSync]
+    );
+    let flush = w
+        .position(|s| matches!(s, Step::SuspendJob { name, .. } if name == "flush"))
+        .expect("set in the simulated cluster");
+    let down = w
+        .position(scaled_to(0))
+        .expect("set in the simulated cluster");
+    assert!(flush < down, "the first hook runs before the scale-down");
+}
+
+#[test]
+fn a_hook_is_not_run_again_when_the_final_sync_is() {
+    let mut w = with_hooks(None, Some("check"), 60);
+    w.faults.scaled_up_during_sync = true;
+    w.run(200);
+    assert_eq!(w.status().step, Some(MigrationStep::Succeeded));
+    let syncs = w
+        .steps
+        .iter()
+        .filter(|s| matches!(s, Step::CreateJob(j) if j.name_any() == migration_sync_name(MIG)))
+        .count();
+    assert_eq!(syncs, 2);
+    assert_eq!(starts(&w, "check", false), 1, "a Job runs once");
+}
+
+#[test]
+fn a_failed_hook_rolls_back_on_the_old_claim() {
+    for (scale_down, final_sync) in [(Some("flush"), None), (None, Some("check"))] {
+        let mut w = with_hooks(scale_down, final_sync, 60);
+        let job = scale_down.or(final_sync).expect("one of the two");
+        w.hook_does.insert(job.into(), HookDoes::Fails);
+        w.run(200);
+        let s = w.status();
+        assert_eq!(
+            (s.step, s.reason),
+            (
+                Some(MigrationStep::Failed),
+                Some(MigrationReason::HookFailed)
+            ),
+            "{job}: {}",
+            s.message
+        );
+        assert!(
+            s.message.contains(job) && s.message.contains("failed"),
+            "{}",
+            s.message
+        );
+        assert_eq!(
+            w.replicas[&(UserKind::StatefulSet, "db".into())],
+            2,
+            "{job}"
+        );
+        assert_eq!(w.claims["data"].uid().as_deref(), Some(OLD), "{job}");
+        assert!(
+            !w.jobs.contains_key(&migration_sync_name(MIG)),
+            "{job}: no final sync after a failed hook"
+        );
+        assert!(
+            !w.steps.iter().any(|s| matches!(s, Step::Retain { .. })),
+            "{job}"
+        );
+    }
+}
+
+#[test]
+fn a_hook_past_its_timeout_is_stopped_and_rolled_back() {
+    let mut w = with_hooks(None, Some("check"), 10);
+    w.hook_does.insert("check".into(), HookDoes::Hangs);
+    w.run(200);
+    let s = w.status();
+    assert_eq!(
+        (s.step, s.reason),
+        (
+            Some(MigrationStep::Failed),
+            Some(MigrationReason::HookTimedOut)
+        ),
+        "{}",
+        s.message
+    );
+    assert_eq!(
+        starts(&w, "check", true),
+        1,
+        "suspended again: its pods stop"
+    );
+    let stop = w
+        .position(|s| matches!(s, Step::SuspendJob { suspend: true, .. }))
+        .expect("set in the simulated cluster");
+    let up = w
+        .steps
+        .iter()
+        .rposition(scaled_to(2))
+        .expect("set in the simulated cluster");
+    assert!(stop < up, "the hook is stopped before the users come back");
+    assert_eq!(w.claims["data"].uid().as_deref(), Some(OLD));
+}
+
+#[test]
+fn deleted_while_a_hook_runs_it_stops_the_hook_and_rolls_back() {
+    let mut w = with_hooks(None, Some("check"), 600);
+    w.hook_does.insert("check".into(), HookDoes::Hangs);
+    for _ in 0..100 {
+        if w.hook_starts.len() == 1 {
+            break;
+        }
+        let s = w.decide();
+        w.apply(&s);
+        w.steps.push(s);
+    }
+    assert_eq!(w.status().step, Some(MigrationStep::RunningHook));
+    w.m.metadata.deletion_timestamp = Some(Time(w.now));
+    w.run(100);
+    let s = w.status();
+    assert_eq!(s.reason, Some(MigrationReason::Cancelled), "{}", s.message);
+    assert_eq!(starts(&w, "check", true), 1);
+    assert_eq!(w.replicas[&(UserKind::StatefulSet, "db".into())], 2);
+    assert!(w.m.finalizers().is_empty());
+}
+
+#[test]
+fn a_hook_that_is_not_a_suspended_job_for_this_migration_is_refused() {
+    let cases = [
+        (None, "no Job check"),
+        (
+            Some(hook_job("check", None, true)),
+            "does not carry the label",
+        ),
+        (
+            Some(hook_job("check", Some("another"), true)),
+            "does not carry the label",
+        ),
+        (
+            Some(hook_job("check", Some("move-data"), false)),
+            "is not suspended",
+        ),
+    ];
+    for (job, says) in cases {
+        let mut w = with_hooks(None, Some("check"), 60);
+        w.hooks.clear();
+        if let Some(job) = job {
+            w.hooks.insert("check".into(), job);
+        }
+        let (reason, message) = refused(w);
+        assert_eq!(reason, MigrationReason::InvalidMigration, "{message}");
+        assert!(message.contains(says), "{message}");
+        assert!(
+            message.contains("spec.suspend: true") && message.contains(HOOK_LABEL),
+            "says what to change: {message}"
+        );
+    }
 }
