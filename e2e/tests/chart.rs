@@ -1210,6 +1210,9 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster apps/deployments/scale patch", // migrate: to zero and back (-migrations)
         "cluster apps/statefulsets/scale get", // migrate::replicas_of
         "cluster apps/statefulsets/scale patch", // migrate: to zero and back (-migrations)
+        "cluster batch/jobs get",        // migrate: a hook's Job, read
+        "cluster batch/jobs patch",      // migrate: a hook's spec.suspend (-migrations)
+        "cluster batch/jobs delete", // migrate: a completed hook mounting the claim (-migrations)
         "cluster events.k8s.io/events create", // Recorder::publish
         "cluster events.k8s.io/events patch", // Recorder::publish, a repeat
         "ferry-system coordination.k8s.io/leases list", // heartbeats reflector

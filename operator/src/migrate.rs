@@ -9,8 +9,9 @@
 //! or back from zero), create and delete of claims (the new claim, the old one once its
 //! volume is `Retain`, the one that takes the original name), and two changes to a volume:
 //! its reclaim policy to `Retain`, and its `claimRef` from the new claim to the original
-//! name; and `patch` on Jobs, only `spec.suspend` of those labelled `ferry.dev/hook-for`
-//! (a hook, the user's own Job, started and, past its timeout, stopped).
+//! name; and `patch` and `delete` on Jobs labelled `ferry.dev/hook-for` (a hook, the
+//! user's own Job): only its `spec.suspend` (started and, past its timeout, stopped), and
+//! deleted once completed if its pods mount the claim.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,7 +27,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{
+    DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -509,6 +512,23 @@ async fn reconcile(m: Arc<ClaimMigration>, ctx: Arc<Context>) -> Result<Action, 
                     .await,
             )?;
             return Ok(Action::requeue(Duration::from_millis(500)));
+        }
+        Step::DeleteHook { name: job, uid } => {
+            tracing::info!(migration = %name, %ns, %job, "migration: deleting a completed hook");
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..DeleteParams::default()
+            };
+            ignore(
+                Api::<Job>::namespaced(client.clone(), &ns)
+                    .delete(&job, &dp)
+                    .await,
+            )?;
+            return Ok(Action::requeue(Duration::from_millis(300)));
         }
     }
     // Waiting on a copy, pods going or the PV controller: the CopyJobs' changes wake it,

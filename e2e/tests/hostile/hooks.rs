@@ -1,5 +1,6 @@
-//! Migration hooks' grant: `get` and `patch` on every Job, narrowed only by the chart's
-//! `-migrations` admission policy to `spec.suspend` of a Job labelled `ferry.dev/hook-for`.
+//! Migration hooks' grant: `get`, `patch` and `delete` on every Job, narrowed only by the
+//! chart's `-migrations` admission policy to `spec.suspend` of a Job labelled
+//! `ferry.dev/hook-for`, and the deletion of such a Job.
 //! A stolen operator token must not be able to change what any Job runs, nor start one its
 //! author did not prepare as a hook. Here, on the operator's own ServiceAccount token (and a
 //! tenant's, and an admin's) against the chart as rendered into `deploy/`:
@@ -9,7 +10,8 @@
 //! - that patch with anything else of the Job changed (its template, which a suspended Job
 //!   lets change, its other spec fields, its labels and annotations) is refused naming the
 //!   field;
-//! - the operator cannot create or delete a Job at all (RBAC);
+//! - the operator deletes a labelled Job (a completed hook whose pods mount the claim) and
+//!   no other; it cannot create one (RBAC);
 //! - a tenant and an admin change their Jobs as before: not this policy's.
 //!
 //! The table is checked against the patch first: a field added to `suspend_patch` without
@@ -90,7 +92,8 @@ fn rows() -> Vec<Row<Base>> {
 }
 
 #[test]
-fn migrations_policy_lets_the_operator_only_start_and_stop_a_labelled_jobs_hook() -> Result<()> {
+fn migrations_policy_lets_the_operator_only_start_stop_and_delete_a_labelled_jobs_hook(
+) -> Result<()> {
     // The patches as the code builds them, checked against the rows (at a placeholder
     // resourceVersion; the real one is set below).
     let bases = |rv: &str| {
@@ -152,7 +155,7 @@ fn migrations_policy_lets_the_operator_only_start_and_stop_a_labelled_jobs_hook(
         failed.join("\n")
     );
 
-    // The operator neither creates nor deletes a Job.
+    // The operator deletes a hook's Job and no other, and creates none.
     let kcs = kc.to_string_lossy();
     let made = cp.kubectl_stdin(
         &[
@@ -166,17 +169,25 @@ fn migrations_policy_lets_the_operator_only_start_and_stop_a_labelled_jobs_hook(
         &job("mine", false, true).to_string(),
     )?;
     answered(&made, Answer::Refused("forbidden"))?;
-    let deleted = cp.kubectl(&[
-        "--kubeconfig",
-        &kcs,
-        "delete",
-        "job",
-        "hook",
-        "-n",
-        TEAM,
-        "--dry-run=server",
-    ])?;
-    answered(&deleted, Answer::Refused("forbidden"))?;
+    for (job, answer) in [
+        ("hook", Answer::Admitted),
+        (
+            "plain",
+            Answer::Refused("metadata.labels[ferry.dev/hook-for]"),
+        ),
+    ] {
+        let deleted = cp.kubectl(&[
+            "--kubeconfig",
+            &kcs,
+            "delete",
+            "job",
+            job,
+            "-n",
+            TEAM,
+            "--dry-run=server",
+        ])?;
+        answered(&deleted, answer).map_err(|e| e.context(format!("deleting Job {job}")))?;
+    }
 
     // A tenant with patch on its Jobs, and an admin, change them as before.
     cp.kubectl_ok(&["create", "serviceaccount", "tenant", "-n", TEAM])?;

@@ -512,7 +512,7 @@ pub fn deployment_with_a_writer(tier: &KubeTier, _: &Path) -> Result<()> {
 }
 
 /// A hook's Job of migration `for_`: suspended, labelled for it, in `default`, the Ferry
-/// image running `args`, as root (the volume's root is root's), the claim of workload `w`
+/// image running `args`, as root (the image's user is not, and the volume's root is root's), the claim of workload `w`
 /// mounted at `/data` if `mount`.
 fn hook_job(
     tier: &KubeTier,
@@ -533,11 +533,11 @@ fn hook_job(
         None => (String::new(), String::new()),
     };
     tier.apply(&format!(
-        "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}, namespace: default, labels: {{ferry.dev/hook-for: {for_}}}}}\nspec:\n  suspend: true\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 1\n      automountServiceAccountToken: false\n      containers:\n      - name: hook\n        image: {image}\n        args: {args}{mounts}{volumes}\n"
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}, namespace: default, labels: {{ferry.dev/hook-for: {for_}}}}}\nspec:\n  suspend: true\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 1\n      automountServiceAccountToken: false\n      securityContext: {{runAsUser: 0}}\n      containers:\n      - name: hook\n        image: {image}\n        args: {args}{mounts}{volumes}\n"
     ))
 }
 
-/// A Job's `{.status.FIELD}`.
+/// A Job's `{.status.FIELD}` (empty once it is gone).
 fn job_status(tier: &KubeTier, name: &str, field: &str) -> Result<String> {
     tier.get(
         &format!("job/{name}"),
@@ -572,8 +572,55 @@ pub fn hooks_run_at_their_points(tier: &KubeTier, _: &Path) -> Result<()> {
             "[copy, /usr/local/bin, /data/checked]",
             Some(w),
         )?;
-        tier.apply("apiVersion: ferry.dev/v1alpha1\nkind: ClaimMigration\nmetadata: {name: move-hooked, namespace: default}\nspec:\n  claim: data-hooked-0\n  to: {storageClassName: ferry-csi-wffc}\n  hooks:\n    beforeScaleDown: {job: flush, timeoutSeconds: 120}\n    beforeFinalSync: {job: check, timeoutSeconds: 120}\n")?;
-        until_migrated(tier, "move-hooked", Duration::from_secs(300))?;
+        // Made as a user would, with kubectl ferry (--detach: followed below).
+        let out = Command::new(workspace_bin("kubectl-ferry", "kubectl-ferry")?)
+            .env("KUBECONFIG", tier.kubeconfig())
+            .args([
+                "-n",
+                "default",
+                "migrate",
+                "data-hooked-0",
+                "--to-class",
+                "ferry-csi-wffc",
+            ])
+            .args(["--name", "move-hooked", "--detach", "--hook-timeout", "120"])
+            .args([
+                "--hook-before-scale-down",
+                "flush",
+                "--hook-before-final-sync",
+                "check",
+            ])
+            .output()?;
+        ensure!(out.status.success(), "kubectl ferry migrate: {out:?}");
+        let timeouts = tier.get(
+            "claimmigration/move-hooked",
+            "default",
+            "{.spec.hooks.beforeScaleDown.timeoutSeconds} {.spec.hooks.beforeFinalSync.timeoutSeconds}",
+        )?;
+        ensure!(timeouts == "120 120", "the hooks' timeouts: {timeouts}");
+        // The Jobs as they run (the migration deletes each once it completed: its pods
+        // mount the claim, and would keep it from the swap): when each started, and that
+        // each succeeded once.
+        let mut seen = std::collections::BTreeMap::new();
+        let started = Instant::now();
+        loop {
+            for job in ["flush", "check"] {
+                let start = job_status(tier, job, "startTime")?;
+                if !start.is_empty() {
+                    seen.insert(job, start);
+                }
+            }
+            match status(tier, "move-hooked", "step")?.as_str() {
+                "Succeeded" => break,
+                "Failed" => until_migrated(tier, "move-hooked", Duration::ZERO)?,
+                step => ensure!(
+                    started.elapsed() < Duration::from_secs(300),
+                    "still at {step} after 300 s: {}",
+                    status(tier, "move-hooked", "message")?
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let written = app.stop();
         let done = status(tier, "move-hooked", "hooksDone")?;
         ensure!(
@@ -581,22 +628,49 @@ pub fn hooks_run_at_their_points(tier: &KubeTier, _: &Path) -> Result<()> {
             "the hooks done: {done}"
         );
         let down = epoch_of(&status(tier, "move-hooked", "scaledDownAt")?)?;
-        let flushed = epoch_of(&job_status(tier, "flush", "startTime")?)?;
-        let checked = epoch_of(&job_status(tier, "check", "startTime")?)?;
-        ensure!(
-            flushed <= down,
-            "beforeScaleDown started at {flushed}, after the scale-down at {down}"
-        );
-        ensure!(
-            checked >= down,
-            "beforeFinalSync started at {checked}, before the scale-down at {down}"
-        );
+        let mut starts = Vec::new();
         for job in ["flush", "check"] {
+            let start = seen
+                .get(job)
+                .with_context(|| format!("Job {job} never seen started"))?;
+            // Its events outlive it: completed, one pod made.
+            for (reason, want) in [
+                ("Completed", "Job completed"),
+                ("SuccessfulCreate", "Created pod"),
+            ] {
+                let events = tier.kubectl_ok(&[
+                    "get",
+                    "events",
+                    "-n",
+                    "default",
+                    "--field-selector",
+                    &format!("involvedObject.kind=Job,involvedObject.name={job},reason={reason}"),
+                    "-o",
+                    "jsonpath={range .items[*]}{.count} {.message}{\"\\n\"}{end}",
+                ])?;
+                let lines: Vec<&str> = events.lines().filter(|l| !l.is_empty()).collect();
+                ensure!(
+                    lines.len() == 1 && lines[0].starts_with("1 ") && lines[0].contains(want),
+                    "Job {job}'s {reason} events: {events:?} (it ran once, and completed)"
+                );
+            }
+            starts.push(epoch_of(start)?);
             ensure!(
-                job_status(tier, job, "succeeded")? == "1",
-                "Job {job} did not succeed once"
+                tier.get(&format!("job/{job}"), "default", "{.metadata.name}")?
+                    .is_empty(),
+                "the completed Job {job} was not deleted"
             );
         }
+        ensure!(
+            starts[0] <= down,
+            "beforeScaleDown started at {}, after the scale-down at {down}",
+            starts[0]
+        );
+        ensure!(
+            starts[1] >= down,
+            "beforeFinalSync started at {}, before the scale-down at {down}",
+            starts[1]
+        );
         check_migrated(tier, "move-hooked", w, &old, &before, &written)?;
         let volume = volume_dir(tier, "default", &w.claim())?;
         for mark in ["flushed", "checked"] {

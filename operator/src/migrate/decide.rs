@@ -35,7 +35,7 @@ use ferry_crds::{
 };
 use k8s_openapi::api::batch::v1::Job;
 
-use super::hook::{hook_field, hook_for, job_state, JobState};
+use super::hook::{hook_field, hook_for, job_state, mounts, JobState};
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     VolumeResourceRequirements,
@@ -107,6 +107,13 @@ pub enum Step {
         suspend: bool,
         resource_version: String,
     },
+    /// Delete a completed hook's Job (uid `uid`) whose pods mount the claim: a finished pod
+    /// that is not deleted keeps its claims from being deleted (the PVC protection
+    /// controller waits for it, kubernetes#113828), and the swap deletes the claim.
+    DeleteHook {
+        name: String,
+        uid: String,
+    },
 }
 
 impl PartialEq for Step {
@@ -167,6 +174,9 @@ impl PartialEq for Step {
                     resource_version: r2,
                 },
             ) => (n1, s1, r1) == (n2, s2, r2),
+            (DeleteHook { name: n1, uid: u1 }, DeleteHook { name: n2, uid: u2 }) => {
+                (n1, u1) == (n2, u2)
+            }
             _ => std::mem::discriminant(self) == std::mem::discriminant(other),
         }
     }
@@ -669,11 +679,29 @@ pub fn decide(i: &Inputs) -> Step {
                 }
             }
             let field = hook_field(point);
-            let Some(job) = i
+            let job = i
                 .hooks
                 .get(&hook.job)
-                .and_then(|j| hook_for(j, &m.name_any()))
-            else {
+                .and_then(|j| hook_for(j, &m.name_any()));
+            let next_step = |s: &mut ClaimMigrationStatus| match point {
+                HookPoint::BeforeScaleDown => quiesce(s),
+                HookPoint::BeforeFinalSync => final_sync(s),
+            };
+            if status.hooks_done.contains(&point) {
+                // Completed: its pods let go of the claim before the migration goes on.
+                if let Some(job) =
+                    job.filter(|j| mounts(j, claim_name) && j.metadata.deletion_timestamp.is_none())
+                {
+                    return Step::DeleteHook {
+                        name: job.name_any(),
+                        uid: job.uid().unwrap_or_default(),
+                    };
+                }
+                let mut s = status.clone();
+                next_step(&mut s);
+                return Step::Status(Box::new(s));
+            }
+            let Some(job) = job else {
                 return next(S::RollingBack, R::HookFailed, format!("the Job {} of {field} went (or lost its label {HOOK_LABEL}) before it completed", hook.job));
             };
             let state = job_state(job);
@@ -681,15 +709,19 @@ pub fn decide(i: &Inputs) -> Step {
                 return next(
                     S::RollingBack,
                     R::HookFailed,
-                    format!("the Job {} of {field} failed ({why})", hook.job),
+                    format!(
+                        "the Job {} of {field} failed ({why}): kubectl logs job/{} says why",
+                        hook.job, hook.job
+                    ),
                 );
             }
             if state == JobState::Complete {
                 let mut s = status.clone();
                 s.hooks_done.push(point);
-                match point {
-                    HookPoint::BeforeScaleDown => quiesce(&mut s),
-                    HookPoint::BeforeFinalSync => final_sync(&mut s),
+                if mounts(job, claim_name) {
+                    s.message = format!("the Job {} of {field} completed: deleting it, since its finished pods would keep claim {claim_name} from the swap", hook.job);
+                } else {
+                    next_step(&mut s);
                 }
                 return Step::Status(Box::new(s));
             }

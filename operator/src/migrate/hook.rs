@@ -51,6 +51,21 @@ pub fn job_state(job: &Job) -> JobState {
     }
 }
 
+/// Whether the pods of `job` mount claim `claim` (of its namespace).
+pub fn mounts(job: &Job, claim: &str) -> bool {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.volumes.as_ref())
+        .is_some_and(|v| {
+            v.iter().any(|v| {
+                v.persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|c| c.claim_name == claim)
+            })
+        })
+}
+
 /// The label a hook's Job carries for migration `name`.
 pub fn hook_for<'a>(job: &'a Job, name: &str) -> Option<&'a Job> {
     (job.labels().get(HOOK_LABEL).map(String::as_str) == Some(name)).then_some(job)

@@ -12,7 +12,10 @@ use ferry_crds::{
     SELECTED_NODE_ANNOTATION,
 };
 use k8s_openapi::api::batch::v1::{JobCondition, JobSpec};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, PersistentVolumeSpec};
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaimStatus, PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, PodSpec,
+    Volume,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::SignedDuration;
 
@@ -360,11 +363,21 @@ impl World {
                     Some(HookDoes::Hangs) => status.active = Some(1),
                 }
             }
+            Step::DeleteHook { name, uid } => {
+                if self.hooks.get(name).and_then(|j| j.uid()).as_deref() == Some(uid.as_str()) {
+                    self.hooks.remove(name);
+                }
+            }
             Step::DeleteClaim { name, uid } => {
                 let Some(c) = self.claims.get(name) else {
                     return;
                 };
                 if c.uid().as_deref() != Some(uid.as_str()) {
+                    return;
+                }
+                // The PVC protection controller: a pod of a Job that mounts it, finished but
+                // not deleted, keeps it.
+                if self.hooks.values().any(|j| super::mounts(j, name)) {
                     return;
                 }
                 let c = self
@@ -887,6 +900,7 @@ fn hook_job(name: &str, for_: Option<&str>, suspend: bool) -> Job {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some("app".into()),
+            uid: Some(format!("uid-of-{name}")),
             resource_version: Some("7".into()),
             labels: for_.map(|f| BTreeMap::from([(HOOK_LABEL.to_string(), f.to_string())])),
             ..Default::default()
@@ -1088,4 +1102,56 @@ fn a_hook_that_is_not_a_suspended_job_for_this_migration_is_refused() {
             "says what to change: {message}"
         );
     }
+}
+
+#[test]
+fn a_completed_hook_whose_pods_mount_the_claim_is_deleted_before_the_swap() {
+    let mut w = with_hooks(Some("flush"), Some("check"), 60);
+    // "check" mounts the claim; "flush" does not (it would exec into the application).
+    let check = w
+        .hooks
+        .get_mut("check")
+        .expect("set in the simulated cluster");
+    check
+        .spec
+        .as_mut()
+        .expect("set in the simulated cluster")
+        .template
+        .spec = Some(PodSpec {
+        volumes: Some(vec![Volume {
+            name: "data".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: "data".into(),
+                read_only: None,
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    w.run(200);
+    let s = w.status();
+    assert_eq!(s.step, Some(MigrationStep::Succeeded), "{}", s.message);
+    let deleted: Vec<&str> = w
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::DeleteHook { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, ["check"], "only the Job whose pods hold the claim");
+    assert!(
+        w.hooks.contains_key("flush"),
+        "the other is the user's to keep"
+    );
+    let gone = w
+        .position(|s| matches!(s, Step::DeleteHook { .. }))
+        .expect("set in the simulated cluster");
+    let sync = w
+        .position(|s| matches!(s, Step::CreateJob(j) if j.name_any() == migration_sync_name(MIG)))
+        .expect("set in the simulated cluster");
+    assert!(
+        gone < sync,
+        "deleted as it completed, before the final sync"
+    );
 }
