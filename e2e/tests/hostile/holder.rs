@@ -719,25 +719,42 @@ pub(super) fn ask_all<B: Copy + PartialEq + std::fmt::Debug>(
     bases: &[(B, Value)],
     rows: &[Row<B>],
 ) -> Result<()> {
+    ask_rows(
+        "rows",
+        rows,
+        |base| {
+            let obj = bases
+                .iter()
+                .find(|(b, _)| *b == base)
+                .map(|(_, v)| v.clone());
+            Ok(((), obj.context("no such base")?))
+        },
+        |(), obj, answer| ask(cp, kc, obj, answer),
+    )
+}
+
+/// Each of `rows` asked: `base` gives, for a row's base, where it goes and the object (or
+/// patch) the code builds; the row's edits are applied to that, and `ask` sends it. All the
+/// failures at once, the table named by `table`.
+pub(super) fn ask_rows<B: Copy + std::fmt::Debug, T>(
+    table: &str,
+    rows: &[Row<B>],
+    mut base: impl FnMut(B) -> Result<(T, Value)>,
+    mut ask: impl FnMut(T, &Value, Answer) -> Result<()>,
+) -> Result<()> {
     let mut failed = Vec::new();
     for r in rows {
-        let mut obj = bases
-            .iter()
-            .find(|(b, _)| *b == r.base)
-            .map(|(_, v)| v.clone())
-            .context("no such base")?;
-        let asked = r
-            .edits
-            .iter()
-            .try_for_each(|e| apply(&mut obj, e))
-            .and_then(|()| ask(cp, kc, &obj, r.answer));
+        let asked = base(r.base).and_then(|(to, mut obj)| {
+            r.edits.iter().try_for_each(|e| apply(&mut obj, e))?;
+            ask(to, &obj, r.answer)
+        });
         if let Err(e) = asked {
             failed.push(format!("{:?} with {}: {e:#}", r.base, r.what));
         }
     }
     ensure!(
         failed.is_empty(),
-        "{} of {} rows answered otherwise:\n{}",
+        "{} of {} {table} answered otherwise:\n{}",
         failed.len(),
         rows.len(),
         failed.join("\n")

@@ -17,13 +17,13 @@
 //! The table is checked against the patch first: a field added to `suspend_patch` without
 //! a row here fails.
 
-use anyhow::{ensure, Result};
+use anyhow::{Context, Result};
 use ferry_e2e::ControlPlane;
 use ferry_operator::migrate::hook;
 use serde_json::{json, Value};
 
 use super::holder::{
-    answered, apply, ask_patch_in, check_coverage, install, row, set, Answer, Row, TEAM,
+    answered, apply, ask_patch_in, ask_rows, check_coverage, install, row, set, Answer, Row, TEAM,
 };
 use super::migrations::{new_claim, MIG};
 
@@ -131,29 +131,18 @@ fn migrations_policy_lets_the_operator_only_start_stop_and_delete_a_labelled_job
             "jsonpath={.metadata.resourceVersion}",
         ])
     };
-    let mut failed = Vec::new();
-    for r in &rows {
-        let mut patch = bases(&rv(target(r.base).trim_start_matches("job/"))?)
-            .into_iter()
-            .find(|(b, _)| *b == r.base)
-            .map(|(_, p)| p)
-            .unwrap_or_default();
-        let asked = r
-            .edits
-            .iter()
-            .try_for_each(|e| apply(&mut patch, e))
-            .and_then(|()| ask_patch_in(&cp, &kc, Some(TEAM), target(r.base), &patch, r.answer));
-        if let Err(e) = asked {
-            failed.push(format!("{:?} with {}: {e:#}", r.base, r.what));
-        }
-    }
-    ensure!(
-        failed.is_empty(),
-        "{} of {} Job rows answered otherwise:\n{}",
-        failed.len(),
-        rows.len(),
-        failed.join("\n")
-    );
+    ask_rows(
+        "Job rows",
+        &rows,
+        |base| {
+            let patch = bases(&rv(target(base).trim_start_matches("job/"))?)
+                .into_iter()
+                .find(|(b, _)| *b == base)
+                .map(|(_, p)| p);
+            Ok((target(base), patch.context("no such base")?))
+        },
+        |to, patch, answer| ask_patch_in(&cp, &kc, Some(TEAM), to, patch, answer),
+    )?;
 
     // The operator deletes a hook's Job and no other, and creates none.
     let kcs = kc.to_string_lossy();

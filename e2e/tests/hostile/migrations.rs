@@ -32,8 +32,8 @@ use ferry_operator::migrate::decide;
 use serde_json::{json, Value};
 
 use super::holder::{
-    affinity, answered, apply, ask, ask_all, ask_delete, ask_patch, ask_until, check_coverage,
-    csi_volume, install, row, set, type_checked, Answer, Row, BETA_ZONE, TEAM,
+    affinity, answered, apply, ask, ask_all, ask_delete, ask_patch, ask_rows, ask_until,
+    check_coverage, csi_volume, install, row, set, type_checked, Answer, Row, BETA_ZONE, TEAM,
 };
 
 /// The ClaimMigration, and others.
@@ -735,24 +735,12 @@ fn migrations_policy_admits_exactly_the_claims_volume_changes_and_scales_the_ope
         ask_patch(&cp, &kc, pv, &exact, Answer::Admitted)
             .with_context(|| format!("the patch the code sends: {exact}"))?;
     }
-    let mut failed = Vec::new();
-    let rows = volume_rows();
-    for r in &rows {
-        let asked = patch_of(r.base).and_then(|(pv, mut patch)| {
-            r.edits.iter().try_for_each(|e| apply(&mut patch, e))?;
-            ask_patch(&cp, &kc, pv, &patch, r.answer)
-        });
-        if let Err(e) = asked {
-            failed.push(format!("{:?} with {}: {e:#}", r.base, r.what));
-        }
-    }
-    ensure!(
-        failed.is_empty(),
-        "{} of {} volume rows answered otherwise:\n{}",
-        failed.len(),
-        rows.len(),
-        failed.join("\n")
-    );
+    ask_rows(
+        "volume rows",
+        &volume_rows(),
+        patch_of,
+        |pv, patch, answer| ask_patch(&cp, &kc, pv, patch, answer),
+    )?;
 
     // 6: scaling, through the scale subresource.
     for kind in ["Deployment", "StatefulSet"] {

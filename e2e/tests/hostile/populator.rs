@@ -26,8 +26,8 @@ use ferry_operator::populator::decide;
 use serde_json::{json, Value};
 
 use super::holder::{
-    affinity, apply, ask, ask_all, ask_delete, ask_patch, ask_until, check_coverage, csi_volume,
-    install, row, set, type_checked, Answer, Row, BETA_ZONE, TEAM,
+    affinity, apply, ask, ask_all, ask_delete, ask_patch, ask_rows, ask_until, check_coverage,
+    csi_volume, install, row, set, type_checked, Answer, Row, BETA_ZONE, TEAM,
 };
 
 /// The user's claim being populated, and two others of its namespace.
@@ -366,30 +366,17 @@ fn populator_policy_admits_exactly_the_prime_claim_and_rebind_the_operator_makes
     let (_, (prime_volume, exact)) = &patches[0];
     ask_patch(&cp, &kc, prime_volume, exact, Answer::Admitted)
         .with_context(|| format!("the rebind the code sends: {exact}"))?;
-    let mut failed = Vec::new();
-    let rows = rebind_rows();
-    for r in &rows {
-        let (pv, mut patch) = patches
-            .iter()
-            .find(|(b, _)| *b == r.base)
-            .map(|(_, (pv, p))| (*pv, p.clone()))
-            .context("no such base")?;
-        let asked = r
-            .edits
-            .iter()
-            .try_for_each(|e| apply(&mut patch, e))
-            .and_then(|()| ask_patch(&cp, &kc, pv, &patch, r.answer));
-        if let Err(e) = asked {
-            failed.push(format!("{:?} with {}: {e:#}", r.base, r.what));
-        }
-    }
-    ensure!(
-        failed.is_empty(),
-        "{} of {} rebind rows answered otherwise:\n{}",
-        failed.len(),
-        rows.len(),
-        failed.join("\n")
-    );
+    ask_rows(
+        "rebind rows",
+        &rebind_rows(),
+        |base| {
+            let found = patches.iter().find(|(b, _)| *b == base);
+            found
+                .map(|(_, (pv, p))| (*pv, p.clone()))
+                .context("no such base")
+        },
+        |pv, patch, answer| ask_patch(&cp, &kc, pv, patch, answer),
+    )?;
 
     // Deleting: the operator's prime claims, made on its token; one then relabelled by an
     // admin for another claim, one given a second owner.
