@@ -116,18 +116,32 @@ pub(crate) const PATTERN_WILDCARDS_MESSAGE: &str = "the patterns of a list may h
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new(
         "!has(oldSelf.status) || ((!has(oldSelf.status.phase) || oldSelf.status.phase == 'Pending') && (!has(oldSelf.status.shards) || size(oldSelf.status.shards) == 0)) || \
-         (self.spec.source == oldSelf.spec.source && self.spec.destination == oldSelf.spec.destination && \
+         (has(self.spec.source) == has(oldSelf.spec.source) && (!has(self.spec.source) || self.spec.source == oldSelf.spec.source) && \
+          has(self.spec.check) == has(oldSelf.spec.check) && (!has(self.spec.check) || self.spec.check == oldSelf.spec.check) && \
+          self.spec.destination == oldSelf.spec.destination && \
           self.spec.reflink == oldSelf.spec.reflink && self.spec.verify == oldSelf.spec.verify && \
           self.spec.overwrite == oldSelf.spec.overwrite && self.spec.compare == oldSelf.spec.compare && self.spec.preserve == oldSelf.spec.preserve && \
           self.spec.include == oldSelf.spec.include && self.spec.exclude == oldSelf.spec.exclude && \
           self.spec.deleteExtraneous == oldSelf.spec.deleteExtraneous && self.spec.deleteExcluded == oldSelf.spec.deleteExcluded && \
           self.spec.dryRun == oldSelf.spec.dryRun && self.spec.transfer == oldSelf.spec.transfer)"
     ).message("a started CopyJob's spec (one with shards, or past Pending) cannot change except suspend, parallelism and ttlSecondsAfterFinished; create a new CopyJob instead"),
+    validation = Rule::new("has(self.spec.source) != has(self.spec.check)").message("set spec.source (what to copy), or spec.check to check spec.destination against an earlier job's manifest; one of the two, not both"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CopyJobSpec {
-    /// What to copy.
+    /// What to copy. Unset only with `check`, which copies nothing.
+    #[serde(default, skip_serializing_if = "Endpoint::is_unset")]
     pub source: Endpoint,
+    /// Copy nothing: check `destination` against the manifest an earlier job wrote there
+    /// (`kubectl ferry verify`). Every file the manifest lists is opened beneath the
+    /// destination path (no symlink on the way, nothing but a regular file read) and its
+    /// bytes hashed with xxHash3-128; the job Succeeds (Complete, Verified) when all match,
+    /// and Fails (Differs) naming the first files that changed (ChecksumMismatch), are
+    /// missing (NotFound) or are no longer regular files (DestinationConflict). Only
+    /// `destination`, `parallelism.workersPerAgent`, `suspend` (a resumed check starts
+    /// over) and `ttlSecondsAfterFinished` apply; the copy's other fields are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<Check>,
     /// Where to copy it. A missing path becomes a copy of the source; an existing directory
     /// gets the source's contents merged into it under `overwrite`. A root or a pvc.
     #[x_kube(validation = Rule::new("!has(self.snapshot) && !has(self.copyMethod) && !has(self.volumeSnapshotClassName)").message("a destination is a root or a pvc: snapshot, copyMethod and volumeSnapshotClassName are for the source"))]
@@ -196,6 +210,43 @@ pub struct CopyJobSpec {
     /// nodes (status.mode `Network`); a copy on one node ignores it.
     #[serde(default)]
     pub transfer: Transfer,
+}
+
+/// What a check job (`spec.check`) reads the destination against.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Check {
+    /// The manifest, as the job that wrote it names it in `status.manifest`:
+    /// `.ferry/<job uid>.xxh128`, in the destination's root or volume. Its paths are
+    /// relative to `destination.path`, so give the destination that job had.
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new(MANIFEST_RULE).message("check.manifest is a job's status.manifest: .ferry/<job uid>.xxh128"))]
+    pub manifest: String,
+}
+
+/// A job's `status.manifest`: `.ferry/` and a uid's 36 lowercase characters.
+const MANIFEST_RULE: &str =
+    "self.matches('^[.]ferry/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}[.]xxh128$')";
+
+impl Check {
+    /// The manifest's file name in `.ferry/`, when `manifest` is what `status.manifest`
+    /// says (the schema's rule again, for specs that did not pass through it).
+    pub fn file_name(&self) -> Option<&str> {
+        let name = self.manifest.strip_prefix(".ferry/")?;
+        let uid = name.strip_suffix(".xxh128")?;
+        let shape = uid.split('-').map(str::len).eq([8, 4, 4, 4, 12]);
+        let hex = uid
+            .bytes()
+            .all(|b| b == b'-' || b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        (shape && hex).then_some(name)
+    }
+}
+
+impl Endpoint {
+    /// No root, claim or snapshot named, and no path: a check job's absent source.
+    pub fn is_unset(&self) -> bool {
+        self == &Endpoint::default()
+    }
 }
 
 wire_enum! {
@@ -425,7 +476,9 @@ pub struct CopyJobStatus {
     /// NotForBlock. Resolved: Resolved, or False with PVCNotFound, PVCNotBound,
     /// VolumeNotMounted, VolumeInUse, VolumeNotSupported, RootNotFound, SnapshotNotFound,
     /// SnapshotNotReady. Scheduled: Assigned, or False
-    /// with WaitingForNode, NoAgent. Complete: Copied, or Planned (a dry run). Failed: the
+    /// with WaitingForNode, NoAgent. Complete: Copied, Planned (a dry run), or Verified (a
+    /// check: every file its manifest lists matched). Failed: Differs (a check found files
+    /// changed, missing or of another type), else the
     /// first reason that stopped a shard (SpecChanged, DestinationFull, DestinationTooSmall,
     /// NodeUnavailable, PathEscape,
     /// SymlinkRejected, Openat2Unavailable, CannotStart), else IOError, else

@@ -13,16 +13,19 @@ wire_enum! {
         DestinationFull,
         /// Permission denied reading the source or writing the destination.
         PermissionDenied,
-        /// The source entry vanished during the copy.
+        /// The source entry vanished during the copy; checked against a manifest
+        /// (`spec.check`), a file it lists is not on the destination.
         NotFound,
         /// The source changed while it was copied, on each of 3 attempts.
         SourceChanged,
-        /// The destination's bytes did not hash to the source's.
+        /// The destination's bytes did not hash to the source's; checked against a manifest
+        /// (`spec.check`), to the hash it lists.
         ChecksumMismatch,
         /// A read or write error, again on a fresh rewrite (a failed flush is never retried).
         IOError,
         /// A destination name is taken by an entry of another type, or by a symlink where a
-        /// directory is needed.
+        /// directory is needed; checked against a manifest (`spec.check`), what it lists as a
+        /// file is not a regular file there, or is reached through a symlink.
         DestinationConflict,
         /// `reflink: Always` on a filesystem pair that cannot clone.
         ReflinkUnsupported,
@@ -44,6 +47,9 @@ wire_enum! {
         // The job's Failed condition.
         /// Some entries failed; the rest were copied.
         PartiallyFailed,
+        /// A check (`spec.check`): files its manifest lists changed, are missing or are not
+        /// regular files on the destination (status.failures names the first).
+        Differs,
         // Accepted.
         /// The spec is valid and allowed.
         Valid,
@@ -98,6 +104,9 @@ wire_enum! {
         Copied,
         /// A dry run counted what would be copied.
         Planned,
+        /// A check (`spec.check`): every file its manifest lists is on the destination with
+        /// the bytes it lists.
+        Verified,
         // Events.
         /// A lost agent's shard was given to another agent.
         Reassigned,
@@ -168,11 +177,11 @@ impl Reason {
         match self {
             DestinationFull => "free or add the space the message names, then create the job again: what was copied is kept and not copied again (unless overwrite: Always)",
             PermissionDenied => "give the paths listed in status.failures read access on the source, or write access on the destination, then run the job again",
-            NotFound => "the listed entries vanished while the job ran; run it again once the source is at rest",
+            NotFound => "the listed entries vanished while the job ran (a check: they are not on the destination); run the copy again once the source is at rest",
             SourceChanged => "the listed files kept changing; stop the writer, or copy from a snapshot (source.snapshot, or copyMethod: Snapshot)",
-            ChecksumMismatch => "the destination did not read back what was written: check its device, then run the job again",
+            ChecksumMismatch => "the destination does not hold the bytes its source had (a check: the listed files changed since the copy): check its device, then run the copy again (overwrite: IfChanged with compare: Checksum rewrites only those)",
             IOError => "check the device of the listed paths (each failed file was already rewritten once)",
-            DestinationConflict => "remove or rename the destination entries listed (another type, or a symlink where a directory is needed), or choose another destination path",
+            DestinationConflict => "remove or rename the destination entries listed (another type, or a symlink where a directory is needed; a check: not a regular file, or behind a symlink), or choose another destination path",
             ReflinkUnsupported => "use reflink: Auto (clone where the filesystems can, copy elsewhere), or a destination on the source's reflink-capable filesystem",
             NodeUnavailable => "bring the node (or its Ferry agent) back, then create the job again: what it committed is kept",
             PathEscape => "use a relative path inside the root or volume: no leading /, no .., no NUL",
@@ -181,7 +190,8 @@ impl Reason {
             Openat2Unavailable => "run the agent on a kernel with openat2 (Linux 5.6 or later)",
             CannotStart => "the message names what is missing on the node (a root's path not mounted, for one): fix that, or the StorageRoot's nodeSelector",
             PartiallyFailed => "fix the entries status.failures lists (the message counts them by reason), then run the job again",
-            Valid | Resolved | Assigned | Copied | Planned | Reassigned => "",
+            Differs => "the destination is not what the copy left: copy it again (overwrite: IfChanged, compare: Checksum rewrites only what differs), then check again",
+            Valid | Resolved | Assigned | Copied | Planned | Verified | Reassigned => "",
             InvalidEndpoint => "set exactly one of root, pvc or snapshot in each endpoint",
             InvalidSpec => "change the field the message names",
             CrossNamespace => "name a claim, snapshot or VolumeSource of the job's own namespace (a volume whose claimRef names another claim is not this claim's)",
@@ -213,7 +223,7 @@ wire_enum! {
         Resolved,
         /// The shards are assigned to agents (False: waiting, see the reason).
         Scheduled,
-        /// Every file was copied (or a dry run planned).
+        /// Every file was copied (or a dry run planned, or a check matched).
         Complete,
         /// The job failed; the reason says why.
         Failed,
@@ -244,6 +254,7 @@ mod tests {
             Reason::Assigned,
             Reason::Copied,
             Reason::Planned,
+            Reason::Verified,
             Reason::Reassigned,
         ];
         for r in Reason::ALL {

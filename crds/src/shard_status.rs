@@ -101,6 +101,27 @@ pub struct ShardProgress {
     /// A raw block copy, once it finished: what it read and wrote, chunk by chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block: Option<BlockProgress>,
+    /// A check (`spec.check`): what its manifest lists and how the destination compares.
+    /// `filesDone` and `bytesDone` count the files that matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check: Option<CheckCounts>,
+}
+
+/// A check's counts (`spec.check`): every file its manifest lists is one of these.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CheckCounts {
+    /// Files the manifest lists (each path once).
+    pub listed: i64,
+    /// Files whose bytes hash to what the manifest lists.
+    pub matched: i64,
+    /// Files whose bytes do not (ChecksumMismatch).
+    pub changed: i64,
+    /// Files not on the destination (NotFound).
+    pub missing: i64,
+    /// Names that are not regular files there, or are reached through a symlink
+    /// (DestinationConflict).
+    pub not_regular: i64,
 }
 
 /// What a finished raw block copy did (`progress.bytesDone` is the device's size).

@@ -22,11 +22,13 @@
 // - `block`: raw block devices copied by chunks (uses `data` and below);
 // - `plan`, `recv`, `ends`, `beneath`, `prune`: counting, the connection to a source half,
 //   a copy's two ends opened by path or inside a root, pruning;
-// - `copy` (the copy), `send` (the source half of a copy between nodes);
+// - `copy` (the copy), `send` (the source half of a copy between nodes), `check` (a
+//   destination read against its manifest: `copy`'s manifest lines, `beneath`'s opens);
 // - `api`: the entry points, re-exported here.
 mod api;
 mod beneath;
 pub mod block;
+mod check;
 mod copy;
 mod data;
 mod depth;
@@ -49,6 +51,7 @@ use std::time::Duration;
 
 pub use api::{copy, copy_beneath, copy_from, copy_from_beneath, plan_beneath};
 pub use beneath::{check_relative, open_host_path, resolve_beneath, state_dir};
+pub use check::{check_beneath, CheckOptions, Checked, MAX_LISTED};
 pub use copy::MAX_RECORDS;
 pub use error::{reason_of_io, Error, Failure};
 pub use ferry_crds::Reason;

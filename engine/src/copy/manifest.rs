@@ -136,7 +136,7 @@ fn push_line(line: &mut Vec<u8>, hash: u128, path: &[u8]) {
 
 /// The longest line a manifest has: the hash, its separator and a path of PATH_MAX bytes
 /// with every byte escaped, the escape mark and the newline.
-const MAX_LINE: u64 = 1 + 32 + 2 + 2 * 4096 + 1;
+pub(crate) const MAX_LINE: u64 = 1 + 32 + 2 + 2 * 4096 + 1;
 
 /// Read the manifest an interrupted run wrote: the xxh3-64 of each path it lists (8 bytes
 /// a file, however long the paths). A last line cut short (the process died while its
@@ -170,7 +170,7 @@ pub(super) fn read_manifest(file: &mut File) -> io::Result<HashSet<u64>> {
             break;
         }
         whole += n as u64;
-        if let Some(path) = manifest_path(&line[..n - 1]) {
+        if let Some((_, path)) = parse_line(&line[..n - 1]) {
             listed.insert(XxHash3_64::oneshot(&path));
         }
     }
@@ -181,9 +181,10 @@ pub(super) fn read_manifest(file: &mut File) -> io::Result<HashSet<u64>> {
     Ok(listed)
 }
 
-/// The path of one manifest line (without its newline), as `manifest_line` wrote it: raw,
-/// or GNU-escaped (`\` first, `\\` and `\n` inside) for a name with a newline.
-fn manifest_path(line: &[u8]) -> Option<Vec<u8>> {
+/// The hash and path of one manifest line (without its newline), as `manifest_line` wrote
+/// it: the path raw, or GNU-escaped (`\` first, `\\` and `\n` inside) for a name with a
+/// newline. `None`: not such a line.
+pub(crate) fn parse_line(line: &[u8]) -> Option<(u128, Vec<u8>)> {
     let (escaped, rest) = match line.strip_prefix(b"\\") {
         Some(rest) => (true, rest),
         None => (false, line),
@@ -193,9 +194,10 @@ fn manifest_path(line: &[u8]) -> Option<Vec<u8>> {
     if !hex.iter().all(u8::is_ascii_hexdigit) || (sep != b"  " && sep != b" *") {
         return None;
     }
+    let hash = u128::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
     let raw = &rest[34..];
     if !escaped {
-        return Some(raw.to_vec());
+        return Some((hash, raw.to_vec()));
     }
     let mut path = Vec::with_capacity(raw.len());
     let mut bytes = raw.iter();
@@ -212,7 +214,7 @@ fn manifest_path(line: &[u8]) -> Option<Vec<u8>> {
             _ => path.push(b),
         }
     }
-    Some(path)
+    Some((hash, path))
 }
 
 #[cfg(test)]
@@ -224,15 +226,16 @@ mod tests {
     #[test]
     fn manifest_paths_are_read_back_raw_or_unescaped() {
         let hash = "0123456789abcdef0123456789abcdef";
+        let h = 0x0123456789abcdef0123456789abcdef;
         assert_eq!(
-            manifest_path(format!("{hash}  a/b c\\d").as_bytes()),
-            Some(b"a/b c\\d".to_vec())
+            parse_line(format!("{hash}  a/b c\\d").as_bytes()),
+            Some((h, b"a/b c\\d".to_vec()))
         );
         assert_eq!(
-            manifest_path(format!("\\{hash}  new\\nline\\\\x").as_bytes()),
-            Some(b"new\nline\\x".to_vec())
+            parse_line(format!("\\{hash}  new\\nline\\\\x").as_bytes()),
+            Some((h, b"new\nline\\x".to_vec()))
         );
-        assert_eq!(manifest_path(b"not a manifest line"), None);
+        assert_eq!(parse_line(b"not a manifest line"), None);
     }
 
     #[test]

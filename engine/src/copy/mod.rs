@@ -21,6 +21,7 @@ mod special;
 mod stage;
 mod walk;
 
+pub(crate) use manifest::{parse_line, MAX_LINE};
 pub use records::MAX_RECORDS;
 pub(crate) use run::run;
 
