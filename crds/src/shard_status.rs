@@ -108,7 +108,9 @@ pub struct ShardProgress {
 }
 
 /// A check's counts (`spec.check`): every file its manifest lists is one of these.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase", default)]
 pub struct CheckCounts {
     /// Files the manifest lists (each path once).
@@ -122,6 +124,8 @@ pub struct CheckCounts {
     /// Names that are not regular files there, or are reached through a symlink
     /// (DestinationConflict).
     pub not_regular: i64,
+    /// Files that could not be read (PermissionDenied, IOError).
+    pub unreadable: i64,
 }
 
 /// What a finished raw block copy did (`progress.bytesDone` is the device's size).

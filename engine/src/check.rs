@@ -37,6 +37,9 @@ pub const MAX_LISTED: u64 = 8 << 20;
 /// Paths handed to the workers at once.
 const BATCH: usize = 256;
 
+/// A batch of manifest entries: the recorded xxh128 and the relative path's bytes.
+type Batch = Vec<(u128, Vec<u8>)>;
+
 /// What a check is asked to do.
 #[derive(Debug, Clone, Default)]
 pub struct CheckOptions {
@@ -105,7 +108,7 @@ pub fn check_beneath(
     };
     // A bounded queue: a manifest read faster than its files are hashed waits here, never
     // gathering the rest of itself in memory.
-    let (tx, rx) = mpsc::sync_channel::<Vec<(u128, Vec<u8>)>>(workers * 2);
+    let (tx, rx) = mpsc::sync_channel::<Batch>(workers * 2);
     let rx = Mutex::new(rx);
     let read = std::thread::scope(|s| {
         let (rx, state) = (&rx, &state);
@@ -127,7 +130,10 @@ pub fn check_beneath(
         missing: load(&c.missing),
         not_regular: load(&c.not_regular),
         unreadable: load(&c.unreadable),
-        failures: state.failures.into_inner().unwrap_or_else(|e| e.into_inner()),
+        failures: state
+            .failures
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner()),
         cancelled,
         elapsed: began.elapsed(),
     })
@@ -180,7 +186,7 @@ fn open_top(root: BorrowedFd<'_>, top: &Path) -> Result<(OwnedFd, Option<Vec<u8>
             Ok((beneath::resolve_beneath(root, parent, dir_flags)?, name))
         }
         _ => Err(Error::Refused {
-            reason: Reason::DestinationConflict,
+            reason: Reason::CannotStart,
             message: format!(
                 "{} is neither a directory nor a regular file: nothing a copy made is there",
                 top.display()
@@ -226,7 +232,7 @@ enum Outcome {
 
 impl State<'_> {
     /// A worker: batches of (hash, path) from the reader until it is done.
-    fn work(&self, rx: &Mutex<mpsc::Receiver<Vec<(u128, Vec<u8>)>>>) {
+    fn work(&self, rx: &Mutex<mpsc::Receiver<Batch>>) {
         let mut buf = Vec::new();
         loop {
             let batch = match rx.lock() {
@@ -250,8 +256,7 @@ impl State<'_> {
             Outcome::Matched(size) => {
                 c.matched.fetch_add(1, Ordering::Relaxed);
                 c.bytes.fetch_add(size, Ordering::Relaxed);
-                self.progress.bytes_verified(size);
-                self.progress.file_done(size, Duration::ZERO);
+                self.progress.file_checked(size);
             }
             // Stopped mid-file: neither matched nor not.
             Outcome::Failed(_, _, _) if self.should_stop() => {}
@@ -282,7 +287,10 @@ impl State<'_> {
     /// Open `path` beneath the base as only a regular file, and hash it.
     fn compare(&self, hash: u128, path: &Path, buf: &mut Vec<u8>) -> Outcome {
         let (dir, file) = (&self.base.0, &self.base.1);
-        if file.as_deref().is_some_and(|f| f != path.as_os_str().as_bytes()) {
+        if file
+            .as_deref()
+            .is_some_and(|f| f != path.as_os_str().as_bytes())
+        {
             return Outcome::Failed(
                 Reason::NotFound,
                 "open",
@@ -361,7 +369,7 @@ fn read_lines(
     file: &File,
     shown: &Path,
     state: &State<'_>,
-    tx: mpsc::SyncSender<Vec<(u128, Vec<u8>)>>,
+    tx: mpsc::SyncSender<Batch>,
 ) -> Result<u64, Error> {
     let not_ours = |n: u64, why: String| Error::Refused {
         reason: Reason::CannotStart,
@@ -391,7 +399,10 @@ fn read_lines(
         if line.last() != Some(&b'\n') {
             return Err(match n as u64 == MAX_LINE {
                 true => not_ours(number, format!("longer than {MAX_LINE} bytes")),
-                false => not_ours(number, "cut short (no newline): the copy that wrote it did not finish".into()),
+                false => not_ours(
+                    number,
+                    "cut short (no newline): the copy that wrote it did not finish".into(),
+                ),
             });
         }
         let Some((hash, path)) = parse_line(&line[..n - 1]) else {

@@ -49,6 +49,8 @@ pub trait Progress: Sync {
     /// `bytes` of a file's destination were read back and matched the source's hash
     /// (before its commit; `verify: checksum` or `full`).
     fn bytes_verified(&self, _bytes: u64) {}
+    /// A check (`check_beneath`) read a file of `size` bytes and it matched its manifest.
+    fn file_checked(&self, _size: u64) {}
     /// One entry was left as the destination has it: the overwrite policy keeps it (or a
     /// resumed run finds it committed by the run before). Counted in `Summary::skipped`.
     fn skipped(&self) {}

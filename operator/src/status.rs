@@ -5,8 +5,8 @@
 //! ETA), and the condition that tells a job's story (`story`).
 
 use ferry_crds::{
-    ConditionType, CopyJob, CopyJobStatus, CopyMode, FailedPath, ManifestName, Overwrite, Part,
-    Phase, Plan, Progress, Reason, ShardState, ShardStatus, Verify,
+    CheckCounts, ConditionType, CopyJob, CopyJobStatus, CopyMode, FailedPath, ManifestName,
+    Overwrite, Part, Phase, Plan, Progress, Reason, ShardState, ShardStatus, Verify,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -229,6 +229,77 @@ fn copied_message(p: &Progress, verify: Verify, overwrite: Overwrite) -> String 
     msg
 }
 
+/// A check's counts over its shards (one shard, unless a status says otherwise).
+pub fn check_counts(shards: &[ShardStatus]) -> Option<CheckCounts> {
+    shards
+        .iter()
+        .filter_map(|s| s.progress.check)
+        .reduce(|a, b| CheckCounts {
+            listed: a.listed.saturating_add(b.listed),
+            matched: a.matched.saturating_add(b.matched),
+            changed: a.changed.saturating_add(b.changed),
+            missing: a.missing.saturating_add(b.missing),
+            not_regular: a.not_regular.saturating_add(b.not_regular),
+            unreadable: a.unreadable.saturating_add(b.unreadable),
+        })
+}
+
+/// A check that ran to its end and found files that do not match (rather than one that
+/// could not be made: no manifest, not one Ferry writes).
+fn differs(job: &CopyJob, shards: &[ShardStatus]) -> bool {
+    job.spec.check.is_some()
+        && check_counts(shards).is_some_and(|c| c.matched < c.listed)
+        && !shards
+            .iter()
+            .any(|s| s.progress.failures.iter().any(FailedPath::is_whole_shard))
+}
+
+/// What a finished check found, for its Complete (Verified) or Failed (Differs) condition.
+fn checked_message(job: &CopyJob, shards: &[ShardStatus]) -> String {
+    let c = check_counts(shards).unwrap_or_default();
+    let manifest = job
+        .spec
+        .check
+        .as_ref()
+        .map(|c| c.manifest.as_str())
+        .unwrap_or_default();
+    let bytes: i64 = shards.iter().map(|s| s.progress.bytes_done).sum();
+    if c.matched >= c.listed {
+        return format!(
+            "all {} files {manifest} lists match it ({}), each read and hashed on the destination",
+            c.matched,
+            human_bytes(bytes)
+        );
+    }
+    let kinds = [
+        (c.changed, "changed (ChecksumMismatch)"),
+        (c.missing, "missing (NotFound)"),
+        (
+            c.not_regular,
+            "not regular files or behind a symlink (DestinationConflict)",
+        ),
+        (c.unreadable, "unreadable"),
+    ];
+    let kinds = kinds
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let paths = shards
+        .iter()
+        .flat_map(|s| &s.progress.failures)
+        .take(3)
+        .map(|f| f.path.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "{} of the {} files {manifest} lists do not match the destination: {kinds}; e.g. {paths} (status.failures names the first 20). Copy again (overwrite: IfChanged, compare: Checksum rewrites only what differs), then check again",
+        c.listed.saturating_sub(c.matched),
+        c.listed
+    )
+}
+
 /// How the shards move data: Network when one is served by another node's agent, Local
 /// once one is assigned, else not decided yet.
 pub fn mode_of(shards: &[ShardStatus]) -> Option<CopyMode> {
@@ -326,6 +397,22 @@ pub fn summarize(
                 previous,
             ))
         }
+        Phase::Succeeded if job.spec.check.is_some() => conditions.push(condition(
+            ConditionType::Complete,
+            true,
+            Reason::Verified,
+            &checked_message(job, &shards),
+            generation,
+            previous,
+        )),
+        Phase::Failed if differs(job, &shards) => conditions.push(condition(
+            ConditionType::Failed,
+            true,
+            Reason::Differs,
+            &checked_message(job, &shards),
+            generation,
+            previous,
+        )),
         Phase::Succeeded => conditions.push(condition(
             ConditionType::Complete,
             true,
@@ -360,7 +447,7 @@ pub fn summarize(
     let block = shards
         .iter()
         .any(|s| ferry_resolve::block::holder_of_fd_dir(&s.destination_root, &kubelet).is_some());
-    let manifest = (!shards.is_empty() && !job.spec.dry_run && !block)
+    let manifest = (!shards.is_empty() && !job.spec.dry_run && job.spec.check.is_none() && !block)
         .then(|| ManifestName::new(&job.uid().unwrap_or_default()).status_path());
     CopyJobStatus {
         phase: Some(phase),

@@ -77,6 +77,13 @@ impl Reach {
 
 /// Both ends filesystems, or both raw block claims a device copy fits ([`block::check_pair`]).
 fn modes_agree(job: &CopyJob, src: &Reach, dst: &Reach) -> Result<(), Blocked> {
+    if job.spec.check.is_some() && dst.block_end().is_some() {
+        return Err(Blocked {
+            condition: ConditionType::Accepted,
+            reason: Reason::NotForBlock,
+            message: "spec.check reads files against a manifest, and spec.destination is a raw block claim (volumeMode: Block), which has no files: a copy between block claims checks every chunk by its hash on each re-run instead".into(),
+        });
+    }
     block::check_pair(job, src.block_end(), dst.block_end()).map_err(|r| Blocked {
         condition: ConditionType::Accepted,
         reason: r.reason,
@@ -543,6 +550,8 @@ pub async fn unmounted_claims(
             csi.push((destination, claim, block));
         }
     }
+    // A check job's one claim is both of its ends: held once.
+    csi.dedup();
     if csi.is_empty() {
         return Ok(Vec::new());
     }
@@ -650,12 +659,22 @@ fn refused(job: &CopyJob) -> Option<Blocked> {
         })
 }
 
-/// The job's endpoints: field name, endpoint, whether it is the destination.
+/// The job's endpoints: field name, endpoint, whether it is the destination. A check job
+/// (`spec.check`) only reads its destination: it is both ends, as a source is (a read-only
+/// root or claim will do, and a holder mounts it read-only), so it resolves to one
+/// volume and one node, where the check runs as a copy on one node would.
 fn ends(job: &CopyJob) -> [(&'static str, &Endpoint, bool); 2] {
-    [
-        ("spec.source", &job.spec.source, false),
-        ("spec.destination", &job.spec.destination, true),
-    ]
+    let dst = &job.spec.destination;
+    match job.spec.check {
+        Some(_) => [
+            ("spec.destination", dst, false),
+            ("spec.destination", dst, false),
+        ],
+        None => [
+            ("spec.source", &job.spec.source, false),
+            ("spec.destination", dst, true),
+        ],
+    }
 }
 
 /// Validate the spec and resolve both endpoints: [`Endpoints::Resolved`], or

@@ -95,8 +95,80 @@ fn check_endpoint(field: &str, e: &Endpoint, source: bool) -> Result<(), Refusal
 
 /// Validate a CopyJob spec; `Ok(())` when it may be scheduled.
 pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
+    if let Some(check) = &spec.check {
+        return validate_check(spec, check);
+    }
+    if spec.source.is_unset() {
+        return refuse(
+            Reason::InvalidEndpoint,
+            "spec.source is not set: name what to copy (a root, pvc or snapshot), or set spec.check to check the destination against a manifest".into(),
+        );
+    }
     check_endpoint("spec.source", &spec.source, true)?;
     check_endpoint("spec.destination", &spec.destination, false)?;
+    check_parallelism(spec)?;
+    check_copy(spec)
+}
+
+/// A check job (`spec.check`): a destination and a manifest, and nothing a copy needs.
+fn validate_check(spec: &CopyJobSpec, check: &ferry_crds::Check) -> Result<(), Refusal> {
+    if !spec.source.is_unset() {
+        return refuse(
+            Reason::InvalidSpec,
+            "spec.check copies nothing, so it has no source: remove spec.source (or spec.check, to copy)".into(),
+        );
+    }
+    check_endpoint("spec.destination", &spec.destination, false)?;
+    if check.file_name().is_none() {
+        return refuse(
+            Reason::InvalidSpec,
+            format!(
+                "spec.check.manifest {:?} is not a job's status.manifest: give .ferry/<job uid>.xxh128",
+                ferry_crds::shorten(&check.manifest, 80)
+            ),
+        );
+    }
+    check_parallelism(spec)?;
+    if spec.parallelism.max_agents != 1 {
+        return refuse(
+            Reason::InvalidSpec,
+            "spec.parallelism.maxAgents: one agent checks a destination; remove it (workersPerAgent sets how many files are read at once)".into(),
+        );
+    }
+    // Every field of a copy, at its default: anything else would be ignored, so it is
+    // refused instead.
+    let copying: [(&str, bool); 11] = [
+        ("reflink", spec.reflink != Default::default()),
+        ("verify", spec.verify != Default::default()),
+        ("overwrite", spec.overwrite != Default::default()),
+        ("compare", spec.compare != Default::default()),
+        ("preserve", spec.preserve != Default::default()),
+        ("include", !spec.include.is_empty()),
+        ("exclude", !spec.exclude.is_empty()),
+        ("deleteExtraneous", spec.delete_extraneous),
+        ("deleteExcluded", spec.delete_excluded),
+        ("dryRun", spec.dry_run),
+        ("transfer", spec.transfer != Default::default()),
+    ];
+    let set: Vec<&str> = copying
+        .iter()
+        .filter(|(_, s)| *s)
+        .map(|(f, _)| *f)
+        .collect();
+    if !set.is_empty() {
+        return refuse(
+            Reason::InvalidSpec,
+            format!(
+                "spec.check reads the destination against its manifest and copies nothing: remove spec.{} (they are for a copy)",
+                set.join(", spec.")
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Workers, agents and the ttl, as every job has them.
+fn check_parallelism(spec: &CopyJobSpec) -> Result<(), Refusal> {
     let p = &spec.parallelism;
     if !(0..=MAX_WORKERS).contains(&p.workers_per_agent) {
         return refuse(
@@ -116,6 +188,11 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
             "spec.ttlSecondsAfterFinished cannot be negative".into(),
         );
     }
+    Ok(())
+}
+
+/// The copy's own fields: compare, the mirror, patterns, the bandwidth limit.
+fn check_copy(spec: &CopyJobSpec) -> Result<(), Refusal> {
     if spec.compare == ferry_crds::Compare::Checksum
         && spec.overwrite != ferry_crds::Overwrite::IfChanged
     {
@@ -275,6 +352,7 @@ mod tests {
             ttl_seconds_after_finished: None,
             dry_run: false,
             transfer: Default::default(),
+            check: None,
         }
     }
 
@@ -561,5 +639,68 @@ mod tests {
         assert_eq!(memo.get(Some("u1"), Some(1), &b, count), 4, "another spec");
         assert_eq!(memo.get(None, Some(1), &a, count), 5, "not stored yet");
         assert_eq!(memo.get(None, Some(1), &a, count), 6, "not stored yet");
+    }
+
+    #[test]
+    fn a_check_has_a_destination_a_manifest_and_nothing_a_copy_needs() {
+        let manifest = ".ferry/0b6a2f0c-3d1e-4c55-9f3a-2b7d6e8c9a10.xxh128";
+        let check = |dst: Endpoint, manifest: &str| CopyJobSpec {
+            source: Endpoint::default(),
+            check: Some(ferry_crds::Check {
+                manifest: manifest.into(),
+            }),
+            ..spec(Endpoint::default(), dst)
+        };
+        assert_eq!(validate(&check(root("r", "out"), manifest)), Ok(()));
+        let refused = |s: CopyJobSpec, reason: Reason, says: &str| {
+            let err = validate(&s).expect_err(says);
+            assert_eq!(err.reason, reason, "{says}: {}", err.message);
+            assert!(err.message.contains(says), "{}", err.message);
+        };
+        refused(
+            CopyJobSpec {
+                source: root("r", "in"),
+                ..check(root("r", "out"), manifest)
+            },
+            Reason::InvalidSpec,
+            "remove spec.source",
+        );
+        for bad in ["x.xxh128", ".ferry/../etc/passwd", "/.ferry/a.xxh128", ""] {
+            refused(
+                check(root("r", "out"), bad),
+                Reason::InvalidSpec,
+                "give .ferry/<job uid>.xxh128",
+            );
+        }
+        refused(
+            check(root("r", "../up"), manifest),
+            Reason::PathEscape,
+            "spec.destination.path",
+        );
+        refused(
+            CopyJobSpec {
+                include: vec!["*.db".into()],
+                dry_run: true,
+                ..check(root("r", "out"), manifest)
+            },
+            Reason::InvalidSpec,
+            "remove spec.include, spec.dryRun",
+        );
+        refused(
+            CopyJobSpec {
+                parallelism: Parallelism {
+                    max_agents: 2,
+                    ..Parallelism::default()
+                },
+                ..check(root("r", "out"), manifest)
+            },
+            Reason::InvalidSpec,
+            "spec.parallelism.maxAgents",
+        );
+        refused(
+            spec(Endpoint::default(), root("r", "out")),
+            Reason::InvalidEndpoint,
+            "spec.source is not set",
+        );
     }
 }

@@ -46,6 +46,8 @@ pub(super) struct Live {
     planned_deletions: Mutex<Option<(u64, Vec<String>)>>,
     /// A finished raw block copy's counts.
     pub(super) block: Mutex<Option<ferry_crds::BlockProgress>>,
+    /// A finished check's counts (`spec.check`).
+    pub(super) check: Mutex<Option<ferry_crds::CheckCounts>>,
 }
 
 impl Default for Live {
@@ -67,6 +69,7 @@ impl Default for Live {
             deleted: AtomicU64::default(),
             planned_deletions: Mutex::default(),
             block: Mutex::default(),
+            check: Mutex::default(),
         }
     }
 }
@@ -162,6 +165,11 @@ impl Progress for Live {
     }
     fn bytes_verified(&self, bytes: u64) {
         crate::serve::metrics().bytes_verified.inc_by(bytes);
+    }
+    fn file_checked(&self, size: u64) {
+        self.files.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(size, Ordering::Relaxed);
+        crate::serve::metrics().bytes_verified.inc_by(size);
     }
     fn skipped(&self) {
         self.kept.fetch_add(1, Ordering::Relaxed);
@@ -276,6 +284,7 @@ pub(super) async fn publish(
         failures,
         manifest_part: lock(&live.manifest_part).clone(),
         block: lock(&live.block).clone(),
+        check: *lock(&live.check),
     };
     let ops = progress.fenced_patch(target.index, shard, node)?;
     let patch: json_patch::Patch = serde_json::from_value(ops)?;
@@ -287,8 +296,9 @@ pub(super) async fn publish(
     Api::<CopyJob>::namespaced(client.clone(), &ns)
         .patch_status(&job.name_any(), &pp, &Patch::<()>::Json(patch))
         .await?;
-    // The gauges follow what the status says, after it says it (a dry run copies nothing).
-    if !job.spec.dry_run {
+    // The gauges follow what the status says, after it says it (a dry run and a check copy
+    // nothing).
+    if !job.spec.dry_run && job.spec.check.is_none() {
         let bytes_total = match state {
             // A finished shard carried what it did, whatever its count said beforehand.
             ShardState::Succeeded => Some(bytes),

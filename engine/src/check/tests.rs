@@ -19,7 +19,10 @@ fn copied(root: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(src.join("a/b"))?;
     for i in 0..50u32 {
         let dir = ["", "a", "a/b"][i as usize % 3];
-        std::fs::write(src.join(dir).join(format!("f{i}")), vec![i as u8; 100 * i as usize])?;
+        std::fs::write(
+            src.join(dir).join(format!("f{i}")),
+            vec![i as u8; 100 * i as usize],
+        )?;
     }
     std::fs::write(src.join("new\nline"), b"a name with a newline")?;
     std::fs::create_dir_all(root.join(".ferry"))?;
@@ -59,7 +62,11 @@ fn an_untouched_copy_matches_its_manifest_file_for_file() -> anyhow::Result<()> 
     let tmp = tempfile::tempdir()?;
     copied(tmp.path())?;
     let c = check(tmp.path(), "dst")?;
-    assert_eq!((c.listed, c.matched, c.failures.len()), (51, 51, 0), "{c:?}");
+    assert_eq!(
+        (c.listed, c.matched, c.failures.len()),
+        (51, 51, 0),
+        "{c:?}"
+    );
     let bytes: u64 = (0..50u64).map(|i| 100 * i).sum::<u64>() + 21;
     assert_eq!(c.bytes, bytes);
     Ok(())
@@ -93,10 +100,22 @@ fn changed_missing_grown_and_swapped_files_are_each_named_and_nothing_special_is
     symlink(root.join("elsewhere"), dst.join("a/b"))?;
     let c = check(root, "dst")?;
     let failed = reasons(&c);
-    assert!(failed.contains(&("f3".into(), Reason::ChecksumMismatch)), "{failed:?}");
-    assert!(failed.contains(&("a/f4".into(), Reason::ChecksumMismatch)), "{failed:?}");
-    assert!(failed.contains(&("f6".into(), Reason::DestinationConflict)), "{failed:?}");
-    assert!(failed.contains(&("f9".into(), Reason::DestinationConflict)), "{failed:?}");
+    assert!(
+        failed.contains(&("f3".into(), Reason::ChecksumMismatch)),
+        "{failed:?}"
+    );
+    assert!(
+        failed.contains(&("a/f4".into(), Reason::ChecksumMismatch)),
+        "{failed:?}"
+    );
+    assert!(
+        failed.contains(&("f6".into(), Reason::DestinationConflict)),
+        "{failed:?}"
+    );
+    assert!(
+        failed.contains(&("f9".into(), Reason::DestinationConflict)),
+        "{failed:?}"
+    );
     // Every file under a/b: reached through a symlink (f5 among them, not reported missing).
     let under_b = (0..50).filter(|i| i % 3 == 2).count() as u64;
     assert!(
@@ -113,7 +132,10 @@ fn changed_missing_grown_and_swapped_files_are_each_named_and_nothing_special_is
     std::fs::remove_file(dst.join("a/b"))?;
     std::fs::rename(root.join("elsewhere"), dst.join("a/b"))?;
     let c = check(root, "dst")?;
-    assert!(reasons(&c).contains(&("a/b/f5".into(), Reason::NotFound)), "{c:?}");
+    assert!(
+        reasons(&c).contains(&("a/b/f5".into(), Reason::NotFound)),
+        "{c:?}"
+    );
     assert_eq!(c.missing, 1);
     Ok(())
 }
@@ -128,10 +150,18 @@ fn a_device_node_where_a_file_was_listed_is_reported_and_never_opened() -> anyho
         std::fs::remove_file(dst.join("f12"))?;
         let d = File::open(&dst)?;
         // /dev/watchdog's numbers (10, 130): opening it would arm a node's watchdog.
-        sys::mknodat(d.as_fd(), c"f12", libc::S_IFCHR | 0o600, libc::makedev(10, 130))?;
+        sys::mknodat(
+            d.as_fd(),
+            c"f12",
+            libc::S_IFCHR | 0o600,
+            libc::makedev(10, 130),
+        )?;
         let c = check(root, "dst")?;
         let failed = reasons(&c);
-        assert!(failed.contains(&("f12".into(), Reason::DestinationConflict)), "{failed:?}");
+        assert!(
+            failed.contains(&("f12".into(), Reason::DestinationConflict)),
+            "{failed:?}"
+        );
         let f = c.failures.iter().find(|f| f.path == Path::new("f12"));
         assert!(
             f.is_some_and(|f| f.message.contains("character device")),
@@ -142,7 +172,6 @@ fn a_device_node_where_a_file_was_listed_is_reported_and_never_opened() -> anyho
     }
     Ok(())
 }
-
 
 #[test]
 fn a_manifest_ferry_would_not_write_ends_the_check_with_what_is_wrong() -> anyhow::Result<()> {
@@ -169,7 +198,11 @@ fn a_manifest_ferry_would_not_write_ends_the_check_with_what_is_wrong() -> anyho
             [good.clone(), format!("{hash}  f1").into_bytes()].concat(),
             "cut short",
         ),
-        ("not a line at all", b"hello\n".to_vec(), "not a hash and a path"),
+        (
+            "not a line at all",
+            b"hello\n".to_vec(),
+            "not a hash and a path",
+        ),
     ];
     for (what, text, says) in rows {
         std::fs::write(&at, &text)?;
@@ -243,6 +276,9 @@ fn a_cancelled_check_stops_and_says_so() -> anyhow::Result<()> {
         &opts,
         &NoProgress,
     )?;
-    assert!(c.cancelled && c.matched == 0 && c.failures.is_empty(), "{c:?}");
+    assert!(
+        c.cancelled && c.matched == 0 && c.failures.is_empty(),
+        "{c:?}"
+    );
     Ok(())
 }

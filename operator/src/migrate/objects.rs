@@ -136,6 +136,7 @@ fn copy_spec(m: &ClaimMigration) -> CopyJobSpec {
             pvc: Some(migration_claim_name(&m.uid().unwrap_or_default())),
             ..Default::default()
         },
+        check: None,
         reflink: Default::default(),
         verify: Verify::Checksum,
         overwrite: Overwrite::Always,

@@ -219,6 +219,7 @@ pub fn populate_job(claim: &PersistentVolumeClaim, source: &VolumeSource) -> Cop
             pvc: Some(prime_claim_name(&uid)),
             ..Default::default()
         },
+        check: None,
         reflink: s.reflink,
         verify: s.verify,
         overwrite: Overwrite::Always,

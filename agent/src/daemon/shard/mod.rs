@@ -2,10 +2,12 @@
 //! (memory, privileged files, the engine's options: [`prepare`]), publish Running, copy
 //! on an OS thread while publishing progress ([`copy`]), then settle the outcome (a full
 //! destination, the split job's manifests, the mirror, the flush: [`settle`]) and publish
-//! it. A dry run counts instead ([`count`]); a copy between nodes reaches its source
-//! through the sender's agent ([`sender`]).
+//! it. A dry run counts instead ([`count`]), a check reads the destination against its
+//! manifest ([`check`]); a copy between nodes reaches its source through the sender's
+//! agent ([`sender`]).
 
 mod block;
+mod check;
 mod copy;
 mod count;
 mod delta;
@@ -71,14 +73,25 @@ async fn run_shard(
     let (job, shard) = (target.job, target.shard);
     // Between raw block claims: devices handed over by the job's holders, not roots.
     if block::is_block(target) {
+        // The operator refuses a check of a block claim (resolve's modes_agree): a guard.
+        if job.spec.check.is_some() {
+            return Err(ShardError::Refused {
+                reason: ferry_crds::Reason::NotForBlock,
+                message: "spec.check reads files, and the destination is a raw block claim".into(),
+            });
+        }
         return block::run(node, target, active).await;
     }
     // 1. The roots, opened: inside this node's filesystem, or the source through the
     //    sender's agent (a copy between nodes).
     let (roots, dst) = open::roots(node, target, active).await?;
-    // A dry run counts what it would do, and stops there.
+    // A dry run counts what it would do, and stops there; a check reads the destination
+    // against its manifest, and writes nothing.
     if job.spec.dry_run {
         return dry_run(node, target, &roots).await;
+    }
+    if job.spec.check.is_some() {
+        return check::check(node, target, active, &roots).await;
     }
     // 2. Prepared: the copy fits in the agent's memory, the destination's state directory,
     //    whether privileged files are kept, and the engine's options.
