@@ -2,7 +2,8 @@
 //! created and followed to its end from the command line (the copy identical, the exit
 //! status 0), `get` showing it, a job that cannot resolve explained by `why` with what to
 //! change, `watch` giving up after its timeout with the job left running, refusals of bad
-//! endpoints before anything is created, `migrate` making a ClaimMigration (and the API
+//! endpoints before anything is created, `verify` (the copy checked whole, then with a file
+//! changed, one removed and one a symlink: exit 1, each named, nothing touched), `migrate` making a ClaimMigration (and the API
 //! server's refusal of a bad one passed on), and the completion scripts.
 
 use std::path::Path;
@@ -165,6 +166,81 @@ fn kubectl_ferry_copies_follows_explains_and_refuses_through_the_api() -> Result
         jobs.lines().count() == 2,
         "only the two jobs above exist: {jobs}"
     );
+
+    // `verify`: the copy's destination read against its manifest on the node, first whole,
+    // then with a file changed (same size), one removed and one a symlink in a file's place.
+    let o = plugin(
+        &kc,
+        &["-n", "default", "verify", "cli", "--name", "cli-check"],
+    )?;
+    ensure!(
+        o.status.success()
+            && String::from_utf8_lossy(&o.stdout)
+                .contains("copyjob.ferry.dev/cli-check Verified: all 160 files .ferry/"),
+        "verify cli: {}",
+        text(&o)
+    );
+    let copy = hosts.join("node-a/srv/data/copy");
+    let changed = copy.join("d0/f0");
+    let len = std::fs::metadata(&changed)?.len() as usize;
+    std::fs::write(&changed, vec![0xee; len])?;
+    std::fs::remove_file(copy.join("d1/f1"))?;
+    std::fs::remove_file(copy.join("d2/f2"))?;
+    std::os::unix::fs::symlink("f3", copy.join("d2/f2"))?;
+    let manifest = cp.kubectl_ok(&[
+        "get",
+        "copyjob",
+        "cli",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.status.manifest}",
+    ])?;
+    let o = plugin(
+        &kc,
+        &[
+            "-n",
+            "default",
+            "verify",
+            "root:data:copy",
+            "--manifest",
+            &manifest,
+        ],
+    )?;
+    let err = String::from_utf8_lossy(&o.stderr);
+    ensure!(
+        o.status.code() == Some(1)
+            && String::from_utf8_lossy(&o.stdout)
+                .contains("copyjob.ferry.dev/root-data-copy-verify-")
+            && err.contains("Failed True: Differs 3 of the 160 files")
+            && err.contains("ChecksumMismatch d0/f0")
+            && err.contains("NotFound d1/f1")
+            && err.contains("DestinationConflict d2/f2")
+            && err.contains("Warning Differs: 3 of the 160 files"),
+        "verify of a changed copy: {}",
+        text(&o)
+    );
+    ensure!(
+        std::fs::read_link(copy.join("d2/f2"))? == Path::new("f3")
+            && std::fs::read(&changed)? == vec![0xee; len],
+        "a check changes nothing"
+    );
+    for (args, says) in [
+        (vec!["verify", "stuck"], "names no manifest"),
+        (
+            vec!["verify", "root:data:copy", "--manifest", "../x.xxh128"],
+            "is not a job's status.manifest",
+        ),
+    ] {
+        let mut all = vec!["-n", "default"];
+        all.extend(args.iter());
+        let o = plugin(&kc, &all)?;
+        ensure!(
+            o.status.code() == Some(2) && String::from_utf8_lossy(&o.stderr).contains(says),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
 
     // `migrate`: the ClaimMigration it makes, and the API server's refusal passed on.
     let o = plugin(

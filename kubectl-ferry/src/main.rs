@@ -1,7 +1,8 @@
 //! `kubectl ferry` (the binary `kubectl-ferry`, found by kubectl on the PATH): Ferry's
 //! CopyJobs from the command line. `copy SRC DST` creates one and follows it with a live bar;
 //! `get` and `watch` show files, bytes, rate and ETA; `why` says where a job is and what to
-//! change; `migrate` moves a claim to another StorageClass keeping its name (a
+//! change; `verify` checks a destination against the manifest a copy wrote there (every
+//! file read and hashed on its node; exit status 1 if any differs); `migrate` moves a claim to another StorageClass keeping its name (a
 //! ClaimMigration, followed step by step); `completion` prints a bash or zsh completion script. It uses the user's
 //! kubeconfig and nothing else: it creates and reads Ferry's objects as the user, and has
 //! no privileges of its own.
@@ -21,6 +22,7 @@ use kube::{Api, Client, ResourceExt};
 mod endpoint;
 mod follow;
 mod migrate;
+mod verify;
 mod why;
 
 /// Ferry's CopyJobs from kubectl.
@@ -84,6 +86,27 @@ enum Command {
     Watch {
         job: String,
         /// Stop following after this many seconds.
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
+    /// Check a destination against the manifest a copy wrote there, with a CopyJob that
+    /// copies nothing: every file it lists read and hashed on the destination's node. TARGET:
+    /// a CopyJob (its destination, its status.manifest), or with --manifest a destination as
+    /// `copy` writes DST. Exit status 0 when every file matches, 1 when any is changed,
+    /// missing or not a regular file (they are listed).
+    Verify {
+        target: String,
+        /// The manifest, as status.manifest names it (.ferry/UID.xxh128): TARGET is then a
+        /// destination, for a copy whose job is gone.
+        #[arg(long)]
+        manifest: Option<String>,
+        /// The check job's name (default: TARGET-verify-XXXXX).
+        #[arg(long)]
+        name: Option<String>,
+        /// Create the job and return at once.
+        #[arg(long)]
+        detach: bool,
+        /// Stop following after this many seconds (the check goes on).
         #[arg(long)]
         timeout: Option<u64>,
     },
@@ -208,16 +231,24 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 job.metadata.name = None;
                 job.metadata.generate_name = Some("copy-".into());
             }
-            // The API server's refusal (its CEL rules) says what to change; pass it on.
-            let made = jobs
-                .create(&PostParams::default(), &job)
-                .await
-                .map_err(|e| match e {
-                    kube::Error::Api(s) => {
-                        anyhow::anyhow!("the API server refused the CopyJob: {}", s.message)
-                    }
-                    e => e.into(),
-                })?;
+            let made = create(&jobs, &job).await?;
+            let name = made.name_any();
+            println!("copyjob.ferry.dev/{name} created in {ns}");
+            if detach {
+                return Ok(ExitCode::SUCCESS);
+            }
+            finish(&client, &jobs, &ns, &name, timeout).await
+        }
+        Command::Verify {
+            target,
+            manifest,
+            name,
+            detach,
+            timeout,
+        } => {
+            let (destination, check) = verify::target(&jobs, &target, manifest).await?;
+            let job = verify::job(destination, check, name.as_deref(), &target)?;
+            let made = create(&jobs, &job).await?;
             let name = made.name_any();
             println!("copyjob.ferry.dev/{name} created in {ns}");
             if detach {
@@ -325,6 +356,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
+/// Create `job`; the API server's refusal (its CEL rules) says what to change, so it is
+/// passed on.
+async fn create(jobs: &Api<CopyJob>, job: &CopyJob) -> Result<CopyJob> {
+    jobs.create(&PostParams::default(), job)
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(s) => {
+                anyhow::anyhow!("the API server refused the CopyJob: {}", s.message)
+            }
+            e => e.into(),
+        })
+}
+
 /// Follow `name` to its end; on failure print why. Exit status 0 Succeeded, 1 Failed.
 async fn finish(
     client: &Client,
@@ -336,6 +380,10 @@ async fn finish(
     let outcome = follow::follow(jobs, name, timeout.map(Duration::from_secs)).await?;
     let job = jobs.get(name).await?;
     match outcome {
+        follow::Outcome::Succeeded if job.spec.check.is_some() => {
+            println!("copyjob.ferry.dev/{name} {}", verify::outcome(&job));
+            Ok(ExitCode::SUCCESS)
+        }
         follow::Outcome::Succeeded => {
             println!(
                 "copyjob.ferry.dev/{name} succeeded: {}",

@@ -12,7 +12,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType};
 
 use crate::resolve::{Blocked, Endpoints};
 use crate::schedule;
-use crate::status::{condition, failed_reason, summarize};
+use crate::status::{condition, summarize};
 use crate::volume::Volume;
 
 /// What a decision is made from, read from the cluster beforehand.
@@ -255,13 +255,17 @@ pub fn decide(input: &Inputs) -> Decision {
             secondary: None,
         });
     }
-    // A job that just failed says why, once, with the first failing paths.
-    if status.phase == Some(Phase::Failed) && old.phase != Some(Phase::Failed) {
-        let (reason, msg) = failed_reason(&status.shards, &status.failures);
+    // A job that just failed says why, once, as its Failed condition does (a check's
+    // Differs, a copy's first failing paths).
+    let failed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failed" && c.status == "True");
+    if let Some(c) = failed.filter(|_| old.phase != Some(Phase::Failed)) {
         events.push(KubeEvent {
             type_: EventType::Warning,
-            reason: reason.to_string(),
-            note: Some(msg),
+            reason: c.reason.clone(),
+            note: Some(c.message.clone()),
             action: "Copy".into(),
             secondary: None,
         });

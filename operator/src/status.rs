@@ -587,4 +587,66 @@ mod tests {
         );
         assert_eq!(first.last_transition_time, again.last_transition_time);
     }
+
+    #[test]
+    fn a_check_says_verified_when_all_match_and_differs_with_the_counts_when_not() {
+        let job: CopyJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "CopyJob",
+            "metadata": {"name": "v", "namespace": "team", "uid": "u1", "generation": 1},
+            "spec": {"destination": {"pvc": "b"},
+                     "check": {"manifest": ".ferry/0b6a2f0c-3d1e-4c55-9f3a-2b7d6e8c9a10.xxh128"}},
+        }))
+        .expect("job");
+        let of = |status: &CopyJobStatus, t: ConditionType| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == t.as_str())
+                .map(|c| (c.reason.clone(), c.message.clone()))
+        };
+        let mut done = shard(ShardState::Succeeded, 3);
+        done.progress.check = Some(CheckCounts {
+            listed: 3,
+            matched: 3,
+            ..Default::default()
+        });
+        let status = summarize(&job, false, vec![done.clone()], vec![], None);
+        let (reason, msg) = of(&status, ConditionType::Complete).expect("complete");
+        assert_eq!(reason, "Verified");
+        assert!(msg.starts_with("all 3 files .ferry/0b6a2f0c"), "{msg}");
+        assert_eq!(status.manifest, None, "a check writes no manifest");
+
+        let mut found = done.clone();
+        found.progress.state = ShardState::Failed;
+        found.progress.check = Some(CheckCounts {
+            listed: 3,
+            matched: 1,
+            changed: 1,
+            missing: 1,
+            ..Default::default()
+        });
+        found.progress.failures = vec![FailedPath {
+            path: "a/b".into(),
+            reason: Reason::ChecksumMismatch,
+            message: "changed".into(),
+        }];
+        let status = summarize(&job, false, vec![found.clone()], vec![], None);
+        let (reason, msg) = of(&status, ConditionType::Failed).expect("failed");
+        assert_eq!(reason, "Differs");
+        assert!(
+            msg.starts_with("2 of the 3 files")
+                && msg.contains("1 changed (ChecksumMismatch), 1 missing (NotFound); e.g. a/b"),
+            "{msg}"
+        );
+
+        // A check that could not be made is not a difference: its own reason stands.
+        found.progress.failures = vec![FailedPath {
+            path: ".".into(),
+            reason: Reason::CannotStart,
+            message: "no manifest".into(),
+        }];
+        let status = summarize(&job, false, vec![found], vec![], None);
+        let (reason, _) = of(&status, ConditionType::Failed).expect("failed");
+        assert_eq!(reason, "CannotStart");
+    }
 }
