@@ -167,6 +167,42 @@ fn crds_are_served_and_bad_specs_are_refused_at_admission_with_what_to_change() 
         &copyjob("g6", "{snapshot: nightly, path: data}", "{pvc: other}", ""),
     )?;
     ensure!(ok, "a snapshot source refused: {out}");
+    // A check job: a destination and an earlier job's manifest, no source.
+    let check = |name: &str, source: &str, manifest: &str| {
+        format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{source}  destination: {{pvc: copy}}\n  check: {{manifest: {manifest:?}}}\n"
+        )
+    };
+    let good = ".ferry/0b6a2f0c-3d1e-4c55-9f3a-2b7d6e8c9a10.xxh128";
+    let (ok, out) = apply(&cp, &check("c1", "", good))?;
+    ensure!(ok, "a check job refused: {out}");
+    refused_with(
+        &cp,
+        "a check with a source",
+        &check("c2", "  source: {pvc: data}\n", good),
+        "one of the two, not both",
+    )?;
+    for (case, manifest) in [
+        ("a manifest outside .ferry", "../../etc/shadow"),
+        (
+            "a manifest path with a directory",
+            ".ferry/a/0b6a2f0c-3d1e-4c55-9f3a-2b7d6e8c9a10.xxh128",
+        ),
+        ("a manifest that is not a uid", ".ferry/passwd.xxh128"),
+    ] {
+        refused_with(
+            &cp,
+            case,
+            &check("c3", "", manifest),
+            "check.manifest is a job's status.manifest",
+        )?;
+    }
+    refused_with(
+        &cp,
+        "neither source nor check",
+        "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: c4\n  namespace: default\nspec:\n  destination: {pvc: copy}\n",
+        "set spec.source (what to copy), or spec.check",
+    )?;
     refused_with(
         &cp,
         "maxAgents 0",
