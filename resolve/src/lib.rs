@@ -18,6 +18,7 @@ pub mod volume;
 pub use nodes::{eligible_nodes, selector_matches, Reachable};
 use pods::{block_holder, holder_of, running_pods_with_claims};
 pub use pods::{end, pods_with_claims, uses_claim, HOLDER_OF, HOLDS};
+pub use snapshot::{from_snapshot, restore_claim, taken_snapshot, TAKEN_SNAPSHOT_PREFIX};
 use volume::{Nodes, PvAccess, Volume};
 
 /// Why a job cannot proceed, as a condition reason and a message for the user.
@@ -413,25 +414,6 @@ fn writable(
             message: format!("{field}.pvc: claim {claim:?} is read-only ({why}) and cannot be a destination; use a writable claim"),
         }),
     }
-}
-
-/// The claim a snapshot source of job `job_uid` is restored to, in the job's namespace: the
-/// operator makes it (owned by the job), and operator and agents copy from it.
-pub fn restore_claim(job_uid: &str) -> String {
-    format!("ferry-restore-{job_uid}")
-}
-
-/// How the names of [`taken_snapshot`] begin.
-pub const TAKEN_SNAPSHOT_PREFIX: &str = "ferry-snapshot-";
-
-/// The VolumeSnapshot the operator takes of a `copyMethod: Snapshot` source of job `job_uid`.
-pub fn taken_snapshot(job_uid: &str) -> String {
-    format!("{TAKEN_SNAPSHOT_PREFIX}{job_uid}")
-}
-
-/// Whether an endpoint is read from a snapshot (one named, or one the operator takes).
-pub fn from_snapshot(e: &Endpoint) -> bool {
-    e.snapshot.is_some() || e.copy_method == Some(ferry_crds::CopyMethod::Snapshot)
 }
 
 /// Check one endpoint of the job whose uid is `job_uid` and say how it is reached. A

@@ -23,6 +23,25 @@ pub fn names_snapshot(content: &Value, ns: &str, name: &str, uid: Option<&str>) 
     })
 }
 
+/// The claim a snapshot source of job `job_uid` is restored to, in the job's namespace: the
+/// operator makes it (owned by the job), and operator and agents copy from it.
+pub fn restore_claim(job_uid: &str) -> String {
+    format!("ferry-restore-{job_uid}")
+}
+
+/// How the names of [`taken_snapshot`] begin.
+pub const TAKEN_SNAPSHOT_PREFIX: &str = "ferry-snapshot-";
+
+/// The VolumeSnapshot the operator takes of a `copyMethod: Snapshot` source of job `job_uid`.
+pub fn taken_snapshot(job_uid: &str) -> String {
+    format!("{TAKEN_SNAPSHOT_PREFIX}{job_uid}")
+}
+
+/// Whether an endpoint is read from a snapshot (one named, or one the operator takes).
+pub fn from_snapshot(e: &ferry_crds::Endpoint) -> bool {
+    e.snapshot.is_some() || e.copy_method == Some(ferry_crds::CopyMethod::Snapshot)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

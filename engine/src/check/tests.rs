@@ -1,3 +1,6 @@
+//! `check_beneath` on a real tree: a copy's manifest matched file for file, each kind of
+//! difference named, device nodes and FIFOs never opened, hostile manifests refused.
+
 use std::ffi::CString;
 use std::os::fd::AsFd;
 use std::os::unix::fs::symlink;
