@@ -231,13 +231,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 job.metadata.name = None;
                 job.metadata.generate_name = Some("copy-".into());
             }
-            let made = create(&jobs, &job).await?;
-            let name = made.name_any();
-            println!("copyjob.ferry.dev/{name} created in {ns}");
-            if detach {
-                return Ok(ExitCode::SUCCESS);
-            }
-            finish(&client, &jobs, &ns, &name, timeout).await
+            start(&client, &jobs, &ns, &job, detach, timeout).await
         }
         Command::Verify {
             target,
@@ -248,13 +242,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let (destination, check) = verify::target(&jobs, &target, manifest).await?;
             let job = verify::job(destination, check, name.as_deref(), &target)?;
-            let made = create(&jobs, &job).await?;
-            let name = made.name_any();
-            println!("copyjob.ferry.dev/{name} created in {ns}");
-            if detach {
-                return Ok(ExitCode::SUCCESS);
-            }
-            finish(&client, &jobs, &ns, &name, timeout).await
+            start(&client, &jobs, &ns, &job, detach, timeout).await
         }
         Command::Watch { job, timeout } => finish(&client, &jobs, &ns, &job, timeout).await,
         Command::Get {
@@ -356,17 +344,31 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-/// Create `job`; the API server's refusal (its CEL rules) says what to change, so it is
-/// passed on.
-async fn create(jobs: &Api<CopyJob>, job: &CopyJob) -> Result<CopyJob> {
-    jobs.create(&PostParams::default(), job)
+/// Create `job` and say so, then (unless `detach`) follow it to its end. The API server's
+/// refusal (its CEL rules) says what to change, so it is passed on.
+async fn start(
+    client: &Client,
+    jobs: &Api<CopyJob>,
+    ns: &str,
+    job: &CopyJob,
+    detach: bool,
+    timeout: Option<u64>,
+) -> Result<ExitCode> {
+    let made = jobs
+        .create(&PostParams::default(), job)
         .await
         .map_err(|e| match e {
             kube::Error::Api(s) => {
                 anyhow::anyhow!("the API server refused the CopyJob: {}", s.message)
             }
             e => e.into(),
-        })
+        })?;
+    let name = made.name_any();
+    println!("copyjob.ferry.dev/{name} created in {ns}");
+    if detach {
+        return Ok(ExitCode::SUCCESS);
+    }
+    finish(client, jobs, ns, &name, timeout).await
 }
 
 /// Follow `name` to its end; on failure print why. Exit status 0 Succeeded, 1 Failed.

@@ -12,7 +12,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType};
 
 use crate::resolve::{Blocked, Endpoints};
 use crate::schedule;
-use crate::status::{condition, summarize};
+use crate::status::{condition, failed_condition, summarize};
 use crate::volume::Volume;
 
 /// What a decision is made from, read from the cluster beforehand.
@@ -257,10 +257,7 @@ pub fn decide(input: &Inputs) -> Decision {
     }
     // A job that just failed says why, once, as its Failed condition does (a check's
     // Differs, a copy's first failing paths).
-    let failed = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Failed" && c.status == "True");
+    let failed = failed_condition(&status.conditions);
     if let Some(c) = failed.filter(|_| old.phase != Some(Phase::Failed)) {
         events.push(KubeEvent {
             type_: EventType::Warning,

@@ -17,11 +17,16 @@ use kube::ResourceExt;
 /// and claim migrations say of the CopyJobs they run.
 pub fn story(job: &CopyJob) -> String {
     let conditions = job.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
-    conditions
-        .iter()
-        .find(|c| c.type_ == "Failed" && c.status == "True")
+    failed_condition(conditions)
         .or_else(|| conditions.iter().find(|c| c.status == "False"))
         .map_or_else(String::new, |c| format!("{}: {}", c.reason, c.message))
+}
+
+/// The True Failed condition among `conditions`, if the job failed.
+pub fn failed_condition(conditions: &[Condition]) -> Option<&Condition> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == ConditionType::Failed.as_str() && c.status == "True")
 }
 
 /// One condition; its `lastTransitionTime` is kept from `previous` while its type, status
@@ -147,7 +152,7 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
 /// Why a failed job failed, and a message that says what to do: what stopped a shard (a
 /// full destination, a lost node, a refused path), else `IOError` when the volume returned
 /// read or write errors, else `PartiallyFailed`: some entries failed, the rest was copied.
-pub fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (Reason, String) {
+fn failed_reason(shards: &[ShardStatus], failures: &[FailedPath]) -> (Reason, String) {
     let failed: i64 = shards.iter().map(|s| s.progress.failed).sum::<i64>().max(1);
     let files: i64 = shards.iter().map(|s| s.progress.files_done).sum();
     let first = |reason: Reason| failures.iter().find(|f| f.reason == reason);
