@@ -305,6 +305,10 @@ pub struct ClaimMigrationStatus {
     /// The hooks that completed (each runs once, even if the final sync is run again).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hooks_done: Vec<HookPoint>,
+    /// The final sync's manifest, on the new volume (`.ferry/<uid>.xxh128`): what `kubectl
+    /// ferry verify --migration NAME` checks the claim against, now and later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
     /// Seconds of the live copy (the users running).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_seconds: Option<f64>,

@@ -138,7 +138,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
             populate::deleted_mid_population,
         ),
         (
-            "migration: a StatefulSet's claim moved to another class while it writes (kubectl ferry migrate)",
+            "migration: a StatefulSet's claim moved to another class while it writes (kubectl ferry migrate), then verified",
             migrate::statefulset_with_a_writer,
         ),
         (

@@ -280,6 +280,30 @@ fn kubectl_ferry_copies_follows_explains_and_refuses_through_the_api() -> Result
         spec == "data-db-0 fast 300",
         "the ClaimMigration made: {spec:?}"
     );
+    // `verify --migration`: only a migration that succeeded has a claim to check.
+    for (args, says) in [
+        (
+            vec!["verify", "--migration", made.as_str()],
+            "not Succeeded: its claim is checked once it is on the new volume",
+        ),
+        (
+            vec!["verify", "--migration", "nope"],
+            "no ClaimMigration nope",
+        ),
+        (
+            vec!["verify", "cli", "--migration", made.as_str()],
+            "cannot be used with",
+        ),
+    ] {
+        let mut all = vec!["-n", "default"];
+        all.extend(args.iter());
+        let o = plugin(&kc, &all)?;
+        ensure!(
+            o.status.code() == Some(2) && String::from_utf8_lossy(&o.stderr).contains(says),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
     let o = plugin(
         &kc,
         &[

@@ -95,11 +95,17 @@ enum Command {
     /// `copy` writes DST. Exit status 0 when every file matches, 1 when any is changed,
     /// missing or not a regular file (they are listed).
     Verify {
-        target: String,
+        /// A CopyJob, or with --manifest a destination (CLAIM[:PATH] or root:NAME[:PATH]).
+        #[arg(required_unless_present = "migration")]
+        target: Option<String>,
         /// The manifest, as status.manifest names it (.ferry/UID.xxh128): TARGET is then a
         /// destination, for a copy whose job is gone.
         #[arg(long)]
         manifest: Option<String>,
+        /// A ClaimMigration that succeeded: its claim checked against its final sync's
+        /// manifest (status.manifest), instead of TARGET.
+        #[arg(long, conflicts_with_all = ["target", "manifest"])]
+        migration: Option<String>,
         /// The check job's name (default: TARGET-verify-XXXXX).
         #[arg(long)]
         name: Option<String>,
@@ -236,12 +242,24 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Verify {
             target,
             manifest,
+            migration,
             name,
             detach,
             timeout,
         } => {
-            let (destination, check) = verify::target(&jobs, &target, manifest).await?;
-            let job = verify::job(destination, check, name.as_deref(), &target)?;
+            let (destination, check, head) = match (migration, target) {
+                (Some(m), _) => {
+                    let migrations = Api::<ClaimMigration>::namespaced(client.clone(), &ns);
+                    let (d, c) = verify::migrated(&migrations, &m).await?;
+                    (d, c, m)
+                }
+                (None, Some(t)) => {
+                    let (d, c) = verify::target(&jobs, &t, manifest).await?;
+                    (d, c, t)
+                }
+                (None, None) => unreachable!("clap requires TARGET or --migration"),
+            };
+            let job = verify::job(destination, check, name.as_deref(), &head)?;
             start(&client, &jobs, &ns, &job, detach, timeout).await
         }
         Command::Watch { job, timeout } => finish(&client, &jobs, &ns, &job, timeout).await,
@@ -332,6 +350,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             match outcome {
                 migrate::Outcome::Succeeded => {
                     println!("{name}: {}", migrate::line(&m));
+                    if m.status.as_ref().is_some_and(|s| s.manifest.is_some()) {
+                        println!("to check the claim against the final sync's manifest: kubectl ferry verify -n {ns} --migration {name}");
+                    }
                     Ok(ExitCode::SUCCESS)
                 }
                 migrate::Outcome::Failed => {

@@ -1,11 +1,12 @@
 //! `kubectl ferry verify`: a check job (`spec.check`) made from what the user has at hand.
 //! `verify JOB` checks JOB's destination against the manifest JOB wrote there (its
 //! `status.manifest`); `verify DST --manifest .ferry/UID.xxh128` checks a destination whose
-//! job is gone (a migrated claim, a job past its ttl). The agent reads every file the
+//! job is gone (a job past its ttl); `verify --migration NAME` checks a migrated claim
+//! against its final sync's manifest (the migration's `status.manifest`). The agent reads every file the
 //! manifest lists; nothing is copied and nothing is written.
 
 use anyhow::{bail, Context, Result};
-use ferry_crds::{Check, CopyJob, CopyJobSpec, Endpoint};
+use ferry_crds::{Check, ClaimMigration, CopyJob, CopyJobSpec, Endpoint, MigrationStep};
 use kube::Api;
 
 use crate::endpoint;
@@ -39,6 +40,30 @@ pub async fn target(
         );
     };
     Ok((job.spec.destination.clone(), Check { manifest }))
+}
+
+/// The destination and manifest of `verify --migration NAME`: the migrated claim, whole,
+/// against the final sync's manifest, which is on the claim's new volume.
+pub async fn migrated(migrations: &Api<ClaimMigration>, name: &str) -> Result<(Endpoint, Check)> {
+    let m = migrations
+        .get(name)
+        .await
+        .with_context(|| format!("no ClaimMigration {name} to verify"))?;
+    let status = m.status.unwrap_or_default();
+    if status.step != Some(MigrationStep::Succeeded) {
+        let step = status
+            .step
+            .map_or_else(|| "Pending".to_string(), |s| s.to_string());
+        bail!("ClaimMigration {name} is at step {step}, not Succeeded: its claim is checked once it is on the new volume (kubectl get claimmigration {name} -w)");
+    }
+    let Some(manifest) = status.manifest else {
+        bail!("ClaimMigration {name} names no manifest (status.manifest): its claim is a raw block device (its manifest stays with the agent), or it finished before Ferry recorded manifests; give the claim and --manifest of its final sync if you have it");
+    };
+    let destination = Endpoint {
+        pvc: Some(m.spec.claim.clone()),
+        ..Default::default()
+    };
+    Ok((destination, Check { manifest }))
 }
 
 /// The check job for `destination` against `check`, named `name` or, by the API server,

@@ -42,6 +42,7 @@ use crate::Error;
 pub mod decide;
 pub mod hook;
 pub mod objects;
+pub mod step;
 
 use decide::{Found, Inputs, Step};
 

@@ -2,7 +2,9 @@
 //! StatefulSet's claim moved from `ferry-csi` to `ferry-csi-wffc` by `kubectl ferry migrate`
 //! while a writer appends to it through the pod's mount, the pod back on the same claim name
 //! with every byte written before the scale-down; the same with the operator's leader killed
-//! at every step it is seen in; a claim a bare pod uses refused with nothing touched. Each
+//! at every step it is seen in; a claim a bare pod uses refused with nothing touched; the
+//! migrated claim checked against the final sync's manifest (`kubectl ferry verify
+//! --migration`), and a file changed since named. Each
 //! check deletes what it made, the old volume too.
 
 use std::collections::BTreeSet;
@@ -423,6 +425,10 @@ pub fn statefulset_with_a_writer(tier: &KubeTier, _: &Path) -> Result<()> {
             "migrated data-web-0 in {took:.1} s: live copy {copy} s, users at zero {downtime} s, {} lines written before",
             written.len()
         );
+        ensure!(
+            stdout.contains("kubectl ferry verify -n default --migration move-web"),
+            "{stdout}"
+        );
         check_migrated(
             tier,
             "move-web",
@@ -430,9 +436,59 @@ pub fn statefulset_with_a_writer(tier: &KubeTier, _: &Path) -> Result<()> {
             &old,
             &before,
             &written,
-        )
+        )?;
+        verify_migrated(tier, &bin, "move-web", Workload::set("web"))
     })();
     clean_up(tier, Workload::set("web"), "move-web", &old).and(result)
+}
+
+/// `kubectl ferry verify --migration NAME` after migration `name` of `w`'s claim: a check
+/// job on the claim (a holder pod mounts it read-only beside the user's pod) says every
+/// file the final sync listed matches; a file changed on the new volume since, same size,
+/// is named, exit status 1, and left as it was.
+fn verify_migrated(tier: &KubeTier, bin: &Path, name: &str, w: Workload) -> Result<()> {
+    let verify = |check: &str| -> Result<(Option<i32>, String)> {
+        let out = Command::new(bin)
+            .env("KUBECONFIG", tier.kubeconfig())
+            .args(["-n", "default", "verify", "--migration", name])
+            .args(["--name", check, "--timeout", "120"])
+            .output()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((out.status.code(), text))
+    };
+    let manifest = status(tier, name, "manifest")?;
+    ensure!(
+        manifest.starts_with(".ferry/") && manifest.ends_with(".xxh128"),
+        "status.manifest is {manifest:?}"
+    );
+    let (code, text) = verify(&format!("{name}-check"))?;
+    ensure!(
+        code == Some(0) && text.contains("Verified"),
+        "verify --migration {name}: {code:?}\n{text}"
+    );
+    let volume = volume_dir(tier, "default", &w.claim())?;
+    let changed = volume.join("tree/a/f7");
+    let mut bytes = std::fs::read(&changed)?;
+    bytes[0] ^= 0x20;
+    std::fs::write(&changed, &bytes)?;
+    let (code, text) = verify(&format!("{name}-check-again"))?;
+    ensure!(
+        code == Some(1) && text.contains("Differs") && text.contains("tree/a/f7"),
+        "verify of a changed claim: {code:?}\n{text}"
+    );
+    ensure!(std::fs::read(&changed)? == bytes, "a check changes nothing");
+    remove(
+        tier,
+        "default",
+        &[
+            &format!("copyjob/{name}-check"),
+            &format!("copyjob/{name}-check-again"),
+        ],
+    )
 }
 
 /// The operator's leader killed each time the migration is seen at a new step: the next

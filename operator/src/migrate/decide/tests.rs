@@ -8,14 +8,15 @@ use std::collections::BTreeMap;
 
 use super::*;
 use ferry_crds::{
-    ClaimMigrationSpec, Compare, CopyJobStatus, MigrationTarget, Overwrite, Verify,
+    ClaimMigrationSpec, Compare, CopyJobStatus, MigrationTarget, Overwrite, UserKind, Verify,
     SELECTED_NODE_ANNOTATION,
 };
-use k8s_openapi::api::batch::v1::{JobCondition, JobSpec};
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimStatus, PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, PodSpec,
     Volume,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::SignedDuration;
 
@@ -281,13 +282,15 @@ impl World {
                     self.faults.copy_fails
                 };
                 let mut j = (**j).clone();
-                j.metadata.uid = Some(self.uid());
+                let uid = self.uid();
+                j.metadata.uid = Some(uid.clone());
                 j.status = Some(CopyJobStatus {
                     phase: Some(if fails {
                         Phase::Failed
                     } else {
                         Phase::Succeeded
                     }),
+                    manifest: Some(format!(".ferry/{uid}.xxh128")),
                     ..Default::default()
                 });
                 if name.contains("final") && self.faults.scaled_up_during_sync {
@@ -460,6 +463,17 @@ fn a_migration_moves_the_name_to_the_new_volume_and_keeps_the_old_one() {
     let s = w.status();
     assert_eq!(s.step, Some(MigrationStep::Succeeded), "{}", s.message);
     assert_eq!(s.reason, Some(MigrationReason::Migrated));
+    // What `kubectl ferry verify --migration` checks the claim against: the final sync's.
+    let sync = w
+        .jobs
+        .values()
+        .find(|j| j.name_any().contains("final"))
+        .expect("the final sync");
+    assert_eq!(
+        s.manifest,
+        sync.status.as_ref().and_then(|st| st.manifest.clone())
+    );
+    assert!(s.manifest.is_some());
     let claim = &w.claims["data"];
     let new = s.new_volume.clone().expect("set in the simulated cluster");
     assert_eq!(
