@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use ferry_engine::recv::Connection;
 use ferry_engine::send::{SendOptions, SourceTop};
-use ferry_transfer::frame::{self, Frame, HEADER, VERSION};
+use ferry_transfer::frame::{Frame, HEADER, VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::io::SyncIoBridge;
@@ -424,7 +424,7 @@ async fn read_frame<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Result<Frame,
     let bad = |e: &dyn std::fmt::Display| TransferError::Hello(e.to_string());
     let mut header = [0u8; HEADER];
     r.read_exact(&mut header).await.map_err(|e| bad(&e))?;
-    let (kind, len) = frame::check_header(header).map_err(|e| bad(&e))?;
+    let (kind, len) = ferry_transfer::stream::check_header(header).map_err(|e| bad(&e))?;
     // A hello or its answer is small: nothing near a listing's size is read before one.
     if len > 64 << 10 {
         return Err(TransferError::Hello(format!(

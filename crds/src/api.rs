@@ -368,6 +368,11 @@ pub struct Progress {
     /// they changed since). `compare: Checksum` reads them and lists them.
     #[serde(default)]
     pub unlisted: i64,
+    /// Files of `filesDone` from another node that the destination had at the same size
+    /// with a few chunks different (`compare: Checksum`): mended from the destination's
+    /// own copy and only the chunks whose hashes differ, then verified whole.
+    #[serde(default)]
+    pub patched: i64,
     /// Files in the plan, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_total: Option<i64>,

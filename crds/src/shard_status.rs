@@ -73,6 +73,9 @@ pub struct ShardProgress {
     /// Files this shard kept by the quick check that its manifest does not list (see
     /// `progress.unlisted`).
     pub unlisted: i64,
+    /// Files of `filesDone` that the destination had with a few chunks different, mended
+    /// from its copy and those chunks (see `progress.patched`).
+    pub patched: i64,
     /// Average throughput of this shard so far, in bytes per second.
     pub bytes_per_second: i64,
     /// Entries this shard removed from the destination (deleteExtraneous), those inside a

@@ -91,7 +91,7 @@ pub(crate) struct Guard<'a> {
 
 impl Guard<'_> {
     /// `Err(Stopped)` once the copy is stopping.
-    fn check(&self) -> io::Result<()> {
+    pub(crate) fn check(&self) -> io::Result<()> {
         match self.stop.should_stop() {
             true => Err(io::Error::other(Stopped)),
             false => Ok(()),

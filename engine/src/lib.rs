@@ -17,8 +17,9 @@
 // engine/src --allow copy` finds any import circle (one is allowed, inside `copy/`).
 // - `sys` (all `unsafe`), `options`, `error`, `progress`, `dirent`, `volume`: syscalls, what
 //   a copy is asked to do, errors and their labels, the progress seam;
-// - `data`, `meta`, `depth`, `record`, `open`: file data, metadata, how many workers run,
-//   the transfer protocol's records of a stat, opening the paths a caller names;
+// - `data`, `sums`, `meta`, `depth`, `record`, `open`: file data, its chunk hashes,
+//   metadata, how many workers run, the transfer protocol's records of a stat, opening the
+//   paths a caller names;
 // - `block`: raw block devices copied by chunks (uses `data` and below);
 // - `plan`, `recv`, `ends`, `beneath`, `prune`: counting, the connection to a source half,
 //   a copy's two ends opened by path or inside a root, pruning;
@@ -44,6 +45,7 @@ mod prune;
 mod record;
 pub mod recv;
 pub mod send;
+mod sums;
 mod sys;
 pub mod volume;
 
@@ -94,6 +96,10 @@ pub struct Summary {
     pub bytes_resumed: u64,
     /// Files whose destination bytes were re-read and matched the source's hash.
     pub verified: u64,
+    /// Files from another node that the destination had with a few chunks different
+    /// (`compare: Checksum`), mended from its own copy and only those chunks, then
+    /// verified whole. In `files`.
+    pub patched: u64,
     /// Apparent size of the committed files.
     pub bytes: u64,
     /// Data bytes moved, by strategy (holes are not moved).

@@ -101,7 +101,7 @@ impl Connection {
         lock(&self.lost).clone()
     }
 
-    /// File bytes received so far (data and inline).
+    /// File bytes received so far (data, inline, and chunk hashes).
     pub fn bytes_received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
     }
@@ -244,12 +244,14 @@ impl Connection {
             | Frame::Read { req, .. }
             | Frame::Credit { req, .. }
             | Frame::Count { req, .. }
-            | Frame::ReadRange { req, .. } => *req,
+            | Frame::ReadRange { req, .. }
+            | Frame::HashChunks { req, .. }
+            | Frame::ReadPart { req, .. } => *req,
             _ => 0,
         };
         let mut out = lock(&self.outs[req as usize % self.outs.len()]);
         let (w, buf) = &mut *out;
-        let sent = frame::write_frame(w, f, buf).and_then(|()| w.flush());
+        let sent = ferry_transfer::stream::write_frame(w, f, buf).and_then(|()| w.flush());
         drop(out);
         if let Err(e) = sent {
             self.lose(format!("writing: {e}"));
@@ -264,7 +266,7 @@ impl Connection {
 fn answers(mut reader: impl Read, conn: std::sync::Weak<Connection>) {
     let (mut buf, pool) = (Vec::new(), ferry_transfer::Buffers::default());
     loop {
-        let frame = frame::read_frame_pooled(&mut reader, &mut buf, &pool);
+        let frame = ferry_transfer::stream::read_frame_pooled(&mut reader, &mut buf, &pool);
         let Some(conn) = conn.upgrade() else {
             return;
         };
@@ -281,6 +283,7 @@ fn answers(mut reader: impl Read, conn: std::sync::Weak<Connection>) {
             | Frame::Data { req, .. }
             | Frame::FileEnd { req, .. }
             | Frame::Counted { req, .. }
+            | Frame::ChunkHashes { req, .. }
             | Frame::Failed { req, .. } => *req,
             Frame::Abort { reason } => return conn.lose(format!("the sender aborted: {reason}")),
             _ => return conn.lose("the sender broke the protocol".into()),
@@ -288,6 +291,8 @@ fn answers(mut reader: impl Read, conn: std::sync::Weak<Connection>) {
         let bytes = match &frame {
             Frame::Data { data, .. } => data.len(),
             Frame::Listing { inline, .. } => inline.iter().map(|f| f.data.len()).sum(),
+            // (What a file that differs in places costs besides its changed chunks.)
+            Frame::ChunkHashes { hashes, .. } => hashes.len() * 16,
             _ => 0,
         };
         conn.received.fetch_add(bytes as u64, Ordering::Relaxed);

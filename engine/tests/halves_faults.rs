@@ -348,7 +348,7 @@ fn compressed_data_arrives_identical_in_fewer_bytes() -> Result<()> {
 
 /// A sender that answers a one-file tree, and sends `data` for the file's read.
 fn hostile_sender(conn: UnixStream, data: ferry_transfer::Frame) {
-    use ferry_transfer::frame::{read_frame, write_frame};
+    use ferry_transfer::stream::{read_frame, write_frame};
     use ferry_transfer::{Entry, Frame, Kind, Time};
     let entry = |name: &[u8], kind: Kind, size: u64| Entry {
         name: name.to_vec(),

@@ -12,7 +12,8 @@ use std::thread::JoinHandle;
 
 use anyhow::{bail, ensure, Context, Result};
 use ferry_engine::send::{serve, SendError, SendOptions, SendSummary, SourceTop};
-use ferry_transfer::frame::{read_frame, write_frame, Fingerprint, Frame, MAX_DATA};
+use ferry_transfer::frame::{Fingerprint, Frame, MAX_DATA};
+use ferry_transfer::stream::{read_frame, write_frame};
 use ferry_transfer::{Entry, Kind, Time};
 use twox_hash::XxHash3_128;
 

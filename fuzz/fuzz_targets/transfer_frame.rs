@@ -3,7 +3,8 @@
 //! bytes (one encoding per frame: no two readings of one input). Run: `make fuzz`.
 #![no_main]
 
-use ferry_transfer::frame::{check_header, Frame, HEADER};
+use ferry_transfer::frame::{Frame, HEADER};
+use ferry_transfer::stream::check_header;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -81,6 +81,7 @@ pub fn aggregate(shards: &[ShardStatus]) -> (Phase, Progress, Vec<FailedPath>) {
         p.skipped += s.progress.skipped;
         p.deleted += s.progress.deleted.max(0);
         p.unlisted += s.progress.unlisted.max(0);
+        p.patched += s.progress.patched.max(0);
         p.bytes_done += s.progress.bytes_done;
         p.bytes_reflinked += s.progress.bytes_reflinked;
         p.bytes_per_second += s.progress.bytes_per_second;
@@ -212,6 +213,12 @@ fn copied_message(p: &Progress, verify: Verify, overwrite: Overwrite) -> String 
         p.files_done,
         human_bytes(p.bytes_done)
     );
+    if p.patched > 0 {
+        msg.push_str(&format!(
+            " ({} of them mended from the destination's copy: only their changed chunks were sent)",
+            p.patched
+        ));
+    }
     if p.skipped > 0 {
         msg.push_str(&format!(
             "; {} entries the destination already had were kept as they were (overwrite: {}), not copied or verified",

@@ -23,6 +23,10 @@
 //!   device (a shard whose top is a device, not a tree): the same answers as a file's, at
 //!   absolute offsets within the range, bytes not sent being zeros; `hash_only` sends only
 //!   the end, with the range's hash (a re-run compares hashes, not data).
+//! - [`Frame::HashChunks`] → [`Frame::ChunkHashes`] then [`Frame::FileEnd`]: the hash of
+//!   each fixed-size chunk of a file and of the whole (one read on the sender), so that a
+//!   receiver whose copy differs in a few places asks only for those places, with
+//!   [`Frame::ReadPart`] → [`Frame::Data`] ... [`Frame::FileEnd`] (a read of a range).
 //! - [`Frame::Count`] → [`Frame::Counted`]: the regular files (and their bytes) a copy of
 //!   the whole top would carry, counted on the sender (a receiver has no local source to
 //!   count for a dry run, an ETA or a full destination's message).
@@ -32,7 +36,6 @@
 //! [`Frame::Abort`] ends a connection, either way, with a reason.
 
 use bytes::Bytes;
-use std::io::{self, Read, Write};
 
 use crate::codec::{Reader, Writer};
 use crate::entry::{self, Entry};
@@ -41,10 +44,10 @@ use crate::fields::{
     check_range, flag, optional_hash, path, reason, time, truncated_reason, write_optional_hash,
     write_path,
 };
-use crate::{Buffers, Error};
+use crate::Error;
 
 /// The protocol version a [`Frame::Hello`] and a [`Frame::Welcome`] carry.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Kind byte and payload length.
 pub const HEADER: usize = 5;
 /// The largest payload: a listing of entries up to [`LISTING_ENTRY_BYTES`] (one entry with
@@ -61,6 +64,13 @@ pub const INLINE_MAX: usize = 64 << 10;
 pub const INLINE_BYTES: usize = 1 << 20;
 /// The most entries in one listing.
 pub const MAX_ENTRIES: usize = 4096;
+/// The smallest and largest chunk a [`Frame::HashChunks`] may ask for, as the power of
+/// two its `shift` is.
+pub const CHUNK_SHIFT_MIN: u8 = 16;
+pub const CHUNK_SHIFT_MAX: u8 = 40;
+/// The most chunk hashes one file has: a receiver picks the chunk size its file needs to
+/// fit (a sender refuses a file larger than that), so they travel in one frame.
+pub const MAX_CHUNKS: usize = 1 << 16;
 /// Longest job identity (a Kubernetes UID is 36 bytes).
 pub const JOB_MAX: usize = 128;
 
@@ -183,6 +193,35 @@ pub enum Frame {
         hash_only: bool,
         zstd: bool,
     },
+    /// Receiver: the xxh3-128 of each chunk of regular file `path` (chunk `i` is bytes
+    /// `[i << shift, (i + 1) << shift)`, the last one what is left; holes hashed as zeros),
+    /// expected to be `expect`. Answered with [`Frame::ChunkHashes`] and then a
+    /// [`Frame::FileEnd`] with the whole file's hash (or only the end, `changed`).
+    HashChunks {
+        req: u32,
+        path: Vec<u8>,
+        expect: Fingerprint,
+        shift: u8,
+    },
+    /// Sender: the chunk hashes of file `req`, in order, at most [`MAX_CHUNKS`].
+    ChunkHashes {
+        req: u32,
+        shift: u8,
+        hashes: Vec<u128>,
+    },
+    /// Receiver: bytes `[offset, offset + len)` of regular file `path`, expected to be
+    /// `expect`: answered as a [`Frame::Read`] is (data inside the range, holes not sent,
+    /// within `credit`), the end's `len` where the range ends (sooner if the file does),
+    /// without a hash (the receiver hashes the whole file it made).
+    ReadPart {
+        req: u32,
+        path: Vec<u8>,
+        expect: Fingerprint,
+        offset: u64,
+        len: u64,
+        credit: u64,
+        zstd: bool,
+    },
 }
 
 /// Each inline file is at least its index, its length prefix and its hash flag.
@@ -209,6 +248,9 @@ impl Frame {
             Frame::Count { .. } => 16,
             Frame::Counted { .. } => 17,
             Frame::ReadRange { .. } => 18,
+            Frame::HashChunks { .. } => 19,
+            Frame::ChunkHashes { .. } => 20,
+            Frame::ReadPart { .. } => 21,
         }
     }
 
@@ -323,12 +365,7 @@ impl Frame {
             } => {
                 w.u32(*req);
                 write_path(w, path)?;
-                w.u64(expect.ino);
-                w.u64(expect.size);
-                for t in [expect.mtime, expect.ctime] {
-                    w.i64(t.secs);
-                    w.u32(t.nanos);
-                }
+                write_fingerprint(w, expect);
                 w.u64(*credit);
                 w.u8(u8::from(*hash));
                 w.u8(u8::from(*hash_only));
@@ -392,6 +429,46 @@ impl Frame {
                 w.u32(*req);
                 w.u64(*files);
                 w.u64(*bytes);
+            }
+            Frame::HashChunks {
+                req,
+                path,
+                expect,
+                shift,
+            } => {
+                check_shift(*shift)?;
+                w.u32(*req);
+                write_path(w, path)?;
+                write_fingerprint(w, expect);
+                w.u8(*shift);
+            }
+            Frame::ChunkHashes { req, shift, hashes } => {
+                check_shift(*shift)?;
+                Error::few_enough("chunk hashes", hashes.len(), MAX_CHUNKS)?;
+                w.u32(*req);
+                w.u8(*shift);
+                w.u32(hashes.len() as u32);
+                for h in hashes {
+                    w.u128(*h);
+                }
+            }
+            Frame::ReadPart {
+                req,
+                path,
+                expect,
+                offset,
+                len,
+                credit,
+                zstd,
+            } => {
+                check_part(*offset, *len)?;
+                w.u32(*req);
+                write_path(w, path)?;
+                write_fingerprint(w, expect);
+                w.u64(*offset);
+                w.u64(*len);
+                w.u64(*credit);
+                w.u8(u8::from(*zstd));
             }
         }
         Ok(())
@@ -492,17 +569,10 @@ impl Frame {
             9 => {
                 let req = r.u32("request")?;
                 let path = path(&mut r)?;
-                let (ino, size) = (r.u64("inode")?, r.u64("size")?);
-                let (mtime, ctime) = (time(&mut r)?, time(&mut r)?);
                 Frame::Read {
                     req,
                     path,
-                    expect: Fingerprint {
-                        ino,
-                        size,
-                        mtime,
-                        ctime,
-                    },
+                    expect: fingerprint(&mut r)?,
                     credit: r.u64("credit")?,
                     hash: flag(&mut r, "hash")?,
                     hash_only: flag(&mut r, "hash only")?,
@@ -573,6 +643,41 @@ impl Frame {
                     zstd: flag(&mut r, "compression")?,
                 }
             }
+            19 => {
+                let (req, path, expect) = (r.u32("request")?, path(&mut r)?, fingerprint(&mut r)?);
+                let shift = r.u8("chunk shift")?;
+                check_shift(shift)?;
+                Frame::HashChunks {
+                    req,
+                    path,
+                    expect,
+                    shift,
+                }
+            }
+            20 => {
+                let (req, shift) = (r.u32("request")?, r.u8("chunk shift")?);
+                check_shift(shift)?;
+                let n = r.count(MAX_CHUNKS, 16, "chunk hashes")?;
+                let mut hashes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    hashes.push(r.u128("chunk hash")?);
+                }
+                Frame::ChunkHashes { req, shift, hashes }
+            }
+            21 => {
+                let (req, path, expect) = (r.u32("request")?, path(&mut r)?, fingerprint(&mut r)?);
+                let (offset, len) = (r.u64("offset")?, r.u64("length")?);
+                check_part(offset, len)?;
+                Frame::ReadPart {
+                    req,
+                    path,
+                    expect,
+                    offset,
+                    len,
+                    credit: r.u64("credit")?,
+                    zstd: flag(&mut r, "compression")?,
+                }
+            }
             tag => {
                 return Err(Error::Unknown {
                     what: "frame kind",
@@ -583,6 +688,49 @@ impl Frame {
         r.finish("frame")?;
         Ok(frame)
     }
+}
+
+fn write_fingerprint(w: &mut Writer, f: &Fingerprint) {
+    w.u64(f.ino);
+    w.u64(f.size);
+    for t in [f.mtime, f.ctime] {
+        w.i64(t.secs);
+        w.u32(t.nanos);
+    }
+}
+
+fn fingerprint(r: &mut Reader<'_>) -> Result<Fingerprint, Error> {
+    let (ino, size) = (r.u64("inode")?, r.u64("size")?);
+    let (mtime, ctime) = (time(r)?, time(r)?);
+    Ok(Fingerprint {
+        ino,
+        size,
+        mtime,
+        ctime,
+    })
+}
+
+/// A chunk size a [`Frame::HashChunks`] may ask for.
+fn check_shift(shift: u8) -> Result<(), Error> {
+    match (CHUNK_SHIFT_MIN..=CHUNK_SHIFT_MAX).contains(&shift) {
+        true => Ok(()),
+        false => Err(Error::Invalid {
+            what: "chunk shift",
+            why: "is outside 16..=40 (chunks of 64 KiB to 1 TiB)",
+        }),
+    }
+}
+
+/// A part of a file: not empty, ending before 2^64.
+fn check_part(offset: u64, len: u64) -> Result<(), Error> {
+    let invalid = |why| Error::Invalid { what: "part", why };
+    if len == 0 {
+        return Err(invalid("is empty"));
+    }
+    offset
+        .checked_add(len)
+        .map(drop)
+        .ok_or(invalid("ends past the largest offset"))
 }
 
 /// An inline file must be a regular file of its listing, whole, and listed once: indexes
@@ -606,135 +754,10 @@ fn check_inline(f: &Inline, prev: &mut Option<u32>, entries: &[Entry]) -> Result
     }
 }
 
-/// The kind and payload length of a frame header, refused when the length is over
-/// [`MAX_PAYLOAD`]: checked before anything is allocated for the payload.
-pub fn check_header(header: [u8; HEADER]) -> Result<(u8, usize), Error> {
-    let len = u32::from_le_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    if len > MAX_PAYLOAD {
-        return Err(Error::FrameTooLarge {
-            len,
-            max: MAX_PAYLOAD,
-        });
-    }
-    Ok((header[0], len))
-}
-
-/// Read one frame; `buf` is reused for payloads (it grows to at most [`MAX_PAYLOAD`]). A
-/// malformed frame is an `InvalidData` error; a connection closed between frames is
-/// `UnexpectedEof` from the header's read. (A connection's reader uses
-/// [`read_frame_pooled`], which reuses the buffers of file bytes too.)
-pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<Frame> {
-    read_frame_pooled(r, buf, &Buffers::default())
-}
-
-/// [`read_frame`], a data frame's bytes and a listing's payload (with its inline files)
-/// read into a buffer from `pool`, which gets it back when they are dropped.
-pub fn read_frame_pooled(
-    r: &mut impl Read,
-    buf: &mut Vec<u8>,
-    pool: &Buffers,
-) -> io::Result<Frame> {
-    let mut header = [0u8; HEADER];
-    r.read_exact(&mut header)?;
-    let (kind, len) =
-        check_header(header).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    let invalid = |e: Error| io::Error::new(io::ErrorKind::InvalidData, e);
-    // File data, most of what crosses: read straight into the frame's own buffer (one copy,
-    // no zeroing), checked as `decode` checks it.
-    if kind == DATA_KIND && len >= DATA_PREFIX {
-        let mut prefix = [0u8; DATA_PREFIX];
-        r.read_exact(&mut prefix)?;
-        let mut p = Reader::new(&prefix);
-        let (req, offset) = (
-            p.u32("request").map_err(invalid)?,
-            p.u64("offset").map_err(invalid)?,
-        );
-        let zstd = flag(&mut p, "compression").map_err(invalid)?;
-        let n = p.u32("data").map_err(invalid)? as usize;
-        Error::at_most("data", n, MAX_DATA).map_err(invalid)?;
-        if DATA_PREFIX + n != len {
-            let e = match DATA_PREFIX + n > len {
-                true => Error::Truncated("data"),
-                false => Error::Trailing {
-                    what: "data",
-                    n: len - DATA_PREFIX - n,
-                },
-            };
-            return Err(invalid(e));
-        }
-        if offset.checked_add(n as u64).is_none() {
-            return Err(invalid(Error::Invalid {
-                what: "data offset",
-                why: "overflows with its length",
-            }));
-        }
-        let mut data = pool.take(n);
-        read_exactly(r, &mut data, n)?;
-        return Ok(Frame::Data {
-            req,
-            offset,
-            zstd,
-            data: pool.share(data),
-        });
-    }
-    // A listing's payload is kept whole, its inline files slices of it (one allocation per
-    // listing, not a copy per file).
-    if kind == LISTING_KIND {
-        let mut payload = pool.take(len);
-        read_exactly(r, &mut payload, len)?;
-        return Frame::decode_shared(kind, &pool.share(payload)).map_err(invalid);
-    }
-    read_exactly(r, buf, len)?;
-    Frame::decode(kind, buf).map_err(invalid)
-}
-
 /// The frame kind of [`Frame::Listing`].
-const LISTING_KIND: u8 = 7;
-
-/// The frame kind of [`Frame::Data`], and the bytes of its payload before the data: the
-/// request (u32), the offset (u64), the compression flag (u8), the data's length (u32).
-const DATA_KIND: u8 = 10;
-const DATA_PREFIX: usize = 4 + 8 + 1 + 4;
-
-/// Read exactly `n` bytes into `buf` (cleared first), without zeroing it beforehand.
-fn read_exactly(r: &mut impl Read, buf: &mut Vec<u8>, n: usize) -> io::Result<()> {
-    buf.clear();
-    buf.reserve(n);
-    r.by_ref().take(n as u64).read_to_end(buf)?;
-    match buf.len() == n {
-        true => Ok(()),
-        false => Err(io::ErrorKind::UnexpectedEof.into()),
-    }
-}
-
-/// Write one frame; `buf` is reused for its encoding.
-pub fn write_frame(w: &mut impl Write, frame: &Frame, buf: &mut Vec<u8>) -> io::Result<()> {
-    buf.clear();
-    frame
-        .encode(buf)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    w.write_all(buf)
-}
-
-/// Write a [`Frame::Data`] of `data` as [`write_frame`] would, without copying the data
-/// into a frame first (a sender's chunk goes from its read buffer to the writer).
-pub fn write_data(
-    w: &mut impl Write,
-    (req, offset, zstd): (u32, u64, bool),
-    data: &[u8],
-) -> io::Result<()> {
-    Error::at_most("data", data.len(), MAX_DATA)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let mut head = [0u8; HEADER + DATA_PREFIX];
-    head[0] = DATA_KIND;
-    head[1..5].copy_from_slice(&((DATA_PREFIX + data.len()) as u32).to_le_bytes());
-    head[5..9].copy_from_slice(&req.to_le_bytes());
-    head[9..17].copy_from_slice(&offset.to_le_bytes());
-    head[17] = u8::from(zstd);
-    head[18..22].copy_from_slice(&(data.len() as u32).to_le_bytes());
-    w.write_all(&head)?;
-    w.write_all(data)
-}
+pub(crate) const LISTING_KIND: u8 = 7;
+/// The frame kind of [`Frame::Data`].
+pub(crate) const DATA_KIND: u8 = 10;
 
 #[cfg(test)]
 mod tests;

@@ -10,10 +10,12 @@ mod codec;
 pub mod entry;
 mod fields;
 pub mod frame;
+pub mod stream;
 
 pub use buffers::Buffers;
 pub use entry::{Entry, Kind, Time, Xattr};
-pub use frame::{read_frame, write_frame, Fingerprint, Frame, Inline};
+pub use frame::{Fingerprint, Frame, Inline};
+pub use stream::{read_frame, write_frame};
 
 /// Why bytes from a peer are not a frame (or a frame cannot be sent).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

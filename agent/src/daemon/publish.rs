@@ -31,6 +31,7 @@ pub(super) struct Live {
     resumed_files: AtomicU64,
     /// Files kept by the quick check that the manifest does not list.
     unlisted: AtomicU64,
+    patched: AtomicU64,
     /// A slice's part of the manifest, once exported (see journal::export).
     pub(super) manifest_part: Mutex<Option<ManifestPart>>,
     failures: Mutex<Vec<Failure>>,
@@ -61,6 +62,7 @@ impl Default for Live {
             kept: AtomicU64::default(),
             resumed_files: AtomicU64::default(),
             unlisted: AtomicU64::default(),
+            patched: AtomicU64::default(),
             manifest_part: Mutex::default(),
             failures: Mutex::default(),
             start_error: Mutex::default(),
@@ -100,6 +102,7 @@ impl Live {
         self.resumed_files
             .store(summary.files_resumed, Ordering::Relaxed);
         self.unlisted.store(summary.unlisted, Ordering::Relaxed);
+        self.patched.store(summary.patched, Ordering::Relaxed);
     }
 
     /// Counters back to zero for a new run of the engine in the same run of the shard (a
@@ -115,6 +118,7 @@ impl Live {
             &self.kept,
             &self.resumed_files,
             &self.unlisted,
+            &self.patched,
             &self.resumed_bytes,
         ] {
             c.store(0, Ordering::Relaxed);
@@ -275,6 +279,7 @@ pub(super) async fn publish(
         skipped: live.skipped() as i64,
         failed: live.failed.load(Ordering::Relaxed) as i64,
         unlisted: live.unlisted.load(Ordering::Relaxed) as i64,
+        patched: live.patched.load(Ordering::Relaxed) as i64,
         bytes_per_second: rate as i64,
         deleted: live.deleted.load(Ordering::Relaxed) as i64,
         planned_deletions,

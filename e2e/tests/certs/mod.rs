@@ -263,7 +263,8 @@ pub fn hello_for(
     expect: &str,
     (job, shard, epoch, ticket): (&str, u32, u64, [u8; 32]),
 ) -> Result<String> {
-    use ferry_transfer::frame::{read_frame, write_frame, Frame, VERSION};
+    use ferry_transfer::frame::{Frame, VERSION};
+    use ferry_transfer::stream::{read_frame, write_frame};
     let trust = Trust::from_pem(trust)?;
     let config = client_config(&trust, &me.cert_pem, &me.key_pem, expect)?;
     let tcp = std::net::TcpStream::connect(addr)?;

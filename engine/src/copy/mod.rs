@@ -12,6 +12,7 @@ mod failure;
 mod links;
 mod manifest;
 mod overwrite;
+mod patch;
 mod records;
 mod regular;
 mod remote;
@@ -212,6 +213,8 @@ struct Counters {
     failed: AtomicU64,
     /// File bytes that came from another node.
     bytes_received: AtomicU64,
+    /// Files mended from the destination's copy and the chunks that differ.
+    patched: AtomicU64,
 }
 
 /// A worker thread's buffers and capability cache, so the hot path takes no lock. Kept

@@ -305,18 +305,25 @@ impl<'a> Ctx<'a> {
             SrcFile::Remote(remote) => {
                 // From another node: its bytes as they arrive, the sender's hash of what it
                 // read, and whether the file changed meanwhile (the sender's check).
-                let (moved, src_hash, len, written) = self.fill_remote(remote, dst)?;
+                let (filled, patched) = match self.fill_patched(remote, dst, caps, local) {
+                    Some(filled) => (filled?, true),
+                    None => (self.fill_remote(remote, dst)?, false),
+                };
                 let file = (dir, name, staged, started);
-                return self.finish_regular(
+                let outcome = self.finish_regular(
                     src_name,
                     src.xattrs(),
                     st,
                     file,
-                    (moved, src_hash, len, written),
+                    filled,
                     caps,
                     local,
                     tries,
-                );
+                )?;
+                if patched && matches!(outcome, FillOutcome::Committed(_)) {
+                    self.counters.patched.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(outcome);
             }
         };
         if caps.ficlone && size > 0 {

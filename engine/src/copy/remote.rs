@@ -23,6 +23,7 @@ use crate::record::{child, fingerprint, stat_of};
 use crate::recv::{Connection, CREDIT};
 use crate::sys::{self, Stat};
 
+use super::patch::PatchSlot;
 use super::{Ctx, Fail, Local, OpenDir};
 
 /// A source directory.
@@ -67,10 +68,13 @@ pub(super) enum SrcFile {
 }
 
 pub(super) struct RemoteFile {
-    path: Vec<u8>,
-    st: Stat,
+    pub(super) path: Vec<u8>,
+    pub(super) st: Stat,
     xattrs: Vec<Xattr>,
-    inline: Option<(Bytes, Option<u128>)>,
+    pub(super) inline: Option<(Bytes, Option<u128>)>,
+    /// Which chunks differ from the destination's copy, when a comparison found that
+    /// mending it pays (see `patch.rs`).
+    pub(super) patch: PatchSlot,
 }
 
 impl SrcFile {
@@ -105,7 +109,7 @@ pub(super) fn rec_of(e: Entry, inline: Option<(Bytes, Option<u128>)>) -> Rec {
 }
 
 impl Ctx<'_> {
-    fn conn(&self) -> io::Result<&Arc<Connection>> {
+    pub(super) fn conn(&self) -> io::Result<&Arc<Connection>> {
         self.remote
             .as_ref()
             .ok_or_else(|| io::Error::other("internal: a remote directory in a local copy"))
@@ -175,6 +179,7 @@ impl Ctx<'_> {
                     st,
                     xattrs,
                     inline,
+                    patch: PatchSlot::default(),
                 };
                 Ok(SrcEntry::File(SrcFile::Remote(Box::new(file)), st))
             }
@@ -396,7 +401,7 @@ impl Ctx<'_> {
     }
 }
 
-fn write_zeros(dst: BorrowedFd<'_>, mut off: u64, mut n: u64) -> io::Result<()> {
+pub(super) fn write_zeros(dst: BorrowedFd<'_>, mut off: u64, mut n: u64) -> io::Result<()> {
     static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
     while n > 0 {
         let k = n.min(ZEROS.len() as u64) as usize;

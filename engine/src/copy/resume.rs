@@ -13,7 +13,7 @@ use crate::options::{Compare, Overwrite};
 use crate::sys::{self, Stat};
 use crate::{data, meta};
 
-use super::{is_type, Ctx, Fail, Local, OpenDir, SrcFile};
+use super::{is_type, patch, Ctx, Fail, Local, OpenDir, SrcFile};
 
 impl<'a> Ctx<'a> {
     /// The staging directory an interrupted run with this copy's tag left in `parent` for
@@ -216,6 +216,13 @@ impl<'a> Ctx<'a> {
             Err(e) => return Err(("open destination", e)),
         };
         let size = st.st_size as u64;
+        // From another node, a large file: by its chunks, so that one that differs in a
+        // few places is mended rather than sent whole (see `patch.rs`).
+        if let SrcFile::Remote(r) = src {
+            if r.inline.is_none() && patch::by_chunks(size) {
+                return self.same_by_chunks(r, dst, local);
+            }
+        }
         let (want, n) = self
             .src_hash(src, size, local)
             .map_err(|e| ("read source", e))?;

@@ -371,6 +371,7 @@ pub(crate) fn run(
         files_resumed: get(&c.files_resumed),
         bytes_resumed: get(&c.bytes_resumed),
         verified: get(&c.verified),
+        patched: get(&c.patched),
         bytes: get(&c.bytes),
         bytes_reflinked: get(&c.by_strategy[Strategy::Reflink as usize]),
         bytes_copy_file_range: get(&c.by_strategy[Strategy::CopyFileRange as usize]),

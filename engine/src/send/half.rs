@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use ferry_transfer::frame::{self, Fingerprint, Frame};
+use ferry_transfer::frame::{Fingerprint, Frame};
 use ferry_transfer::Buffers;
 use twox_hash::XxHash3_128 as Xxh3;
 
@@ -55,10 +55,29 @@ pub(super) struct ListState {
     pub(super) hash: bool,
 }
 
+/// What of a file a read sends: all of it, its chunk hashes only, or one part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    Whole,
+    /// [`Frame::HashChunks`]: chunks of `1 << shift`.
+    Chunks(u8),
+    /// [`Frame::ReadPart`].
+    Part {
+        offset: u64,
+        len: u64,
+    },
+}
+
 pub(super) struct ReadState {
     pub(super) fd: OwnedFd,
     pub(super) st: Stat,
     pub(super) off: u64,
+    /// Where the read stops: the file's size, or a part's end within it.
+    pub(super) end: u64,
+    /// The chunk hashes being computed ([`Shape::Chunks`]; then `hasher` is `None`).
+    pub(super) sums: Option<Box<crate::sums::Sums>>,
+    /// A part of the file, not all of it: not counted as a file sent.
+    pub(super) part: bool,
     /// Where the data extent being read ends (past it, the next is looked for).
     pub(super) data_end: u64,
     pub(super) hasher: Option<Xxh3>,
@@ -90,6 +109,7 @@ pub(super) enum Job {
         hash: bool,
         hash_only: bool,
         zstd: bool,
+        shape: Shape,
     },
     Count {
         req: u32,
@@ -143,7 +163,8 @@ impl<W: Write + Send> Half<'_, W> {
         let Out { w, buf, failed } = &mut *out;
         // Flushed frame by frame: a TLS writer may keep what it encrypted until asked, and
         // a request's last frame left there would have both sides wait for each other.
-        if let Err(e) = frame::write_frame(w, frame, buf).and_then(|()| w.flush()) {
+        if let Err(e) = ferry_transfer::stream::write_frame(w, frame, buf).and_then(|()| w.flush())
+        {
             *failed = Some(e);
         }
     }
@@ -155,7 +176,7 @@ impl<W: Write + Send> Half<'_, W> {
             return;
         }
         let Out { w, failed, .. } = &mut *out;
-        if let Err(e) = frame::write_data(w, head, data).and_then(|()| w.flush()) {
+        if let Err(e) = ferry_transfer::stream::write_data(w, head, data).and_then(|()| w.flush()) {
             *failed = Some(e);
         }
     }
@@ -235,6 +256,49 @@ impl<W: Write + Send> Half<'_, W> {
                     hash,
                     hash_only,
                     zstd,
+                    shape: Shape::Whole,
+                }
+            }
+            Frame::HashChunks {
+                req,
+                path,
+                expect,
+                shift,
+            } => {
+                self.open_request(req)?;
+                Job::ReadStart {
+                    req,
+                    path,
+                    expect,
+                    credit: 0,
+                    hash: false,
+                    hash_only: true,
+                    zstd: false,
+                    shape: Shape::Chunks(shift),
+                }
+            }
+            Frame::ReadPart {
+                req,
+                path,
+                expect,
+                offset,
+                len,
+                credit,
+                zstd,
+            } => {
+                if credit > MAX_CREDIT {
+                    return protocol(format!("a credit of {credit} bytes (at most {MAX_CREDIT})"));
+                }
+                self.open_request(req)?;
+                Job::ReadStart {
+                    req,
+                    path,
+                    expect,
+                    credit,
+                    hash: false,
+                    hash_only: false,
+                    zstd,
+                    shape: Shape::Part { offset, len },
                 }
             }
             Frame::Count { req, links } => {
@@ -356,7 +420,8 @@ impl<W: Write + Send> Half<'_, W> {
                 hash,
                 hash_only,
                 zstd,
-            } => match self.open_read(&path, &expect, credit, (hash, hash_only, zstd)) {
+                shape,
+            } => match self.open_read(&path, &expect, credit, (hash, hash_only, zstd), shape) {
                 Ok(Some(state)) => self.read(req, state),
                 Ok(None) => {
                     self.end(req);

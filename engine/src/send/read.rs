@@ -6,12 +6,13 @@ use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 
-use ferry_transfer::frame::{Fingerprint, Frame, MAX_DATA};
+use ferry_transfer::frame::{Fingerprint, Frame, MAX_CHUNKS, MAX_DATA};
 use twox_hash::XxHash3_128 as Xxh3;
 
-use super::half::{busy, lock, Half, Job, ReadState, State};
+use super::half::{busy, lock, Half, Job, ReadState, Shape, State};
 use super::top::SourceTop;
 use crate::record::fingerprint;
+use crate::sums::{self, Sums};
 use crate::sys;
 
 std::thread_local! {
@@ -45,6 +46,7 @@ impl<W: Write + Send> Half<'_, W> {
         expect: &Fingerprint,
         credit: u64,
         (hash, hash_only, zstd): (bool, bool, bool),
+        shape: Shape,
     ) -> Result<Option<Box<ReadState>>, (&'static str, io::Error)> {
         let flags = libc::O_RDONLY | libc::O_NOCTTY;
         let (fd, st) = match self.resolve(path).map_err(|e| ("open", e))? {
@@ -75,15 +77,33 @@ impl<W: Write + Send> Half<'_, W> {
         let size = st.st_size as u64;
         let sparse = (st.st_blocks as u64) * 512 < size;
         let corrupt = !hash_only && self.corrupts(path);
+        let (off, end, sums) = match shape {
+            Shape::Whole => (0, size, None),
+            Shape::Chunks(shift) => {
+                if sums::chunks_of(size, shift) > MAX_CHUNKS as u64 {
+                    let e = io::Error::other(format!(
+                        "{size} bytes are more than {MAX_CHUNKS} chunks of {} bytes: ask for larger chunks",
+                        1u64 << shift
+                    ));
+                    return Err(("hash chunks", e));
+                }
+                (0, size, Some(Box::new(Sums::new(shift, size))))
+            }
+            // (Checked not to overflow on decode.)
+            Shape::Part { offset, len } => (offset.min(size), (offset + len).min(size), None),
+        };
         Ok(Some(Box::new(ReadState {
             zstd,
             corrupt,
             fd,
             st,
-            off: 0,
+            off,
+            end,
             // A file with holes starts by looking for its first data extent.
-            data_end: if sparse { 0 } else { size },
-            hasher: (hash || hash_only).then(Xxh3::new),
+            data_end: if sparse { off } else { end },
+            hasher: (sums.is_none() && (hash || hash_only)).then(Xxh3::new),
+            sums,
+            part: matches!(shape, Shape::Part { .. }),
             credit,
             hash_only,
         })))
@@ -95,25 +115,30 @@ impl<W: Write + Send> Half<'_, W> {
         let mut buf = ReadBuf::take();
         let buf = &mut buf.0;
         let size = r.st.st_size as u64;
+        // Where this read stops: the file's end, or its part's.
+        let stop = r.end;
         let mut shrank = false;
-        while r.off < size && (r.hash_only || r.credit > 0) {
+        while r.off < stop && (r.hash_only || r.credit > 0) {
             if r.off >= r.data_end {
                 // Find the next data extent; what lies before it is a hole.
                 let data = match sys::seek_data_or_hole(r.fd.as_fd(), r.off, true) {
-                    Ok(found) => found.unwrap_or(size).min(size),
+                    Ok(found) => found.unwrap_or(size).min(stop),
                     Err(_) => r.off,
                 };
                 if let Some(h) = &mut r.hasher {
                     hash_zeros(h, data - r.off);
                 }
+                if let Some(s) = &mut r.sums {
+                    s.zeros(data - r.off);
+                }
                 r.off = data;
-                if r.off >= size {
+                if r.off >= stop {
                     // A hole to the end.
                     break;
                 }
                 r.data_end = match sys::seek_data_or_hole(r.fd.as_fd(), r.off, false) {
-                    Ok(hole) => hole.unwrap_or(size).clamp(r.off + 1, size),
-                    Err(_) => size,
+                    Ok(hole) => hole.unwrap_or(size).clamp(r.off + 1, stop),
+                    Err(_) => stop,
                 };
                 continue;
             }
@@ -141,6 +166,9 @@ impl<W: Write + Send> Half<'_, W> {
             if let Some(h) = &mut r.hasher {
                 h.write(data);
             }
+            if let Some(s) = &mut r.sums {
+                s.write(data);
+            }
             if !r.hash_only {
                 // Sent from the read buffer itself (hashed already: a change now is one in
                 // flight, as the test hook means it).
@@ -163,7 +191,7 @@ impl<W: Write + Send> Half<'_, W> {
             }
             r.off += n as u64;
         }
-        if r.off < size && !shrank {
+        if r.off < stop && !shrank {
             // Out of credit. Decided under the lock, so credit that arrives now is never lost.
             let mut requests = lock(&self.requests);
             return match requests.get_mut(&req) {
@@ -192,14 +220,23 @@ impl<W: Write + Send> Half<'_, W> {
             || sys::fstat(r.fd.as_fd())
                 .map(|now| fingerprint(&now) != fingerprint(&r.st))
                 .unwrap_or(true);
-        if !r.hash_only && !changed {
+        if !r.hash_only && !r.part && !changed {
             self.files.fetch_add(1, Ordering::Relaxed);
         }
         self.end(req);
+        let mut hash = r.hasher.take().map(|h| h.finish_128());
+        if let Some(s) = r.sums.take() {
+            let shift = s.shift();
+            let (hashes, whole) = s.finish();
+            if !changed {
+                self.send(&Frame::ChunkHashes { req, shift, hashes });
+                hash = Some(whole);
+            }
+        }
         self.send(&Frame::FileEnd {
             req,
             len: r.off,
-            hash: r.hasher.take().map(|h| h.finish_128()),
+            hash,
             changed,
         });
         None

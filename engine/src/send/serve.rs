@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use ferry_transfer::frame::{self, Frame};
+use ferry_transfer::frame::Frame;
 use ferry_transfer::Buffers;
 
 use super::bucket::Bucket;
@@ -77,7 +77,7 @@ pub fn serve<R: Read, W: Write + Send>(
         }
         let mut buf = Vec::new();
         let ended = loop {
-            let frame = match frame::read_frame(&mut reader, &mut buf) {
+            let frame = match ferry_transfer::stream::read_frame(&mut reader, &mut buf) {
                 Ok(f) => f,
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::InvalidData => {

@@ -4,6 +4,8 @@
 use super::*;
 use crate::entry::tests::sample;
 use crate::entry::{Kind, Time, Xattr, XATTR_BYTES_MAX, XATTR_VALUE_MAX};
+use crate::stream::{check_header, read_frame, write_data, write_frame, DATA_PREFIX};
+use std::io;
 
 fn small(name: &[u8], data: &[u8]) -> Entry {
     Entry {
@@ -156,7 +158,117 @@ fn every_kind() -> Vec<Frame> {
             hash_only: true,
             zstd: false,
         },
+        Frame::HashChunks {
+            req: 9,
+            path: b"big/disk.img".to_vec(),
+            expect: Fingerprint {
+                ino: 4,
+                size: 1 << 36,
+                mtime: t,
+                ctime: t,
+            },
+            shift: CHUNK_SHIFT_MAX,
+        },
+        Frame::ChunkHashes {
+            req: 9,
+            shift: CHUNK_SHIFT_MIN,
+            hashes: vec![0, u128::MAX, 7],
+        },
+        Frame::ChunkHashes {
+            req: 9,
+            shift: 20,
+            hashes: vec![],
+        },
+        Frame::ReadPart {
+            req: 10,
+            path: b"big/disk.img".to_vec(),
+            expect: Fingerprint {
+                ino: 4,
+                size: 1 << 36,
+                mtime: t,
+                ctime: t,
+            },
+            offset: 3 << 20,
+            len: 2 << 20,
+            credit: 8 << 20,
+            zstd: true,
+        },
     ]
+}
+
+#[test]
+fn chunk_sizes_and_counts_and_parts_are_bounded_both_ways() {
+    let expect = Fingerprint {
+        ino: 1,
+        size: 1,
+        mtime: Time::default(),
+        ctime: Time::default(),
+    };
+    let refused = [
+        Frame::HashChunks {
+            req: 1,
+            path: vec![],
+            expect,
+            shift: CHUNK_SHIFT_MIN - 1,
+        },
+        Frame::HashChunks {
+            req: 1,
+            path: vec![],
+            expect,
+            shift: CHUNK_SHIFT_MAX + 1,
+        },
+        Frame::ChunkHashes {
+            req: 1,
+            shift: 20,
+            hashes: vec![0; MAX_CHUNKS + 1],
+        },
+        Frame::ReadPart {
+            req: 1,
+            path: vec![],
+            expect,
+            offset: 0,
+            len: 0,
+            credit: 0,
+            zstd: false,
+        },
+        Frame::ReadPart {
+            req: 1,
+            path: vec![],
+            expect,
+            offset: u64::MAX - 5,
+            len: 10,
+            credit: 0,
+            zstd: false,
+        },
+    ];
+    for f in refused {
+        assert!(f.encode(&mut Vec::new()).is_err(), "sent: {f:?}");
+    }
+    // The most chunk hashes fit one frame; a peer claiming more is refused before anything
+    // is allocated for them.
+    let most = Frame::ChunkHashes {
+        req: 1,
+        shift: 20,
+        hashes: vec![u128::MAX; MAX_CHUNKS],
+    };
+    let mut buf = Vec::new();
+    most.encode(&mut buf).expect("the most chunk hashes");
+    assert_eq!(Frame::decode(20, &buf[HEADER..]).expect("decoded"), most);
+    let mut payload = Vec::new();
+    payload.extend_from_slice(&1u32.to_le_bytes());
+    payload.push(20);
+    payload.extend_from_slice(&(MAX_CHUNKS as u32 + 1).to_le_bytes());
+    let e = Frame::decode(20, &payload).expect_err("too many");
+    assert!(
+        matches!(e, Error::TooMany { .. } | Error::Truncated(_)),
+        "{e}"
+    );
+    // A shift outside the bounds, received.
+    let mut payload = Vec::new();
+    payload.extend_from_slice(&1u32.to_le_bytes());
+    payload.push(CHUNK_SHIFT_MAX + 1);
+    payload.extend_from_slice(&0u32.to_le_bytes());
+    assert!(Frame::decode(20, &payload).is_err());
 }
 
 #[test]
@@ -189,12 +301,12 @@ fn every_frame_round_trips_through_a_stream() {
     // Every kind is here, so the round trip and truncation tests cover each decoder;
     // the next kind byte is unknown.
     let kinds: std::collections::BTreeSet<u8> = frames.iter().map(Frame::kind).collect();
-    assert_eq!(kinds, (1..=18).collect());
+    assert_eq!(kinds, (1..=21).collect());
     assert!(matches!(
-        Frame::decode(19, &[]),
+        Frame::decode(22, &[]),
         Err(Error::Unknown {
             what: "frame kind",
-            tag: 19
+            tag: 22
         })
     ));
     let mut wire = Vec::new();
