@@ -204,6 +204,15 @@ bench-network: deps
 	@./bench/install-tools.sh
 	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-network $(or $(NET_RUNS),5) bench/NETWORK$(if $(filter shared,$(NET_CPUS)),-shared).md
 
+## One large file (PATCH_MIB, default 1024) changed in 8 places of 16 bytes and copied again
+## between two nodes: a CopyJob by checksum (mended from the destination's copy and the
+## changed chunks) against rsync -a's delta transfer from a daemon, PATCH_RUNS rounds (5);
+## on make bench-network's cluster; writes bench/PATCH.md. Root.
+.PHONY: bench-patch
+bench-patch: deps
+	@./bench/install-tools.sh
+	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-patch $(or $(PATCH_RUNS),5) bench/PATCH.md
+
 ## A million files as CopyJobs (on node-a, and from node-a to node-b) and a dry run of ten
 ## million (issue 35): time, status size, peak RSS of the operator and the agents, API
 ## requests; on make bench-network's cluster; writes bench/MILLION-COPYJOB.md. Root.

@@ -21,6 +21,9 @@
 //! - `bench-network [RUNS [FILE]]`: a CopyJob between two nodes against rsync, a tar pipe and
 //!   Ferry on one node, and the agents' peak RSS over a 1M-file copy (`make bench-network`);
 //!   writes FILE (bench/NETWORK.md).
+//! - `bench-patch [RUNS [FILE]]`: one large file changed in a few places, copied again
+//!   between two nodes by a CopyJob by checksum and by `rsync -a` (`make bench-patch`,
+//!   into `bench/PATCH.md`).
 //! - `bench-million [FILE]`: a million files as CopyJobs on one node and between nodes, and
 //!   a dry run of ten million (status size, peak RSS, API requests; `make bench-million-jobs`,
 //!   into `bench/MILLION-COPYJOB.md`).
@@ -71,32 +74,20 @@ fn main() -> Result<()> {
                 "bench-throughput-cold" => (throughput::Tier::Process, throughput::Cache::Cold),
                 _ => (throughput::Tier::Kube, throughput::Cache::Warm),
             };
-            let runs = std::env::args()
-                .nth(2)
-                .map_or(Ok(5), |v| v.parse::<usize>())
-                .with_context(|| format!("{cmd} RUNS must be a number"))?;
-            ensure!(runs > 0, "{cmd} RUNS must be at least 1");
-            let out = std::env::args().nth(3).map(PathBuf::from);
+            let (runs, out) = runs_and_file(cmd)?;
             throughput::bench_throughput(tier, cache, runs, out.as_deref())
         }
         Some("bench-rerun") => {
-            let runs = std::env::args()
-                .nth(2)
-                .map_or(Ok(5), |v| v.parse::<usize>())
-                .context("bench-rerun RUNS must be a number")?;
-            ensure!(runs > 0, "bench-rerun RUNS must be at least 1");
-            let out = std::env::args().nth(3).map(PathBuf::from);
+            let (runs, out) = runs_and_file("bench-rerun")?;
             rerun::bench_rerun(runs, out.as_deref())
         }
         Some("bench-network") => {
-            let runs = std::env::args()
-                .nth(2)
-                .filter(|v| !v.is_empty())
-                .map_or(Ok(5), |v| v.parse::<usize>())
-                .context("bench-network RUNS must be a number")?;
-            ensure!(runs > 0, "bench-network RUNS must be at least 1");
-            let out = std::env::args().nth(3).map(PathBuf::from);
+            let (runs, out) = runs_and_file("bench-network")?;
             network::bench_network(&network::Settings::from_env(runs)?, out.as_deref())
+        }
+        Some("bench-patch") => {
+            let (runs, out) = runs_and_file("bench-patch")?;
+            network::bench_patch(runs, out.as_deref())
         }
         Some("bench-million") => {
             let out = std::env::args().nth(2).map(PathBuf::from);
@@ -106,7 +97,19 @@ fn main() -> Result<()> {
         Some("up") => dev::up(),
         Some("down") => dev::down(),
         _ => bail!(
-            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube|-cold] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]|bench-network [RUNS [FILE]]|bench-million [FILE]"
+            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube|-cold] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]|bench-network [RUNS [FILE]]|bench-patch [RUNS [FILE]]|bench-million [FILE]"
         ),
     }
+}
+
+/// A bench command's `[RUNS [FILE]]`: RUNS (default 5, at least 1; empty is the default)
+/// and FILE.
+fn runs_and_file(cmd: &str) -> Result<(usize, Option<PathBuf>)> {
+    let runs = std::env::args()
+        .nth(2)
+        .filter(|v| !v.is_empty())
+        .map_or(Ok(5), |v| v.parse::<usize>())
+        .with_context(|| format!("{cmd} RUNS must be a number"))?;
+    ensure!(runs > 0, "{cmd} RUNS must be at least 1");
+    Ok((runs, std::env::args().nth(3).map(PathBuf::from)))
 }

@@ -14,8 +14,8 @@ use anyhow::{ensure, Context, Result};
 use crate::machine::{median, shell_line};
 use crate::throughput::{Bench, Cache, Tier, TREE_100K};
 
-/// One timed command: wall seconds.
-fn timed(mut cmd: Command, what: &str) -> Result<(f64, String)> {
+/// One timed command that must succeed: its wall seconds and stdout.
+pub(crate) fn timed(mut cmd: Command, what: &str) -> Result<(f64, String)> {
     let start = Instant::now();
     let out = cmd.output().with_context(|| format!("run {what}"))?;
     let secs = start.elapsed().as_secs_f64();

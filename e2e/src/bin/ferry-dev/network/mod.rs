@@ -27,11 +27,13 @@ use crate::machine::{loadavg, machine_busy_secs, shell_line, LoadSampler, Tmpfs,
 mod cpus;
 mod memory;
 mod million;
+mod patch;
 mod report;
 mod run;
 mod setup;
 
 pub use million::bench_million;
+pub use patch::bench_patch;
 use report::{report, write_keeping_notes};
 
 /// The namespace of the benchmark's jobs (Ferry's is the chart's, `ferry_e2e::CHART_NAMESPACE`).
