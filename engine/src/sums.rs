@@ -115,21 +115,27 @@ pub(crate) fn of_fd(
     const BUF: usize = 1 << 20;
     buf.resize(BUF, 0);
     let mut sums = Sums::new(shift, size);
+    // Where the data extent being read ends: each extent's end is asked for once (on tmpfs
+    // a SEEK_HOLE walks the file from the offset, so asking at every read is quadratic).
+    let mut data_end = 0;
     while sums.offset() < size {
         guard.check()?;
         let off = sums.offset();
-        let data = match sys::seek_data_or_hole(fd, off, true)? {
-            Some(d) => d.min(size),
-            None => size,
-        };
-        if data > off {
+        if off >= data_end {
+            let data = match sys::seek_data_or_hole(fd, off, true)? {
+                Some(d) => d.min(size),
+                None => size,
+            };
             sums.zeros(data - off);
+            if data >= size {
+                break;
+            }
+            data_end = sys::seek_data_or_hole(fd, data, false)?
+                .unwrap_or(size)
+                .clamp(data + 1, size);
             continue;
         }
-        let hole = sys::seek_data_or_hole(fd, off, false)?
-            .unwrap_or(size)
-            .clamp(off + 1, size);
-        let want = (hole - off).min(BUF as u64) as usize;
+        let want = (data_end - off).min(BUF as u64) as usize;
         match sys::pread(fd, &mut buf[..want], off) {
             Ok(0) => break,
             Ok(n) => sums.write(&buf[..n]),
