@@ -225,13 +225,8 @@ fn kubectl_ferry_copies_follows_explains_and_refuses_through_the_api() -> Result
             && std::fs::read(&changed)? == vec![0xee; len],
         "a check changes nothing"
     );
-    for (args, says) in [
-        (vec!["verify", "stuck"], "names no manifest"),
-        (
-            vec!["verify", "root:data:copy", "--manifest", "../x.xxh128"],
-            "is not a job's status.manifest",
-        ),
-    ] {
+    // A refusal: exit status 2, and what to change on stderr.
+    let refused = |args: &[&str], says: &str| -> Result<()> {
         let mut all = vec!["-n", "default"];
         all.extend(args.iter());
         let o = plugin(&kc, &all)?;
@@ -240,6 +235,16 @@ fn kubectl_ferry_copies_follows_explains_and_refuses_through_the_api() -> Result
             "{args:?}: {}",
             text(&o)
         );
+        Ok(())
+    };
+    for (args, says) in [
+        (vec!["verify", "stuck"], "names no manifest"),
+        (
+            vec!["verify", "root:data:copy", "--manifest", "../x.xxh128"],
+            "is not a job's status.manifest",
+        ),
+    ] {
+        refused(&args, says)?;
     }
 
     // `migrate`: the ClaimMigration it makes, and the API server's refusal passed on.
@@ -295,14 +300,7 @@ fn kubectl_ferry_copies_follows_explains_and_refuses_through_the_api() -> Result
             "cannot be used with",
         ),
     ] {
-        let mut all = vec!["-n", "default"];
-        all.extend(args.iter());
-        let o = plugin(&kc, &all)?;
-        ensure!(
-            o.status.code() == Some(2) && String::from_utf8_lossy(&o.stderr).contains(says),
-            "{args:?}: {}",
-            text(&o)
-        );
+        refused(&args, says)?;
     }
     let o = plugin(
         &kc,

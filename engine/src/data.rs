@@ -387,20 +387,50 @@ pub(crate) fn hash_zeros(h: &mut Xxh3, mut n: u64, guard: &Guard<'_>) -> io::Res
 /// which small files are spared).
 const HOLE_CHECK_MIN: u64 = 1 << 20;
 
+/// What reading a file's bytes feeds: its data as read, and its holes as runs of the zeros
+/// a reader sees (never read).
+pub(crate) trait Feed {
+    fn data(&mut self, bytes: &[u8]);
+    fn zeros(&mut self, n: u64, guard: &Guard<'_>) -> io::Result<()>;
+}
+
+impl Feed for Xxh3 {
+    fn data(&mut self, bytes: &[u8]) {
+        self.write(bytes);
+    }
+
+    fn zeros(&mut self, n: u64, guard: &Guard<'_>) -> io::Result<()> {
+        hash_zeros(self, n, guard)
+    }
+}
+
 /// xxHash3-128 of the first `len` bytes of `fd` (fewer if it ends sooner), and how many
-/// bytes that was. Reading exactly `len` saves the end-of-file read on every small file.
-/// A sparse file's holes, where the filesystem reports them (`SEEK_DATA`/`SEEK_HOLE`),
-/// are hashed as the zeros a reader sees without being read.
+/// bytes that was (see [`read_fd`]).
 pub(crate) fn hash_fd(
     fd: BorrowedFd<'_>,
     len: u64,
     buf: &mut Vec<u8>,
     guard: &Guard<'_>,
 ) -> io::Result<(u128, u64)> {
+    let mut h = Xxh3::new();
+    let off = read_fd(fd, len, buf, guard, &mut h)?;
+    Ok((h.finish_128(), off))
+}
+
+/// Feed `sink` the first `len` bytes of `fd` (fewer if it ends sooner); how many bytes that
+/// was. Reading exactly `len` saves the end-of-file read on every small file. A sparse
+/// file's holes, where the filesystem reports them (`SEEK_DATA`/`SEEK_HOLE`), are fed as
+/// the zeros a reader sees without being read.
+pub(crate) fn read_fd(
+    fd: BorrowedFd<'_>,
+    len: u64,
+    buf: &mut Vec<u8>,
+    guard: &Guard<'_>,
+    sink: &mut impl Feed,
+) -> io::Result<u64> {
     if buf.is_empty() {
         buf.resize(BUF_SIZE, 0);
     }
-    let mut h = Xxh3::new();
     // Holes are looked for only up to the file's size now: past it, a file that shrank
     // must read short, not as a hole.
     let holes_until = match len >= HOLE_CHECK_MIN {
@@ -411,7 +441,7 @@ pub(crate) fn hash_fd(
         }
         false => None,
     };
-    // The end of the data extent being read: past it, the next hole is hashed unread.
+    // The end of the data extent being read: past it, the next hole is fed unread.
     let mut data_end = match holes_until {
         Some(_) => 0,
         None => len,
@@ -428,7 +458,7 @@ pub(crate) fn hash_fd(
                 // Where the filesystem cannot say, everything is data (read it all).
                 if let Ok(found) = sys::seek_data_or_hole(fd, off, true) {
                     let data = found.unwrap_or(end).min(end);
-                    hash_zeros(&mut h, data - off, guard)?;
+                    sink.zeros(data - off, guard)?;
                     off = data;
                     if off < end {
                         data_end = match sys::seek_data_or_hole(fd, off, false) {
@@ -444,12 +474,12 @@ pub(crate) fn hash_fd(
         match sys::pread(fd, &mut buf[..want], off) {
             Ok(0) => break,
             Ok(n) => {
-                h.write(&buf[..n]);
+                sink.data(&buf[..n]);
                 off += n as u64;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok((h.finish_128(), off))
+    Ok(off)
 }

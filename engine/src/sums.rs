@@ -11,8 +11,7 @@ use std::os::fd::BorrowedFd;
 use ferry_transfer::frame::{CHUNK_SHIFT_MIN, MAX_CHUNKS};
 use twox_hash::XxHash3_128 as Xxh3;
 
-use crate::data::Guard;
-use crate::sys;
+use crate::data::{self, Feed, Guard};
 
 /// Files smaller than this are sent whole when they differ: a few round trips cost more
 /// than their bytes.
@@ -58,11 +57,6 @@ impl Sums {
         self.shift
     }
 
-    /// Bytes fed so far.
-    pub(crate) fn offset(&self) -> u64 {
-        self.off
-    }
-
     /// The next bytes of the file.
     pub(crate) fn write(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
@@ -102,9 +96,30 @@ impl Sums {
     }
 }
 
+impl Feed for Sums {
+    fn data(&mut self, bytes: &[u8]) {
+        self.write(bytes);
+    }
+
+    /// A hole, fed 64 MiB at a time with the stop signal asked between (an 8 TiB sparse
+    /// image stops as its whole hash would).
+    fn zeros(&mut self, mut n: u64, guard: &Guard<'_>) -> io::Result<()> {
+        const STEP: u64 = 64 << 20;
+        while n > 0 {
+            let k = n.min(STEP);
+            Sums::zeros(self, k);
+            n -= k;
+            if n > 0 {
+                guard.check()?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The chunk hashes and whole hash of the first `size` bytes of `fd` (a destination file,
 /// opened as the regular file it is), and how many bytes it had (less than `size` if it
-/// is shorter). Holes are found and hashed unread.
+/// is shorter): read as [`data::read_fd`] reads, holes fed unread.
 pub(crate) fn of_fd(
     fd: BorrowedFd<'_>,
     size: u64,
@@ -112,38 +127,8 @@ pub(crate) fn of_fd(
     buf: &mut Vec<u8>,
     guard: &Guard<'_>,
 ) -> io::Result<(Vec<u128>, u128, u64)> {
-    const BUF: usize = 1 << 20;
-    buf.resize(BUF, 0);
     let mut sums = Sums::new(shift, size);
-    // Where the data extent being read ends: each extent's end is asked for once (on tmpfs
-    // a SEEK_HOLE walks the file from the offset, so asking at every read is quadratic).
-    let mut data_end = 0;
-    while sums.offset() < size {
-        guard.check()?;
-        let off = sums.offset();
-        if off >= data_end {
-            let data = match sys::seek_data_or_hole(fd, off, true)? {
-                Some(d) => d.min(size),
-                None => size,
-            };
-            sums.zeros(data - off);
-            if data >= size {
-                break;
-            }
-            data_end = sys::seek_data_or_hole(fd, data, false)?
-                .unwrap_or(size)
-                .clamp(data + 1, size);
-            continue;
-        }
-        let want = (data_end - off).min(BUF as u64) as usize;
-        match sys::pread(fd, &mut buf[..want], off) {
-            Ok(0) => break,
-            Ok(n) => sums.write(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let read = sums.offset();
+    let read = data::read_fd(fd, size, buf, guard, &mut sums)?;
     let (hashes, whole) = sums.finish();
     Ok((hashes, whole, read))
 }

@@ -18,7 +18,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError};
 
-use ferry_transfer::frame::{Frame, CHUNK_SHIFT_MAX, MAX_DATA};
+use ferry_transfer::frame::{Frame, CHUNK_SHIFT_MAX};
 
 use crate::data::{self, Clone, Moved};
 use crate::error::source_changed;
@@ -29,7 +29,7 @@ use crate::sums::{self, MIN_PATCHED};
 use crate::sys;
 use crate::Verify;
 
-use super::remote::RemoteFile;
+use super::remote::{decompressed, RemoteFile};
 use super::{Ctx, Fail, Local};
 
 /// A filled staged file: what moved, the source's hash, the length, the hash as made.
@@ -217,17 +217,7 @@ impl Ctx<'_> {
                         data,
                         ..
                     } => {
-                        let data = match zstd {
-                            true => zstd::bulk::decompress(&data, MAX_DATA)
-                                .map_err(|e| {
-                                    let e = io::Error::other(format!(
-                                        "the sender's compressed data does not decompress within {MAX_DATA} bytes: {e}"
-                                    ));
-                                    ("read source", e)
-                                })?
-                                .into(),
-                            false => data,
-                        };
+                        let data = decompressed(zstd, data)?;
                         let n = data.len() as u64;
                         if o < at || o.checked_add(n).is_none_or(|e| e > end) {
                             let e = io::Error::other(

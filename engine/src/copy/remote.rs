@@ -329,18 +329,7 @@ impl Ctx<'_> {
                 Frame::Data {
                     offset, zstd, data, ..
                 } => {
-                    // Never more than a frame's worth once decompressed, whatever the
-                    // sender claims: a zstd bomb fails this file, it does not fill memory.
-                    let data = match zstd {
-                        true => zstd::bulk::decompress(&data, MAX_DATA).map_err(|e| {
-                            let e = io::Error::other(format!(
-                                "the sender's compressed data does not decompress within {MAX_DATA} bytes: {e}"
-                            ));
-                            ("read source", e)
-                        })?
-                        .into(),
-                        false => data,
-                    };
+                    let data = decompressed(zstd, data)?;
                     if offset.checked_add(data.len() as u64).is_none() {
                         let e = io::Error::other("the sender sent data past the largest offset");
                         return Err(("read source", e));
@@ -399,6 +388,23 @@ impl Ctx<'_> {
             }
         }
     }
+}
+
+/// A data frame's bytes, decompressed if the sender compressed them: never more than a
+/// frame's worth once decompressed, whatever the sender claims, so a zstd bomb fails the
+/// file and does not fill memory.
+pub(super) fn decompressed(zstd: bool, data: Bytes) -> Result<Bytes, Fail> {
+    if !zstd {
+        return Ok(data);
+    }
+    zstd::bulk::decompress(&data, MAX_DATA)
+        .map(Bytes::from)
+        .map_err(|e| {
+            let e = io::Error::other(format!(
+                "the sender's compressed data does not decompress within {MAX_DATA} bytes: {e}"
+            ));
+            ("read source", e)
+        })
 }
 
 pub(super) fn write_zeros(dst: BorrowedFd<'_>, mut off: u64, mut n: u64) -> io::Result<()> {

@@ -212,6 +212,33 @@ impl<W: Write + Send> Half<'_, W> {
         Ok(())
     }
 
+    /// A read of `path` (whole, its chunk hashes, or a part) opened as request `req`, its
+    /// credit within the bound.
+    fn read_start(
+        &self,
+        req: u32,
+        path: Vec<u8>,
+        expect: Fingerprint,
+        credit: u64,
+        (hash, hash_only, zstd): (bool, bool, bool),
+        shape: Shape,
+    ) -> Result<Job, SendError> {
+        if credit > MAX_CREDIT {
+            return protocol(format!("a credit of {credit} bytes (at most {MAX_CREDIT})"));
+        }
+        self.open_request(req)?;
+        Ok(Job::ReadStart {
+            req,
+            path,
+            expect,
+            credit,
+            hash,
+            hash_only,
+            zstd,
+            shape,
+        })
+    }
+
     /// What a frame from the receiver asks for: a step for a worker, or nothing more.
     pub(super) fn dispatch(&self, frame: Frame) -> Result<Option<Job>, SendError> {
         Ok(Some(match frame {
@@ -243,40 +270,27 @@ impl<W: Write + Send> Half<'_, W> {
                 hash,
                 hash_only,
                 zstd,
-            } => {
-                if credit > MAX_CREDIT {
-                    return protocol(format!("a credit of {credit} bytes (at most {MAX_CREDIT})"));
-                }
-                self.open_request(req)?;
-                Job::ReadStart {
-                    req,
-                    path,
-                    expect,
-                    credit,
-                    hash,
-                    hash_only,
-                    zstd,
-                    shape: Shape::Whole,
-                }
-            }
+            } => self.read_start(
+                req,
+                path,
+                expect,
+                credit,
+                (hash, hash_only, zstd),
+                Shape::Whole,
+            )?,
             Frame::HashChunks {
                 req,
                 path,
                 expect,
                 shift,
-            } => {
-                self.open_request(req)?;
-                Job::ReadStart {
-                    req,
-                    path,
-                    expect,
-                    credit: 0,
-                    hash: false,
-                    hash_only: true,
-                    zstd: false,
-                    shape: Shape::Chunks(shift),
-                }
-            }
+            } => self.read_start(
+                req,
+                path,
+                expect,
+                0,
+                (false, true, false),
+                Shape::Chunks(shift),
+            )?,
             Frame::ReadPart {
                 req,
                 path,
@@ -286,20 +300,8 @@ impl<W: Write + Send> Half<'_, W> {
                 credit,
                 zstd,
             } => {
-                if credit > MAX_CREDIT {
-                    return protocol(format!("a credit of {credit} bytes (at most {MAX_CREDIT})"));
-                }
-                self.open_request(req)?;
-                Job::ReadStart {
-                    req,
-                    path,
-                    expect,
-                    credit,
-                    hash: false,
-                    hash_only: false,
-                    zstd,
-                    shape: Shape::Part { offset, len },
-                }
+                let shape = Shape::Part { offset, len };
+                self.read_start(req, path, expect, credit, (false, false, zstd), shape)?
             }
             Frame::Count { req, links } => {
                 self.open_request(req)?;
