@@ -594,10 +594,6 @@ fn a_large_file_changed_in_a_few_places_is_mended_sending_only_its_changed_chunk
     let dst = nodes.root("node-b").join("image");
     tree::compare(&before, &dst, tree::Check::default())?;
     manifest_checks(&nodes, "image", &s)?;
-    eprintln!(
-        "the re-run: {again} bytes on the wire; shards {}",
-        s["shards"]
-    );
     ensure!(
         s["progress"]["patched"] == 1 && s["progress"]["filesDone"] == 1,
         "progress: {}",

@@ -61,7 +61,8 @@ impl PatchSlot {
     }
 }
 
-/// Whether a file of `size` bytes is compared by its chunks (else by its whole hash).
+/// Whether a file of `size` bytes is compared by its chunks (else by its whole hash). A
+/// file small enough to travel inline in a listing never is.
 pub(super) fn by_chunks(size: u64) -> bool {
     size >= MIN_PATCHED && sums::shift_for(size) <= CHUNK_SHIFT_MAX
 }

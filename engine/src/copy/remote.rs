@@ -71,7 +71,7 @@ pub(super) struct RemoteFile {
     pub(super) path: Vec<u8>,
     pub(super) st: Stat,
     xattrs: Vec<Xattr>,
-    pub(super) inline: Option<(Bytes, Option<u128>)>,
+    inline: Option<(Bytes, Option<u128>)>,
     /// Which chunks differ from the destination's copy, when a comparison found that
     /// mending it pays (see `patch.rs`).
     pub(super) patch: PatchSlot,

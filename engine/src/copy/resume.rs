@@ -219,7 +219,7 @@ impl<'a> Ctx<'a> {
         // From another node, a large file: by its chunks, so that one that differs in a
         // few places is mended rather than sent whole (see `patch.rs`).
         if let SrcFile::Remote(r) = src {
-            if r.inline.is_none() && patch::by_chunks(size) {
+            if patch::by_chunks(size) {
                 return self.same_by_chunks(r, dst, local);
             }
         }
