@@ -9,7 +9,9 @@
 //! - `api` (feature `k8s`, on by default): the `CopyJob` and `StorageRoot` resources;
 //! - `schedule` (feature `k8s`): the `CopySchedule` resource;
 //! - `populate` (feature `k8s`): the `VolumeSource` resource a new claim is populated from;
-//! - `migrate` (feature `k8s`): the `ClaimMigration` resource, a claim moved keeping its name.
+//! - `migrate` (feature `k8s`): the `ClaimMigration` resource, a claim moved keeping its name;
+//! - `peer` (feature `k8s`): the `FerryPeer` resource, another install trusted for copies
+//!   between clusters.
 //!
 //! The engine depends on this crate without `k8s`, so it shares the contract's types
 //! without knowing anything of Kubernetes.
@@ -41,6 +43,10 @@ pub use node_label::{node_label, node_labels, NODE_LABEL_PREFIX};
 mod migrate;
 #[cfg(feature = "k8s")]
 pub use migrate::*;
+#[cfg(feature = "k8s")]
+mod peer;
+#[cfg(feature = "k8s")]
+pub use peer::*;
 #[cfg(feature = "k8s")]
 mod populate;
 #[cfg(feature = "k8s")]

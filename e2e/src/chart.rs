@@ -168,18 +168,27 @@ impl ControlPlane {
     /// The operator with the chart's environment on the token in `kubeconfig`, logging to
     /// `<dir>/operator.log` (appended to across restarts).
     pub fn spawn_chart_operator_on(&self, kubeconfig: &Path) -> Result<Proc> {
+        self.spawn_chart_operator_with(kubeconfig, &[])
+    }
+
+    /// [`Self::spawn_chart_operator_on`] with the environment a chart value adds (`envs`,
+    /// e.g. `FERRY_PEERING` for `peering.enabled`).
+    pub fn spawn_chart_operator_with(
+        &self,
+        kubeconfig: &Path,
+        envs: &[(&str, &str)],
+    ) -> Result<Proc> {
         let (kc, image) = (kubeconfig.to_string_lossy(), holder_image()?);
-        self.spawn_operator(
-            "operator",
-            &[
-                ("KUBECONFIG", &kc),
-                ("FERRY_NAMESPACE", CHART_NAMESPACE),
-                ("FERRY_TICKET_NAMESPACE", TICKET_NAMESPACE),
-                ("POD_NAME", "ferry-operator-0"),
-                // As the chart sets it: the image its holder-pods policy admits.
-                ("FERRY_HOLDER_IMAGE", &image),
-            ],
-        )
+        let mut env = vec![
+            ("KUBECONFIG", kc.as_ref()),
+            ("FERRY_NAMESPACE", CHART_NAMESPACE),
+            ("FERRY_TICKET_NAMESPACE", TICKET_NAMESPACE),
+            ("POD_NAME", "ferry-operator-0"),
+            // As the chart sets it: the image its holder-pods policy admits.
+            ("FERRY_HOLDER_IMAGE", &image),
+        ];
+        env.extend(envs.iter().copied());
+        self.spawn_operator("operator", &env)
     }
 
     /// A kubeconfig with the agents' ServiceAccount token bound to Node `node`.

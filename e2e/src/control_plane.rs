@@ -163,6 +163,12 @@ impl ControlPlane {
     /// labelled for the privileged agent; then `deploy/<file>` server-side, and its CRDs
     /// served.
     pub fn install_rendered(&self, ns: &str, file: &str) -> Result<()> {
+        self.install_manifest(ns, &repo_root().join("deploy").join(file))
+    }
+
+    /// [`Self::install_rendered`] of a manifest at `path` (a render of the chart with other
+    /// values).
+    pub fn install_manifest(&self, ns: &str, path: &Path) -> Result<()> {
         self.kubectl_ok(&["create", "namespace", ns])?;
         self.kubectl_ok(&[
             "label",
@@ -170,11 +176,11 @@ impl ControlPlane {
             ns,
             "pod-security.kubernetes.io/enforce=privileged",
         ])?;
-        let path = repo_root().join("deploy").join(file);
         let out = self.kubectl(&["apply", "--server-side", "-f", &path.to_string_lossy()])?;
         if !out.status.success() {
             bail!(
-                "the apiserver refused deploy/{file}: {}",
+                "the apiserver refused {}: {}",
+                path.display(),
                 String::from_utf8_lossy(&out.stderr)
             );
         }

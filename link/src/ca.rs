@@ -1,6 +1,7 @@
 //! The install's certificate authority and the nodes' keys: generating and loading the CA,
-//! the agent's key and CSR, and signing a node's CSR, where the CA alone decides what the
-//! certificate says (only the public key and the checked node name come from the CSR).
+//! the agent's key and CSR, and signing a node's CSR into a node certificate or (by the
+//! peering CA) a peering certificate, where the CA alone decides what the certificate says
+//! (only the public key and the checked node name come from the CSR).
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,6 +18,7 @@ use x509_parser::oid_registry::{OID_PKCS9_EXTENSION_REQUEST, OID_X509_EXT_SUBJEC
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::identity::{describe, node_of_names, node_uri, validate_node_name};
+use crate::peering::{peer_uri, validate_install_name};
 use crate::{pem, Error, Result};
 
 /// How far in the past a node certificate's notBefore is put, so that a peer whose clock is a
@@ -144,18 +146,34 @@ impl Ca {
     /// Signs `node`'s CSR: a certificate valid from [`CLOCK_SKEW`] ago until `validity` from
     /// now. See [`Ca::sign_node_at`] for what is checked and what the certificate says.
     pub fn sign_node(&self, csr_pem: &str, node: &str, validity: Duration) -> Result<String> {
-        if validity.is_zero() {
-            return Err(Error::Validity {
-                why: "for no time".into(),
-                fix: "ask for a positive validity (node certificates live 24 hours)",
-            });
-        }
-        let now = SystemTime::now();
-        self.sign_node_at(
+        let (not_before, not_after) = window(validity)?;
+        self.sign_node_at(csr_pem, node, not_before, not_after)
+    }
+
+    /// Signs `node`'s CSR into a peering certificate of `install`, for connections between
+    /// installs: called on the install's peering CA, never its transfer CA. The CSR is the
+    /// one [`NodeKey::generate`] makes (it requests [`node_uri`]`(node)`, checked exactly as
+    /// [`Ca::sign_node_at`] checks it), so that an agent needs no second kind of request; the
+    /// certificate's one URI SAN is [`crate::peer_uri`]`(install, node)` instead, and every
+    /// other rule (extensions, lifetime from [`CLOCK_SKEW`] ago until `validity` from now, not
+    /// past the CA's own expiry) is `sign_node`'s. Refused as well: an `install` that is not
+    /// an install name ([`crate::validate_install_name`]).
+    pub fn sign_peer(
+        &self,
+        csr_pem: &str,
+        install: &str,
+        node: &str,
+        validity: Duration,
+    ) -> Result<String> {
+        validate_install_name(install)?;
+        validate_node_name(node)?;
+        let (not_before, not_after) = window(validity)?;
+        self.sign_at(
             csr_pem,
             node,
-            earlier(now, CLOCK_SKEW),
-            later(now, validity)?,
+            peer_uri(install, node),
+            not_before,
+            not_after,
         )
     }
 
@@ -179,6 +197,21 @@ impl Ca {
         not_after: SystemTime,
     ) -> Result<String> {
         validate_node_name(node)?;
+        self.sign_at(csr_pem, node, node_uri(node), not_before, not_after)
+    }
+
+    /// What [`Ca::sign_node_at`] and [`Ca::sign_peer`] share: `csr_pem` checked to request
+    /// exactly [`node_uri`]`(node)` (`node` already validated), signed into a certificate
+    /// whose one SAN is `uri`. The URI is the only thing the two kinds differ in, so that a
+    /// rule added for one cannot be forgotten for the other.
+    fn sign_at(
+        &self,
+        csr_pem: &str,
+        node: &str,
+        uri: String,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<String> {
         pem::bounded("CSR", csr_pem, MAX_CSR_PEM)?;
         let der = pem::csr(csr_pem)?;
         let (rest, csr) = X509CertificationRequest::from_der(&der).map_err(|e| Error::Der {
@@ -218,7 +251,7 @@ impl Ca {
 
         let mut params = CertificateParams::default();
         params.distinguished_name = common_name_dn(node);
-        let uri = node_uri(node)
+        let uri = uri
             .try_into()
             .map_err(|e: rcgen::Error| Error::Generate(e))?;
         params.subject_alt_names = vec![SanType::URI(uri)];
@@ -323,6 +356,19 @@ fn random_serial() -> Result<SerialNumber> {
     bytes[0] &= 0x7f;
     bytes[0] |= 0x01;
     Ok(SerialNumber::from_slice(&bytes))
+}
+
+/// The validity of a certificate signed now for `validity`: from [`CLOCK_SKEW`] ago until
+/// `validity` from now.
+fn window(validity: Duration) -> Result<(SystemTime, SystemTime)> {
+    if validity.is_zero() {
+        return Err(Error::Validity {
+            why: "for no time".into(),
+            fix: "ask for a positive validity (node certificates live 24 hours)",
+        });
+    }
+    let now = SystemTime::now();
+    Ok((earlier(now, CLOCK_SKEW), later(now, validity)?))
 }
 
 fn earlier(t: SystemTime, by: Duration) -> SystemTime {

@@ -160,9 +160,103 @@ pub enum Error {
     /// A connection that has no authenticated peer certificate.
     #[error(
         "the connection has no peer certificate: ask for the peer's node only after the \
-         handshake completed, on a connection made with server_config or client_config"
+         handshake completed, on a connection made with server_config or client_config (or \
+         their peering_ forms)"
     )]
     NoPeerCertificate,
+
+    /// Not a Ferry install name.
+    #[error(
+        "{name:?} is not a Ferry install name ({why}); an install name is an RFC 1123 DNS \
+         label: 1 to 63 lowercase letters, digits and '-', beginning and ending with a letter \
+         or digit"
+    )]
+    InstallName {
+        /// The name as given (cut to a readable length).
+        name: String,
+        /// The first rule it breaks.
+        why: &'static str,
+    },
+
+    /// A certificate that does not name exactly one node of one install by URI.
+    #[error(
+        "the certificate does not name one node of a Ferry install ({why}); a peering \
+         certificate carries exactly one subject alternative name, the URI \
+         spiffe://ferry.dev/install/<install>/node/<node>, as Ca::sign_peer writes it \
+         (peering's PEER_URI_PREFIX: a test there checks this says it)"
+    )]
+    NotAPeer {
+        /// What the certificate carries instead.
+        why: String,
+    },
+
+    /// A peering server that belongs to another install than the one dialled.
+    #[error(
+        "the server is a node of install {presented:?}, not of {expected:?} that this \
+         connection was meant for; dial the address the export of {expected:?} gives, and \
+         check that its CA is not shared with {presented:?}"
+    )]
+    WrongInstall {
+        /// The install the client meant to reach.
+        expected: String,
+        /// The install the server's certificate names.
+        presented: String,
+    },
+
+    /// A peering client from an install this one does not trust.
+    #[error(
+        "install {install:?} is not among the peers this install trusts; an admin of this \
+         install adds it, with its peering CA bundle, before its agents can connect"
+    )]
+    UnknownPeer {
+        /// The install the client's certificate names.
+        install: String,
+    },
+
+    /// The same install twice in a peer set.
+    #[error(
+        "install {install:?} is listed twice among the peers; give each install one entry, \
+         with all its peering CA certificates in one bundle"
+    )]
+    DuplicatePeer {
+        /// The install listed twice.
+        install: String,
+    },
+
+    /// More peers than a peer set holds.
+    #[error("{count} peer installs are listed, more than the {max} accepted; remove peers no longer used")]
+    TooManyPeers {
+        /// How many were given.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
+
+    /// Two peers trusting the same CA key, which would let either speak for the other.
+    #[error(
+        "peer installs {first:?} and {second:?} have a CA key in common, so a node of either \
+         could claim to be the other; each install has its own peering CA: remove the shared \
+         certificate from the bundle of the install it does not belong to"
+    )]
+    SharedPeerCa {
+        /// The install listed first.
+        first: String,
+        /// The install listed later.
+        second: String,
+    },
+
+    /// A peer's CA bundle that a trust bundle could not be.
+    #[error("the peering CA bundle of install {install:?} is refused: {source}")]
+    PeerBundle {
+        /// The peer install the bundle was given for.
+        install: String,
+        /// Why the bundle was refused.
+        source: Box<Error>,
+    },
+
+    /// An export's CA that a trust bundle could not be.
+    #[error("the peering CA in the export is refused: {0}")]
+    ExportCa(#[source] Box<Error>),
 
     /// rustls refused a configuration (certificate chain, key, versions).
     #[error("rustls refused the TLS configuration ({0}); check that the certificate chain and key belong together")]

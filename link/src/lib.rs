@@ -36,10 +36,27 @@
 //! signs anything, and an old CA leaves the bundle 48 hours after a newer one joined (every
 //! node certificate it signed has expired by then). Each pair of agents keeps a trusted
 //! issuer in common as long as agents reload the bundle before they renew.
+//!
+//! **Peering (between installs).** Copies between two clusters use a separate identity, so
+//! that the in-cluster transfer port never accepts a certificate from outside
+//! (`docs/design/between-clusters.md`, "Trust"). Each install has a stable *peering CA*, an
+//! ordinary [`Ca`] kept in a Secret and loaded with [`Ca::from_pem`] (not the leader's
+//! in-memory transfer CA, which the other cluster could not follow). It signs the same CSR an
+//! agent already makes into a *peering certificate* ([`Ca::sign_peer`]) whose one URI SAN
+//! is `spiffe://ferry.dev/install/<install>/node/<node>` ([`peer_uri`]); the two kinds of
+//! certificate are never accepted for each other. An admin lists the installs this one
+//! trusts with each one's peering CA bundle ([`PeerSet`]). The peering listener
+//! ([`peering_server_config`]) reads the install a client's certificate names and verifies
+//! its chain against *that install's* CAs alone, so one trusted install cannot speak for
+//! another; the reader ([`peering_client_config`]) trusts only the CA that came with the
+//! export and requires the server to be a node of the export's install. Both learn who is at
+//! the other end with [`peer_id`]. [`describe_bundle`] gives each certificate's SHA-256
+//! fingerprint, which is what admins compare when they pair.
 
 mod ca;
 mod error;
 mod identity;
+mod peering;
 mod pem;
 mod tls;
 mod trust;
@@ -48,6 +65,10 @@ pub use ca::{Ca, NodeKey, CLOCK_SKEW, MAX_CSR_PEM};
 pub use error::{Error, Result};
 pub use identity::{
     node_of, node_of_pem, node_uri, peer_node, validate_node_name, NODE_URI_PREFIX,
+};
+pub use peering::{
+    describe_bundle, peer_id, peer_of, peer_uri, peering_client_config, peering_server_config,
+    validate_install_name, CaSummary, PeerId, PeerSet, MAX_PEERS, PEERING_ALPN, PEER_URI_PREFIX,
 };
 pub use tls::{client_config, server_config, server_name, ALPN, SERVER_NAME};
 pub use trust::{Trust, MAX_BUNDLE_PEM};

@@ -97,7 +97,7 @@ pub fn client_config(
 /// ends use this order, and a server follows the client's): a copy between nodes encrypts
 /// every byte it moves, and AES-128 does it in 10 rounds where AES-256 takes 14, with no
 /// practical difference in strength.
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     let mut p = rustls::crypto::ring::default_provider();
     p.cipher_suites
         .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);

@@ -9,7 +9,8 @@
 //! `validate`; `populator` (its two controllers' wiring and I/O) on `populator::decide`,
 //! which knows only the API types and `status`; `migrate` (the ClaimMigration controller's wiring and
 //! I/O) on `migrate::decide`, which knows only the API types and `status`; `metrics` (which reads schedules with `cron`) and `leader` know nothing of
-//! the controllers (`main` passes what they need in); `signer` stands alone.
+//! the controllers (`main` passes what they need in); `signer` stands alone, and so does
+//! `peering` (this install's peering CA and the FerryPeer controller, on `peering::decide`).
 
 pub mod apply;
 pub mod controller;
@@ -22,6 +23,7 @@ pub mod holder;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;
+pub mod peering;
 pub mod populator;
 pub mod schedule;
 pub mod signer;

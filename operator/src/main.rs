@@ -1,5 +1,6 @@
 //! `ferry-operator`: reconciles CopyJobs and CopySchedules, populates claims from
-//! VolumeSources, and signs the agents' transfer certificates (the leading replica only).
+//! VolumeSources, signs the agents' transfer certificates, and keeps the install's peering CA
+//! and the FerryPeers' status when peering is on (the leading replica only).
 //! Uses the in-cluster config, or KUBECONFIG.
 //! Serves `/metrics`, `/healthz` and `/readyz` on `--listen` from the start, leader or not.
 
@@ -97,6 +98,7 @@ async fn main() -> anyhow::Result<()> {
         ferry_operator::copyschedule::run(client.clone(), &health),
         populator(client.clone()),
         migrations(client.clone()),
+        ferry_operator::peering::run(client.clone(), &namespace),
         ferry_operator::signer::run(client, &namespace, &args.agent_service_account),
     );
     Ok(())

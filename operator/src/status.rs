@@ -39,11 +39,31 @@ pub fn condition(
     generation: Option<i64>,
     previous: &[Condition],
 ) -> Condition {
+    condition_of(
+        type_.as_str(),
+        ok,
+        reason.as_str(),
+        message,
+        generation,
+        previous,
+    )
+}
+
+/// [`condition`] for the resources whose condition types and reasons are their own
+/// (a FerryPeer's `Valid`).
+pub fn condition_of(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    previous: &[Condition],
+) -> Condition {
     let status = if ok { "True" } else { "False" };
     // Keep the transition time when nothing changed, so a re-reconcile writes the same bytes.
     let last = previous
         .iter()
-        .find(|c| c.type_ == type_.as_str() && c.status == status && c.reason == reason.as_str())
+        .find(|c| c.type_ == type_ && c.status == status && c.reason == reason)
         .map_or_else(
             || Time(Timestamp::now()),
             |c| c.last_transition_time.clone(),

@@ -1,0 +1,246 @@
+//! Peering between two installs, each on its own control plane (etcd + kube-apiserver),
+//! the chart rendered with `peering.enabled=true` and its operator on the chart's
+//! ServiceAccount token: each install makes its peering CA once (kept across a restart) and
+//! publishes its name, CA certificate and a FerryPeer for the other side; each admin applies
+//! the other's FerryPeer as it is published and its status says Valid with the fingerprint the
+//! other side published; a second FerryPeer for one install, a bundle that is not a CA and a
+//! bad install name are each refused with what to change; the operator may read the peering
+//! CA's Secret and no other, the agents not even that one.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use ferry_e2e::{repo_root, wait_for, ControlPlane, CHART_NAMESPACE};
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// The chart rendered with peering on (and `extra` values) into `cp`'s directory.
+fn render_with_peering(cp: &ControlPlane, helm: &PathBuf, extra: &[&str]) -> Result<PathBuf> {
+    let out = Command::new(helm)
+        .current_dir(repo_root())
+        .args([
+            "template",
+            "ferry",
+            "charts/ferry",
+            "--namespace",
+            CHART_NAMESPACE,
+        ])
+        .args(["--include-crds", "--set", "peering.enabled=true"])
+        .args(extra)
+        .output()
+        .context("run helm")?;
+    ensure!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = cp.dir().join("ferry-peering.yaml");
+    std::fs::write(&path, out.stdout)?;
+    Ok(path)
+}
+
+/// One install: a control plane with the chart (peering on) and its operator running as
+/// the chart runs it, with the environment the rendered Deployment sets for peering.
+struct Install {
+    cp: ControlPlane,
+    operator: Option<ferry_e2e::Proc>,
+}
+
+fn install(helm: &PathBuf, install_name: Option<&str>) -> Result<Option<Install>> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(None);
+    };
+    let set = install_name.map(|n| format!("peering.installName={n}"));
+    let extra: Vec<&str> = set.iter().flat_map(|s| ["--set", s.as_str()]).collect();
+    let manifest = render_with_peering(&cp, helm, &extra)?;
+    // The environment the rendered Deployment gives the operator for peering.
+    let rendered = std::fs::read_to_string(&manifest)?;
+    ensure!(
+        rendered.contains("name: FERRY_PEERING\n              value: \"true\""),
+        "the chart with peering.enabled does not turn it on in the operator"
+    );
+    cp.install_manifest(CHART_NAMESPACE, &manifest)?;
+    let operator = spawn_operator(&cp, install_name)?;
+    Ok(Some(Install {
+        cp,
+        operator: Some(operator),
+    }))
+}
+
+fn spawn_operator(cp: &ControlPlane, install_name: Option<&str>) -> Result<ferry_e2e::Proc> {
+    let kc =
+        cp.service_account_kubeconfig_lasting(CHART_NAMESPACE, "ferry-operator", None, "8760h")?;
+    let mut envs = vec![("FERRY_PEERING", "true")];
+    if let Some(n) = install_name {
+        envs.push(("FERRY_PEERING_INSTALL", n));
+    }
+    cp.spawn_chart_operator_with(&kc, &envs)
+}
+
+/// A key of the published ConfigMap, once it is there.
+fn published(cp: &ControlPlane, key: &str) -> Result<String> {
+    let path = format!("{{.data.{}}}", key.replace('.', "\\."));
+    let mut value = String::new();
+    wait_for("the ferry-peering ConfigMap", WITHIN, || {
+        value = cp
+            .get("configmap/ferry-peering", CHART_NAMESPACE, &path)
+            .unwrap_or_default();
+        !value.is_empty()
+    })
+    .with_context(|| cp.log_tail("operator.log", 20))?;
+    Ok(value)
+}
+
+/// A FerryPeer's Valid condition as `reason status message`, once it has one for its
+/// current generation.
+fn valid(cp: &ControlPlane, peer: &str) -> Result<String> {
+    let mut seen = String::new();
+    wait_for(&format!("FerryPeer {peer}'s status"), WITHIN, || {
+        let generation = cp.get(&format!("ferrypeer/{peer}"), "", "{.metadata.generation}");
+        let observed = cp.get(
+            &format!("ferrypeer/{peer}"),
+            "",
+            "{.status.observedGeneration}",
+        );
+        seen = cp
+            .get(
+                &format!("ferrypeer/{peer}"),
+                "",
+                "{.status.conditions[?(@.type==\"Valid\")].reason} {.status.conditions[?(@.type==\"Valid\")].status} {.status.conditions[?(@.type==\"Valid\")].message}",
+            )
+            .unwrap_or_default();
+        matches!((generation, observed), (Ok(g), Ok(o)) if g == o) && !seen.trim().is_empty()
+    })
+    .with_context(|| format!("{seen}\n{}", cp.log_tail("operator.log", 20)))?;
+    Ok(seen)
+}
+
+fn can_i(cp: &ControlPlane, sa: &str, args: &[&str]) -> Result<bool> {
+    let who = format!("system:serviceaccount:{CHART_NAMESPACE}:{sa}");
+    let mut all = vec!["auth", "can-i", "--as", &who];
+    all.extend(args);
+    let out = cp.kubectl(&all)?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim() == "yes")
+}
+
+#[test]
+fn two_installs_pair_by_applying_what_each_publishes_and_bad_peers_are_refused() -> Result<()> {
+    let Some(helm) = ferry_e2e::helm_or_skip()? else {
+        return Ok(());
+    };
+    // East names itself by default (its namespace and random digits), west by the chart value.
+    let Some(east) = install(&helm, None)? else {
+        return Ok(());
+    };
+    let Some(west) = install(&helm, Some("west"))? else {
+        return Ok(());
+    };
+    let (a, b) = (&east.cp, &west.cp);
+    let east_name = published(a, "install")?;
+    ensure!(
+        east_name.starts_with("ferry-system-") && east_name.len() == "ferry-system-".len() + 8,
+        "east's made name: {east_name}"
+    );
+    ensure!(published(b, "install")? == "west");
+    let east_fingerprint = published(a, "fingerprint")?;
+    let west_fingerprint = published(b, "fingerprint")?;
+    ensure!(east_fingerprint != west_fingerprint);
+
+    // Each admin applies what the other publishes, as it is.
+    b.apply(&published(a, "ferrypeer.yaml")?)?;
+    a.apply(&published(b, "ferrypeer.yaml")?)?;
+    let on_b = valid(b, &east_name)?;
+    ensure!(on_b.starts_with("Valid True"), "east on west: {on_b}");
+    let on_a = valid(a, "west")?;
+    ensure!(on_a.starts_with("Valid True"), "west on east: {on_a}");
+    ensure!(
+        b.get(
+            &format!("ferrypeer/{east_name}"),
+            "",
+            "{.status.certificates[0].fingerprint}"
+        )? == east_fingerprint,
+        "west's FerryPeer for east lists another fingerprint than east publishes"
+    );
+    let columns = a.kubectl_ok(&["get", "ferrypeers"])?;
+    ensure!(
+        columns.contains("INSTALL") && columns.contains("west") && columns.contains("True"),
+        "{columns}"
+    );
+
+    // The CA is made once: a restarted operator keeps it (peers trust it by hand).
+    let mut east = east;
+    drop(east.operator.take());
+    east.operator = Some(spawn_operator(&east.cp, None)?);
+    let a = &east.cp;
+    wait_for("the restarted operator's FerryPeer watch", WITHIN, || {
+        a.log_tail("operator.log", 200)
+            .matches("this install's CA is ready")
+            .count()
+            >= 2
+    })?;
+    ensure!(published(a, "fingerprint")? == east_fingerprint);
+    ensure!(published(a, "install")? == east_name);
+
+    // Refusals, each saying what to change.
+    b.apply(
+        &published(a, "ferrypeer.yaml")?
+            .replace(&format!("name: {east_name}\n"), "name: east-again\n"),
+    )?;
+    let again = valid(b, "east-again")?;
+    ensure!(
+        again.starts_with("DuplicatePeer False")
+            && again.contains(&format!("FerryPeer {east_name} already names")),
+        "{again}"
+    );
+    ensure!(valid(b, &east_name)?.starts_with("Valid True"));
+    let not_a_ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let bad = serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "FerryPeer",
+        "metadata": {"name": "garbled"},
+        "spec": {"install": "south", "caBundle": not_a_ca},
+    });
+    a.apply(&bad.to_string())?;
+    let garbled = valid(a, "garbled")?;
+    ensure!(
+        garbled.starts_with("InvalidBundle False")
+            && garbled.contains("ca.crt key of its ferry-peering ConfigMap"),
+        "{garbled}"
+    );
+    let refused = a.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &bad.to_string().replace("\"south\"", "\"South_Pole\""),
+    )?;
+    ensure!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("install is a DNS label"),
+        "a bad install name: {refused:?}"
+    );
+
+    // Who may read the peering CA: the operator, that Secret only; the agents, nothing.
+    for cp in [a, b] {
+        ensure!(can_i(
+            cp,
+            "ferry-operator",
+            &["get", "secret/ferry-peering-ca", "-n", CHART_NAMESPACE]
+        )?);
+        ensure!(!can_i(
+            cp,
+            "ferry-operator",
+            &["get", "secret/other", "-n", CHART_NAMESPACE]
+        )?);
+        ensure!(!can_i(
+            cp,
+            "ferry-operator",
+            &["list", "secrets", "-n", CHART_NAMESPACE]
+        )?);
+        ensure!(!can_i(
+            cp,
+            "ferry-agent",
+            &["get", "secret/ferry-peering-ca", "-n", CHART_NAMESPACE]
+        )?);
+        ensure!(!can_i(cp, "ferry-operator", &["create", "ferrypeers"])?);
+    }
+    Ok(())
+}
