@@ -36,21 +36,46 @@ pub fn validate_node_name(node: &str) -> Result<()> {
         return Err(refuse("it is longer than 253 bytes"));
     }
     for part in node.split('.') {
-        let bytes = part.as_bytes();
-        let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
-            return Err(refuse("it has an empty part between dots"));
-        };
-        if !bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        {
-            return Err(refuse(
-                "it has a character other than a lowercase letter, a digit, '-' or '.'",
-            ));
-        }
-        if *first == b'-' || *last == b'-' {
-            return Err(refuse("a part begins or ends with '-'"));
-        }
+        dns_label_rules(part).map_err(|fault| {
+            refuse(match fault {
+                LabelFault::Empty => "it has an empty part between dots",
+                LabelFault::Character => {
+                    "it has a character other than a lowercase letter, a digit, '-' or '.'"
+                }
+                LabelFault::Hyphen => "a part begins or ends with '-'",
+            })
+        })?;
+    }
+    Ok(())
+}
+
+/// The first RFC 1123 DNS label rule a label breaks, in the order they are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LabelFault {
+    /// It has no byte at all.
+    Empty,
+    /// It has a byte other than a lowercase ASCII letter, a digit or '-'.
+    Character,
+    /// It begins or ends with '-'.
+    Hyphen,
+}
+
+/// Checks the rules a DNS label (a node name's dot-separated part, an install name) obeys
+/// whatever its length bound: not empty, lowercase alphanumerics and '-' only, beginning and
+/// ending with an alphanumeric. Each caller words the fault for its own kind of name.
+pub(crate) fn dns_label_rules(label: &str) -> std::result::Result<(), LabelFault> {
+    let bytes = label.as_bytes();
+    let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
+        return Err(LabelFault::Empty);
+    };
+    if !bytes
+        .iter()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+    {
+        return Err(LabelFault::Character);
+    }
+    if *first == b'-' || *last == b'-' {
+        return Err(LabelFault::Hyphen);
     }
     Ok(())
 }
@@ -59,6 +84,18 @@ pub fn validate_node_name(node: &str) -> Result<()> {
 /// `spiffe://ferry.dev/node/<node>` with a valid node name. Anything more (a DNS name, an IP,
 /// a second URI) is refused rather than ignored, so that a certificate never means two things.
 pub fn node_of(cert_der: &CertificateDer<'_>) -> Result<String> {
+    uri_san_of(cert_der, |why| Error::NotANode { why }, node_of_names)
+}
+
+/// Parses a certificate (nothing may follow it), reads its subject alternative names and
+/// hands them to `parse`: the one reading of a certificate's URI SAN that node and peering
+/// certificates share. What `parse` refuses, and a missing or unparsable SAN extension, is
+/// `not_a(why)`; a certificate that does not parse is [`Error::Der`].
+pub(crate) fn uri_san_of<T>(
+    cert_der: &CertificateDer<'_>,
+    not_a: fn(String) -> Error,
+    parse: impl Fn(&[GeneralName<'_>]) -> std::result::Result<T, String>,
+) -> Result<T> {
     let (rest, cert) = X509Certificate::from_der(cert_der).map_err(|e| Error::Der {
         what: "certificate",
         why: e.to_string(),
@@ -69,13 +106,12 @@ pub fn node_of(cert_der: &CertificateDer<'_>) -> Result<String> {
             why: "bytes follow the certificate".into(),
         });
     }
-    let not_a_node = |why: String| Error::NotANode { why };
     // Errors on a repeated SAN extension, which is what we want.
     let san = cert
         .subject_alternative_name()
-        .map_err(|e| not_a_node(format!("its subject alternative names do not parse: {e}")))?
-        .ok_or_else(|| not_a_node("it has no subject alternative name".into()))?;
-    node_of_names(&san.value.general_names).map_err(not_a_node)
+        .map_err(|e| not_a(format!("its subject alternative names do not parse: {e}")))?
+        .ok_or_else(|| not_a("it has no subject alternative name".into()))?;
+    parse(&san.value.general_names).map_err(not_a)
 }
 
 /// The node that `names` (a certificate's or a CSR's SANs) name, or what they hold instead.

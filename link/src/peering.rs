@@ -8,21 +8,22 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{verify_server_cert_signed_by_trust_anchor, Resumption};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{NoServerSessionStorage, ParsedCertificate, WebPkiClientVerifier};
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, OtherError,
-    RootCertStore, ServerConfig, SignatureScheme,
-};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, DistinguishedName, RootCertStore, ServerConfig};
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::identity::{describe, shorten, validate_node_name};
-use crate::tls::provider;
+use crate::identity::{
+    describe, dns_label_rules, shorten, uri_san_of, validate_node_name, LabelFault,
+};
+use crate::tls::{
+    own_identity, provider, refuse, signatures_by_algorithms, tls13_client, tls13_server,
+    verify_server_chain, OwnIdentity,
+};
 use crate::{pem, Error, Result, Trust, MAX_BUNDLE_PEM};
 
 /// What every peering URI begins with; `<install>/node/<node>` follows.
@@ -39,9 +40,6 @@ pub const MAX_PEERS: usize = 64;
 
 /// RFC 1123's bound on a DNS label.
 const MAX_INSTALL_NAME: usize = 63;
-
-/// The largest certificate chain or key PEM read for an agent's own peering identity.
-const MAX_IDENTITY_PEM: usize = 64 * 1024;
 
 /// Who is at the other end of a peering connection: a node of an install.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -67,25 +65,19 @@ pub fn validate_install_name(install: &str) -> Result<()> {
         name: shorten(install),
         why,
     };
-    let bytes = install.as_bytes();
-    let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
-        return Err(refuse("it is empty"));
-    };
-    if bytes.len() > MAX_INSTALL_NAME {
+    // The length first: an empty name passes it and is refused as empty below.
+    if install.len() > MAX_INSTALL_NAME {
         return Err(refuse("it is longer than 63 bytes"));
     }
-    if !bytes
-        .iter()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-    {
-        return Err(refuse(
-            "it has a character other than a lowercase letter, a digit or '-'",
-        ));
-    }
-    if *first == b'-' || *last == b'-' {
-        return Err(refuse("it begins or ends with '-'"));
-    }
-    Ok(())
+    dns_label_rules(install).map_err(|fault| {
+        refuse(match fault {
+            LabelFault::Empty => "it is empty",
+            LabelFault::Character => {
+                "it has a character other than a lowercase letter, a digit or '-'"
+            }
+            LabelFault::Hyphen => "it begins or ends with '-'",
+        })
+    })
 }
 
 /// The install and node a peering certificate names: its subject alternative names must be
@@ -94,23 +86,7 @@ pub fn validate_install_name(install: &str) -> Result<()> {
 /// (`spiffe://ferry.dev/node/<node>`) is not a peering certificate, so that neither kind can
 /// stand in for the other.
 pub fn peer_of(cert_der: &CertificateDer<'_>) -> Result<PeerId> {
-    let (rest, cert) = X509Certificate::from_der(cert_der).map_err(|e| Error::Der {
-        what: "certificate",
-        why: e.to_string(),
-    })?;
-    if !rest.is_empty() {
-        return Err(Error::Der {
-            what: "certificate",
-            why: "bytes follow the certificate".into(),
-        });
-    }
-    let not_a_peer = |why: String| Error::NotAPeer { why };
-    // Errors on a repeated SAN extension, which is what we want.
-    let san = cert
-        .subject_alternative_name()
-        .map_err(|e| not_a_peer(format!("its subject alternative names do not parse: {e}")))?
-        .ok_or_else(|| not_a_peer("it has no subject alternative name".into()))?;
-    peer_of_names(&san.value.general_names).map_err(not_a_peer)
+    uri_san_of(cert_der, |why| Error::NotAPeer { why }, peer_of_names)
 }
 
 /// The peer that `names` (a certificate's SANs) name, or what they hold instead.
@@ -241,7 +217,7 @@ pub fn peering_server_config(
     own_chain_pem: &str,
     own_key_pem: &str,
 ) -> Result<Arc<ServerConfig>> {
-    let (chain, key) = own_peer_identity(own_chain_pem, own_key_pem)?;
+    let identity = own_peer_identity(own_chain_pem, own_key_pem)?;
     let provider = provider();
     let mut by_install = BTreeMap::new();
     for (install, trust) in &peers.peers {
@@ -257,14 +233,7 @@ pub fn peering_server_config(
         by_install,
         algorithms: provider.signature_verification_algorithms,
     };
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(Arc::new(clients))
-        .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![PEERING_ALPN.to_vec()];
-    config.send_tls13_tickets = 0;
-    config.session_storage = Arc::new(NoServerSessionStorage {});
-    Ok(Arc::new(config))
+    tls13_server(provider, Arc::new(clients), identity, PEERING_ALPN)
 }
 
 /// A reader's side, dialling another install's export: presents `own_chain_pem` (a peering
@@ -281,51 +250,27 @@ pub fn peering_client_config(
 ) -> Result<Arc<ClientConfig>> {
     validate_install_name(expected_install)?;
     let trust = Trust::from_pem(export_ca_pem).map_err(|e| Error::ExportCa(Box::new(e)))?;
-    let (chain, key) = own_peer_identity(own_chain_pem, own_key_pem)?;
+    let identity = own_peer_identity(own_chain_pem, own_key_pem)?;
     let provider = provider();
     let verifier = PeerServerVerifier {
         roots: trust.roots,
         algorithms: provider.signature_verification_algorithms,
         expected_install: expected_install.to_owned(),
     };
-    let mut config = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_client_auth_cert(chain, key)?;
-    config.alpn_protocols = vec![PEERING_ALPN.to_vec()];
-    config.resumption = Resumption::disabled();
-    config.enable_sni = false;
-    Ok(Arc::new(config))
+    tls13_client(provider, Arc::new(verifier), identity, PEERING_ALPN)
 }
 
-/// An agent's own peering chain and key, read and checked to be a peering certificate, so
-/// that passing the in-cluster node certificate (or a CA) by mistake fails here rather than
-/// at every peer's handshake.
-fn own_peer_identity(
-    chain_pem: &str,
-    key_pem: &str,
-) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
-    const CHAIN: &str = "peering certificate chain";
-    const KEY: &str = "peering private key";
-    pem::bounded(CHAIN, chain_pem, MAX_IDENTITY_PEM)?;
-    pem::bounded(KEY, key_pem, MAX_IDENTITY_PEM)?;
-    let chain = pem::certificates(CHAIN, chain_pem)?;
-    let Some(leaf) = chain.first() else {
-        return Err(Error::Pem {
-            what: CHAIN,
-            label: "CERTIFICATE",
-            why: "no CERTIFICATE block found".into(),
-        });
-    };
-    peer_of(leaf)?;
-    let key = pem::private_key(KEY, key_pem)?;
-    Ok((chain, key))
-}
-
-/// A rustls certificate error carrying ours, for the log of the side that refused.
-fn refuse(e: Error) -> rustls::Error {
-    rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(e))))
+/// An agent's own peering chain and key, read and checked to be a peering certificate
+/// ([`own_identity`]), so that passing the in-cluster node certificate (or a CA) by mistake
+/// fails here rather than at every peer's handshake.
+fn own_peer_identity(chain_pem: &str, key_pem: &str) -> Result<OwnIdentity> {
+    own_identity(
+        "peering certificate chain",
+        "peering private key",
+        chain_pem,
+        key_pem,
+        peer_of,
+    )
 }
 
 /// The listener's check of a client. The install is read from the client's (not yet
@@ -365,29 +310,7 @@ impl ClientCertVerifier for PeerClientVerifier {
         verifier.verify_client_cert(end_entity, intermediates, now)
     }
 
-    // Never reached (TLS 1.2 is not offered); delegated all the same, so that it is correct
-    // if it ever were.
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
+    signatures_by_algorithms!();
 }
 
 /// The reader's check of the server: rustls' webpki chain verification against the export's
@@ -409,46 +332,26 @@ impl ServerCertVerifier for PeerServerVerifier {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(
-            &cert,
+        verify_server_chain(
             &self.roots,
+            &self.algorithms,
+            end_entity,
             intermediates,
             now,
-            self.algorithms.all,
-        )?;
-        let peer = peer_of(end_entity).map_err(refuse)?;
-        if peer.install != self.expected_install {
-            return Err(refuse(Error::WrongInstall {
-                expected: self.expected_install.clone(),
-                presented: peer.install,
-            }));
-        }
-        Ok(ServerCertVerified::assertion())
+            |cert| {
+                let peer = peer_of(cert)?;
+                if peer.install != self.expected_install {
+                    return Err(Error::WrongInstall {
+                        expected: self.expected_install.clone(),
+                        presented: peer.install,
+                    });
+                }
+                Ok(())
+            },
+        )
     }
 
-    // Never reached (TLS 1.2 is not offered); delegated all the same.
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
+    signatures_by_algorithms!();
 }
 
 /// One certificate of a bundle, as an admin compares it with what the other install's admin

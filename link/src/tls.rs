@@ -5,17 +5,13 @@
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
 use rustls::client::{verify_server_cert_signed_by_trust_anchor, Resumption};
-use rustls::crypto::{
-    verify_tls12_signature, verify_tls13_signature, CryptoProvider, WebPkiSupportedAlgorithms,
-};
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{NoServerSessionStorage, ParsedCertificate, WebPkiClientVerifier};
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, OtherError, RootCertStore, ServerConfig,
-    SignatureScheme,
-};
+use rustls::{CertificateError, ClientConfig, OtherError, RootCertStore, ServerConfig};
 
 use crate::identity::{node_of, validate_node_name};
 use crate::{pem, Error, Result, Trust};
@@ -36,7 +32,12 @@ pub fn server_name() -> ServerName<'static> {
     ServerName::try_from(SERVER_NAME).unwrap_or(ServerName::IpAddress(Ipv4Addr::UNSPECIFIED.into()))
 }
 
-/// The largest certificate chain or key PEM read for a node's own identity.
+/// An agent's own certificate chain (its certificate first) and private key, as rustls takes
+/// them.
+pub(crate) type OwnIdentity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+/// The largest certificate chain or key PEM read for an agent's own identity (its node or
+/// its peering certificate).
 const MAX_IDENTITY_PEM: usize = 64 * 1024;
 
 /// The server side: presents `cert_chain_pem` (the node's certificate first) with `key_pem`,
@@ -48,19 +49,12 @@ pub fn server_config(
     cert_chain_pem: &str,
     key_pem: &str,
 ) -> Result<Arc<ServerConfig>> {
-    let (chain, key) = own_identity(cert_chain_pem, key_pem)?;
+    let identity = own_node_identity(cert_chain_pem, key_pem)?;
     let provider = provider();
     let clients =
         WebPkiClientVerifier::builder_with_provider(trust.roots.clone(), provider.clone())
             .build()?;
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(clients)
-        .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![ALPN.to_vec()];
-    config.send_tls13_tickets = 0;
-    config.session_storage = Arc::new(NoServerSessionStorage {});
-    Ok(Arc::new(config))
+    tls13_server(provider, clients, identity, ALPN)
 }
 
 /// The client side, for one connection's worth of intent: presents `cert_chain_pem` with
@@ -75,19 +69,48 @@ pub fn client_config(
     expected_server_node: &str,
 ) -> Result<Arc<ClientConfig>> {
     validate_node_name(expected_server_node)?;
-    let (chain, key) = own_identity(cert_chain_pem, key_pem)?;
+    let identity = own_node_identity(cert_chain_pem, key_pem)?;
     let provider = provider();
     let verifier = NodeServerVerifier {
         roots: trust.roots.clone(),
         algorithms: provider.signature_verification_algorithms,
         expected_node: expected_server_node.to_owned(),
     };
+    tls13_client(provider, Arc::new(verifier), identity, ALPN)
+}
+
+/// A TLS 1.3 server configuration over `provider`: presents `chain` with `key`, requires
+/// every client to pass `clients`, and speaks `alpn` alone. No session tickets or storage.
+pub(crate) fn tls13_server(
+    provider: Arc<CryptoProvider>,
+    clients: Arc<dyn ClientCertVerifier>,
+    (chain, key): OwnIdentity,
+    alpn: &[u8],
+) -> Result<Arc<ServerConfig>> {
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(clients)
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![alpn.to_vec()];
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    Ok(Arc::new(config))
+}
+
+/// A TLS 1.3 client configuration over `provider`: presents `chain` with `key`, accepts a
+/// server only if `server` does, and offers `alpn` alone. No resumption, no SNI.
+pub(crate) fn tls13_client(
+    provider: Arc<CryptoProvider>,
+    server: Arc<dyn ServerCertVerifier>,
+    (chain, key): OwnIdentity,
+    alpn: &[u8],
+) -> Result<Arc<ClientConfig>> {
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_custom_certificate_verifier(server)
         .with_client_auth_cert(chain, key)?;
-    config.alpn_protocols = vec![ALPN.to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     config.resumption = Resumption::disabled();
     config.enable_sni = false;
     Ok(Arc::new(config))
@@ -106,24 +129,94 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
 
 /// A node's own certificate chain and key, read and checked to be a node certificate, so that
 /// passing the CA certificate by mistake fails here rather than at every peer's handshake.
-fn own_identity(
-    cert_chain_pem: &str,
+fn own_node_identity(cert_chain_pem: &str, key_pem: &str) -> Result<OwnIdentity> {
+    own_identity(
+        "node certificate chain",
+        "node private key",
+        cert_chain_pem,
+        key_pem,
+        node_of,
+    )
+}
+
+/// An agent's own certificate chain (`chain_what` in errors) and key (`key_what`): each PEM
+/// bounded, the chain's first certificate checked by `leaf` (a node or a peering certificate's
+/// reading), the key read. For the node and the peering configurations alike.
+pub(crate) fn own_identity<T>(
+    chain_what: &'static str,
+    key_what: &'static str,
+    chain_pem: &str,
     key_pem: &str,
-) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
-    pem::bounded("node certificate chain", cert_chain_pem, MAX_IDENTITY_PEM)?;
-    pem::bounded("node private key", key_pem, MAX_IDENTITY_PEM)?;
-    let chain = pem::certificates("node certificate chain", cert_chain_pem)?;
-    let Some(leaf) = chain.first() else {
+    leaf: impl Fn(&CertificateDer<'_>) -> Result<T>,
+) -> Result<OwnIdentity> {
+    pem::bounded(chain_what, chain_pem, MAX_IDENTITY_PEM)?;
+    pem::bounded(key_what, key_pem, MAX_IDENTITY_PEM)?;
+    let chain = pem::certificates(chain_what, chain_pem)?;
+    let Some(first) = chain.first() else {
         return Err(Error::Pem {
-            what: "node certificate chain",
+            what: chain_what,
             label: "CERTIFICATE",
             why: "no CERTIFICATE block found".into(),
         });
     };
-    node_of(leaf)?;
-    let key = pem::private_key("node private key", key_pem)?;
+    leaf(first)?;
+    let key = pem::private_key(key_what, key_pem)?;
     Ok((chain, key))
 }
+
+/// A rustls certificate error carrying ours, for the log of the side that refused.
+pub(crate) fn refuse(e: Error) -> rustls::Error {
+    rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(e))))
+}
+
+/// A client's check of a server, shared by the node and the peering verifiers: rustls' webpki
+/// chain verification of `end_entity` against `roots` (signatures, validity, serverAuth),
+/// then `leaf` on the end-entity certificate in place of the DNS-name check, its refusal
+/// [`refuse`]d.
+pub(crate) fn verify_server_chain(
+    roots: &RootCertStore,
+    algorithms: &WebPkiSupportedAlgorithms,
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    now: UnixTime,
+    leaf: impl FnOnce(&CertificateDer<'_>) -> Result<()>,
+) -> Result<ServerCertVerified, rustls::Error> {
+    let cert = ParsedCertificate::try_from(end_entity)?;
+    verify_server_cert_signed_by_trust_anchor(&cert, roots, intermediates, now, algorithms.all)?;
+    leaf(end_entity).map_err(refuse)?;
+    Ok(ServerCertVerified::assertion())
+}
+
+/// The three signature methods of a rustls verifier (`ServerCertVerifier` or
+/// `ClientCertVerifier`) whose `self.algorithms` is its provider's
+/// `WebPkiSupportedAlgorithms`, delegated to rustls' functions of the same names. The TLS 1.2
+/// one is never reached (TLS 1.2 is not offered); delegated all the same, so that it is
+/// correct if it ever were.
+macro_rules! signatures_by_algorithms {
+    () => {
+        $crate::tls::signatures_by_algorithms!(verify_tls12_signature, verify_tls13_signature);
+
+        fn supported_verify_schemes(&self) -> ::std::vec::Vec<::rustls::SignatureScheme> {
+            self.algorithms.supported_schemes()
+        }
+    };
+    ($($verify:ident),+) => {
+        $(
+            fn $verify(
+                &self,
+                message: &[u8],
+                cert: &::rustls::pki_types::CertificateDer<'_>,
+                dss: &::rustls::DigitallySignedStruct,
+            ) -> ::std::result::Result<
+                ::rustls::client::danger::HandshakeSignatureValid,
+                ::rustls::Error,
+            > {
+                ::rustls::crypto::$verify(message, cert, dss, &self.algorithms)
+            }
+        )+
+    };
+}
+pub(crate) use signatures_by_algorithms;
 
 /// The client's check of the server: rustls' webpki chain verification, then the node URI in
 /// place of the DNS-name check. It does not wrap `WebPkiServerVerifier` itself because that
@@ -146,50 +239,26 @@ impl ServerCertVerifier for NodeServerVerifier {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(
-            &cert,
+        verify_server_chain(
             &self.roots,
+            &self.algorithms,
+            end_entity,
             intermediates,
             now,
-            self.algorithms.all,
-        )?;
-        let refuse = |e: Error| {
-            rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(e))))
-        };
-        let node = node_of(end_entity).map_err(refuse)?;
-        if node != self.expected_node {
-            return Err(refuse(Error::WrongNode {
-                expected: self.expected_node.clone(),
-                presented: node,
-            }));
-        }
-        Ok(ServerCertVerified::assertion())
+            |cert| {
+                let node = node_of(cert)?;
+                if node != self.expected_node {
+                    return Err(Error::WrongNode {
+                        expected: self.expected_node.clone(),
+                        presented: node,
+                    });
+                }
+                Ok(())
+            },
+        )
     }
 
-    // Never reached (TLS 1.2 is not offered); delegated all the same, so that it is correct
-    // if it ever were.
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
+    signatures_by_algorithms!();
 }
 
 #[cfg(test)]

@@ -4,51 +4,35 @@
 //! the server. Also the peer set's and the bundle description's rules. The two ends are
 //! joined by an in-memory duplex stream: nothing here depends on the network.
 
-use std::io;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use ferry_link::{
-    describe_bundle, peer_id, peering_client_config, peering_server_config, server_name, Ca, Error,
-    NodeKey, PeerId, PeerSet, ALPN, MAX_PEERS, PEERING_ALPN,
+    describe_bundle, peer_id, peering_client_config, peering_server_config, Ca, Error, NodeKey,
+    PeerId, PeerSet, ALPN, MAX_PEERS, PEERING_ALPN,
 };
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::{CertificateError, ClientConfig, ProtocolVersion, ServerConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::time::timeout;
-use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-#[path = "common/any_server.rs"]
-mod any_server;
-use any_server::AnyServer;
+mod common;
+use common::node as in_cluster;
+use common::{
+    assert_client_got_nothing, assert_client_refused, assert_server_read_nothing,
+    assert_server_refused, ours, raw_client, Identity, DAY, PATIENCE,
+};
 
 const SECRET: &[u8] = b"export 4f1c of shop/db-data, shard 2: the bytes of /orders.db";
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
-/// Every wait in these tests; a handshake in memory takes milliseconds.
-const PATIENCE: Duration = Duration::from_secs(20);
 
-/// An agent's peering certificate and key.
-struct Identity {
-    cert_pem: String,
-    key_pem: String,
-}
+type ServerSaw = common::ServerSaw<PeerId>;
+type ClientSaw = common::ClientSaw<PeerId>;
 
 /// `node` of `install`, signed by `ca` for a day, by the real CSR path.
 fn peer(ca: &Ca, install: &str, node: &str) -> Result<Identity> {
     let key = NodeKey::generate(node)?;
     let cert_pem = ca.sign_peer(&key.csr_pem, install, node, DAY)?;
-    Ok(Identity {
-        cert_pem,
-        key_pem: key.key_pem,
-    })
-}
-
-/// `node`'s in-cluster node certificate, signed by `ca`.
-fn in_cluster(ca: &Ca, node: &str) -> Result<Identity> {
-    let key = NodeKey::generate(node)?;
-    let cert_pem = ca.sign_node(&key.csr_pem, node, DAY)?;
     Ok(Identity {
         cert_pem,
         key_pem: key.key_pem,
@@ -97,146 +81,41 @@ fn pair() -> Result<Pair> {
     })
 }
 
-/// What the server got from one connection.
-#[derive(Debug)]
-enum ServerSaw {
-    /// The handshake completed: who connected, and every byte read before end of stream.
-    Connected {
-        peer: PeerId,
-        version: Option<ProtocolVersion>,
-        read: io::Result<Vec<u8>>,
-    },
-    /// The handshake failed: no application byte was read.
-    Refused(io::Error),
+impl Pair {
+    /// east's listener, trusting west alone.
+    fn east_listener(&self) -> Result<Arc<ServerConfig>> {
+        server(&peers(&[("west", &self.west_ca)])?, &self.east)
+    }
+
+    /// A reader of an export of east (its CA and install) presenting `who`.
+    fn east_reader(&self, who: &Identity) -> Result<Arc<ClientConfig>> {
+        client(&self.east_ca, "east", who)
+    }
 }
 
-/// What the client got.
-#[derive(Debug)]
-enum ClientSaw {
-    /// The client's handshake completed and it wrote the secret: who answered, and what
-    /// came back.
-    Connected {
-        peer: PeerId,
-        alpn: Option<Vec<u8>>,
-        echo: io::Result<Vec<u8>>,
-    },
-    /// The client's handshake failed.
-    Refused(io::Error),
-}
-
-/// One connection over an in-memory stream: the server echoes what it reads; the client
-/// writes [`SECRET`], ends its side, and reads the echo. Each side drops its stream when its
-/// handshake fails, which the other sees as the end of the connection.
+/// One connection over an in-memory stream ([`common::serve`] and [`common::connect`], each
+/// learning who is at the other end): the client writes [`SECRET`].
 async fn exchange(
     server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
 ) -> Result<(ServerSaw, ClientSaw)> {
     let (client_end, server_end) = tokio::io::duplex(64 * 1024);
-    let both = async { tokio::join!(serve(server, server_end), connect(client, client_end)) };
-    let (server_saw, client_saw) = timeout(PATIENCE, both).await.context("a side hung")?;
-    Ok((server_saw?, client_saw?))
-}
-
-async fn serve(server: Arc<ServerConfig>, stream: DuplexStream) -> Result<ServerSaw> {
-    let mut tls = match TlsAcceptor::from(server).accept(stream).await {
-        Ok(tls) => tls,
-        Err(e) => return Ok(ServerSaw::Refused(e)),
-    };
-    let peer = peer_id(tls.get_ref().1)?;
-    let version = tls.get_ref().1.protocol_version();
-    let mut read = Vec::new();
-    let read = match tls.read_to_end(&mut read).await {
-        Ok(_) => {
-            tls.write_all(&read).await?;
-            tls.shutdown().await?;
-            Ok(read)
-        }
-        Err(e) => Err(e),
-    };
-    Ok(ServerSaw::Connected {
-        peer,
-        version,
-        read,
-    })
-}
-
-async fn connect(client: Arc<ClientConfig>, stream: DuplexStream) -> Result<ClientSaw> {
-    let mut tls = match TlsConnector::from(client)
-        .connect(server_name(), stream)
-        .await
-    {
-        Ok(tls) => tls,
-        Err(e) => return Ok(ClientSaw::Refused(e)),
-    };
     // An outsider's client (AnyServer) may face a server that is no peer; it is the server's
     // refusal that these tests are about.
-    let peer = peer_id(tls.get_ref().1).unwrap_or(PeerId {
-        install: String::new(),
-        node: String::new(),
-    });
-    let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
-    let echo = async {
-        tls.write_all(SECRET).await?;
-        tls.shutdown().await?;
-        let mut echo = Vec::new();
-        tls.read_to_end(&mut echo).await?;
-        Ok(echo)
-    }
-    .await;
-    Ok(ClientSaw::Connected { peer, alpn, echo })
-}
-
-/// The rustls error inside an I/O error from tokio-rustls.
-fn tls_error(e: &io::Error) -> Option<&rustls::Error> {
-    e.get_ref()?.downcast_ref::<rustls::Error>()
-}
-
-/// The ferry-link error a verifier put in a rustls certificate error.
-fn ours(e: &rustls::Error) -> Option<&Error> {
-    match e {
-        rustls::Error::InvalidCertificate(CertificateError::Other(other)) => {
-            other.0.downcast_ref::<Error>()
-        }
-        _ => None,
-    }
-}
-
-/// The server refused the handshake, for a reason `why` accepts, and so read nothing.
-fn assert_server_refused(saw: &ServerSaw, why: impl Fn(&rustls::Error) -> bool) {
-    match saw {
-        ServerSaw::Refused(e) => assert!(
-            tls_error(e).is_some_and(&why),
-            "the server refused for another reason: {e:?}"
-        ),
-        ServerSaw::Connected { read, .. } => {
-            panic!("the server accepted the client and read {read:?}")
-        }
-    }
-}
-
-/// The client refused the server, for a reason `why` accepts.
-fn assert_client_refused(saw: &ClientSaw, why: impl Fn(&rustls::Error) -> bool) {
-    match saw {
-        ClientSaw::Refused(e) => assert!(
-            tls_error(e).is_some_and(&why),
-            "the client refused for another reason: {e:?}"
-        ),
-        ClientSaw::Connected { peer, .. } => panic!("the client accepted the server {peer:?}"),
-    }
-}
-
-/// The client got nothing back: refused at its handshake, or its connection was cut.
-fn assert_client_got_nothing(saw: &ClientSaw) {
-    if let ClientSaw::Connected { echo: Ok(echo), .. } = saw {
-        panic!("the client got {} bytes back", echo.len());
-    }
-}
-
-/// The server read no application byte (it refused, or the client gave up first).
-fn assert_server_read_nothing(saw: &ServerSaw) {
-    if let ServerSaw::Connected { read: Ok(read), .. } = saw {
-        assert!(read.is_empty(), "the secret reached the server: {saw:?}");
-    }
+    let answered = |conn: &rustls::CommonState| {
+        Ok(peer_id(conn).unwrap_or(PeerId {
+            install: String::new(),
+            node: String::new(),
+        }))
+    };
+    let both = async {
+        tokio::join!(
+            common::serve(server, server_end, peer_id),
+            common::connect(client, client_end, SECRET, answered)
+        )
+    };
+    let (server_saw, client_saw) = timeout(PATIENCE, both).await.context("a side hung")?;
+    Ok((server_saw?, client_saw?))
 }
 
 /// The chain does not lead to a trusted CA: no CA of that name (`UnknownIssuer`), or one of
@@ -250,46 +129,17 @@ fn is_not_vouched_for(e: &rustls::Error) -> bool {
     )
 }
 
-/// A client config built by hand (not `peering_client_config`, which refuses what these
-/// tests present): TLS `version`, any server, the peering ALPN unless `alpn` says otherwise.
-fn raw_client(
-    version: &'static rustls::SupportedProtocolVersion,
-    who: Option<&Identity>,
-    alpn: &[u8],
-) -> Result<Arc<ClientConfig>> {
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_protocol_versions(&[version])?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServer));
-    let mut config = match who {
-        Some(who) => {
-            let chain = CertificateDer::pem_slice_iter(who.cert_pem.as_bytes())
-                .collect::<Result<_, _>>()?;
-            let key = PrivateKeyDer::from_pem_slice(who.key_pem.as_bytes())?;
-            builder.with_client_auth_cert(chain, key)?
-        }
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![alpn.to_vec()];
-    Ok(Arc::new(config))
-}
-
 #[tokio::test]
 async fn a_west_reader_connects_to_east_and_each_learns_the_others_install_and_node() -> Result<()>
 {
     let p = pair()?;
-    let trusted = peers(&[("west", &p.west_ca)])?;
 
-    let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
-        client(&p.east_ca, "east", &p.west)?,
-    )
-    .await?;
+    let (server_saw, client_saw) = exchange(p.east_listener()?, p.east_reader(&p.west)?).await?;
 
     let ServerSaw::Connected {
         peer,
         version,
+        suite,
         read,
     } = server_saw
     else {
@@ -304,6 +154,8 @@ async fn a_west_reader_connects_to_east_and_each_learns_the_others_install_and_n
         "the server learns which install and node connected"
     );
     assert_eq!(version, Some(ProtocolVersion::TLSv1_3));
+    // The cheaper AES, as between nodes of one install.
+    assert_eq!(suite, Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256));
     assert_eq!(read?, SECRET);
     let ClientSaw::Connected { peer, alpn, echo } = client_saw else {
         bail!("the client refused: {client_saw:?}");
@@ -327,13 +179,8 @@ async fn a_client_from_a_ca_not_in_the_set_is_refused_even_naming_a_trusted_inst
     let p = pair()?;
     let rogue_ca = Ca::generate("west peering CA")?;
     let impostor = peer(&rogue_ca, "west", "node-w1")?;
-    let trusted = peers(&[("west", &p.west_ca)])?;
 
-    let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
-        client(&p.east_ca, "east", &impostor)?,
-    )
-    .await?;
+    let (server_saw, client_saw) = exchange(p.east_listener()?, p.east_reader(&impostor)?).await?;
 
     assert_server_refused(&server_saw, is_not_vouched_for);
     assert_client_got_nothing(&client_saw);
@@ -347,11 +194,8 @@ async fn a_client_signed_by_west_naming_south_is_refused_though_south_is_trusted
     let trusted = peers(&[("west", &p.west_ca), ("south", &south_ca)])?;
     let spoof = peer(&p.west_ca, "south", "node-s1")?;
 
-    let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
-        client(&p.east_ca, "east", &spoof)?,
-    )
-    .await?;
+    let (server_saw, client_saw) =
+        exchange(server(&trusted, &p.east)?, p.east_reader(&spoof)?).await?;
 
     // Verified against south's CA alone, which did not sign it.
     assert_server_refused(&server_saw, is_not_vouched_for);
@@ -362,14 +206,9 @@ async fn a_client_signed_by_west_naming_south_is_refused_though_south_is_trusted
 #[tokio::test]
 async fn a_client_signed_by_west_naming_east_itself_is_refused() -> Result<()> {
     let p = pair()?;
-    let trusted = peers(&[("west", &p.west_ca)])?;
     let spoof = peer(&p.west_ca, "east", "node-e1")?;
 
-    let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
-        client(&p.east_ca, "east", &spoof)?,
-    )
-    .await?;
+    let (server_saw, client_saw) = exchange(p.east_listener()?, p.east_reader(&spoof)?).await?;
 
     assert_server_refused(
         &server_saw,
@@ -384,13 +223,8 @@ async fn a_client_of_an_install_not_in_the_set_is_refused() -> Result<()> {
     let p = pair()?;
     let north_ca = Ca::generate("north peering CA")?;
     let north = peer(&north_ca, "north", "node-n1")?;
-    let trusted = peers(&[("west", &p.west_ca)])?;
 
-    let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
-        client(&p.east_ca, "east", &north)?,
-    )
-    .await?;
+    let (server_saw, client_saw) = exchange(p.east_listener()?, p.east_reader(&north)?).await?;
 
     assert_server_refused(
         &server_saw,
@@ -403,10 +237,9 @@ async fn a_client_of_an_install_not_in_the_set_is_refused() -> Result<()> {
 #[tokio::test]
 async fn a_client_without_a_certificate_is_refused() -> Result<()> {
     let p = pair()?;
-    let trusted = peers(&[("west", &p.west_ca)])?;
 
     let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
+        p.east_listener()?,
         raw_client(&rustls::version::TLS13, None, PEERING_ALPN)?,
     )
     .await?;
@@ -422,7 +255,6 @@ async fn a_client_without_a_certificate_is_refused() -> Result<()> {
 async fn a_client_presenting_an_in_cluster_node_certificate_of_a_trusted_ca_is_refused(
 ) -> Result<()> {
     let p = pair()?;
-    let trusted = peers(&[("west", &p.west_ca)])?;
     let node = in_cluster(&p.west_ca, "node-w1")?;
     // The reader's own configuration refuses it before any connection.
     assert!(matches!(
@@ -431,7 +263,7 @@ async fn a_client_presenting_an_in_cluster_node_certificate_of_a_trusted_ca_is_r
     ));
 
     let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
+        p.east_listener()?,
         raw_client(&rustls::version::TLS13, Some(&node), PEERING_ALPN)?,
     )
     .await?;
@@ -446,13 +278,9 @@ async fn a_client_presenting_an_in_cluster_node_certificate_of_a_trusted_ca_is_r
 #[tokio::test]
 async fn a_reader_refuses_a_server_of_another_install_than_the_export_names() -> Result<()> {
     let p = pair()?;
-    let trusted = peers(&[("west", &p.west_ca)])?;
 
-    let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
-        client(&p.east_ca, "south", &p.west)?,
-    )
-    .await?;
+    let (server_saw, client_saw) =
+        exchange(p.east_listener()?, client(&p.east_ca, "south", &p.west)?).await?;
 
     assert_client_refused(&client_saw, |e| {
         matches!(ours(e), Some(Error::WrongInstall { expected, presented })
@@ -469,11 +297,8 @@ async fn a_reader_refuses_a_server_certified_by_another_ca_than_the_exports() ->
     let rogue_ca = Ca::generate("east peering CA")?;
     let impostor = peer(&rogue_ca, "east", "node-e1")?;
 
-    let (server_saw, client_saw) = exchange(
-        server(&trusted, &impostor)?,
-        client(&p.east_ca, "east", &p.west)?,
-    )
-    .await?;
+    let (server_saw, client_saw) =
+        exchange(server(&trusted, &impostor)?, p.east_reader(&p.west)?).await?;
 
     assert_client_refused(&client_saw, is_not_vouched_for);
     assert_server_read_nothing(&server_saw);
@@ -483,10 +308,9 @@ async fn a_reader_refuses_a_server_certified_by_another_ca_than_the_exports() ->
 #[tokio::test]
 async fn a_tls_1_2_client_is_refused_even_with_a_trusted_certificate() -> Result<()> {
     let p = pair()?;
-    let trusted = peers(&[("west", &p.west_ca)])?;
 
     let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
+        p.east_listener()?,
         raw_client(&rustls::version::TLS12, Some(&p.west), PEERING_ALPN)?,
     )
     .await?;
@@ -504,10 +328,9 @@ async fn a_tls_1_2_client_is_refused_even_with_a_trusted_certificate() -> Result
 #[tokio::test]
 async fn a_client_offering_the_in_cluster_protocol_is_refused() -> Result<()> {
     let p = pair()?;
-    let trusted = peers(&[("west", &p.west_ca)])?;
 
     let (server_saw, client_saw) = exchange(
-        server(&trusted, &p.east)?,
+        p.east_listener()?,
         raw_client(&rustls::version::TLS13, Some(&p.west), ALPN)?,
     )
     .await?;
