@@ -121,6 +121,11 @@ pub struct RunArgs {
     /// 0.0.0.0 or [::], the pod's IP (POD_IP) with its port.
     #[arg(long, env = "FERRY_TRANSFER_ADDRESS", requires = "transfer_listen")]
     pub transfer_address: Option<String>,
+    /// Address of the peering port, where agents of other installs (trusted by a FerryPeer)
+    /// connect (chart `peering.enabled`; mutual TLS with a peering certificate the operator
+    /// issues for this node, asked for at start). Unset: no peering port, no request.
+    #[arg(long, env = "FERRY_PEERING_LISTEN")]
+    pub peering_listen: Option<std::net::SocketAddr>,
     /// Changed-block tracking: this agent's ServiceAccount (in its namespace). Set, a block
     /// copy from a VolumeSnapshot onto a destination that holds an earlier snapshot of the
     /// same volume asks the driver's snapshot-metadata sidecar which ranges changed, with a

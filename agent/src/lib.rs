@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod flush;
 pub mod handoff;
 pub mod memcg;
+pub mod peering;
 pub mod serve;
 pub mod transfer;
 

@@ -45,6 +45,7 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         lease_seconds: args.lease_seconds,
         transfer_listen: args.transfer_listen,
         transfer_address: args.transfer_address,
+        peering_listen: args.peering_listen,
         changed_blocks_account: args.changed_blocks_account.filter(|a| !a.is_empty()),
         corrupt_in_flight: std::env::var("FERRY_FAULT_CORRUPT_IN_FLIGHT")
             .ok()

@@ -215,6 +215,40 @@ pub async fn serve(
     identity: tokio::sync::watch::Receiver<Option<Arc<Tls>>>,
     grants: Arc<dyn Grants>,
 ) {
+    accept_loop(
+        listener,
+        "transfer",
+        trust_may_be_stale,
+        move || identity.borrow().as_ref().map(|tls| tls.server.clone()),
+        move |acceptor, tcp, peer, entry, slots| {
+            connection(acceptor, tcp, peer, entry, slots, grants.clone())
+        },
+    )
+    .await
+}
+
+/// The accept loop of a TLS port (the transfer port, the peering port): each connection
+/// accepted at once, admitted to the gate's pool of unproven ones in accept order, and
+/// handed to `serve_one` with a TLS acceptor of the newest configuration `config` gives
+/// (none yet: closed unanswered) and the port's [`MAX_CONNECTIONS`] slots; its end logged,
+/// a failed handshake only at debug (anyone on the network can fail one), and told to
+/// `failed_handshake` (the transfer port's trust bundle may be stale).
+pub(crate) async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    port: &'static str,
+    failed_handshake: fn(),
+    config: impl Fn() -> Option<Arc<rustls::ServerConfig>>,
+    serve_one: F,
+) where
+    F: Fn(
+        tokio_rustls::TlsAcceptor,
+        TcpStream,
+        SocketAddr,
+        ferry_serve::gate::Entry,
+        Arc<tokio::sync::Semaphore>,
+    ) -> Fut,
+    Fut: Future<Output = Result<(), TransferError>> + Send + 'static,
+{
     let gate = ferry_serve::gate::Gate::new(ferry_serve::gate::GateLimits {
         per_peer: UNAUTHENTICATED_PER_PEER,
         total: UNAUTHENTICATED_TOTAL,
@@ -227,38 +261,67 @@ pub async fn serve(
         let (tcp, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(error = %e, "accepting a transfer connection");
+                tracing::warn!(error = %e, port, "accepting a connection");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let Some(tls) = identity.borrow().clone() else {
-            tracing::info!(%peer, "transfer connection closed: no certificate for this node yet");
+        let Some(server) = config() else {
+            tracing::info!(%peer, port, "connection closed: no certificate for this node yet");
             continue;
         };
         // Admitted in accept order, so that the eviction order is the arrival order.
         let entry = gate.admit(peer.ip());
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
-        let grants = grants.clone();
-        let slots = slots.clone();
+        let acceptor = tokio_rustls::TlsAcceptor::from(server);
+        let serving = serve_one(acceptor, tcp, peer, entry, slots.clone());
         tokio::spawn(async move {
-            match connection(acceptor, tcp, peer, entry, slots, grants).await {
+            match serving.await {
                 Ok(()) => {}
                 // Before its handshake is done a peer has shown nothing: a line at info for
                 // each such connection would let anyone on the network fill the node's log.
                 Err(e @ TransferError::Handshake { .. }) => {
-                    trust_may_be_stale();
-                    tracing::debug!(%peer, error = %e, "transfer connection closed before its handshake was done");
+                    failed_handshake();
+                    tracing::debug!(%peer, port, error = %e, "connection closed before its handshake was done");
                 }
                 Err(e @ TransferError::Unauthenticated { .. }) => {
-                    tracing::debug!(%peer, error = %e, "transfer connection closed before its handshake was done");
+                    tracing::debug!(%peer, port, error = %e, "connection closed before its handshake was done");
                 }
                 Err(e) => {
-                    tracing::info!(%peer, error = %e, "transfer connection refused or failed");
+                    tracing::info!(%peer, port, error = %e, "connection refused or failed");
                 }
             }
         });
     }
+}
+
+/// A connection's TLS handshake, in the gate's pool (as `entry`) until it is done, then one
+/// of the port's `slots` (waited for at most [`HANDSHAKE_TIMEOUT`]): the connection and its
+/// slot.
+pub(crate) async fn admitted(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    tcp: TcpStream,
+    addr: SocketAddr,
+    mut entry: ferry_serve::gate::Entry,
+    slots: Arc<tokio::sync::Semaphore>,
+) -> Result<
+    (
+        tokio_rustls::server::TlsStream<TcpStream>,
+        tokio::sync::OwnedSemaphorePermit,
+    ),
+    TransferError,
+> {
+    let _ = tcp.set_nodelay(true);
+    notice_a_vanished_peer(&tcp);
+    let tls = entry
+        .run(acceptor.accept(tcp))
+        .await
+        .map_err(|closed| TransferError::Unauthenticated { addr, closed })?
+        .map_err(|source| TransferError::Handshake { addr, source })?;
+    drop(entry);
+    let slot = timed("waiting for a free slot", slots.acquire_owned())
+        .await?
+        .map_err(|e| TransferError::Hello(format!("the connection slots: {e}")))?;
+    Ok((tls, slot))
 }
 
 /// How long a transfer connection may go without the peer acknowledging what was sent, or
@@ -297,23 +360,13 @@ async fn connection(
     acceptor: tokio_rustls::TlsAcceptor,
     tcp: TcpStream,
     addr: SocketAddr,
-    mut entry: ferry_serve::gate::Entry,
+    entry: ferry_serve::gate::Entry,
     slots: Arc<tokio::sync::Semaphore>,
     grants: Arc<dyn Grants>,
 ) -> Result<(), TransferError> {
-    let _ = tcp.set_nodelay(true);
-    notice_a_vanished_peer(&tcp);
-    let mut tls = entry
-        .run(acceptor.accept(tcp))
-        .await
-        .map_err(|closed| TransferError::Unauthenticated { addr, closed })?
-        .map_err(|source| TransferError::Handshake { addr, source })?;
     // rustls completes the handshake only with a client certificate from this install's CA.
-    drop(entry);
+    let (mut tls, _slot) = admitted(&acceptor, tcp, addr, entry, slots).await?;
     let peer = ferry_link::peer_node(tls.get_ref().1)?;
-    let _slot = timed("waiting for a free transfer slot", slots.acquire_owned())
-        .await?
-        .map_err(|e| TransferError::Hello(format!("the transfer slots: {e}")))?;
     let hello = timed("the hello", read_frame(&mut tls)).await??;
     let Frame::Hello {
         version,
@@ -360,17 +413,7 @@ async fn connection(
     };
     let (grant, top) = match opened {
         Ok(x) => x,
-        Err(reason) => {
-            let _ = write_frame(
-                &mut tls,
-                &Frame::Refused {
-                    reason: reason.clone(),
-                },
-            )
-            .await;
-            let _ = tls.shutdown().await;
-            return Err(TransferError::Refused(reason));
-        }
+        Err(reason) => return Err(refuse(&mut tls, reason).await),
     };
     write_frame(&mut tls, &Frame::Welcome { version: VERSION })
         .await
@@ -415,12 +458,30 @@ async fn connection(
     }
 }
 
+/// Tell a peer why it is refused, close the connection, and say so.
+pub(crate) async fn refuse(
+    tls: &mut tokio_rustls::server::TlsStream<TcpStream>,
+    reason: String,
+) -> TransferError {
+    let _ = write_frame(
+        tls,
+        &Frame::Refused {
+            reason: reason.clone(),
+        },
+    )
+    .await;
+    let _ = tls.shutdown().await;
+    TransferError::Refused(reason)
+}
+
 /// Constant-time comparison of two tickets.
 fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn read_frame<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Result<Frame, TransferError> {
+pub(crate) async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<Frame, TransferError> {
     let bad = |e: &dyn std::fmt::Display| TransferError::Hello(e.to_string());
     let mut header = [0u8; HEADER];
     r.read_exact(&mut header).await.map_err(|e| bad(&e))?;

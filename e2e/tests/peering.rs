@@ -218,6 +218,8 @@ fn two_installs_pair_by_applying_what_each_publishes_and_bad_peers_are_refused()
         "a bad install name: {refused:?}"
     );
 
+    agents_serve_the_peering_port_to_trusted_peers_only(a, &east_name, b)?;
+
     // Who may read the peering CA: the operator, that Secret only; the agents, nothing.
     for cp in [a, b] {
         ensure!(can_i(
@@ -243,4 +245,124 @@ fn two_installs_pair_by_applying_what_each_publishes_and_bad_peers_are_refused()
         ensure!(!can_i(cp, "ferry-operator", &["create", "ferrypeers"])?);
     }
     Ok(())
+}
+
+/// East's agent (on its chart token, bound to its Node) gets a peering certificate naming
+/// east and its node; its peering port lets in an agent of west (a certificate of west's
+/// CA, which a FerryPeer on east trusts) and tells it that no export is served, and gives a
+/// plain TCP client, an impostor of west (another CA) and an install no FerryPeer names
+/// nothing but a failed handshake.
+fn agents_serve_the_peering_port_to_trusted_peers_only(
+    east: &ControlPlane,
+    east_name: &str,
+    west: &ControlPlane,
+) -> Result<()> {
+    use ferry_link::{Ca, NodeKey};
+    east.add_node("east-1")?;
+    let port = ferry_e2e::free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let _agent = east.spawn_chart_agent(
+        "east-1",
+        &ferry_e2e::transfer_ip(0),
+        &[("FERRY_PEERING_LISTEN", &listen)],
+    )?;
+    // Its certificate, issued by east's peering signer for the node its token is bound to.
+    let mut cert = String::new();
+    wait_for("east-1's peering certificate", WITHIN, || {
+        cert = east
+            .get(
+                "csr",
+                "",
+                "{range .items[?(@.spec.signerName==\"ferry.dev/peering\")]}{.status.certificate}{end}",
+            )
+            .unwrap_or_default();
+        !cert.is_empty()
+    })
+    .with_context(|| east.log_tail("agent-east-1.log", 20))?;
+    let pem = String::from_utf8(base64_decode(&cert)?)?;
+    let id = ferry_link::peer_of_pem(&pem)?;
+    ensure!(
+        (id.install.as_str(), id.node.as_str()) == (east_name, "east-1"),
+        "{id:?}"
+    );
+    wait_for("east-1's peering port trusting west", WITHIN, || {
+        east.log_tail("agent-east-1.log", 200)
+            .contains("the installs whose agents may connect installs=[\"west\"]")
+    })
+    .with_context(|| east.log_tail("agent-east-1.log", 20))?;
+    let east_ca = published(east, "ca.crt")?;
+
+    // West's real CA (its admin's Secret) signs for a west node: let in, told no export.
+    let secret = |key: &str| -> Result<String> {
+        let v = west.get(
+            "secret/ferry-peering-ca",
+            CHART_NAMESPACE,
+            &format!("{{.data.{}}}", key.replace('.', "\\.")),
+        )?;
+        Ok(String::from_utf8(base64_decode(&v)?)?)
+    };
+    let west_ca = Ca::from_pem(&secret("tls.crt")?, &secret("tls.key")?)?;
+    let peer = |ca: &Ca, install: &str| -> Result<(String, String)> {
+        let key = NodeKey::generate("west-1")?;
+        let cert = ca.sign_peer(&key.csr_pem, install, "west-1", Duration::from_secs(3600))?;
+        Ok((cert, key.key_pem))
+    };
+    let answer = hello(&listen, &peer(&west_ca, "west")?, &east_ca, east_name)?;
+    ensure!(
+        answer.contains("ExportNotFound"),
+        "a trusted peer was told: {answer}"
+    );
+
+    // Nothing for the others.
+    let impostor = Ca::generate("Ferry peering CA west")?;
+    for (who, identity) in [
+        ("an impostor of west", peer(&impostor, "west")?),
+        ("an install no FerryPeer names", peer(&west_ca, "north")?),
+    ] {
+        let got = hello(&listen, &identity, &east_ca, east_name);
+        ensure!(got.is_err(), "{who} got an answer: {got:?}");
+    }
+    let mut tcp = std::net::TcpStream::connect(&listen)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    std::io::Write::write_all(&mut tcp, b"GET / HTTP/1.0\r\n\r\n")?;
+    let mut got = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut tcp, &mut got);
+    // At most a TLS alert record (content type 21), never a frame or any text.
+    ensure!(
+        got.is_empty() || got[0] == 21,
+        "a plain TCP client got {} bytes: {:?}",
+        got.len(),
+        String::from_utf8_lossy(&got)
+    );
+    Ok(())
+}
+
+/// A hello on the peering port at `addr` as the agent `(cert, key)` of another install,
+/// trusting the export's CA `ca_pem` and expecting install `expect`: the refusal's reason.
+fn hello(addr: &str, (cert, key): &(String, String), ca_pem: &str, expect: &str) -> Result<String> {
+    use ferry_transfer::frame::{Frame, VERSION};
+    use ferry_transfer::stream::{read_frame, write_frame};
+    let config = ferry_link::peering_client_config(ca_pem, expect, cert, key)?;
+    let tcp = std::net::TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let conn = rustls::ClientConnection::new(config, ferry_link::server_name())?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let frame = Frame::Hello {
+        version: VERSION,
+        job: b"an export".to_vec(),
+        shard: 0,
+        epoch: 1,
+        ticket: [7; 32],
+    };
+    write_frame(&mut tls, &frame, &mut Vec::new())?;
+    std::io::Write::flush(&mut tls)?;
+    match read_frame(&mut tls, &mut Vec::new())? {
+        Frame::Refused { reason } => Ok(reason),
+        other => anyhow::bail!("the peering port answered {other:?}"),
+    }
+}
+
+fn base64_decode(text: &str) -> Result<Vec<u8>> {
+    use base64::Engine;
+    Ok(base64::engine::general_purpose::STANDARD.decode(text.trim())?)
 }

@@ -139,11 +139,21 @@ pub(crate) fn describe(names: &[GeneralName<'_>]) -> String {
 
 /// The node the first certificate of a PEM chain names (a node's own certificate).
 pub fn node_of_pem(chain_pem: &str) -> Result<String> {
-    let chain = crate::pem::certificates("node certificate chain", chain_pem)?;
+    first_of_pem("node certificate chain", chain_pem, node_of)
+}
+
+/// What `read` makes of the first certificate of the PEM chain `chain_pem` (`what`, in
+/// errors).
+pub(crate) fn first_of_pem<T>(
+    what: &'static str,
+    chain_pem: &str,
+    read: impl Fn(&CertificateDer<'_>) -> Result<T>,
+) -> Result<T> {
+    let chain = crate::pem::certificates(what, chain_pem)?;
     match chain.first() {
-        Some(leaf) => node_of(leaf),
+        Some(leaf) => read(leaf),
         None => Err(crate::Error::Pem {
-            what: "node certificate chain",
+            what,
             label: "CERTIFICATE",
             why: "no CERTIFICATE block found".into(),
         }),

@@ -67,8 +67,9 @@ pub use identity::{
     node_of, node_of_pem, node_uri, peer_node, validate_node_name, NODE_URI_PREFIX,
 };
 pub use peering::{
-    describe_bundle, peer_id, peer_of, peer_uri, peering_client_config, peering_server_config,
-    validate_install_name, CaSummary, PeerId, PeerSet, MAX_PEERS, PEERING_ALPN, PEER_URI_PREFIX,
+    describe_bundle, peer_id, peer_of, peer_of_pem, peer_uri, peering_client_config,
+    peering_server_config, validate_install_name, CaSummary, PeerId, PeerSet, MAX_PEERS,
+    PEERING_ALPN, PEER_URI_PREFIX,
 };
 pub use tls::{client_config, server_config, server_name, ALPN, SERVER_NAME};
 pub use trust::{Trust, MAX_BUNDLE_PEM};

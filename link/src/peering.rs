@@ -89,6 +89,12 @@ pub fn peer_of(cert_der: &CertificateDer<'_>) -> Result<PeerId> {
     uri_san_of(cert_der, |why| Error::NotAPeer { why }, peer_of_names)
 }
 
+/// The install and node the first certificate of a PEM chain names (an agent's own peering
+/// certificate, as the signer issued it).
+pub fn peer_of_pem(chain_pem: &str) -> Result<PeerId> {
+    crate::identity::first_of_pem("peering certificate chain", chain_pem, peer_of)
+}
+
 /// The peer that `names` (a certificate's SANs) name, or what they hold instead.
 fn peer_of_names(names: &[GeneralName<'_>]) -> std::result::Result<PeerId, String> {
     let [GeneralName::URI(uri)] = names else {

@@ -98,7 +98,7 @@ async fn main() -> anyhow::Result<()> {
         ferry_operator::copyschedule::run(client.clone(), &health),
         populator(client.clone()),
         migrations(client.clone()),
-        ferry_operator::peering::run(client.clone(), &namespace),
+        ferry_operator::peering::run(client.clone(), &namespace, &args.agent_service_account),
         ferry_operator::signer::run(client, &namespace, &args.agent_service_account),
     );
     Ok(())

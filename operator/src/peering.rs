@@ -2,8 +2,9 @@
 //! `FERRY_PEERING=true`): this install's peering CA and name, kept in the Secret
 //! [`PEERING_CA_SECRET`] of the release namespace (made at the first start unless the admin
 //! supplied one), published for the admins of other installs in the ConfigMap
-//! [`PEERING_CONFIGMAP`]; and the FerryPeer controller, which says in each FerryPeer's
-//! status whether the agents can trust its bundle ([`decide`]).
+//! [`PEERING_CONFIGMAP`]; the FerryPeer controller, which says in each FerryPeer's status
+//! whether the agents can trust its bundle ([`decide`]); and the signer of the agents'
+//! peering certificates (`ferry.dev/peering`, the signer module's checks with this CA).
 //!
 //! Why a CA of its own, kept in a Secret, when the transfer CA between nodes lives only in
 //! the leader's memory: another cluster's admin puts this CA in a FerryPeer by hand, so it
@@ -59,8 +60,9 @@ impl std::fmt::Debug for Own {
 
 /// Run peering until SIGTERM, if the chart turned it on: the CA read or made in
 /// `namespace` (retried until it is: nothing else of peering works without it), published,
-/// then the FerryPeer controller.
-pub async fn run(client: Client, namespace: &str) {
+/// then the FerryPeer controller and the peering signer, which issues only to the agents'
+/// ServiceAccount `agent_sa` (in `namespace`).
+pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
     if !std::env::var(ENABLED_ENV).is_ok_and(|v| v == "true") {
         return;
     }
@@ -99,9 +101,17 @@ pub async fn run(client: Client, namespace: &str) {
     let ctx = Arc::new(Context {
         client: client.clone(),
         peers,
-        install: own.install,
+        install: own.install.clone(),
     });
-    controller
+    // The agents' peering certificates, signed with this CA for the node each agent's
+    // token is bound to, naming this install.
+    let signer = crate::signer::serve(
+        client.clone(),
+        namespace,
+        agent_sa,
+        crate::signer::Issuer::peering(own.ca, &own.install),
+    );
+    let peers = controller
         .watches(
             Api::<FerryPeer>::all(client),
             watcher::Config::default(),
@@ -113,8 +123,8 @@ pub async fn run(client: Client, namespace: &str) {
             if let Err(e) = res {
                 tracing::warn!(error = %crate::error_chain(&e), "FerryPeer reconcile failed");
             }
-        })
-        .await;
+        });
+    tokio::join!(peers, signer);
 }
 
 /// This install's name and CA: from the Secret (the admin's, `peering.caSecret`, or the one

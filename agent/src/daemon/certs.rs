@@ -31,7 +31,7 @@ const SIGNER: &str = "ferry.dev/transfer";
 /// The ConfigMap of the CA certificates agents trust.
 const TRUST: &str = "ferry-transfer-trust";
 /// What a certificate is asked for (the signer grants at most this).
-const LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 /// How long a request waits for its answer before it is asked again.
 const ANSWER_WITHIN: Duration = Duration::from_secs(120);
 /// How often the bundle is read again.
@@ -41,8 +41,8 @@ const BUNDLE_EVERY: Duration = Duration::from_secs(5 * 60);
 /// most one read per this interval; a receiver dials for a minute.
 const BUNDLE_AGAIN_AFTER: Duration = Duration::from_secs(10);
 /// Waits after a failure, doubling up to the last.
-const RETRY_FIRST: Duration = Duration::from_secs(5);
-const RETRY_MOST: Duration = Duration::from_secs(10 * 60);
+pub(crate) const RETRY_FIRST: Duration = Duration::from_secs(5);
+pub(crate) const RETRY_MOST: Duration = Duration::from_secs(10 * 60);
 
 /// The newest transfer identity, once there is one.
 pub type Identity = watch::Receiver<Option<Arc<Tls>>>;
@@ -98,8 +98,20 @@ async fn keep(
     }
 }
 
-/// A new key and a certificate for it: (certificate PEM, key PEM).
+/// A new key and a transfer certificate for it: (certificate PEM, key PEM).
 async fn obtain(client: &Client, node: &str) -> Result<(String, String), String> {
+    obtain_from(client, node, SIGNER, "ferry-transfer").await
+}
+
+/// A new key and a certificate for it from the signer `signer` (`ferry.dev/transfer`, or
+/// `ferry.dev/peering` for the peering port), asked for in a request named
+/// `<prefix>-<node>-<time>`: (certificate PEM, key PEM).
+pub(crate) async fn obtain_from(
+    client: &Client,
+    node: &str,
+    signer: &str,
+    prefix: &str,
+) -> Result<(String, String), String> {
     let key = ferry_link::NodeKey::generate(node).map_err(|e| e.to_string())?;
     let api = Api::<CertificateSigningRequest>::all(client.clone());
     let stamp = SystemTime::now()
@@ -107,7 +119,7 @@ async fn obtain(client: &Client, node: &str) -> Result<(String, String), String>
         .map_or(0, |d| d.as_nanos());
     // (A node name is at most 253 bytes; the name's other parts fit the same bound.)
     let short: String = node.chars().take(200).collect();
-    let name = format!("ferry-transfer-{short}-{stamp:x}");
+    let name = format!("{prefix}-{short}-{stamp:x}");
     let request = CertificateSigningRequest {
         metadata: ObjectMeta {
             name: Some(name.clone()),
@@ -115,7 +127,7 @@ async fn obtain(client: &Client, node: &str) -> Result<(String, String), String>
         },
         spec: CertificateSigningRequestSpec {
             request: ByteString(key.csr_pem.clone().into_bytes()),
-            signer_name: SIGNER.into(),
+            signer_name: signer.into(),
             usages: Some(
                 ["digital signature", "client auth", "server auth"]
                     .map(String::from)

@@ -17,6 +17,7 @@ mod job_options;
 mod journal;
 mod manifest;
 mod network;
+mod peer_identity;
 mod publish;
 mod roots;
 mod settings;
@@ -34,6 +35,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
 pub use fence::{lease_name, Fence};
+pub use peer_identity::{PeerIdentity, PeeringTls};
 pub use settings::Settings;
 
 use publish::Target;
@@ -64,6 +66,12 @@ pub enum RunError {
     },
     #[error("listen on {addr} for the transfer port (--transfer-listen)")]
     TransferListen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("listen on {addr} for the peering port (--peering-listen)")]
+    PeeringListen {
         addr: std::net::SocketAddr,
         #[source]
         source: std::io::Error,
@@ -140,6 +148,15 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             }),
         ));
         identity = Some(tls);
+    }
+    if let Some(addr) = settings.peering_listen {
+        // The peering port, with this node's peering certificate (asked for now).
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| RunError::PeeringListen { addr, source })?;
+        tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving the peering port");
+        let identity = peer_identity::start(client.clone(), settings.node.clone());
+        tokio::spawn(crate::peering::serve(listener, identity));
     }
     let fence = Arc::new(Fence::new(settings.lease_seconds));
     tokio::spawn(fence::heartbeat(

@@ -34,6 +34,9 @@ use crate::Error;
 
 /// The signerName of the agents' transfer certificates.
 pub const SIGNER_NAME: &str = "ferry.dev/transfer";
+/// The signerName of the agents' peering certificates (chart `peering.enabled`), signed
+/// with the install's peering CA and naming the install and the node.
+pub const PEERING_SIGNER_NAME: &str = "ferry.dev/peering";
 /// The ConfigMap, in the operator's namespace, whose `<unix seconds>.crt` keys are the CA
 /// certificates agents trust.
 pub const TRUST_CONFIGMAP: &str = "ferry-transfer-trust";
@@ -60,9 +63,57 @@ const PUBLISH_RETRY: Duration = Duration::from_secs(5);
 /// A condition message's longest length (messages quote the requester's names).
 const MAX_MESSAGE: usize = 1024;
 
+/// What a signer issues, and with which CA: the agents' transfer certificates (this
+/// leader's in-memory CA, [`SIGNER_NAME`]), or their peering certificates (the install's
+/// peering CA, [`PEERING_SIGNER_NAME`], naming the install too).
+pub struct Issuer {
+    /// The signerName it answers for; requests for any other are not its business.
+    pub signer_name: &'static str,
+    pub ca: Ca,
+    /// For peering certificates: the install they name.
+    pub install: Option<String>,
+}
+
+impl std::fmt::Debug for Issuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Issuer")
+            .field("signer_name", &self.signer_name)
+            .field("install", &self.install)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Issuer {
+    /// The transfer certificates' issuer, with `ca`.
+    pub fn transfer(ca: Ca) -> Self {
+        Issuer {
+            signer_name: SIGNER_NAME,
+            ca,
+            install: None,
+        }
+    }
+
+    /// The peering certificates' issuer of `install`, with its peering CA.
+    pub fn peering(ca: Ca, install: &str) -> Self {
+        Issuer {
+            signer_name: PEERING_SIGNER_NAME,
+            ca,
+            install: Some(install.to_owned()),
+        }
+    }
+
+    /// The certificate for `node`'s CSR `pem`.
+    fn sign(&self, pem: &str, node: &str, validity: Duration) -> ferry_link::Result<String> {
+        match &self.install {
+            None => self.ca.sign_node(pem, node, validity),
+            Some(install) => self.ca.sign_peer(pem, install, node, validity),
+        }
+    }
+}
+
 /// What the signer needs for every request.
 struct Signer {
-    ca: Ca,
+    issuer: Issuer,
     requests: Api<CertificateSigningRequest>,
     /// The operator's namespace: the agents' ServiceAccount is in it.
     namespace: String,
@@ -98,13 +149,21 @@ pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
         () = publish_until_done(&configmaps, ca.cert_pem(), created) => {}
         () = terminated() => return,
     }
+    serve(client, namespace, agent_sa, Issuer::transfer(ca)).await;
+}
+
+/// Decide every pending request for `issuer`'s signerName until SIGTERM, and delete old
+/// finished ones: for the transfer certificates ([`run`]) and the peering ones
+/// (`crate::peering`) alike.
+pub async fn serve(client: Client, namespace: &str, agent_sa: &str, issuer: Issuer) {
+    let signer_name = issuer.signer_name;
     let signer = Arc::new(Signer {
-        ca,
+        issuer,
         requests: Api::all(client),
         namespace: namespace.to_owned(),
         agent_sa: agent_sa.to_owned(),
     });
-    let ours = watcher::Config::default().fields(&format!("spec.signerName={SIGNER_NAME}"));
+    let ours = watcher::Config::default().fields(&format!("spec.signerName={signer_name}"));
     let controller = Controller::new(signer.requests.clone(), ours);
     let store = controller.store();
     let requests = signer.requests.clone();
@@ -119,7 +178,7 @@ pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
     // The controller ends on SIGTERM; the cleanup loop (which never ends) with it.
     tokio::select! {
         () = decide => {}
-        () = cleanup_loop(&requests, &store) => {}
+        () = cleanup_loop(&requests, &store, signer_name) => {}
     }
 }
 
@@ -317,10 +376,20 @@ pub fn check(
     namespace: &str,
     agent_sa: &str,
 ) -> Result<String, String> {
+    check_for(csr, SIGNER_NAME, namespace, agent_sa)
+}
+
+/// [`check`] for the signer of `signer_name`.
+pub fn check_for(
+    csr: &CertificateSigningRequest,
+    signer_name: &str,
+    namespace: &str,
+    agent_sa: &str,
+) -> Result<String, String> {
     let spec = &csr.spec;
-    if spec.signer_name != SIGNER_NAME {
+    if spec.signer_name != signer_name {
         return Err(format!(
-            "this signer signs only signerName {SIGNER_NAME}, not {:?}",
+            "this signer signs only signerName {signer_name}, not {:?}",
             spec.signer_name
         ));
     }
@@ -328,7 +397,7 @@ pub fn check(
     let user = spec.username.as_deref().unwrap_or_default();
     if user != agent {
         return Err(format!(
-            "the request was made by {user:?}, and {SIGNER_NAME} certificates are issued only \
+            "the request was made by {user:?}, and {signer_name} certificates are issued only \
              to the Ferry agents' ServiceAccount {agent}; create the request with the token of \
              the agent's pod"
         ));
@@ -378,12 +447,37 @@ pub fn issue(
     agent_sa: &str,
 ) -> Result<Issued, String> {
     let node = check(csr, namespace, agent_sa)?;
+    signed(csr, &node, |pem, validity| {
+        ca.sign_node(pem, &node, validity)
+    })
+}
+
+/// The certificate `issuer` issues for `csr`, or why none: [`check_for`] its signerName,
+/// then its CA signs, refusing a CSR that names anything but that one node.
+pub fn issue_with(
+    issuer: &Issuer,
+    csr: &CertificateSigningRequest,
+    namespace: &str,
+    agent_sa: &str,
+) -> Result<Issued, String> {
+    let node = check_for(csr, issuer.signer_name, namespace, agent_sa)?;
+    signed(csr, &node, |pem, validity| {
+        issuer.sign(pem, &node, validity)
+    })
+}
+
+/// `csr`'s request signed by `sign` for `node`, which its requester's token is bound to.
+fn signed(
+    csr: &CertificateSigningRequest,
+    node: &str,
+    sign: impl Fn(&str, Duration) -> ferry_link::Result<String>,
+) -> Result<Issued, String> {
+    let node = node.to_owned();
     let pem = std::str::from_utf8(&csr.spec.request.0).map_err(|_| {
         "spec.request is not PEM text; put the PEM of the CSR in spec.request (base64 on the wire)"
             .to_string()
     })?;
-    let cert_pem = ca
-        .sign_node(pem, &node, validity(csr.spec.expiration_seconds))
+    let cert_pem = sign(pem, validity(csr.spec.expiration_seconds))
         .map_err(|e| format!("the requester's token is bound to node {node}, and {e}"))?;
     Ok(Issued { node, cert_pem })
 }
@@ -432,11 +526,11 @@ fn stage(csr: &CertificateSigningRequest) -> Stage {
 
 /// Whether the hourly cleanup deletes `csr` at `now`: this signer's, issued or denied, and
 /// created more than [`CLEANUP_AGE`] ago.
-fn expired(csr: &CertificateSigningRequest, now: Timestamp) -> bool {
+fn expired(csr: &CertificateSigningRequest, now: Timestamp, signer_name: &str) -> bool {
     let old = csr.creation_timestamp().is_some_and(|t| {
         now.as_second() - t.0.as_second() > i64::try_from(CLEANUP_AGE.as_secs()).unwrap_or(0)
     });
-    csr.spec.signer_name == SIGNER_NAME
+    csr.spec.signer_name == signer_name
         && old
         && (issued(csr) || condition(csr, "Denied").is_some())
 }
@@ -475,7 +569,7 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, s: Arc<Signer>) -> Resul
             tracing::info!(csr = %name, "approved by someone else; this signer does not sign it");
             return Ok(Action::await_change());
         }
-        Stage::New => match issue(&s.ca, &csr, &s.namespace, &s.agent_sa) {
+        Stage::New => match issue_with(&s.issuer, &csr, &s.namespace, &s.agent_sa) {
             Ok(cert) => {
                 let message = format!(
                     "requested by the Ferry agents' ServiceAccount with a token bound to node \
@@ -503,7 +597,7 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, s: Arc<Signer>) -> Resul
                     .map(drop)
             }
         },
-        Stage::ApprovedUnissued => match issue(&s.ca, &csr, &s.namespace, &s.agent_sa) {
+        Stage::ApprovedUnissued => match issue_with(&s.issuer, &csr, &s.namespace, &s.agent_sa) {
             Ok(cert) => write_certificate(&s, &name, (*csr).clone(), cert).await,
             // Not expected (it was approved by the same checks), but said where users look.
             Err(why) => {
@@ -538,7 +632,7 @@ async fn write_certificate(
     s.requests
         .replace_status(name, &PostParams::default(), &approved)
         .await?;
-    tracing::info!(csr = %name, node = cert.node, "issued a transfer certificate");
+    tracing::info!(csr = %name, node = cert.node, signer = s.issuer.signer_name, "issued a certificate");
     Ok(())
 }
 
@@ -551,11 +645,16 @@ fn error_policy(_csr: Arc<CertificateSigningRequest>, error: &Error, _s: Arc<Sig
 async fn cleanup_loop(
     requests: &Api<CertificateSigningRequest>,
     store: &Store<CertificateSigningRequest>,
+    signer_name: &str,
 ) {
     loop {
         tokio::time::sleep(CLEANUP_EVERY).await;
         let now = Timestamp::now();
-        for csr in store.state().iter().filter(|c| expired(c, now)) {
+        for csr in store
+            .state()
+            .iter()
+            .filter(|c| expired(c, now, signer_name))
+        {
             let name = csr.name_any();
             // The uid: never a request made since under the same name.
             let params = DeleteParams {

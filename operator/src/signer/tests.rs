@@ -152,14 +152,14 @@ fn finished_requests_are_deleted_after_an_hour_and_pending_ones_never() {
         new_condition("Denied", REFUSED_REASON, "no"),
     );
     let pending = request(AGENT, &["node-a"], "node-a");
-    assert!(expired(&at(3601, issued.clone()), now));
-    assert!(expired(&at(7200, denied.clone()), now));
-    assert!(!expired(&at(3000, issued.clone()), now));
-    assert!(!expired(&at(3000, denied), now));
-    assert!(!expired(&at(86400, pending), now));
+    assert!(expired(&at(3601, issued.clone()), now, SIGNER_NAME));
+    assert!(expired(&at(7200, denied.clone()), now, SIGNER_NAME));
+    assert!(!expired(&at(3000, issued.clone()), now, SIGNER_NAME));
+    assert!(!expired(&at(3000, denied), now, SIGNER_NAME));
+    assert!(!expired(&at(86400, pending), now, SIGNER_NAME));
     let mut other = at(7200, issued);
     other.spec.signer_name = "example.com/other".into();
-    assert!(!expired(&other, now));
+    assert!(!expired(&other, now, SIGNER_NAME));
 }
 
 const HOUR: u64 = 3600;
@@ -277,4 +277,34 @@ fn at_most_16_cas_are_kept_the_oldest_dropped_first() {
             (key_of(NOW - 99), "more than 16 CAs")
         ]
     );
+}
+
+#[test]
+fn the_peering_signer_names_the_install_and_node_and_signs_only_its_own_requests() {
+    let issuer = Issuer::peering(ca(), "prod-east");
+    let mut csr = request(AGENT, &["node-a"], "node-a");
+    // A transfer request is not the peering signer's, and the reverse.
+    let why = issue_with(&issuer, &csr, NS, SA).expect_err("a transfer request");
+    assert!(
+        why.contains("signs only signerName ferry.dev/peering"),
+        "{why}"
+    );
+    csr.spec.signer_name = PEERING_SIGNER_NAME.into();
+    assert!(check(&csr, NS, SA).is_err());
+    let issued = issue_with(&issuer, &csr, NS, SA).expect("issued");
+    let peer = ferry_link::peer_of_pem(&issued.cert_pem).expect("a peering certificate");
+    assert_eq!(
+        (peer.install.as_str(), peer.node.as_str()),
+        ("prod-east", "node-a")
+    );
+    // The same checks of who asks: another node's CSR, another requester.
+    let other = {
+        let mut r = request(AGENT, &["node-a"], "node-b");
+        r.spec.signer_name = PEERING_SIGNER_NAME.into();
+        r
+    };
+    assert!(issue_with(&issuer, &other, NS, SA).is_err());
+    let mut admin = request("kubernetes-admin", &["node-a"], "node-a");
+    admin.spec.signer_name = PEERING_SIGNER_NAME.into();
+    assert!(issue_with(&issuer, &admin, NS, SA).is_err());
 }
