@@ -133,12 +133,14 @@ pub(crate) fn of_fd(
     Ok((hashes, whole, read))
 }
 
-/// The chunks that differ between two lists of chunk hashes of files of the same size,
-/// as runs `(first, count)`.
+/// The chunks of `theirs` (the source's chunk hashes) that differ from `ours` (the
+/// destination's, at the same chunk size), as runs `(first, count)`. A chunk `ours` lacks
+/// (the destination is shorter) differs; chunks `ours` has beyond (it is longer) are not
+/// the source's, and not counted.
 pub(crate) fn differing_runs(ours: &[u128], theirs: &[u128]) -> Vec<(u64, u64)> {
     let mut runs: Vec<(u64, u64)> = Vec::new();
-    for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
-        if a == b {
+    for (i, b) in theirs.iter().enumerate() {
+        if ours.get(i) == Some(b) {
             continue;
         }
         let i = i as u64;
@@ -194,6 +196,14 @@ mod tests {
             assert!(chunks_of(size, shift) <= MAX_CHUNKS as u64, "{size}");
             assert!(chunks_of(size, shift - 1) > MAX_CHUNKS as u64, "{size}");
         }
+    }
+
+    #[test]
+    fn a_chunk_the_destination_lacks_differs_and_one_beyond_the_source_is_not_counted() {
+        let theirs = [1u128, 2, 3, 4, 5];
+        assert_eq!(differing_runs(&[1, 2, 9], &theirs), vec![(2, 3)]);
+        assert_eq!(differing_runs(&[1, 2, 3, 4, 5, 6, 7], &theirs), Vec::new());
+        assert_eq!(differing_runs(&[], &theirs), vec![(0, 5)]);
     }
 
     #[test]

@@ -199,3 +199,49 @@ fn a_chunk_changed_on_the_way_fails_the_whole_file_check_and_the_file_is_sent_wh
     }
     Ok(())
 }
+
+#[test]
+fn a_file_that_grew_or_was_cut_is_mended_keeping_its_common_part() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    let (grown, cut) = (src.join("grown.db"), src.join("cut.img"));
+    write_pattern_file(&grown, 32 * MIB)?;
+    write_pattern_file(&cut, 32 * MIB)?;
+    let dst = tmp.path().join("dst");
+    let (s, _) = across(&src, &dst, &rerun(), SendOptions::default())?;
+    ensure!(s.failed == 0 && s.files == 2, "{s:?}");
+
+    // A database that grew by a little over a MiB and changed one page; an image cut to a
+    // length that is not a whole chunk.
+    {
+        let f = std::fs::OpenOptions::new().append(true).open(&grown)?;
+        f.write_all_at(&pattern(7, (MIB + 100) as usize), 32 * MIB)?;
+    }
+    poke(&grown, 3 * MIB + 5, b"page")?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&cut)?
+        .set_len(20 * MIB + 1000)?;
+    let before = snapshot(&src)?;
+    let opts = Options {
+        manifest: Some(tmp.path().join("manifest")),
+        ..rerun()
+    };
+    let (s, received) = across(&src, &dst, &opts, SendOptions::default())?;
+    ensure!(s.failed == 0 && s.files == 2 && s.patched == 2, "{s:?}");
+    compare(&before, &dst, Check::default())?;
+    xxh128sum_check(&dst, &tmp.path().join("manifest"))?;
+    // The grown file: its new MiB and 100 bytes (18 chunks from its old end, the last
+    // partial) and the changed page's chunk; the cut one: its last, partial chunk; each
+    // with its chunk hashes.
+    let chunk = 64 << 10;
+    let hashes = ((33 * MIB + 100).div_ceil(chunk) + (20 * MIB + 1000).div_ceil(chunk)) * 16;
+    let want = 18 * chunk + chunk + chunk + hashes;
+    eprintln!("received {received} bytes for a grown and a cut file of 53 MiB (at most {want})");
+    ensure!(
+        received <= want,
+        "received {received} bytes, more than {want}: the common parts were sent again"
+    );
+    Ok(())
+}

@@ -1,6 +1,8 @@
-//! A file from another node that the destination already has at the same size, compared
-//! by checksum (`compare: Checksum`) and found different: mended from the destination's
-//! own copy and only the chunks whose hashes differ, instead of sent whole.
+//! A file from another node that the destination already has, at the same size or (under
+//! `compare: Checksum`) another, compared by checksum and found different: mended from the
+//! destination's own copy and only the chunks whose hashes differ, instead of sent whole.
+//! A file that grew is its old chunks compared and its new ones sent; one that was cut,
+//! its remaining chunks compared and the copy cut to its length.
 //!
 //! The comparison asks the sender for the file's chunk hashes and its whole hash
 //! ([`Frame::HashChunks`], one read there) while this side hashes its copy the same way
@@ -37,8 +39,9 @@ type Filled = (Moved, Option<u128>, u64, Option<u128>);
 
 /// What the comparison learned of a file that differs, for the copy that follows it.
 pub(super) struct Patch {
-    /// The destination file that was hashed, open read-only.
+    /// The destination file that was hashed, open read-only, and its length.
     base: OwnedFd,
+    base_len: u64,
     shift: u8,
     /// Runs of differing chunks, `(first, count)`.
     runs: Vec<(u64, u64)>,
@@ -68,13 +71,15 @@ pub(super) fn by_chunks(size: u64) -> bool {
 }
 
 impl Ctx<'_> {
-    /// Compare remote file `src` with destination file `dst` (a regular file of its size)
-    /// by their chunk hashes: the whole hash when they are the same; `None` when they
-    /// differ, with a [`Patch`] left in `src` when mending it pays.
+    /// Compare remote file `src` with destination file `dst` (a regular file of
+    /// `dst_size` bytes) by their chunk hashes, at the source's chunk size: the whole hash
+    /// when they are the same; `None` when they differ, with a [`Patch`] left in `src` when
+    /// mending it pays.
     pub(super) fn same_by_chunks(
         &self,
         src: &RemoteFile,
         dst: OwnedFd,
+        dst_size: u64,
         local: &mut Local,
     ) -> Result<Option<u128>, Fail> {
         let size = src.st.st_size as u64;
@@ -90,7 +95,7 @@ impl Ctx<'_> {
             .map_err(|e| ("read source", e))?;
         // Both sides read at once: the sender its file, this side its copy.
         let (ours, our_whole, read) =
-            sums::of_fd(dst.as_fd(), size, shift, &mut local.buf, &self.guard())
+            sums::of_fd(dst.as_fd(), dst_size, shift, &mut local.buf, &self.guard())
                 .map_err(|e| ("read destination", e))?;
         let bad = |what: &str| {
             let e = io::Error::other(format!("the sender answered chunk hashes with {what}"));
@@ -119,11 +124,11 @@ impl Ctx<'_> {
             } if len == size => h,
             _ => return Err(bad("an end that is not the file's")),
         };
-        if read != size {
+        if read != dst_size {
             // The destination shrank while it was read: not the same, copied whole.
             return Ok(None);
         }
-        if our_whole == whole {
+        if dst_size == size && our_whole == whole {
             return Ok(Some(whole));
         }
         let runs = sums::differing_runs(&ours, &theirs);
@@ -131,6 +136,7 @@ impl Ctx<'_> {
         if differ * 2 <= theirs.len() as u64 {
             src.patch.put(Patch {
                 base: dst,
+                base_len: dst_size,
                 shift,
                 runs,
                 whole,
@@ -180,7 +186,7 @@ impl Ctx<'_> {
             data::copy_sparse(
                 p.base.as_fd(),
                 dst,
-                size,
+                size.min(p.base_len),
                 caps,
                 &mut local.buf,
                 None,
@@ -188,6 +194,8 @@ impl Ctx<'_> {
             )
             .map_err(|e| ("copy the destination's copy", e))?;
         }
+        // To the source's length: a file cut loses its end, one that grew gets a hole
+        // there until its new chunks (every one differs) are written.
         sys::ftruncate(dst, size).map_err(|e| ("truncate", e))?;
         let conn = self.conn().map_err(|e| ("read source", e))?;
         let mut received = 0u64;

@@ -210,18 +210,26 @@ impl<'a> Ctx<'a> {
         // is opened (see `sys::open_regular`): a symlink, FIFO or device there (a tenant's,
         // or swapped in) is not our file, and is never opened.
         let flags = libc::O_RDONLY | libc::O_NOATIME;
-        let dst = match sys::open_regular(dir.dst.as_fd(), name, flags) {
-            Ok(sys::Opened::Open(fd, d)) if d.st_size == st.st_size => fd,
+        let size = st.st_size as u64;
+        let (dst, dst_size) = match sys::open_regular(dir.dst.as_fd(), name, flags) {
+            Ok(sys::Opened::Open(fd, d)) => (fd, d.st_size as u64),
             Ok(_) => return Ok(None),
             Err(e) => return Err(("open destination", e)),
         };
-        let size = st.st_size as u64;
         // From another node, a large file: by its chunks, so that one that differs in a
-        // few places is mended rather than sent whole (see `patch.rs`).
+        // few places is mended rather than sent whole (see `patch.rs`); under `compare:
+        // Checksum` also one the destination has at another size (a database or a log
+        // that grew: its common part kept, the rest sent), never the same then.
         if let SrcFile::Remote(r) = src {
-            if patch::by_chunks(size) {
-                return self.same_by_chunks(r, dst, local);
+            let resized = dst_size != size
+                && self.opts.compare == Compare::Checksum
+                && patch::by_chunks(dst_size);
+            if patch::by_chunks(size) && (dst_size == size || resized) {
+                return self.same_by_chunks(r, dst, dst_size, local);
             }
+        }
+        if dst_size != size {
+            return Ok(None);
         }
         let (want, n) = self
             .src_hash(src, size, local)
