@@ -245,3 +245,31 @@ fn a_file_that_grew_or_was_cut_is_mended_keeping_its_common_part() -> Result<()>
     );
     Ok(())
 }
+
+#[test]
+fn a_file_changed_in_hundreds_of_places_is_mended_with_its_parts_asked_ahead() -> Result<()> {
+    let tmp = tempdir()?;
+    let src = tmp.path().join("src");
+    mkdir(&src)?;
+    let disk = src.join("db");
+    write_pattern_file(&disk, 64 * MIB)?;
+    let dst = tmp.path().join("dst");
+    let (s, _) = across(&src, &dst, &rerun(), SendOptions::default())?;
+    ensure!(s.failed == 0 && s.files == 1, "{s:?}");
+    // 300 pages changed, every third chunk: 300 parts, far more than one file's credit
+    // holds at once (64 parts of 64 KiB), so they are asked for in many windows.
+    let chunk = 64 << 10;
+    for i in 0..300u64 {
+        poke(&disk, i * 3 * chunk + (i % 7) * 4096, &[i as u8; 16])?;
+    }
+    let before = snapshot(&src)?;
+    let (s, received) = across(&src, &dst, &rerun(), SendOptions::default())?;
+    ensure!(s.failed == 0 && s.files == 1 && s.patched == 1, "{s:?}");
+    compare(&before, &dst, Check::default())?;
+    let want = 300 * chunk + (64 * MIB / chunk) * 16;
+    ensure!(
+        received <= want,
+        "received {received} bytes (at most {want})"
+    );
+    Ok(())
+}

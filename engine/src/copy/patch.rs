@@ -15,6 +15,7 @@
 //! is sent whole on the retry. Nothing of the comparison is kept on the volume: both sides
 //! hash anew each time.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
@@ -26,7 +27,7 @@ use crate::data::{self, Clone, Moved};
 use crate::error::source_changed;
 use crate::progress::Strategy;
 use crate::record::fingerprint;
-use crate::recv::CREDIT;
+use crate::recv::{Request, CREDIT};
 use crate::sums::{self, MIN_PATCHED};
 use crate::sys;
 use crate::Verify;
@@ -199,65 +200,43 @@ impl Ctx<'_> {
         sys::ftruncate(dst, size).map_err(|e| ("truncate", e))?;
         let conn = self.conn().map_err(|e| ("read source", e))?;
         let mut received = 0u64;
-        for &(first, n) in &p.runs {
+        // The parts are asked for ahead of the one being written, as many as fit in one
+        // file's credit together (each granted its own length, up to all of it), so that
+        // a file with many scattered changes pays one round trip, not one per part, and
+        // what waits here is still at most one file's credit.
+        let parts = p.runs.iter().map(|&(first, n)| {
             let offset = first << p.shift;
-            let end = ((first + n) << p.shift).min(size);
-            let mut req = conn
-                .request(|req| Frame::ReadPart {
-                    req,
-                    path: src.path.clone(),
-                    expect: fingerprint(&src.st),
-                    offset,
-                    len: end - offset,
-                    credit: CREDIT,
-                    zstd: self.opts.compress,
-                })
-                .map_err(|e| ("read source", e))?;
-            // Where the bytes written so far end: a gap before the next extent is a hole.
-            let mut at = offset;
-            loop {
-                if self.stopping() {
-                    return Err(("copy data", io::Error::other(data::Stopped)));
+            (offset, ((first + n) << p.shift).min(size))
+        });
+        let mut parts = parts.peekable();
+        let mut asked: VecDeque<(Request, u64, u64)> = VecDeque::new();
+        let mut in_flight = 0u64;
+        loop {
+            while let Some(&(offset, end)) = parts.peek() {
+                let credit = (end - offset).min(CREDIT);
+                if !asked.is_empty() && in_flight + credit > CREDIT {
+                    break;
                 }
-                match req.next().map_err(|e| ("read source", e))? {
-                    Frame::Data {
-                        offset: o,
-                        zstd,
-                        data,
-                        ..
-                    } => {
-                        let data = decompressed(zstd, data)?;
-                        let n = data.len() as u64;
-                        if o < at || o.checked_add(n).is_none_or(|e| e > end) {
-                            let e = io::Error::other(
-                                "the sender sent data outside the part asked for, or overlapping",
-                            );
-                            return Err(("read source", e));
-                        }
-                        self.hole(dst, at, o - at)?;
-                        data::write_all_at(dst, &data, o).map_err(|e| ("write", e))?;
-                        at = o + n;
-                        received += n;
-                        req.send(&Frame::Credit {
-                            req: req.id(),
-                            bytes: n,
-                        })
-                        .map_err(|e| ("read source", e))?;
-                    }
-                    Frame::FileEnd { changed: true, .. } => {
-                        let msg = "source was modified while it was copied".to_string();
-                        return Err(("copy data", source_changed(msg)));
-                    }
-                    Frame::FileEnd { len, .. } if len == end => {
-                        self.hole(dst, at, end - at)?;
-                        break;
-                    }
-                    _ => {
-                        let e = io::Error::other("the sender answered a part with something else");
-                        return Err(("read source", e));
-                    }
-                }
+                parts.next();
+                let req = conn
+                    .request(|req| Frame::ReadPart {
+                        req,
+                        path: src.path.clone(),
+                        expect: fingerprint(&src.st),
+                        offset,
+                        len: end - offset,
+                        credit,
+                        zstd: self.opts.compress,
+                    })
+                    .map_err(|e| ("read source", e))?;
+                in_flight += credit;
+                asked.push_back((req, offset, end));
             }
+            let Some((req, offset, end)) = asked.pop_front() else {
+                break;
+            };
+            received += self.write_part(req, dst, offset, end)?;
+            in_flight -= (end - offset).min(CREDIT);
         }
         self.counters
             .bytes_received
@@ -278,6 +257,63 @@ impl Ctx<'_> {
             }
         };
         Ok((moved, Some(p.whole), size, made))
+    }
+
+    /// The answers to the part `[offset, end)` asked for in `req`, written in place in
+    /// `dst` (gaps between them punched): the bytes that came.
+    fn write_part(
+        &self,
+        mut req: Request,
+        dst: BorrowedFd<'_>,
+        offset: u64,
+        end: u64,
+    ) -> Result<u64, Fail> {
+        // Where the bytes written so far end: a gap before the next extent is a hole.
+        let mut at = offset;
+        let mut received = 0;
+        loop {
+            if self.stopping() {
+                return Err(("copy data", io::Error::other(data::Stopped)));
+            }
+            match req.next().map_err(|e| ("read source", e))? {
+                Frame::Data {
+                    offset: o,
+                    zstd,
+                    data,
+                    ..
+                } => {
+                    let data = decompressed(zstd, data)?;
+                    let n = data.len() as u64;
+                    if o < at || o.checked_add(n).is_none_or(|e| e > end) {
+                        let e = io::Error::other(
+                            "the sender sent data outside the part asked for, or overlapping",
+                        );
+                        return Err(("read source", e));
+                    }
+                    self.hole(dst, at, o - at)?;
+                    data::write_all_at(dst, &data, o).map_err(|e| ("write", e))?;
+                    at = o + n;
+                    received += n;
+                    req.send(&Frame::Credit {
+                        req: req.id(),
+                        bytes: n,
+                    })
+                    .map_err(|e| ("read source", e))?;
+                }
+                Frame::FileEnd { changed: true, .. } => {
+                    let msg = "source was modified while it was copied".to_string();
+                    return Err(("copy data", source_changed(msg)));
+                }
+                Frame::FileEnd { len, .. } if len == end => {
+                    self.hole(dst, at, end - at)?;
+                    return Ok(received);
+                }
+                _ => {
+                    let e = io::Error::other("the sender answered a part with something else");
+                    return Err(("read source", e));
+                }
+            }
+        }
     }
 
     /// Bytes `[off, off + n)` of a mended file are a hole in the source: punched (zeros
