@@ -127,6 +127,20 @@ fn every_port_a_ferry_pod_serves_is_open_only_to_named_peers_and_pods_reach_only
                 "{what}: transfer port {transfer_port:?}"
             );
             for rule in ingress {
+                // The peering port: only from where peering.from says the other installs'
+                // agents are (peering-on.yaml).
+                if rule["ports"] == json!([{"port": "peering", "protocol": "TCP"}]) {
+                    ensure!(
+                        is_agent && set.as_deref() == Some("peering-on.yaml"),
+                        "{what}: a peering rule"
+                    );
+                    ensure!(
+                        rule["from"] == json!([{"ipBlock": {"cidr": "192.0.2.0/24"}}]),
+                        "{what}: peering port open to {}",
+                        rule["from"]
+                    );
+                    continue;
+                }
                 if rule["ports"] == json!([{"port": "transfer", "protocol": "TCP"}]) {
                     ensure!(is_agent, "{what}: a transfer rule on the operator");
                     ensure!(
@@ -261,6 +275,25 @@ fn every_port_a_ferry_pod_serves_is_open_only_to_named_peers_and_pods_reach_only
         format!("{err:#}").contains("changedBlockTracking.egress is empty"),
         "{err:#}"
     );
+    // Peering without saying where the other installs' agents are: refused, not a port
+    // open to everyone or closed to them.
+    let err = render(&helm, None, &["--set", "peering.enabled=true"])
+        .expect_err("peering rendered without peering.from");
+    ensure!(
+        format!("{err:#}").contains("peering.from is empty"),
+        "{err:#}"
+    );
+    // Without NetworkPolicies there is nothing to say.
+    render(
+        &helm,
+        None,
+        &[
+            "--set",
+            "peering.enabled=true",
+            "--set",
+            "networkPolicy.enabled=false",
+        ],
+    )?;
     Ok(())
 }
 

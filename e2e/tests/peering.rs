@@ -28,6 +28,8 @@ fn render_with_peering(cp: &ControlPlane, helm: &PathBuf, extra: &[&str]) -> Res
             CHART_NAMESPACE,
         ])
         .args(["--include-crds", "--set", "peering.enabled=true"])
+        // The other install's agents connect from loopback addresses here.
+        .args(["--set", "peering.from[0].ipBlock.cidr=127.0.0.0/8"])
         .args(extra)
         .output()
         .context("run helm")?;
