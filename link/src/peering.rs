@@ -139,17 +139,16 @@ pub fn peer_id(conn: &rustls::CommonState) -> Result<PeerId> {
 /// `FerryPeer` objects say. Each bundle obeys [`Trust::from_pem`]'s rules (bounded, CA
 /// certificates only, not empty). An empty set is allowed (peering on, no peer yet); a
 /// listener built from it refuses every client.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PeerSet {
     peers: BTreeMap<String, Trust>,
+    /// Each CA's public key (its SPKI), and the install whose bundle holds it.
+    keys: HashMap<Vec<u8>, String>,
 }
 
 impl PeerSet {
-    /// Reads `(install name, bundle PEM)` pairs. Refused: more than [`MAX_PEERS`] (before
-    /// any parsing), an install name that is not one, the same install twice, a bundle
-    /// [`Trust::from_pem`] refuses, and a CA key found in the bundles of two installs: a
-    /// client is held to the CAs of the install it names, which means nothing if another
-    /// install's CA can sign for it too.
+    /// Reads `(install name, bundle PEM)` pairs, each as [`PeerSet::insert`] takes it, and
+    /// more than [`MAX_PEERS`] refused before any parsing.
     pub fn new(peers: Vec<(String, String)>) -> Result<PeerSet> {
         if peers.len() > MAX_PEERS {
             return Err(Error::TooManyPeers {
@@ -157,35 +156,50 @@ impl PeerSet {
                 max: MAX_PEERS,
             });
         }
-        let mut set = BTreeMap::new();
-        // Each CA's public key (its SPKI), and the install whose bundle holds it.
-        let mut keys: HashMap<Vec<u8>, String> = HashMap::new();
+        let mut set = PeerSet::default();
         for (install, bundle_pem) in peers {
-            validate_install_name(&install)?;
-            if set.contains_key(&install) {
-                return Err(Error::DuplicatePeer { install });
-            }
-            let trust = Trust::from_pem(&bundle_pem).map_err(|e| Error::PeerBundle {
-                install: install.clone(),
-                source: Box::new(e),
-            })?;
-            for anchor in &trust.roots.roots {
-                let key = anchor.subject_public_key_info.as_ref().to_vec();
-                match keys.get(&key) {
-                    Some(first) if *first != install => {
-                        return Err(Error::SharedPeerCa {
-                            first: first.clone(),
-                            second: install,
-                        });
-                    }
-                    _ => {
-                        keys.insert(key, install.clone());
-                    }
-                }
-            }
-            set.insert(install, trust);
+            set.insert(install, &bundle_pem)?;
         }
-        Ok(PeerSet { peers: set })
+        Ok(set)
+    }
+
+    /// Adds `install` with its bundle `bundle_pem`, or leaves the set as it was and says
+    /// why not: the set already holds [`MAX_PEERS`], an install name that is not one, the
+    /// same install twice, a bundle [`Trust::from_pem`] refuses, or a CA key found in the
+    /// bundle of another install (a client is held to the CAs of the install it names,
+    /// which means nothing if another install's CA can sign for it too).
+    pub fn insert(&mut self, install: String, bundle_pem: &str) -> Result<()> {
+        if self.peers.len() >= MAX_PEERS {
+            return Err(Error::TooManyPeers {
+                count: self.peers.len() + 1,
+                max: MAX_PEERS,
+            });
+        }
+        validate_install_name(&install)?;
+        if self.peers.contains_key(&install) {
+            return Err(Error::DuplicatePeer { install });
+        }
+        let trust = Trust::from_pem(bundle_pem).map_err(|e| Error::PeerBundle {
+            install: install.clone(),
+            source: Box::new(e),
+        })?;
+        let keys: Vec<Vec<u8>> = trust
+            .roots
+            .roots
+            .iter()
+            .map(|anchor| anchor.subject_public_key_info.as_ref().to_vec())
+            .collect();
+        if let Some(first) = keys.iter().find_map(|k| self.keys.get(k)) {
+            return Err(Error::SharedPeerCa {
+                first: first.clone(),
+                second: install,
+            });
+        }
+        for key in keys {
+            self.keys.insert(key, install.clone());
+        }
+        self.peers.insert(install, trust);
+        Ok(())
     }
 
     /// How many installs are trusted.

@@ -500,6 +500,20 @@ fn two_installs_with_one_ca_are_refused() -> Result<()> {
 }
 
 #[test]
+fn an_install_refused_by_insert_leaves_the_set_as_it_was() -> Result<()> {
+    let p = pair()?;
+    let mut set = PeerSet::default();
+    set.insert("west".into(), p.west_ca.cert_pem())?;
+    // East's CA with west's: refused whole, so east's own CA is not taken either.
+    let both = format!("{}{}", p.east_ca.cert_pem(), p.west_ca.cert_pem());
+    assert!(set.insert("east".into(), &both).is_err());
+    assert_eq!(set.installs().collect::<Vec<_>>(), ["west"]);
+    set.insert("east".into(), p.east_ca.cert_pem())?;
+    assert_eq!(set.installs().collect::<Vec<_>>(), ["east", "west"]);
+    Ok(())
+}
+
+#[test]
 fn a_peer_set_is_bounded_and_its_names_checked() -> Result<()> {
     let p = pair()?;
     let one = |install: &str| (install.to_owned(), p.west_ca.cert_pem().to_owned());

@@ -110,30 +110,23 @@ async fn trusted(client: &Client) -> Result<ferry_link::PeerSet, String> {
         .list(&ListParams::default())
         .await
         .map_err(|e| format!("listing FerryPeers: {e}"))?;
-    admit(list.items)
+    Ok(admit(list.items))
 }
 
 /// [`trusted`]'s decision over `peers`: oldest first (then by name), each with `exports:
 /// Allow` kept if it still makes a valid set with those kept before it, at most
 /// `ferry_link::MAX_PEERS`.
-pub fn admit(mut peers: Vec<FerryPeer>) -> Result<ferry_link::PeerSet, String> {
+pub fn admit(mut peers: Vec<FerryPeer>) -> ferry_link::PeerSet {
     peers.sort_by_key(|p| (p.creation_timestamp().map(|t| t.0), p.name_any()));
-    let mut kept: Vec<(String, String)> = Vec::new();
-    for p in peers {
-        if p.spec.exports != PeerAccess::Allow || kept.len() >= ferry_link::MAX_PEERS {
-            continue;
-        }
-        let mut with = kept.clone();
-        with.push((p.spec.install.clone(), p.spec.ca_bundle.clone()));
-        match ferry_link::PeerSet::new(with.clone()) {
-            Ok(_) => kept = with,
-            Err(e) => {
-                tracing::debug!(peer = %p.name_any(), error = %e, "FerryPeer left out");
-            }
+    let mut set = ferry_link::PeerSet::default();
+    for p in peers.iter().filter(|p| p.spec.exports == PeerAccess::Allow) {
+        // Refused (the set left as it was): a second of an install or of a CA, a bad
+        // bundle, or more than ferry_link::MAX_PEERS.
+        if let Err(e) = set.insert(p.spec.install.clone(), &p.spec.ca_bundle) {
+            tracing::debug!(peer = %p.name_any(), error = %e, "FerryPeer left out");
         }
     }
-    // Every entry passed with the ones before it, so the whole is a set.
-    ferry_link::PeerSet::new(kept).map_err(|e| e.to_string())
+    set
 }
 
 #[cfg(test)]
@@ -187,8 +180,7 @@ mod tests {
             peer("north", "north", north.cert_pem(), 400, PeerAccess::Deny),
             peer("garbled", "garbled", "not PEM", 50, PeerAccess::Allow),
             peer("south", "south", south.cert_pem(), 500, PeerAccess::Allow),
-        ])
-        .expect("a set");
+        ]);
         let installs: Vec<&str> = set.installs().collect();
         // South's CA was first claimed by west-again, which was left out: south is in.
         assert_eq!(installs, ["south", "west"]);

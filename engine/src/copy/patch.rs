@@ -209,7 +209,8 @@ impl Ctx<'_> {
             (offset, ((first + n) << p.shift).min(size))
         });
         let mut parts = parts.peekable();
-        let mut asked: VecDeque<(Request, u64, u64)> = VecDeque::new();
+        // Each part asked for, with its range and the credit it was granted.
+        let mut asked: VecDeque<(Request, u64, u64, u64)> = VecDeque::new();
         let mut in_flight = 0u64;
         loop {
             while let Some(&(offset, end)) = parts.peek() {
@@ -230,13 +231,13 @@ impl Ctx<'_> {
                     })
                     .map_err(|e| ("read source", e))?;
                 in_flight += credit;
-                asked.push_back((req, offset, end));
+                asked.push_back((req, offset, end, credit));
             }
-            let Some((req, offset, end)) = asked.pop_front() else {
+            let Some((req, offset, end, credit)) = asked.pop_front() else {
                 break;
             };
             received += self.write_part(req, dst, offset, end)?;
-            in_flight -= (end - offset).min(CREDIT);
+            in_flight -= credit;
         }
         self.counters
             .bytes_received

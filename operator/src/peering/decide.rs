@@ -1,8 +1,8 @@
 //! What the operator says of a FerryPeer, decided without a cluster: whether its bundle is
 //! one the agents can trust (the rules of `ferry_link::Trust`, the same ones the peering
 //! port will apply), each certificate's fingerprint and expiry, and whether another, older
-//! FerryPeer already names the same install or holds one of its CA certificates. Also what this install publishes for the
-//! admins of its peers ([`published`]).
+//! FerryPeer already names the same install or holds one of its CA certificates. Also what
+//! this install publishes for the admins of its peers ([`published`]).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -56,16 +56,12 @@ pub fn judge(
         }
         // A client is held to the CAs of the install it names, which means nothing if the
         // CA of one install can sign for another (ferry_link::PeerSet refuses the pair).
+        // Each other bundle as its spec says it now (a status may be behind); fingerprints
+        // only, none of the trust checks, which that peer's own status reports.
         let ours: Vec<&str> = certificates.iter().map(|c| c.fingerprint.as_str()).collect();
         let shares = |p: &FerryPeer| {
-            p.status.as_ref().is_some_and(|s| {
-                s.certificates
-                    .iter()
-                    .any(|c| ours.contains(&c.fingerprint.as_str()))
-            }) || bundle(&p.spec.ca_bundle, now)
-                .0
-                .iter()
-                .any(|c| ours.contains(&c.fingerprint.as_str()))
+            ferry_link::describe_bundle(&p.spec.ca_bundle)
+                .is_ok_and(|theirs| theirs.iter().any(|c| ours.contains(&c.fingerprint.as_str())))
         };
         match older(peer, all, shares) {
             Some(first) => Err((
