@@ -12,10 +12,10 @@ use crate::{Compare, CopyMethod, FailedPath, Overwrite, Preserve, Reflink, Shard
 
 /// A relative path inside a root or volume: never absolute, never `..`, never NUL.
 /// (The same rules are checked again by the operator and by the agent at open time.)
-const PATH_RULES: &str =
+pub(crate) const PATH_RULES: &str =
     "!self.startsWith('/') && !self.split('/').exists(c, c == '..') && !self.contains('\\u0000')";
 /// Nor a path into Ferry's state directory at the top of a root or volume (`in_state_dir`).
-const STATE_DIR_RULE: &str =
+pub(crate) const STATE_DIR_RULE: &str =
     "self.split('/').filter(c, c != '' && c != '.').size() == 0 || self.split('/').filter(c, c != '' && c != '.')[0] != '.ferry'";
 
 /// Where data comes from or goes to: a `StorageRoot`, a `PersistentVolumeClaim` or (a source

@@ -11,7 +11,9 @@
 //! - `populate` (feature `k8s`): the `VolumeSource` resource a new claim is populated from;
 //! - `migrate` (feature `k8s`): the `ClaimMigration` resource, a claim moved keeping its name;
 //! - `peer` (feature `k8s`): the `FerryPeer` resource, another install trusted for copies
-//!   between clusters.
+//!   between clusters;
+//! - `export` (feature `k8s`): the `CopyExport` resource, a tenant's consent that a peer
+//!   install's jobs read one volume, and the shape of its Secret.
 //!
 //! The engine depends on this crate without `k8s`, so it shares the contract's types
 //! without knowing anything of Kubernetes.
@@ -39,6 +41,10 @@ mod digest;
 mod node_label;
 #[cfg(feature = "k8s")]
 pub use node_label::{node_label, node_labels, NODE_LABEL_PREFIX};
+#[cfg(feature = "k8s")]
+mod export;
+#[cfg(feature = "k8s")]
+pub use export::*;
 #[cfg(feature = "k8s")]
 mod migrate;
 #[cfg(feature = "k8s")]

@@ -1203,6 +1203,9 @@ fn operator_permissions() -> BTreeSet<String> {
         "cluster ferry.dev/claimmigrations watch", // migrate: the Controller's watch
         "cluster ferry.dev/claimmigrations patch", // migrate: its finalizer
         "cluster ferry.dev/claimmigrations/status patch", // migrate: status by server-side apply
+        "cluster ferry.dev/copyexports list",     // export: the Controller's watch
+        "cluster ferry.dev/copyexports watch",    // export: the Controller's watch
+        "cluster ferry.dev/copyexports/status patch", // export: status by server-side apply
         "cluster apps/replicasets get",           // migrate::user_of: a pod's ReplicaSet
         "cluster apps/deployments get",           // migrate::user_of: its Deployment
         "cluster apps/statefulsets get", // migrate::user_of: a StatefulSet's retention policy
@@ -1338,7 +1341,7 @@ fn each_component_is_granted_exactly_the_calls_its_code_makes_and_edit_and_view_
         );
         let rules = serde_json::json!([{
             "apiGroups": ["ferry.dev"],
-            "resources": ["copyjobs", "copyschedules", "volumesources", "claimmigrations"],
+            "resources": ["copyjobs", "copyschedules", "volumesources", "claimmigrations", "copyexports"],
             "verbs": verbs.split(' ').collect::<Vec<_>>(),
         }]);
         ensure!(role["rules"] == rules, "{name} rules {}", role["rules"]);
@@ -1823,6 +1826,8 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         "ValidatingAdmissionPolicyBinding/copier-populator",
         "ValidatingAdmissionPolicy/copier-migrations",
         "ValidatingAdmissionPolicyBinding/copier-migrations",
+        "ValidatingAdmissionPolicy/copier-exports",
+        "ValidatingAdmissionPolicyBinding/copier-exports",
     ]);
     ensure!(names == expected, "custom render has {names:?}");
     // The policies are about the renamed accounts: the agents', and the operator's for its

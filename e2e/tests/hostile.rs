@@ -26,6 +26,8 @@ fn memory_kib(pid: u32) -> Result<(u64, u64)> {
 
 #[path = "hostile/devices.rs"]
 mod devices;
+#[path = "hostile/exports.rs"]
+mod exports;
 #[path = "hostile/holder.rs"]
 mod holder;
 #[path = "hostile/hooks.rs"]

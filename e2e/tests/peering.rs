@@ -5,7 +5,8 @@
 //! the other's FerryPeer as it is published and its status says Valid with the fingerprint the
 //! other side published; a second FerryPeer for one install, a bundle that is not a CA and a
 //! bad install name are each refused with what to change; the operator may read the peering
-//! CA's Secret and no other, the agents not even that one.
+//! CA's Secret and no other, the agents not even that one. Then a tenant's CopyExport on
+//! east (peering/exports.rs).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,6 +14,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use ferry_e2e::{repo_root, wait_for, ControlPlane, CHART_NAMESPACE};
+
+#[path = "peering/exports.rs"]
+mod exports;
 
 const WITHIN: Duration = Duration::from_secs(60);
 
@@ -221,6 +225,7 @@ fn two_installs_pair_by_applying_what_each_publishes_and_bad_peers_are_refused()
     );
 
     agents_serve_the_peering_port_to_trusted_peers_only(a, &east_name, b)?;
+    exports::a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(a, &east_name)?;
 
     // Who may read the peering CA: the operator, that Secret only; the agents, nothing.
     for cp in [a, b] {

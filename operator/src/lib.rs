@@ -10,7 +10,9 @@
 //! which knows only the API types and `status`; `migrate` (the ClaimMigration controller's wiring and
 //! I/O) on `migrate::decide`, which knows only the API types and `status`; `metrics` (which reads schedules with `cron`) and `leader` know nothing of
 //! the controllers (`main` passes what they need in); `signer` stands alone, and so does
-//! `peering` (this install's peering CA and the FerryPeer controller, on `peering::decide`).
+//! `peering` (this install's peering CA and the FerryPeer controller, on `peering::decide`),
+//! which starts `export` (the CopyExport controller, on `export::decide`, which judges
+//! readers with `peering::decide`).
 
 pub mod apply;
 pub mod controller;
@@ -18,6 +20,7 @@ pub mod copyschedule;
 pub mod cron;
 pub mod decide;
 mod error;
+pub mod export;
 pub mod heartbeat;
 pub mod holder;
 pub mod leader;

@@ -64,7 +64,14 @@ impl std::fmt::Debug for Own {
 /// ServiceAccount `agent_sa` (in `namespace`).
 pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
     if !std::env::var(ENABLED_ENV).is_ok_and(|v| v == "true") {
+        // Exports still get a status: PeeringOff.
+        crate::export::run(client, None).await;
         return;
+    }
+    // The exports' limits are checked before anything is made: a bad value is the chart's.
+    if let Err(why) = crate::export::Own::from_env("", "") {
+        tracing::error!(%why, "peering: the chart's peering values");
+        std::process::exit(2);
     }
     let own = loop {
         match own_identity(&client, namespace).await {
@@ -98,6 +105,8 @@ pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
                 .collect::<Vec<_>>()
         }
     };
+    let (own_install, own_ca) = (own.install.clone(), own.ca.cert_pem().to_string());
+    let client_exports = client.clone();
     let ctx = Arc::new(Context {
         client: client.clone(),
         peers,
@@ -124,7 +133,8 @@ pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
                 tracing::warn!(error = %crate::error_chain(&e), "FerryPeer reconcile failed");
             }
         });
-    tokio::join!(peers, signer);
+    let exports = crate::export::Own::from_env(&own_install, &own_ca).ok();
+    tokio::join!(peers, signer, crate::export::run(client_exports, exports));
 }
 
 /// This install's name and CA: from the Secret (the admin's, `peering.caSecret`, or the one

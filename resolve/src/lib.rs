@@ -9,12 +9,14 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::{Api, Client, ResourceExt};
 
 pub mod block;
+mod export;
 mod nodes;
 mod pods;
 pub mod snapshot;
 pub mod validate;
 pub mod volume;
 
+pub use export::export_source;
 pub use nodes::{eligible_nodes, selector_matches, Reachable};
 use pods::{block_holder, holder_of, running_pods_with_claims};
 pub use pods::{end, pods_with_claims, uses_claim, HOLDER_OF, HOLDS};
@@ -418,7 +420,7 @@ fn writable(
 
 /// Check one endpoint of the job whose uid is `job_uid` and say how it is reached. A
 /// snapshot source is reached as the claim it is restored to.
-async fn reach(
+pub(crate) async fn reach(
     client: &Client,
     ns: &str,
     field: &str,

@@ -1,0 +1,294 @@
+//! The CopyExport controller: says in each export's status whether it is served
+//! ([`decide`]), and writes the export Secret into the export's namespace when a credential
+//! is made (the whole Secret, by server-side apply) or the expiry moves (that key, by a
+//! merge patch). It never reads a Secret: the credential exists in the Secret it writes and
+//! nowhere else, and the status carries its SHA-256 for the agents.
+//!
+//! The operator may create and patch Secrets in every namespace for this; the chart's
+//! `-exports` admission policy admits only the export Secret's shape (type
+//! `ferry.dev/export`, named after and controlled by its CopyExport, with exactly the keys
+//! of `ferry_crds::EXPORT_SECRET_KEYS`). With peering off the controller still runs, and
+//! says `PeeringOff`, writing no Secret.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use ferry_crds::{
+    CopyExport, CopyExportStatus, FerryPeer, EXPORT_CA_KEY, EXPORT_CREDENTIAL_KEY,
+    EXPORT_EXPIRES_KEY, EXPORT_INSTALL_KEY, EXPORT_LABEL, EXPORT_SECRET_TYPE, EXPORT_UID_KEY,
+    OPERATOR_MANAGER,
+};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::ByteString;
+use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::Error;
+
+pub mod decide;
+
+/// The chart's `peering.maxExportTtl`: the longest an export may last.
+pub const MAX_TTL_ENV: &str = "FERRY_PEERING_MAX_EXPORT_TTL";
+/// The chart's `peering.rotationGrace`: how long a rotated credential stays good.
+pub const GRACE_ENV: &str = "FERRY_PEERING_ROTATION_GRACE";
+const DEFAULT_MAX_TTL: Duration = Duration::from_secs(30 * 86_400);
+const DEFAULT_GRACE: Duration = Duration::from_secs(600);
+/// After a failed reconcile.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// This install's peering, as the export controller needs it.
+#[derive(Debug, Clone)]
+pub struct Own {
+    pub install: String,
+    pub ca_pem: String,
+    pub max_ttl: Duration,
+    pub grace: Duration,
+}
+
+impl Own {
+    /// With the limits the chart sets (a duration such as `720h`); `Err` names the variable
+    /// that does not parse.
+    pub fn from_env(install: &str, ca_pem: &str) -> Result<Own, String> {
+        Ok(Own {
+            install: install.into(),
+            ca_pem: ca_pem.into(),
+            max_ttl: duration_env(MAX_TTL_ENV, DEFAULT_MAX_TTL)?,
+            grace: duration_env(GRACE_ENV, DEFAULT_GRACE)?,
+        })
+    }
+}
+
+fn duration_env(var: &str, default: Duration) -> Result<Duration, String> {
+    match std::env::var(var).ok().filter(|v| !v.is_empty()) {
+        None => Ok(default),
+        Some(v) => positive_duration(&v)
+            .ok_or_else(|| format!("{var}={v:?} is not a positive duration such as 720h")),
+    }
+}
+
+/// A chart duration (Go's spelling, as the chart checks it: `720h`, `10m`, `1h30m`).
+fn positive_duration(v: &str) -> Option<Duration> {
+    v.parse::<k8s_openapi::jiff::SignedDuration>()
+        .ok()
+        .and_then(|d| Duration::try_from(d).ok())
+        .filter(|d| !d.is_zero())
+}
+
+struct Context {
+    client: Client,
+    own: Option<Own>,
+    peers: Store<FerryPeer>,
+}
+
+/// Run the controller until SIGTERM: `own` is `None` while peering is off.
+pub async fn run(client: Client, own: Option<Own>) {
+    let (peers, writer) = reflector::store::<FerryPeer>();
+    let controller = Controller::new(
+        Api::<CopyExport>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let exports = controller.store();
+    // A FerryPeer that changes may change whether any export's readers are trusted.
+    let everyone = move |_: FerryPeer| {
+        exports
+            .state()
+            .into_iter()
+            .map(|e| ObjectRef::from_obj(e.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    let controller = if own.is_some() {
+        let peer_changes = reflector(
+            writer,
+            watcher(
+                Api::<FerryPeer>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .touched_objects();
+        controller.watches_stream(peer_changes, everyone)
+    } else {
+        // Peering off: the operator may not list FerryPeers, and needs none.
+        drop(writer);
+        controller
+    };
+    let ctx = Arc::new(Context { client, own, peers });
+    controller
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::warn!(error = %crate::error_chain(&e), "CopyExport reconcile failed");
+            }
+        })
+        .await;
+}
+
+async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = export
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(export.name_any()))?;
+    let (labels, source) = match &ctx.own {
+        // Nothing is looked at for an export that cannot be served.
+        None => (BTreeMap::new(), Ok(())),
+        Some(_) => {
+            let labels = Api::<Namespace>::all(ctx.client.clone())
+                .get_opt(&ns)
+                .await?
+                .map(|n| n.labels().clone())
+                .unwrap_or_default();
+            let source =
+                crate::resolve::export_source(&ctx.client, &ns, &export.spec.source).await?;
+            (labels, source)
+        }
+    };
+    let peers = ctx.peers.state();
+    let peers: Vec<&FerryPeer> = peers.iter().map(Arc::as_ref).collect();
+    let fresh = ferry_link::random_ticket().map_err(Error::Ticket)?;
+    let mut decision = decide::decide(
+        &decide::Inputs {
+            export: &export,
+            peering: ctx.own.as_ref().map(|o| decide::Peering {
+                install: &o.install,
+                ca_pem: &o.ca_pem,
+                max_ttl: o.max_ttl,
+                grace: o.grace,
+            }),
+            peers: &peers,
+            namespace_labels: &labels,
+            source,
+            now: SystemTime::now(),
+        },
+        fresh,
+    );
+    // The Secret first: a status naming a credential no Secret holds would refuse the
+    // reader the tenant hands it to.
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
+    let written = match (&decision.secret, &decision.expires_changed, &ctx.own) {
+        (Some(new), _, Some(own)) => secrets
+            .patch(
+                &new.name,
+                &PatchParams::apply(OPERATOR_MANAGER).force(),
+                &Patch::Apply(&export_secret(&export, new, own)),
+            )
+            .await
+            .map(drop),
+        (None, Some(expires), Some(_)) => {
+            let name = ferry_crds::export_secret_name(&export.name_any());
+            let patch = serde_json::json!({"data": {EXPORT_EXPIRES_KEY: ByteString(expires.clone().into_bytes())}});
+            secrets
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(drop)
+        }
+        _ => Ok(()),
+    };
+    match written {
+        Ok(()) => {}
+        // Refused (the admission policy, a Secret of another type in the way, gone): the
+        // export says so; anything else is retried.
+        Err(kube::Error::Api(e)) if matches!(e.code, 403 | 404 | 409 | 422) => {
+            let why = match e.code {
+                404 => "it was deleted; bump spec.rotate for a new one".to_string(),
+                _ => e.message.clone(),
+            };
+            decide::not_written(&export, &mut decision, &why);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if decide::changed(&export, &decision.status) {
+        write_status(&export, &ns, &decision.status, &ctx.client).await?;
+    }
+    Ok(Action::requeue(decision.requeue))
+}
+
+/// The export Secret for a new credential, every key and field the `-exports` policy
+/// admits (e2e/tests/hostile/exports.rs asks the policy about this very object).
+pub fn export_secret(export: &CopyExport, new: &decide::NewSecret, own: &Own) -> Secret {
+    let uid = export.uid().unwrap_or_default();
+    let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(new.name.clone()),
+            namespace: export.namespace(),
+            labels: Some(BTreeMap::from([
+                (
+                    "app.kubernetes.io/managed-by".into(),
+                    OPERATOR_MANAGER.into(),
+                ),
+                (EXPORT_LABEL.into(), uid.clone()),
+            ])),
+            owner_references: Some(vec![OwnerReference {
+                api_version: CopyExport::api_version(&()).into(),
+                kind: CopyExport::kind(&()).into(),
+                name: export.name_any(),
+                uid: uid.clone(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        },
+        type_: Some(EXPORT_SECRET_TYPE.into()),
+        data: Some(BTreeMap::from([
+            (EXPORT_INSTALL_KEY.into(), bytes(&own.install)),
+            (EXPORT_UID_KEY.into(), bytes(&uid)),
+            (
+                EXPORT_CREDENTIAL_KEY.into(),
+                ByteString(new.credential.to_vec()),
+            ),
+            (EXPORT_CA_KEY.into(), bytes(&own.ca_pem)),
+            (EXPORT_EXPIRES_KEY.into(), bytes(&new.expires)),
+        ])),
+        ..Secret::default()
+    }
+}
+
+/// The status by server-side apply, every field spelled out.
+async fn write_status(
+    export: &CopyExport,
+    ns: &str,
+    status: &CopyExportStatus,
+    client: &Client,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1",
+        "kind": "CopyExport",
+        "status": status,
+    });
+    Api::<CopyExport>::namespaced(client.clone(), ns)
+        .patch_status(
+            &export.name_any(),
+            &PatchParams::apply(OPERATOR_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+fn error_policy(_export: Arc<CopyExport>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %crate::error_chain(error), "requeueing CopyExport");
+    Action::requeue(RETRY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_charts_durations_read_as_go_spells_them_and_nothing_else() {
+        let secs = |v| positive_duration(v).map(|d| d.as_secs());
+        assert_eq!(secs("720h"), Some(720 * 3600));
+        assert_eq!(secs("10m"), Some(600));
+        assert_eq!(secs("1h30m"), Some(5400));
+        assert_eq!(secs("45s"), Some(45));
+        for bad in ["0s", "-1h", "3d", "ten minutes", ""] {
+            assert_eq!(secs(bad), None, "{bad}");
+        }
+    }
+}
