@@ -1,5 +1,5 @@
-//! The peering port (chart `peering.enabled`): where agents of other installs will read
-//! this install's exports. Who may connect is decided before anything else: a connection
+//! The peering port (chart `peering.enabled`): where agents of other installs read this
+//! install's exports. Who may connect is decided before anything else: a connection
 //! completes its TLS 1.3 handshake only with a peering certificate from the CA of the very
 //! install it names, an install a FerryPeer trusts with `exports: Allow`
 //! (`ferry_link::peering_server_config`); a plain TCP client, a client without a
@@ -7,26 +7,63 @@
 //! completed its handshake a connection is held in the same bounded pool as the transfer
 //! port's ([`crate::transfer`]'s limits).
 //!
-//! Exports (`CopyExport`) are not built yet: a trusted peer's first frame is answered with
-//! a refusal that says so, and the connection ends. The export's checks come here.
+//! Then the first frame must be an [`ExportHello`]: the export is looked up and the hello
+//! judged ([`check`]: the credential, the reader, the export's state, its reader slots) by
+//! [`Exports`] (the daemon's, which also resolves the export's source on this node), and
+//! a hello let in is served as a shard's source between nodes is, beneath the export's
+//! path. Every refusal says `<reason>: <why>` and ends the connection.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
+use ferry_engine::send::SendOptions;
+use ferry_transfer::frame::{Frame, VERSION};
+use ferry_transfer::ExportHello;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::daemon::PeerIdentity;
 use crate::transfer::{
-    accept_loop, admitted, read_frame, refuse, TransferError, HANDSHAKE_TIMEOUT,
+    accept_loop, admitted, read_frame, refuse, serve_source, OpenSource, TransferError,
+    HANDSHAKE_TIMEOUT,
 };
 
-/// What a trusted peer is told while this install serves no exports.
-pub const NO_EXPORTS: &str =
-    "ExportNotFound: this install serves no exports (CopyExport is not built yet)";
+pub mod check;
 
-/// Serve the peering port until the process ends, with the newest identity on `identity`;
-/// without one yet, connections are closed unanswered.
-pub async fn serve(listener: TcpListener, identity: PeerIdentity) {
+/// What serving an export hello takes: its source, opened beneath the export's path, how
+/// it is sent, the names for the metrics, and the hold on a reader slot (released when the
+/// connection ends).
+pub struct ExportGrant {
+    pub open: OpenSource,
+    pub options: SendOptions,
+    /// The export's namespace and name.
+    pub named: (String, String),
+    pub held: check::Held,
+}
+
+impl std::fmt::Debug for ExportGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportGrant")
+            .field("named", &self.named)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the peering port looks exports up: `Err` is the refusal, said to the peer.
+pub trait Exports: Send + Sync + 'static {
+    /// `hello` from an agent of `peer` (its certificate's install and node).
+    fn grant<'a>(
+        &'a self,
+        hello: &'a ExportHello,
+        peer: &'a ferry_link::PeerId,
+    ) -> Pin<Box<dyn Future<Output = Result<ExportGrant, check::Refusal>> + Send + 'a>>;
+}
+
+/// Serve the peering port until the process ends, with the newest identity on `identity`
+/// (without one yet, connections are closed unanswered) and exports looked up in
+/// `exports`.
+pub async fn serve(listener: TcpListener, identity: PeerIdentity, exports: Arc<dyn Exports>) {
     accept_loop(
         listener,
         "peering",
@@ -34,26 +71,71 @@ pub async fn serve(listener: TcpListener, identity: PeerIdentity) {
         // anyone can cause, reads nothing sooner.
         || {},
         move || identity.borrow().as_ref().map(|tls| tls.server.clone()),
-        connection,
+        move |acceptor, tcp, addr, entry, slots| {
+            connection(acceptor, tcp, addr, entry, slots, exports.clone())
+        },
     )
     .await
 }
 
-/// One connection: handshake (in the gate's pool), a slot, the first frame, the refusal.
+/// One connection: handshake (in the gate's pool), a slot, the export hello, the grant,
+/// then the source served.
 async fn connection(
     acceptor: tokio_rustls::TlsAcceptor,
     tcp: TcpStream,
     addr: SocketAddr,
     entry: ferry_serve::gate::Entry,
     slots: Arc<tokio::sync::Semaphore>,
+    exports: Arc<dyn Exports>,
 ) -> Result<(), TransferError> {
     // rustls completes the handshake only with a peering certificate of a trusted install.
     let (mut tls, _slot) = admitted(&acceptor, tcp, addr, entry, slots).await?;
     let peer = ferry_link::peer_id(tls.get_ref().1)?;
-    // Whatever it asks, bounded as the transfer port's first frame is.
-    let _first = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut tls))
+    let first = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut tls))
         .await
         .map_err(|_| TransferError::Timeout { what: "the hello" })??;
-    tracing::info!(install = %peer.install, node = %peer.node, "a peer asked for an export; none is served");
-    Err(refuse(&mut tls, NO_EXPORTS.into()).await)
+    let Frame::ExportHello(hello) = first else {
+        return Err(refuse(
+            &mut tls,
+            "the first frame on the peering port is an export hello".into(),
+        )
+        .await);
+    };
+    if hello.version != VERSION {
+        let why = format!(
+            "protocol version {}; this agent speaks {VERSION}: run one Ferry version in both clusters",
+            hello.version
+        );
+        return Err(refuse(&mut tls, why).await);
+    }
+    let looked_up = tokio::time::timeout(HANDSHAKE_TIMEOUT, exports.grant(&hello, &peer))
+        .await
+        .map_err(|_| TransferError::Timeout {
+            what: "looking up the export",
+        })?;
+    let grant = match looked_up {
+        Ok(g) => g,
+        Err(refusal) => {
+            tracing::info!(install = %peer.install, node = %peer.node, ?hello, reason = ?refusal.reason, "export hello refused");
+            return Err(refuse(&mut tls, refusal.said()).await);
+        }
+    };
+    let what = format!(
+        "export {}/{} for job {} of {}/{}",
+        grant.named.0,
+        grant.named.1,
+        String::from_utf8_lossy(&hello.job),
+        peer.install,
+        String::from_utf8_lossy(&hello.namespace)
+    );
+    let _held = grant.held;
+    serve_source(
+        tls,
+        &peer.node,
+        &what,
+        grant.open,
+        grant.options,
+        grant.named,
+    )
+    .await
 }

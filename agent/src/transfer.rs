@@ -397,37 +397,46 @@ async fn connection(
         }
         Ok(g) => Ok(g),
     };
-    // The source is opened (beneath its root, on a blocking thread: an NFS root can hang)
-    // only for a receiver let in, and before the welcome, so that one that cannot be
-    // opened is a refusal that says why.
-    let opened = match refusal {
+    match refusal {
         Ok(g) => {
-            let open = g.open.clone();
-            match tokio::task::spawn_blocking(move || open()).await {
-                Ok(Ok(top)) => Ok((g, top)),
-                Ok(Err(why)) => Err(why),
-                Err(e) => Err(format!("opening the source: {e}")),
-            }
+            let what = format!("shard {shard} of job {}", g.job);
+            serve_source(tls, &peer, &what, g.open, g.options, g.named).await
         }
-        Err(why) => Err(why),
-    };
-    let (grant, top) = match opened {
-        Ok(x) => x,
-        Err(reason) => return Err(refuse(&mut tls, reason).await),
+        Err(reason) => Err(refuse(&mut tls, reason).await),
+    }
+}
+
+/// Serve `open`'s source to `peer` (a receiver let in: its hello checked) on `tls`: the
+/// source opened (beneath its root, on a blocking thread: an NFS root can hang) before the
+/// welcome, so that one that cannot be opened is a refusal that says why; then the source
+/// half until the receiver closes, what is sent counted for the metrics under `named`
+/// (namespace, name). `what` names it in the logs.
+pub(crate) async fn serve_source(
+    mut tls: tokio_rustls::server::TlsStream<TcpStream>,
+    peer: &str,
+    what: &str,
+    open: OpenSource,
+    options: SendOptions,
+    named: (String, String),
+) -> Result<(), TransferError> {
+    let top = match tokio::task::spawn_blocking(move || open()).await {
+        Ok(Ok(top)) => top,
+        Ok(Err(why)) => return Err(refuse(&mut tls, why).await),
+        Err(e) => return Err(refuse(&mut tls, format!("opening the source: {e}")).await),
     };
     write_frame(&mut tls, &Frame::Welcome { version: VERSION })
         .await
         .map_err(|e| TransferError::Hello(e.to_string()))?;
-    tracing::info!(%peer, job = %grant.job, shard, epoch, "serving a shard's source");
+    tracing::info!(%peer, what, "serving a shard's source");
     let metrics = crate::serve::metrics();
     let senders = metrics.connections.with_label_values(&["sender"]);
     senders.inc();
-    let (ns, name) = grant.named.clone();
+    let (ns, name) = named;
     let (r, w) = tokio::io::split(tls);
     let (r, w) = (SyncIoBridge::new(r), SyncIoBridge::new(w));
     // What is sent is counted as it goes (every second), for the network rate.
     let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut options = grant.options.clone();
+    let mut options = options;
     options.sent = Some(sent.clone());
     let mut serving = tokio::task::spawn_blocking(move || {
         ferry_engine::send::serve(&top, r, w, &options).map_err(|e| e.to_string())
@@ -448,7 +457,7 @@ async fn connection(
     senders.dec();
     match served {
         Ok(Ok(summary)) => {
-            tracing::info!(%peer, bytes = summary.bytes_sent, files = summary.files_sent, "shard's source served");
+            tracing::info!(%peer, what, bytes = summary.bytes_sent, files = summary.files_sent, "shard's source served");
             Ok(())
         }
         Ok(Err(e)) => Err(TransferError::Hello(e)),

@@ -224,8 +224,9 @@ fn two_installs_pair_by_applying_what_each_publishes_and_bad_peers_are_refused()
         "a bad install name: {refused:?}"
     );
 
-    agents_serve_the_peering_port_to_trusted_peers_only(a, &east_name, b)?;
+    let reader = agents_serve_the_peering_port_to_trusted_peers_only(a, &east_name, b)?;
     exports::a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(a, &east_name)?;
+    exports::the_peering_port_serves_an_export_to_its_reader_only(a, &reader)?;
 
     // Who may read the peering CA: the operator, that Secret only; the agents, nothing.
     for cp in [a, b] {
@@ -259,16 +260,27 @@ fn two_installs_pair_by_applying_what_each_publishes_and_bad_peers_are_refused()
 /// CA, which a FerryPeer on east trusts) and tells it that no export is served, and gives a
 /// plain TCP client, an impostor of west (another CA) and an install no FerryPeer names
 /// nothing but a failed handshake.
+/// A reader of west on east's peering port: east-1's agent, its address and host root, a
+/// west agent's peering certificate and key, and east's install name and CA.
+struct Reader {
+    _agent: ferry_e2e::Proc,
+    listen: String,
+    root: PathBuf,
+    west: (String, String),
+    east_name: String,
+    east_ca: String,
+}
+
 fn agents_serve_the_peering_port_to_trusted_peers_only(
     east: &ControlPlane,
     east_name: &str,
     west: &ControlPlane,
-) -> Result<()> {
+) -> Result<Reader> {
     use ferry_link::{Ca, NodeKey};
-    east.add_node("east-1")?;
+    let root = east.add_node("east-1")?;
     let port = ferry_e2e::free_port()?;
     let listen = format!("127.0.0.1:{port}");
-    let _agent = east.spawn_chart_agent(
+    let agent = east.spawn_chart_agent(
         "east-1",
         &ferry_e2e::transfer_ip(0),
         &[("FERRY_PEERING_LISTEN", &listen)],
@@ -314,9 +326,10 @@ fn agents_serve_the_peering_port_to_trusted_peers_only(
         let cert = ca.sign_peer(&key.csr_pem, install, "west-1", Duration::from_secs(3600))?;
         Ok((cert, key.key_pem))
     };
-    let answer = hello(&listen, &peer(&west_ca, "west")?, &east_ca, east_name)?;
+    let west_agent = peer(&west_ca, "west")?;
+    let answer = hello(&listen, &west_agent, &east_ca, east_name)?;
     ensure!(
-        answer.contains("ExportNotFound"),
+        answer.starts_with("ExportNotFound: no export with uid"),
         "a trusted peer was told: {answer}"
     );
 
@@ -341,29 +354,46 @@ fn agents_serve_the_peering_port_to_trusted_peers_only(
         got.len(),
         String::from_utf8_lossy(&got)
     );
-    Ok(())
+    Ok(Reader {
+        _agent: agent,
+        listen,
+        root,
+        west: west_agent,
+        east_name: east_name.to_string(),
+        east_ca,
+    })
 }
 
-/// A hello on the peering port at `addr` as the agent `(cert, key)` of another install,
-/// trusting the export's CA `ca_pem` and expecting install `expect`: the refusal's reason.
-fn hello(addr: &str, (cert, key): &(String, String), ca_pem: &str, expect: &str) -> Result<String> {
-    use ferry_transfer::frame::{Frame, VERSION};
-    use ferry_transfer::stream::{read_frame, write_frame};
+/// A TLS connection to the peering port at `addr` as the agent `(cert, key)` of another
+/// install, trusting the export's CA `ca_pem` and expecting install `expect`.
+fn connect(
+    addr: &str,
+    (cert, key): &(String, String),
+    ca_pem: &str,
+    expect: &str,
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>> {
     let config = ferry_link::peering_client_config(ca_pem, expect, cert, key)?;
     let tcp = std::net::TcpStream::connect(addr)?;
     tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
     let conn = rustls::ClientConnection::new(config, ferry_link::server_name())?;
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
-    let frame = Frame::Hello {
+    Ok(rustls::StreamOwned::new(conn, tcp))
+}
+
+/// An export hello for an export no install has, on [`connect`]'s connection: the refusal.
+fn hello(addr: &str, identity: &(String, String), ca_pem: &str, expect: &str) -> Result<String> {
+    use ferry_transfer::frame::{Frame, VERSION};
+    let mut tls = connect(addr, identity, ca_pem, expect)?;
+    let frame = Frame::ExportHello(ferry_transfer::ExportHello {
         version: VERSION,
-        job: b"an export".to_vec(),
+        export: b"00000000-0000-4000-8000-000000000000".to_vec(),
+        credential: [7; 32],
+        job: b"a job".to_vec(),
+        namespace: b"shop-dr".to_vec(),
         shard: 0,
         epoch: 1,
-        ticket: [7; 32],
-    };
-    write_frame(&mut tls, &frame, &mut Vec::new())?;
-    std::io::Write::flush(&mut tls)?;
-    match read_frame(&mut tls, &mut Vec::new())? {
+        path: Vec::new(),
+    });
+    match exports::ask(&mut tls, &frame)? {
         Frame::Refused { reason } => Ok(reason),
         other => anyhow::bail!("the peering port answered {other:?}"),
     }

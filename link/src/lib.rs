@@ -83,3 +83,41 @@ pub fn random_ticket() -> Result<[u8; 32], Error> {
         .map_err(|_| Error::Random)?;
     Ok(t)
 }
+
+/// SHA-256 of an export's credential, lowercase hex: what the export's status lists (the
+/// operator writes it) and what the source's agents compare a presented credential with.
+pub fn credential_hash(credential: &[u8; 32]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, credential)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Whether `presented`'s [`credential_hash`] is `listed`, compared in time that does not
+/// depend on where they differ.
+pub fn credential_matches(presented: &[u8; 32], listed: &str) -> bool {
+    let ours = credential_hash(presented);
+    ours.len() == listed.len()
+        && ours
+            .bytes()
+            .zip(listed.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+#[cfg(test)]
+mod credential_tests {
+    use super::*;
+
+    #[test]
+    fn a_credential_matches_its_own_hash_only() {
+        let c = [5u8; 32];
+        let h = credential_hash(&c);
+        assert_eq!(h.len(), 64);
+        assert!(credential_matches(&c, &h));
+        assert!(!credential_matches(&[6u8; 32], &h));
+        assert!(!credential_matches(&c, &h[..63]));
+        assert!(!credential_matches(&c, &h.to_uppercase()));
+    }
+}

@@ -5,7 +5,7 @@
 use ferry_crds::Endpoint;
 use kube::Client;
 
-use crate::{reach, validate};
+use crate::{reach, validate, Reach};
 
 /// A CopyExport's source in namespace `ns`: `Ok(Ok(()))` when its claim is there and bound
 /// (or waits for its first consumer) or its StorageRoot admits the namespace, as a job's
@@ -16,6 +16,17 @@ pub async fn export_source(
     ns: &str,
     source: &ferry_crds::ExportSource,
 ) -> Result<Result<(), String>, kube::Error> {
+    Ok(export_reach(client, ns, source).await?.map(|_| ()))
+}
+
+/// How a CopyExport's source in namespace `ns` is reached ([`crate::Reach`]), or why not:
+/// what the agent serving it resolves for itself (from the export's spec and objects only
+/// admins or Kubernetes write).
+pub async fn export_reach(
+    client: &Client,
+    ns: &str,
+    source: &ferry_crds::ExportSource,
+) -> Result<Result<Reach, String>, kube::Error> {
     let e = Endpoint {
         root: source.root.clone(),
         pvc: source.pvc.clone(),
@@ -27,6 +38,5 @@ pub async fn export_source(
     }
     Ok(reach(client, ns, "spec.source", &e, false, "")
         .await?
-        .map(|_| ())
         .map_err(|b| b.message))
 }

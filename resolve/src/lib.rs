@@ -16,7 +16,7 @@ pub mod snapshot;
 pub mod validate;
 pub mod volume;
 
-pub use export::export_source;
+pub use export::{export_reach, export_source};
 pub use nodes::{eligible_nodes, selector_matches, Reachable};
 use pods::{block_holder, holder_of, running_pods_with_claims};
 pub use pods::{end, pods_with_claims, uses_claim, HOLDER_OF, HOLDS};

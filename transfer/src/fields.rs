@@ -11,6 +11,8 @@ use crate::Error;
 pub const PATH_BYTES_MAX: usize = 1 << 20;
 /// Longest reason in a refusal, a failure or an abort.
 pub const REASON_MAX: usize = 1024;
+/// Longest job or export identity (a Kubernetes UID is 36 bytes).
+pub const JOB_MAX: usize = 128;
 /// The longest range one [`crate::Frame::ReadRange`] asks for (a block copy's largest chunk).
 pub const MAX_RANGE: u32 = 64 << 20;
 

@@ -33,13 +33,15 @@
 //! - [`Frame::Failed`]: a request failed (with the errno the sender's kernel gave).
 //! - [`Frame::Close`]: the receiver no longer wants a request's answers.
 //!
-//! [`Frame::Abort`] ends a connection, either way, with a reason.
+//! [`Frame::Abort`] ends a connection, either way, with a reason. On the peering port (a
+//! reader of another install), [`Frame::ExportHello`] takes the hello's place.
 
 use bytes::Bytes;
 
 use crate::codec::{Reader, Writer};
 use crate::entry::{self, Entry};
-pub use crate::fields::{check_path, MAX_RANGE, PATH_BYTES_MAX, REASON_MAX};
+pub use crate::export_hello::ExportHello;
+pub use crate::fields::{check_path, JOB_MAX, MAX_RANGE, PATH_BYTES_MAX, REASON_MAX};
 use crate::fields::{
     check_range, flag, optional_hash, path, reason, time, truncated_reason, write_optional_hash,
     write_path,
@@ -71,8 +73,6 @@ pub const CHUNK_SHIFT_MAX: u8 = 40;
 /// The most chunk hashes one file has: a receiver picks the chunk size its file needs to
 /// fit (a sender refuses a file larger than that), so they travel in one frame.
 pub const MAX_CHUNKS: usize = 1 << 16;
-/// Longest job identity (a Kubernetes UID is 36 bytes).
-pub const JOB_MAX: usize = 128;
 
 /// What a file is expected to be when its data is asked for (from its record): if the
 /// sender finds it otherwise, it answers with `changed`, sending nothing.
@@ -105,6 +105,9 @@ pub enum Frame {
         epoch: u64,
         ticket: [u8; 32],
     },
+    /// A reader of another install to the peering port, first: which export, with what
+    /// credential, for which job (see [`ExportHello`]).
+    ExportHello(ExportHello),
     /// Sender to receiver: the hello is accepted.
     Welcome { version: u16 },
     /// Sender to receiver: it is not, and why (then the sender closes the connection).
@@ -251,6 +254,7 @@ impl Frame {
             Frame::HashChunks { .. } => 19,
             Frame::ChunkHashes { .. } => 20,
             Frame::ReadPart { .. } => 21,
+            Frame::ExportHello(_) => 22,
         }
     }
 
@@ -300,6 +304,7 @@ impl Frame {
                 w.u64(*epoch);
                 w.buf.extend_from_slice(ticket);
             }
+            Frame::ExportHello(h) => h.encode(w)?,
             Frame::Welcome { version } => w.u16(*version),
             Frame::Refused { reason } | Frame::Abort { reason } => {
                 w.bytes(truncated_reason(reason))
@@ -511,6 +516,7 @@ impl Frame {
             2 => Frame::Welcome {
                 version: r.u16("version")?,
             },
+            22 => Frame::ExportHello(ExportHello::decode(&mut r)?),
             3 => Frame::Refused {
                 reason: reason(&mut r, "refusal")?,
             },

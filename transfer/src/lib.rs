@@ -8,13 +8,14 @@
 pub mod buffers;
 mod codec;
 pub mod entry;
+mod export_hello;
 mod fields;
 pub mod frame;
 pub mod stream;
 
 pub use buffers::Buffers;
 pub use entry::{Entry, Kind, Time, Xattr};
-pub use frame::{Fingerprint, Frame, Inline};
+pub use frame::{ExportHello, Fingerprint, Frame, Inline};
 pub use stream::{read_frame, write_frame};
 
 /// Why bytes from a peer are not a frame (or a frame cannot be sent).

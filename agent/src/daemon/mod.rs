@@ -12,6 +12,7 @@
 mod certs;
 mod devices;
 mod error;
+mod exports;
 mod fence;
 mod job_options;
 mod journal;
@@ -156,7 +157,27 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             .map_err(|source| RunError::PeeringListen { addr, source })?;
         tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving the peering port");
         let identity = peer_identity::start(client.clone(), settings.node.clone());
-        tokio::spawn(crate::peering::serve(listener, identity));
+        // The exports it may serve: every CopyExport of this install, watched (their
+        // status, which only the operator writes, lists the credentials' hashes).
+        let (exports, writer) = reflector::store();
+        let watched = reflector(
+            writer,
+            watcher(
+                Api::<ferry_crds::CopyExport>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .for_each(|_| futures::future::ready(()));
+        tokio::spawn(watched);
+        let grants = Arc::new(exports::ExportGrants {
+            client: client.clone(),
+            settings: settings.clone(),
+            exports,
+            identity: identity.clone(),
+            holders: Arc::default(),
+        });
+        tokio::spawn(crate::peering::serve(listener, identity, grants));
     }
     let fence = Arc::new(Fence::new(settings.lease_seconds));
     tokio::spawn(fence::heartbeat(

@@ -227,7 +227,7 @@ fn send_options(
 
 /// Open the root inside the node's filesystem, then the job's path beneath it, as a local
 /// copy opens its source.
-fn open_source(
+pub(super) fn open_source(
     host: &std::path::Path,
     node: &str,
     root: &str,

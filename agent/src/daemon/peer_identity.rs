@@ -9,6 +9,7 @@
 //! then by name, as the operator's `DuplicatePeer` has it), so a second peer for an install,
 //! or one holding another install's CA, is left out rather than breaking the others.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,8 +29,9 @@ pub const PEERS_EVERY: Duration = Duration::from_secs(30);
 pub struct PeeringTls {
     /// This install and node, as the certificate names them.
     pub id: ferry_link::PeerId,
-    /// The installs whose agents may connect.
-    pub installs: Vec<String>,
+    /// The installs whose agents may connect, each with the FerryPeer that trusts it (the
+    /// name an export's readers give).
+    pub peers: BTreeMap<String, String>,
     /// The peering port's configuration.
     pub server: Arc<rustls::ServerConfig>,
 }
@@ -38,7 +40,7 @@ impl std::fmt::Debug for PeeringTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeeringTls")
             .field("id", &self.id)
-            .field("installs", &self.installs)
+            .field("peers", &self.peers)
             .finish_non_exhaustive()
     }
 }
@@ -76,22 +78,21 @@ async fn keep(client: Client, node: String, tx: watch::Sender<Option<Arc<Peering
         };
         tracing::info!(install = %id.install, node = %id.node, "peering certificate issued");
         let renew_at = tokio::time::Instant::now() + LIFETIME * 2 / 3;
-        let mut last: Option<Vec<String>> = None;
+        let mut last: Option<BTreeMap<String, String>> = None;
         while tokio::time::Instant::now() < renew_at {
-            match trusted(&client).await.and_then(|peers| {
-                let installs: Vec<String> = peers.installs().map(str::to_owned).collect();
-                ferry_link::peering_server_config(&peers, &cert, &key)
-                    .map(|server| (installs, server))
+            match trusted(&client).await.and_then(|(set, peers)| {
+                ferry_link::peering_server_config(&set, &cert, &key)
+                    .map(|server| (peers, server))
                     .map_err(|e| e.to_string())
             }) {
-                Ok((installs, server)) => {
-                    if last.as_ref() != Some(&installs) {
-                        tracing::info!(?installs, "peering: the installs whose agents may connect");
-                        last = Some(installs.clone());
+                Ok((peers, server)) => {
+                    if last.as_ref() != Some(&peers) {
+                        tracing::info!(installs = ?peers.keys().collect::<Vec<_>>(), "peering: the installs whose agents may connect");
+                        last = Some(peers.clone());
                     }
                     tx.send_replace(Some(Arc::new(PeeringTls {
                         id: id.clone(),
-                        installs,
+                        peers,
                         server,
                     })));
                 }
@@ -105,7 +106,9 @@ async fn keep(client: Client, node: String, tx: watch::Sender<Option<Arc<Peering
 
 /// The installs whose agents may connect: the FerryPeers with `exports: Allow`, each kept
 /// only if its bundle makes a set with those kept before it ([`admit`]).
-async fn trusted(client: &Client) -> Result<ferry_link::PeerSet, String> {
+async fn trusted(
+    client: &Client,
+) -> Result<(ferry_link::PeerSet, BTreeMap<String, String>), String> {
     let list = Api::<FerryPeer>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -115,18 +118,22 @@ async fn trusted(client: &Client) -> Result<ferry_link::PeerSet, String> {
 
 /// [`trusted`]'s decision over `peers`: oldest first (then by name), each with `exports:
 /// Allow` kept if it still makes a valid set with those kept before it, at most
-/// `ferry_link::MAX_PEERS`.
-pub fn admit(mut peers: Vec<FerryPeer>) -> ferry_link::PeerSet {
+/// `ferry_link::MAX_PEERS`; with the name of the FerryPeer kept for each install.
+pub fn admit(mut peers: Vec<FerryPeer>) -> (ferry_link::PeerSet, BTreeMap<String, String>) {
     peers.sort_by_key(|p| (p.creation_timestamp().map(|t| t.0), p.name_any()));
     let mut set = ferry_link::PeerSet::default();
+    let mut names = BTreeMap::new();
     for p in peers.iter().filter(|p| p.spec.exports == PeerAccess::Allow) {
         // Refused (the set left as it was): a second of an install or of a CA, a bad
         // bundle, or more than ferry_link::MAX_PEERS.
-        if let Err(e) = set.insert(p.spec.install.clone(), &p.spec.ca_bundle) {
-            tracing::debug!(peer = %p.name_any(), error = %e, "FerryPeer left out");
+        match set.insert(p.spec.install.clone(), &p.spec.ca_bundle) {
+            Ok(()) => {
+                names.insert(p.spec.install.clone(), p.name_any());
+            }
+            Err(e) => tracing::debug!(peer = %p.name_any(), error = %e, "FerryPeer left out"),
         }
     }
-    set
+    (set, names)
 }
 
 #[cfg(test)]
@@ -165,7 +172,7 @@ mod tests {
     fn the_first_peer_of_an_install_or_a_ca_is_let_in_and_denied_or_broken_ones_are_not() {
         let ca = |n: &str| ferry_link::Ca::generate(n).expect("a CA");
         let (west, south, north) = (ca("west"), ca("south"), ca("north"));
-        let set = admit(vec![
+        let (set, names) = admit(vec![
             // Newer, same install: left out, whatever its order in the list.
             peer(
                 "west-again",
@@ -184,5 +191,11 @@ mod tests {
         let installs: Vec<&str> = set.installs().collect();
         // South's CA was first claimed by west-again, which was left out: south is in.
         assert_eq!(installs, ["south", "west"]);
+        // Each install with the FerryPeer that let it in (an export's readers name it).
+        let named: Vec<(&str, &str)> = names
+            .iter()
+            .map(|(i, n)| (i.as_str(), n.as_str()))
+            .collect();
+        assert_eq!(named, [("south", "south"), ("west", "west")]);
     }
 }

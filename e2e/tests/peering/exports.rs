@@ -4,11 +4,18 @@
 //! peering CA) whose credential only the status's SHA-256 names; a rotation writes a new
 //! credential and keeps the previous one's hash until its grace ends; an unknown reader, a
 //! time beyond the install's longest and a missing source are each refused with what to
-//! change; a namespace's editors may write exports but not their status.
+//! change; a namespace's editors may write exports but not their status. Then east-1's
+//! agent serves the export on its peering port to west's agent holding the credential, and
+//! to no one else.
+
+use std::io::Write;
 
 use anyhow::{ensure, Context, Result};
 use ferry_e2e::{wait_for, ControlPlane, CHART_NAMESPACE};
 use ferry_operator::export::decide::sha256_hex;
+use ferry_transfer::frame::{Frame, VERSION};
+use ferry_transfer::stream::{read_frame, write_frame};
+use ferry_transfer::ExportHello;
 
 use super::{base64_decode, can_i, WITHIN};
 
@@ -46,6 +53,13 @@ fn export(name: &str, source: &str, peer: &str, ttl: &str) -> String {
 fn secret_key(cp: &ControlPlane, secret: &str, key: &str) -> Result<Vec<u8>> {
     let path = format!("{{.data.{}}}", key.replace('.', "\\."));
     base64_decode(&cp.get(&format!("secret/{secret}"), NS, &path)?)
+}
+
+/// The Secret's credential: 32 bytes.
+fn credential(cp: &ControlPlane, secret: &str) -> Result<[u8; 32]> {
+    let c = secret_key(cp, secret, "credential")?;
+    c.try_into()
+        .map_err(|c: Vec<u8>| anyhow::anyhow!("a credential of {} bytes", c.len()))
 }
 
 /// The hashes the status lists, current first.
@@ -94,8 +108,7 @@ pub fn a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(
         "{.data.ca\\.crt}",
     )?;
     ensure!(String::from_utf8(secret_key(east, secret, "ca.crt")?)?.trim() == ca.trim());
-    let first = secret_key(east, secret, "credential")?;
-    ensure!(first.len() == 32, "a credential of {} bytes", first.len());
+    let first = credential(east, secret)?;
     ensure!(
         hashes(east)? == [sha256_hex(&first)],
         "the status names another credential than the Secret holds: {:?}",
@@ -124,7 +137,7 @@ pub fn a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(
         "{\"spec\":{\"rotate\":1}}",
     ))?;
     ensure!(ready(east, "db")?.starts_with("Ready True"));
-    let second = secret_key(east, secret, "credential")?;
+    let second = credential(east, secret)?;
     ensure!(second != first, "the Secret kept its credential");
     ensure!(
         hashes(east)? == [sha256_hex(&second), sha256_hex(&first)],
@@ -184,5 +197,173 @@ pub fn a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(
     ensure!(can(&["create", "copyexports"])?);
     ensure!(can(&["patch", "copyexports/db"])?);
     ensure!(!can(&["patch", "copyexports/db", "--subresource=status"])?);
+    Ok(())
+}
+
+/// Send `frame` on `tls` and read the answer.
+pub fn ask<S: std::io::Read + std::io::Write>(tls: &mut S, frame: &Frame) -> Result<Frame> {
+    write_frame(tls, frame, &mut Vec::new())?;
+    tls.flush()?;
+    Ok(read_frame(tls, &mut Vec::new())?)
+}
+
+/// East-1's agent (its peering port at `reader.listen`) serves export `db` (a root's `db`
+/// directory, in `reader.root`) to west's agent with the Secret's credential for a job of
+/// `shop-dr`: its tree beneath the export's path, the sub-path asked for; and refuses a
+/// credential not the export's, a namespace not a reader, a second job while the first
+/// holds the only slot, and, once deleted, the export itself.
+pub fn the_peering_port_serves_an_export_to_its_reader_only(
+    east: &ControlPlane,
+    reader: &super::Reader,
+) -> Result<()> {
+    let data = reader.root.join("srv/shared/db");
+    std::fs::create_dir_all(data.join("2026"))?;
+    std::fs::write(data.join("orders.csv"), b"id,total\n1,20\n")?;
+    std::fs::write(data.join("2026/jan.csv"), b"id\n7\n")?;
+    // Beside the export, never served.
+    std::fs::write(reader.root.join("srv/shared/secret.txt"), b"not exported")?;
+    let uid = east.get("copyexport/db", NS, "{.metadata.uid}")?;
+    let credential = credential(east, "db-ferry-export")?;
+    let hello = |credential: [u8; 32], job: &str, namespace: &str, path: &str| {
+        Frame::ExportHello(ExportHello {
+            version: VERSION,
+            export: uid.as_bytes().to_vec(),
+            credential,
+            job: job.as_bytes().to_vec(),
+            namespace: namespace.as_bytes().to_vec(),
+            shard: 0,
+            epoch: 1,
+            path: path.as_bytes().to_vec(),
+        })
+    };
+    let open = || {
+        super::connect(
+            &reader.listen,
+            &reader.west,
+            &reader.east_ca,
+            &reader.east_name,
+        )
+    };
+    let refused = |frame: &Frame| -> Result<String> {
+        match ask(&mut open()?, frame)? {
+            Frame::Refused { reason } => Ok(reason),
+            other => anyhow::bail!("answered {other:?}"),
+        }
+    };
+
+    // The reader: welcome, then the export's tree, not what is beside it.
+    let mut first = open()?;
+    let welcome = ask(&mut first, &hello(credential, "job-1", "shop-dr", ""))?;
+    ensure!(matches!(welcome, Frame::Welcome { .. }), "{welcome:?}");
+    let Frame::Entry { entry: top, .. } = ask(
+        &mut first,
+        &Frame::Stat {
+            req: 1,
+            path: Vec::new(),
+        },
+    )?
+    else {
+        anyhow::bail!("no entry for the export's top");
+    };
+    let list = Frame::List {
+        req: 2,
+        path: Vec::new(),
+        ino: top.ino,
+        inline: true,
+        hash: false,
+    };
+    let Frame::Listing {
+        entries, inline, ..
+    } = ask(&mut first, &list)?
+    else {
+        anyhow::bail!("no listing of the export's top");
+    };
+    let names: Vec<String> = entries
+        .iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
+    ensure!(
+        names.len() == 2 && names.contains(&"orders.csv".into()) && names.contains(&"2026".into()),
+        "{names:?}"
+    );
+    ensure!(
+        inline.iter().any(|i| &i.data[..] == b"id,total\n1,20\n"),
+        "the file's bytes: {inline:?}"
+    );
+    // While job-1 holds the only slot, job-2 gets nothing.
+    let second = refused(&hello(credential, "job-2", "shop-dr", ""))?;
+    ensure!(second.starts_with("InUse:"), "{second}");
+    // A path out of the export, sent as raw bytes (the encoder refuses to write it): the
+    // sender answers no entry, and the connection ends.
+    let path = b"../secret.txt";
+    let mut raw = vec![4u8];
+    raw.extend_from_slice(&((4 + 4 + path.len()) as u32).to_le_bytes());
+    raw.extend_from_slice(&3u32.to_le_bytes());
+    raw.extend_from_slice(&(path.len() as u32).to_le_bytes());
+    raw.extend_from_slice(path);
+    first.write_all(&raw)?;
+    first.flush()?;
+    let beside = read_frame(&mut first, &mut Vec::new());
+    ensure!(
+        !matches!(beside, Ok(Frame::Entry { .. })),
+        "a path beyond the export: {beside:?}"
+    );
+    drop(first);
+    // A sub-path of the export, for a job once the slot is free.
+    let mut sub = None;
+    wait_for("the reader slot freed", WITHIN, || {
+        sub = open().ok().and_then(|mut c| {
+            matches!(
+                ask(&mut c, &hello(credential, "job-2", "shop-dr", "2026")),
+                Ok(Frame::Welcome { .. })
+            )
+            .then_some(c)
+        });
+        sub.is_some()
+    })?;
+    let mut sub = sub.context("a connection")?;
+    let Frame::Entry { entry: top, .. } = ask(
+        &mut sub,
+        &Frame::Stat {
+            req: 1,
+            path: Vec::new(),
+        },
+    )?
+    else {
+        anyhow::bail!("no entry for the sub-path");
+    };
+    let Frame::Listing { entries, .. } = ask(
+        &mut sub,
+        &Frame::List {
+            req: 2,
+            path: Vec::new(),
+            ino: top.ino,
+            inline: false,
+            hash: false,
+        },
+    )?
+    else {
+        anyhow::bail!("no listing of the sub-path");
+    };
+    ensure!(
+        entries.len() == 1 && entries[0].name == b"jan.csv",
+        "{entries:?}"
+    );
+    drop(sub);
+
+    // Refusals, each with its reason.
+    let mut guess = credential;
+    guess[0] ^= 1;
+    let r = refused(&hello(guess, "job-3", "shop-dr", ""))?;
+    ensure!(r.starts_with("BadCredential:"), "{r}");
+    let r = refused(&hello(credential, "job-3", "elsewhere", ""))?;
+    ensure!(r.starts_with("NotAReader:"), "{r}");
+    east.kubectl_ok(&["delete", "copyexport", "db", "-n", NS, "--wait=true"])?;
+    let mut gone = String::new();
+    wait_for("the deleted export refused", WITHIN, || {
+        gone = refused(&hello(credential, "job-3", "shop-dr", "")).unwrap_or_default();
+        gone.starts_with("ExportNotFound:")
+    })
+    .with_context(|| gone.clone())?;
     Ok(())
 }

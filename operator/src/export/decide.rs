@@ -344,13 +344,9 @@ fn human(d: Duration) -> String {
     crate::status::human_duration(i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-/// SHA-256 of `bytes`, lowercase hex: what the status says of a credential.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// SHA-256 of a credential, lowercase hex: what the status says of it.
+pub fn sha256_hex(credential: &[u8; 32]) -> String {
+    ferry_link::credential_hash(credential)
 }
 
 #[cfg(test)]

@@ -27,6 +27,16 @@ fn every_kind() -> Vec<Frame> {
             epoch: 7,
             ticket: [0xab; 32],
         },
+        Frame::ExportHello(ExportHello {
+            version: VERSION,
+            export: b"3e4f5a6b-7c8d-4e9f-8a0b-1c2d3e4f5a6b".to_vec(),
+            credential: [0xcd; 32],
+            job: b"0b5e2c1e-6a4c-4a5e-9d51-1f0e7c9c2d10".to_vec(),
+            namespace: b"shop-dr".to_vec(),
+            shard: 2,
+            epoch: 7,
+            path: b"db".to_vec(),
+        }),
         Frame::Welcome { version: VERSION },
         Frame::Refused {
             reason: "ticket is not this shard's".into(),
@@ -301,12 +311,12 @@ fn every_frame_round_trips_through_a_stream() {
     // Every kind is here, so the round trip and truncation tests cover each decoder;
     // the next kind byte is unknown.
     let kinds: std::collections::BTreeSet<u8> = frames.iter().map(Frame::kind).collect();
-    assert_eq!(kinds, (1..=21).collect());
+    assert_eq!(kinds, (1..=22).collect());
     assert!(matches!(
-        Frame::decode(22, &[]),
+        Frame::decode(23, &[]),
         Err(Error::Unknown {
             what: "frame kind",
-            tag: 22
+            tag: 23
         })
     ));
     let mut wire = Vec::new();
@@ -575,4 +585,58 @@ fn data_frames_are_written_from_a_slice_and_read_into_their_own_buffer_as_any_fr
     write_data(&mut over, (1, u64::MAX - 1, false), b"xyz").expect("write");
     assert!(read_frame(&mut over.as_slice(), &mut Vec::new()).is_err());
     assert!(write_data(&mut Vec::new(), (1, 0, false), &vec![0; MAX_DATA + 1]).is_err());
+}
+
+// The peering port's first frame (export_hello.rs).
+fn hello() -> ExportHello {
+    ExportHello {
+        version: crate::frame::VERSION,
+        export: b"3e4f5a6b-7c8d-4e9f-8a0b-1c2d3e4f5a6b".to_vec(),
+        credential: [7; 32],
+        job: b"9a2b7c4d-1e3f-4a5b-8c6d-7e8f9a0b1c2d".to_vec(),
+        namespace: b"shop-dr".to_vec(),
+        shard: 3,
+        epoch: 2,
+        path: b"db/2026".to_vec(),
+    }
+}
+
+#[test]
+fn an_export_hello_round_trips_and_never_prints_its_credential() {
+    let frame = Frame::ExportHello(hello());
+    let mut buf = Vec::new();
+    frame.encode(&mut buf).expect("encode");
+    let back = Frame::decode(buf[0], &buf[crate::frame::HEADER..]).expect("decode");
+    assert_eq!(back, frame);
+    assert!(!format!("{back:?}").contains("7, 7"), "{back:?}");
+}
+
+#[test]
+fn a_path_out_of_the_export_or_an_overlong_field_is_refused_on_both_sides() {
+    for bad in [&b"../other"[..], b"a/../../b", b"/etc"] {
+        let mut h = hello();
+        h.path = bad.to_vec();
+        let mut buf = Vec::new();
+        assert!(
+            Frame::ExportHello(h.clone()).encode(&mut buf).is_err(),
+            "{bad:?} encoded"
+        );
+        // A peer that sends it anyway.
+        let mut w = Writer { buf: Vec::new() };
+        w.u16(h.version);
+        w.bytes(&h.export);
+        w.buf.extend_from_slice(&h.credential);
+        w.bytes(&h.job);
+        w.bytes(&h.namespace);
+        w.u32(h.shard);
+        w.u64(h.epoch);
+        w.bytes(&h.path);
+        assert!(
+            ExportHello::decode(&mut Reader::new(&w.buf)).is_err(),
+            "{bad:?} decoded"
+        );
+    }
+    let mut h = hello();
+    h.namespace = vec![b'a'; crate::export_hello::NAMESPACE_MAX + 1];
+    assert!(Frame::ExportHello(h).encode(&mut Vec::new()).is_err());
 }

@@ -1,0 +1,150 @@
+//! The exports this agent serves on the peering port (chart `peering.enabled`): the
+//! CopyExports it watches, each hello judged by `peering::check` against the export as
+//! watched (never anything the peer says but the credential it proves), and the export's
+//! source resolved by this agent itself, from the export's spec and objects only admins or
+//! Kubernetes write, as a job's source between nodes is: a StorageRoot that admits the
+//! export's namespace and selects this node, or a claim bound to a local or hostPath volume
+//! whose affinity includes this node. Served beneath the export's path and the reader's
+//! sub-path with `openat2` (no `..`, no symlinks), `.ferry` never.
+//!
+//! Not served yet: a claim of a CSI volume (it needs a pod mounting it on this node, which
+//! reachability will arrange); the hello is refused saying so.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ferry_crds::CopyExport;
+use ferry_engine::send::SendOptions;
+use ferry_resolve::Reach;
+use ferry_transfer::ExportHello;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+
+use super::settings::Settings;
+use super::PeerIdentity;
+use crate::peering::check::{self, Holders, Refusal, Why};
+use crate::peering::{ExportGrant, Exports};
+
+/// The daemon's exports.
+pub(super) struct ExportGrants {
+    pub(super) client: Client,
+    pub(super) settings: Settings,
+    pub(super) exports: Store<CopyExport>,
+    /// Which FerryPeer names each trusted install.
+    pub(super) identity: PeerIdentity,
+    pub(super) holders: Arc<Holders>,
+}
+
+impl Exports for ExportGrants {
+    fn grant<'a>(
+        &'a self,
+        hello: &'a ExportHello,
+        peer: &'a ferry_link::PeerId,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<ExportGrant, Refusal>> + Send + 'a>> {
+        Box::pin(self.lookup(hello, peer))
+    }
+}
+
+fn refusal(reason: Why, message: String) -> Refusal {
+    Refusal { reason, message }
+}
+
+impl ExportGrants {
+    async fn lookup(
+        &self,
+        hello: &ExportHello,
+        peer: &ferry_link::PeerId,
+    ) -> Result<ExportGrant, Refusal> {
+        let uid = String::from_utf8_lossy(&hello.export).into_owned();
+        let export = self
+            .exports
+            .state()
+            .into_iter()
+            .find(|e| e.uid().as_deref() == Some(uid.as_str()))
+            .ok_or_else(|| {
+                refusal(
+                    Why::ExportNotFound,
+                    format!("no export with uid {uid} in this install (deleted, or another install's Secret)"),
+                )
+            })?;
+        let peer_name = self
+            .identity
+            .borrow()
+            .as_ref()
+            .and_then(|tls| tls.peers.get(&peer.install).cloned());
+        let job = String::from_utf8_lossy(&hello.job).into_owned();
+        check::check(
+            &export,
+            hello,
+            &peer.install,
+            peer_name.as_deref(),
+            &self.holders.of(&uid),
+            Timestamp::now(),
+        )?;
+        let slots = usize::try_from(export.spec.max_readers).unwrap_or(1).max(1);
+        let held = self.holders.try_hold(&uid, &job, slots).ok_or_else(|| {
+            refusal(
+                Why::InUse,
+                format!("export {} is held by as many jobs as its maxReaders; try again when they finish", export.name_any()),
+            )
+        })?;
+        let root = self.root(&export).await?;
+        let mut path = PathBuf::from(&export.spec.source.path);
+        if !hello.path.is_empty() {
+            // Checked by the frame's decoder: relative, no `..`, no NUL.
+            path.push(String::from_utf8_lossy(&hello.path).as_ref());
+        }
+        let reserved_top = super::job_options::reserved_top(&path.to_string_lossy());
+        let (host, node) = (self.settings.host_root.clone(), self.settings.node.clone());
+        let open: crate::transfer::OpenSource =
+            Arc::new(move || super::network::open_source(&host, &node, &root, &path));
+        Ok(ExportGrant {
+            open,
+            options: SendOptions {
+                workers: self.settings.workers,
+                reserved_top,
+                // Sent; the reader's preserve decides what it keeps.
+                xattrs: true,
+                bandwidth_limit: None,
+                corrupt_in_flight: None,
+                filter: ferry_crds::Filter::default(),
+                sent: None,
+            },
+            named: (export.namespace().unwrap_or_default(), export.name_any()),
+            held,
+        })
+    }
+
+    /// The export's root on this node, resolved here.
+    async fn root(&self, export: &CopyExport) -> Result<String, Refusal> {
+        let me = &self.settings.node;
+        let ns = export.namespace().unwrap_or_default();
+        let not_here = |why: String| refusal(Why::NotReady, why);
+        let reach = ferry_resolve::export_reach(&self.client, &ns, &export.spec.source)
+            .await
+            .map_err(|e| not_here(format!("resolving the export's source on node {me}: {e}")))?
+            .map_err(not_here)?;
+        match reach {
+            Reach::Direct(v) => {
+                let labels = Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+                    .get(me)
+                    .await
+                    .map_err(|e| not_here(format!("reading node {me}: {e}")))?
+                    .metadata
+                    .labels
+                    .unwrap_or_default();
+                if !v.nodes.matches(me, &labels) {
+                    return Err(not_here(format!(
+                        "the export's source is not on node {me}; dial a node that has it"
+                    )));
+                }
+                Ok(v.host_path)
+            }
+            Reach::Csi { .. } => Err(not_here(
+                "the export is a claim of a CSI volume, which the peering port does not serve yet (a root, or a local or hostPath volume, is)".into(),
+            )),
+        }
+    }
+}

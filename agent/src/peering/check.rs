@@ -1,0 +1,220 @@
+//! Whether an export hello may be served, decided without a cluster: the credential is one
+//! the export's status lists and still good (constant time), the asking install's FerryPeer
+//! and the stated namespace are among the export's readers, the export is not being
+//! deleted, is Ready for its current spec, and has not expired; and a reader slot is free
+//! or this job holds one. Only the CopyExport as the agent watches it is consulted (its
+//! status only the source's operator writes); nothing the peer says is believed but the
+//! credential it proves.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ferry_crds::{CopyExport, ExportReason, EXPORT_READY};
+use ferry_transfer::ExportHello;
+use k8s_openapi::jiff::Timestamp;
+
+/// Why a hello is refused: the reason the reader's job will show, and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: Why,
+    pub message: String,
+}
+
+/// The refusal reasons of the peering port (the reader's `ExportRefused` says which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    ExportNotFound,
+    BadCredential,
+    NotAReader,
+    Deleted,
+    NotReady,
+    Expired,
+    InUse,
+}
+
+impl Refusal {
+    /// As the Refused frame says it: `<reason>: <message>`.
+    pub fn said(&self) -> String {
+        format!("{:?}: {}", self.reason, self.message)
+    }
+}
+
+fn refuse(reason: Why, message: String) -> Refusal {
+    Refusal { reason, message }
+}
+
+/// Check `hello` from an agent of install `install` (its FerryPeer here: `peer`, if any
+/// trusts it) against `export`, at `now`; `readers`: the jobs that hold the export's reader
+/// slots now (uids), on this node.
+pub fn check(
+    export: &CopyExport,
+    hello: &ExportHello,
+    install: &str,
+    peer: Option<&str>,
+    readers: &BTreeSet<String>,
+    now: Timestamp,
+) -> Result<(), Refusal> {
+    let name = format!(
+        "{}/{}",
+        export.metadata.namespace.as_deref().unwrap_or_default(),
+        export.metadata.name.as_deref().unwrap_or_default()
+    );
+    let status = export.status.clone().unwrap_or_default();
+    // The credential first: whoever does not hold it learns nothing else of the export.
+    let good = status
+        .credentials
+        .iter()
+        .filter(|c| c.until.as_ref().is_none_or(|u| u.0 > now))
+        .any(|c| ferry_link::credential_matches(&hello.credential, &c.sha256));
+    if !good {
+        return Err(refuse(
+            Why::BadCredential,
+            "the credential is not this export's current one (rotated, or its grace ended): read the export's Secret again".into(),
+        ));
+    }
+    let namespace = String::from_utf8_lossy(&hello.namespace);
+    let listed = peer.is_some_and(|p| {
+        export
+            .spec
+            .readers
+            .iter()
+            .any(|r| r.peer == p && r.namespace == namespace)
+    });
+    if !listed {
+        return Err(refuse(
+            Why::NotAReader,
+            format!(
+                "export {name} names no reader {}/{namespace} (install {install}); its owner adds one to spec.readers",
+                peer.unwrap_or("<no FerryPeer>")
+            ),
+        ));
+    }
+    if export.metadata.deletion_timestamp.is_some() {
+        return Err(refuse(
+            Why::Deleted,
+            format!("export {name} is being deleted"),
+        ));
+    }
+    let ready = status.conditions.iter().find(|c| c.type_ == EXPORT_READY);
+    let current = status.observed_generation == export.metadata.generation;
+    match ready {
+        Some(c) if c.status == "True" && current => {}
+        Some(c) if c.reason == ExportReason::Expired.as_str() => {
+            return Err(refuse(
+                Why::Expired,
+                format!("export {name}: {}", c.message),
+            ))
+        }
+        Some(c) if current => {
+            return Err(refuse(
+                Why::NotReady,
+                format!("export {name} is not Ready ({}: {})", c.reason, c.message),
+            ))
+        }
+        _ => {
+            return Err(refuse(
+                Why::NotReady,
+                format!("export {name}'s source has not judged its current spec yet; try again"),
+            ))
+        }
+    }
+    match status.expires_at {
+        Some(t) if t.0 > now => {}
+        _ => {
+            return Err(refuse(
+                Why::Expired,
+                format!("export {name} has expired; its owner renews it (spec.renew, or a later spec.expires)"),
+            ))
+        }
+    }
+    let job = String::from_utf8_lossy(&hello.job).into_owned();
+    let slots = usize::try_from(export.spec.max_readers).unwrap_or(1).max(1);
+    if !readers.contains(&job) && readers.len() >= slots {
+        return Err(refuse(
+            Why::InUse,
+            format!(
+                "export {name} is held by {} other job(s), its maxReaders; try again when they finish",
+                readers.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The jobs reading each export on this node (export uid → job uid → connections), so that
+/// `maxReaders` counts jobs, not connections (a job opens several).
+#[derive(Debug, Default)]
+pub struct Holders(std::sync::Mutex<BTreeMap<String, BTreeMap<String, usize>>>);
+
+impl Holders {
+    /// The jobs holding `export` now.
+    pub fn of(&self, export: &str) -> BTreeSet<String> {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        held.get(export)
+            .map(|jobs| jobs.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// One more connection of `job` on `export`, unless `slots` other jobs hold it (then
+    /// `None`): checked and taken under one lock, so two jobs cannot both take the last.
+    pub fn try_hold(
+        self: &std::sync::Arc<Self>,
+        export: &str,
+        job: &str,
+        slots: usize,
+    ) -> Option<Held> {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let jobs = held.entry(export.to_string()).or_default();
+        if !jobs.contains_key(job) && jobs.len() >= slots {
+            return None;
+        }
+        *jobs.entry(job.to_string()).or_default() += 1;
+        Some(Held {
+            holders: self.clone(),
+            export: export.to_string(),
+            job: job.to_string(),
+        })
+    }
+
+    /// One more connection of `job` on `export`, until the guard drops.
+    pub fn hold(self: &std::sync::Arc<Self>, export: &str, job: &str) -> Held {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *held
+            .entry(export.to_string())
+            .or_default()
+            .entry(job.to_string())
+            .or_default() += 1;
+        Held {
+            holders: self.clone(),
+            export: export.to_string(),
+            job: job.to_string(),
+        }
+    }
+}
+
+/// A connection's hold on an export's reader slot.
+#[derive(Debug)]
+pub struct Held {
+    holders: std::sync::Arc<Holders>,
+    export: String,
+    job: String,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut held = self.holders.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(jobs) = held.get_mut(&self.export) {
+            if let Some(n) = jobs.get_mut(&self.job) {
+                *n -= 1;
+                if *n == 0 {
+                    jobs.remove(&self.job);
+                }
+            }
+            if jobs.is_empty() {
+                held.remove(&self.export);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

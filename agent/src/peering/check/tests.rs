@@ -1,0 +1,219 @@
+//! The peering port's decision on a hello, on exports as the operator's status leaves them.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ferry_crds::{CopyExportSpec, CopyExportStatus, ExportCredential, ExportReader, ExportSource};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::*;
+
+const CREDENTIAL: [u8; 32] = [3; 32];
+const JOB: &[u8] = b"9a2b7c4d-1e3f-4a5b-8c6d-7e8f9a0b1c2d";
+
+fn now() -> Timestamp {
+    Timestamp::from_second(2_000_000_000).expect("a time")
+}
+
+fn at(secs_from_now: i64) -> Time {
+    Time(now() + k8s_openapi::jiff::SignedDuration::from_secs(secs_from_now))
+}
+
+/// A Ready export for reader west/shop-dr, expiring in an hour, with `credentials`.
+fn export(credentials: Vec<ExportCredential>) -> CopyExport {
+    let mut e = CopyExport::new(
+        "db",
+        CopyExportSpec {
+            source: ExportSource {
+                pvc: Some("data".into()),
+                ..ExportSource::default()
+            },
+            readers: vec![ExportReader {
+                peer: "west".into(),
+                namespace: "shop-dr".into(),
+            }],
+            expires: None,
+            ttl: Some("1h".into()),
+            renew: 0,
+            max_readers: 1,
+            rotate: 0,
+        },
+    );
+    e.metadata.namespace = Some("shop".into());
+    e.metadata.generation = Some(2);
+    e.status = Some(CopyExportStatus {
+        observed_generation: Some(2),
+        conditions: vec![condition("True", "Ready")],
+        renewed_at: Some(at(-60)),
+        expires_at: Some(at(3600)),
+        secret_name: Some("db-ferry-export".into()),
+        credentials,
+    });
+    e
+}
+
+fn condition(status: &str, reason: &str) -> Condition {
+    Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: format!("{reason} here"),
+        last_transition_time: at(-60),
+        observed_generation: Some(2),
+    }
+}
+
+fn current() -> ExportCredential {
+    ExportCredential {
+        sha256: ferry_link::credential_hash(&CREDENTIAL),
+        rotation: 0,
+        until: None,
+    }
+}
+
+fn hello(credential: [u8; 32], namespace: &str) -> ExportHello {
+    ExportHello {
+        version: ferry_transfer::frame::VERSION,
+        export: b"uid".to_vec(),
+        credential,
+        job: JOB.to_vec(),
+        namespace: namespace.as_bytes().to_vec(),
+        shard: 0,
+        epoch: 1,
+        path: Vec::new(),
+    }
+}
+
+fn why(r: Result<(), Refusal>) -> Option<Why> {
+    r.err().map(|r| r.reason)
+}
+
+fn ask(
+    e: &CopyExport,
+    h: &ExportHello,
+    peer: Option<&str>,
+    readers: &BTreeSet<String>,
+) -> Option<Why> {
+    why(check(e, h, "west-install", peer, readers, now()))
+}
+
+#[test]
+fn the_current_credential_from_a_listed_reader_is_served() {
+    let e = export(vec![current()]);
+    assert_eq!(
+        ask(
+            &e,
+            &hello(CREDENTIAL, "shop-dr"),
+            Some("west"),
+            &BTreeSet::new()
+        ),
+        None
+    );
+}
+
+#[test]
+fn a_stolen_guess_a_rotated_credential_past_its_grace_and_an_empty_status_get_nothing() {
+    let none = BTreeSet::new();
+    let e = export(vec![current()]);
+    assert_eq!(
+        ask(&e, &hello([4; 32], "shop-dr"), Some("west"), &none),
+        Some(Why::BadCredential)
+    );
+    // Rotated: the previous one is good until its grace ends, then not.
+    let mut previous = current();
+    previous.rotation = 0;
+    let fresh = ExportCredential {
+        sha256: ferry_link::credential_hash(&[9; 32]),
+        rotation: 1,
+        until: None,
+    };
+    previous.until = Some(at(60));
+    let e = export(vec![fresh.clone(), previous.clone()]);
+    assert_eq!(
+        ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("west"), &none),
+        None
+    );
+    previous.until = Some(at(-1));
+    let e = export(vec![fresh, previous]);
+    assert_eq!(
+        ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("west"), &none),
+        Some(Why::BadCredential)
+    );
+    assert_eq!(
+        ask(
+            &export(Vec::new()),
+            &hello(CREDENTIAL, "shop-dr"),
+            Some("west"),
+            &none
+        ),
+        Some(Why::BadCredential)
+    );
+}
+
+#[test]
+fn only_a_listed_peer_and_namespace_may_read_and_a_bad_credential_learns_not_even_that() {
+    let none = BTreeSet::new();
+    let e = export(vec![current()]);
+    assert_eq!(
+        ask(&e, &hello(CREDENTIAL, "other"), Some("west"), &none),
+        Some(Why::NotAReader)
+    );
+    assert_eq!(
+        ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("north"), &none),
+        Some(Why::NotAReader)
+    );
+    assert_eq!(
+        ask(&e, &hello(CREDENTIAL, "shop-dr"), None, &none),
+        Some(Why::NotAReader)
+    );
+    assert_eq!(
+        ask(&e, &hello([0; 32], "other"), Some("north"), &none),
+        Some(Why::BadCredential)
+    );
+}
+
+#[test]
+fn a_deleted_unready_stale_or_expired_export_is_refused_saying_which() {
+    let none = BTreeSet::new();
+    let h = hello(CREDENTIAL, "shop-dr");
+    let mut e = export(vec![current()]);
+    e.metadata.deletion_timestamp = Some(at(-1));
+    assert_eq!(ask(&e, &h, Some("west"), &none), Some(Why::Deleted));
+    let mut e = export(vec![current()]);
+    e.status.as_mut().expect("status").conditions = vec![condition("False", "SourceNotFound")];
+    assert_eq!(ask(&e, &h, Some("west"), &none), Some(Why::NotReady));
+    let mut e = export(vec![current()]);
+    e.metadata.generation = Some(3);
+    assert_eq!(
+        ask(&e, &h, Some("west"), &none),
+        Some(Why::NotReady),
+        "a spec the operator has not judged"
+    );
+    let mut e = export(vec![current()]);
+    e.status.as_mut().expect("status").conditions = vec![condition("False", "Expired")];
+    assert_eq!(ask(&e, &h, Some("west"), &none), Some(Why::Expired));
+    // The clock passed the expiry before the operator said so.
+    let mut e = export(vec![current()]);
+    e.status.as_mut().expect("status").expires_at = Some(at(-1));
+    assert_eq!(ask(&e, &h, Some("west"), &none), Some(Why::Expired));
+}
+
+#[test]
+fn a_second_job_gets_nothing_while_the_first_holds_the_only_slot() {
+    let e = export(vec![current()]);
+    let holders = std::sync::Arc::new(Holders::default());
+    let h = hello(CREDENTIAL, "shop-dr");
+    let first = holders.hold("uid", std::str::from_utf8(JOB).expect("utf-8"));
+    // The same job again (its second connection) is let in; another job is not.
+    assert_eq!(ask(&e, &h, Some("west"), &holders.of("uid")), None);
+    let mut other = h.clone();
+    other.job = b"another-job".to_vec();
+    assert_eq!(
+        ask(&e, &other, Some("west"), &holders.of("uid")),
+        Some(Why::InUse)
+    );
+    drop(first);
+    assert!(holders.of("uid").is_empty());
+    assert_eq!(ask(&e, &other, Some("west"), &holders.of("uid")), None);
+    let _ = Duration::ZERO;
+}
