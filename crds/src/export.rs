@@ -30,16 +30,23 @@ pub const EXPORT_CREDENTIAL_KEY: &str = "credential";
 /// ... the source install's peering CA certificate (PEM), which the reader's server
 /// certificate must chain to (and which a FerryPeer of the reading cluster must hold) ...
 pub const EXPORT_CA_KEY: &str = "ca.crt";
-/// ... and when the export expires (RFC 3339), as the source said when it wrote the Secret.
+/// ... when the export expires (RFC 3339), as the source said when it wrote the Secret ...
 pub const EXPORT_EXPIRES_KEY: &str = "expires";
+/// ... and where readers dial (`host:port`): the peering port of an agent of a node that
+/// has the source, as that agent advertises it.
+pub const EXPORT_ADDRESS_KEY: &str = "address";
 /// Every key an export Secret has, and no other.
-pub const EXPORT_SECRET_KEYS: [&str; 5] = [
+pub const EXPORT_SECRET_KEYS: [&str; 6] = [
     EXPORT_INSTALL_KEY,
     EXPORT_UID_KEY,
     EXPORT_CREDENTIAL_KEY,
     EXPORT_CA_KEY,
     EXPORT_EXPIRES_KEY,
+    EXPORT_ADDRESS_KEY,
 ];
+/// Annotation on an agent's heartbeat Lease: where its peering port is reached
+/// (`<address>:<port>`), what an export's Secret tells readers to dial.
+pub const PEERING_ADDRESS_ANNOTATION: &str = "ferry.dev/peering-address";
 /// The label naming the export (by uid) on its Secret.
 pub const EXPORT_LABEL: &str = "ferry.dev/export";
 /// Most readers an export names.
@@ -75,6 +82,10 @@ wire_enum! {
         /// The export Secret could not be written (the API server's answer is in the
         /// message): a Secret of that name made by someone else is in the way; delete it.
         SecretNotWritten,
+        /// No agent with a peering port runs on a node that has the source (or the source
+        /// is a claim of a CSI volume, which is not served yet); the message names the
+        /// nodes.
+        NoAddress,
     }
 }
 
@@ -212,7 +223,7 @@ pub struct CopyExportStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready`, with a reason from Ready, PeeringOff, SourceNotFound, PeerNotTrusted,
-    /// Expired, TooLong, SecretNotWritten.
+    /// Expired, TooLong, SecretNotWritten, NoAddress.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// When the spec last changed, as the operator first saw it: `ttl` counts from here.
@@ -224,6 +235,11 @@ pub struct CopyExportStatus {
     /// The export Secret, in this namespace, once written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_name: Option<String>,
+    /// Where readers dial (the Secret says it too), and the node whose agent serves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// The credentials the source's agents accept: the current one, and the previous one
     /// until its grace ends. Empty while the export is not Ready.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

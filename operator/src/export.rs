@@ -15,15 +15,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_crds::{
-    CopyExport, CopyExportStatus, FerryPeer, EXPORT_CA_KEY, EXPORT_CREDENTIAL_KEY,
-    EXPORT_EXPIRES_KEY, EXPORT_INSTALL_KEY, EXPORT_LABEL, EXPORT_SECRET_TYPE, EXPORT_UID_KEY,
-    OPERATOR_MANAGER,
+    CopyExport, CopyExportStatus, FerryPeer, EXPORT_ADDRESS_KEY, EXPORT_CA_KEY,
+    EXPORT_CREDENTIAL_KEY, EXPORT_EXPIRES_KEY, EXPORT_INSTALL_KEY, EXPORT_LABEL,
+    EXPORT_SECRET_TYPE, EXPORT_UID_KEY, OPERATOR_MANAGER, PEERING_ADDRESS_ANNOTATION,
 };
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::ByteString;
-use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -45,6 +46,8 @@ const RETRY: Duration = Duration::from_secs(5);
 /// This install's peering, as the export controller needs it.
 #[derive(Debug, Clone)]
 pub struct Own {
+    /// The release namespace (where the agents' heartbeat Leases are).
+    pub namespace: String,
     pub install: String,
     pub ca_pem: String,
     pub max_ttl: Duration,
@@ -54,8 +57,9 @@ pub struct Own {
 impl Own {
     /// With the limits the chart sets (a duration such as `720h`); `Err` names the variable
     /// that does not parse.
-    pub fn from_env(install: &str, ca_pem: &str) -> Result<Own, String> {
+    pub fn from_env(namespace: &str, install: &str, ca_pem: &str) -> Result<Own, String> {
         Ok(Own {
+            namespace: namespace.into(),
             install: install.into(),
             ca_pem: ca_pem.into(),
             max_ttl: duration_env(MAX_TTL_ENV, DEFAULT_MAX_TTL)?,
@@ -134,18 +138,22 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
     let ns = export
         .namespace()
         .ok_or_else(|| Error::NoNamespace(export.name_any()))?;
-    let (labels, source) = match &ctx.own {
+    let (labels, source, serving) = match &ctx.own {
         // Nothing is looked at for an export that cannot be served.
-        None => (BTreeMap::new(), Ok(())),
-        Some(_) => {
+        None => (BTreeMap::new(), Ok(()), Err(String::new())),
+        Some(own) => {
             let labels = Api::<Namespace>::all(ctx.client.clone())
                 .get_opt(&ns)
                 .await?
                 .map(|n| n.labels().clone())
                 .unwrap_or_default();
-            let source =
-                crate::resolve::export_source(&ctx.client, &ns, &export.spec.source).await?;
-            (labels, source)
+            match crate::resolve::export_reach(&ctx.client, &ns, &export.spec.source).await? {
+                Err(why) => (labels, Err(why), Err(String::new())),
+                Ok(reach) => {
+                    let serving = serving(&ctx.client, &own.namespace, &reach).await?;
+                    (labels, Ok(()), serving)
+                }
+            }
         }
     };
     let peers = ctx.peers.state();
@@ -163,6 +171,7 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
             peers: &peers,
             namespace_labels: &labels,
             source,
+            serving,
             now: SystemTime::now(),
         },
         fresh,
@@ -170,7 +179,7 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
     // The Secret first: a status naming a credential no Secret holds would refuse the
     // reader the tenant hands it to.
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
-    let written = match (&decision.secret, &decision.expires_changed, &ctx.own) {
+    let written = match (&decision.secret, decision.changed_keys.is_empty(), &ctx.own) {
         (Some(new), _, Some(own)) => secrets
             .patch(
                 &new.name,
@@ -179,9 +188,14 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
             )
             .await
             .map(drop),
-        (None, Some(expires), Some(_)) => {
+        (None, false, Some(_)) => {
             let name = ferry_crds::export_secret_name(&export.name_any());
-            let patch = serde_json::json!({"data": {EXPORT_EXPIRES_KEY: ByteString(expires.clone().into_bytes())}});
+            let data: BTreeMap<&str, ByteString> = decision
+                .changed_keys
+                .iter()
+                .map(|(k, v)| (*k, ByteString(v.clone().into_bytes())))
+                .collect();
+            let patch = serde_json::json!({ "data": data });
             secrets
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -244,9 +258,68 @@ pub fn export_secret(export: &CopyExport, new: &decide::NewSecret, own: &Own) ->
             ),
             (EXPORT_CA_KEY.into(), bytes(&own.ca_pem)),
             (EXPORT_EXPIRES_KEY.into(), bytes(&new.expires)),
+            (EXPORT_ADDRESS_KEY.into(), bytes(&new.address)),
         ])),
         ..Secret::default()
     }
+}
+
+/// Which node's agent serves an export reached as `reach`: of the nodes that have it (by
+/// name), the first whose agent's heartbeat Lease (in `namespace`) is live and advertises
+/// a peering port. `Err`: why none, for the export's `NoAddress`.
+async fn serving(
+    client: &Client,
+    namespace: &str,
+    reach: &ferry_resolve::Reach,
+) -> Result<Result<decide::Serving, String>, kube::Error> {
+    let ferry_resolve::Reach::Direct(volume) = reach else {
+        return Ok(Err(
+            "the source is a claim of a CSI volume, which agents do not serve to other installs yet; export a StorageRoot path or a local or hostPath claim".into(),
+        ));
+    };
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let mut having: Vec<&Node> = nodes
+        .items
+        .iter()
+        .filter(|n| volume.nodes.matches(&n.name_any(), n.labels()))
+        .collect();
+    having.sort_by_key(|n| n.name_any());
+    if having.is_empty() {
+        return Ok(Err(
+            "no node has the source (its StorageRoot's or volume's nodes match none)".into(),
+        ));
+    }
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for node in &having {
+        let name = node.name_any();
+        let lease = leases
+            .items
+            .iter()
+            .find(|l| l.name_any() == format!("{}{name}", crate::heartbeat::LEASE_PREFIX));
+        let Some(lease) = lease else { continue };
+        let live = lease.spec.as_ref().is_some_and(|s| {
+            let within = k8s_openapi::jiff::SignedDuration::from_secs(
+                2 * i64::from(s.lease_duration_seconds.unwrap_or(15)),
+            );
+            s.renew_time.as_ref().is_some_and(|t| t.0 + within > now)
+        });
+        if let (true, Some(address)) = (live, lease.annotations().get(PEERING_ADDRESS_ANNOTATION)) {
+            return Ok(Ok(decide::Serving {
+                node: name,
+                address: address.clone(),
+            }));
+        }
+    }
+    let names: Vec<String> = having.iter().take(8).map(|n| n.name_any()).collect();
+    Ok(Err(format!(
+        "no live agent with a peering port runs on the nodes that have the source ({}); the chart's peering.enabled gives each agent one",
+        names.join(", ")
+    )))
 }
 
 /// The status by server-side apply, every field spelled out.

@@ -69,7 +69,7 @@ pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
         return;
     }
     // The exports' limits are checked before anything is made: a bad value is the chart's.
-    if let Err(why) = crate::export::Own::from_env("", "") {
+    if let Err(why) = crate::export::Own::from_env(namespace, "", "") {
         tracing::error!(%why, "peering: the chart's peering values");
         std::process::exit(2);
     }
@@ -133,7 +133,7 @@ pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
                 tracing::warn!(error = %crate::error_chain(&e), "FerryPeer reconcile failed");
             }
         });
-    let exports = crate::export::Own::from_env(&own_install, &own_ca).ok();
+    let exports = crate::export::Own::from_env(namespace, &own_install, &own_ca).ok();
     tokio::join!(peers, signer, crate::export::run(client_exports, exports));
 }
 

@@ -89,13 +89,22 @@ pub(super) async fn heartbeat(
     let every = Duration::from_secs(settings.lease_seconds.max(3) as u64) / 3;
     loop {
         let sent = std::time::Instant::now();
-        // The transfer port's address, for the receivers of the copies this node sends.
-        let annotations = settings.transfer_address.as_ref().map(|a| {
-            std::collections::BTreeMap::from([(
-                ferry_crds::TRANSFER_ADDRESS_ANNOTATION.to_string(),
-                a.clone(),
-            )])
-        });
+        // The transfer port's address, for the receivers of the copies this node sends, and
+        // the peering port's, for the exports it serves.
+        let annotations: std::collections::BTreeMap<String, String> = [
+            (
+                ferry_crds::TRANSFER_ADDRESS_ANNOTATION,
+                &settings.transfer_address,
+            ),
+            (
+                ferry_crds::PEERING_ADDRESS_ANNOTATION,
+                &settings.peering_address,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_string(), v.clone()?)))
+        .collect();
+        let annotations = (!annotations.is_empty()).then_some(annotations);
         let lease = Lease {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.clone()),

@@ -155,7 +155,14 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| RunError::PeeringListen { addr, source })?;
-        tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving the peering port");
+        let bound = listener.local_addr().unwrap_or(addr);
+        let pod_ip = std::env::var("POD_IP").ok();
+        settings.peering_address = Some(advertised(
+            settings.peering_address.take(),
+            bound,
+            pod_ip.as_deref(),
+        ));
+        tracing::info!(addr = %bound, advertised = ?settings.peering_address, "serving the peering port");
         let identity = peer_identity::start(client.clone(), settings.node.clone());
         // The exports it may serve: every CopyExport of this install, watched (their
         // status, which only the operator writes, lists the credentials' hashes).

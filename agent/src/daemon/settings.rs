@@ -37,6 +37,8 @@ pub struct Settings {
     pub transfer_address: Option<String>,
     /// Address of the peering port, if this agent serves one (chart `peering.enabled`).
     pub peering_listen: Option<std::net::SocketAddr>,
+    /// Where other installs' agents reach it, if not at `peering_listen`.
+    pub peering_address: Option<String>,
     /// Changed-block tracking's caller: this agent's ServiceAccount, or `None` (off).
     pub changed_blocks_account: Option<String>,
     /// Test-only: flip a byte of what is sent of the source file at this path (from the

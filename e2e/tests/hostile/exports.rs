@@ -71,12 +71,17 @@ fn copy_export(name: &str, uid: &str) -> CopyExport {
 
 /// The Secret the code writes for export `db`.
 fn export_secret() -> Result<Value> {
-    let own = export::Own::from_env("east", "-----BEGIN CERTIFICATE-----\n...\n")
-        .map_err(anyhow::Error::msg)?;
+    let own = export::Own::from_env(
+        CHART_NAMESPACE,
+        "east",
+        "-----BEGIN CERTIFICATE-----\n...\n",
+    )
+    .map_err(anyhow::Error::msg)?;
     let new = NewSecret {
         name: ferry_crds::export_secret_name("db"),
         credential: [9; 32],
         expires: "2026-12-05T00:00:00Z".into(),
+        address: "192.0.2.10:7451".into(),
     };
     let mut v = serde_json::to_value(export::export_secret(
         &copy_export("db", EXPORT),
@@ -120,6 +125,7 @@ fn export_rows() -> Vec<Row<Base>> {
             set("/data/expires", b64("2027-01-01T00:00:00Z")),
             set("/data/credential", b64("x")),
             set("/data/export", b64(OTHER)),
+            set("/data/address", b64("198.51.100.7:31451")),
         ], Admitted),
         // Metadata.
         row(E, "a name not made from the owner", vec![set("/metadata/name", json!("db-credentials"))], Refused("metadata.name")),

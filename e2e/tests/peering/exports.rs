@@ -74,8 +74,9 @@ fn hashes(cp: &ControlPlane) -> Result<Vec<String>> {
 /// On `east` (paired with west, whose FerryPeer there is `west`): the export's life.
 pub fn a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(
     east: &ControlPlane,
-    east_name: &str,
+    reader: &super::Reader,
 ) -> Result<()> {
+    let east_name = reader.east_name.as_str();
     east.kubectl_ok(&["create", "namespace", NS])?;
     east.apply(&format!(
         "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: shared\nspec:\n  path: /srv/shared\n  shared: true\n  namespaces: {{names: [{NS}]}}\n"
@@ -102,6 +103,16 @@ pub fn a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(
     let uid = east.get("copyexport/db", NS, "{.metadata.uid}")?;
     ensure!(secret_key(east, secret, "export")? == uid.as_bytes());
     ensure!(secret_key(east, secret, "install")? == east_name.as_bytes());
+    // Where readers dial: east-1's peering port, as its agent advertises it.
+    ensure!(
+        secret_key(east, secret, "address")? == reader.listen.as_bytes(),
+        "the Secret's address is not east-1's peering port {}",
+        reader.listen
+    );
+    ensure!(
+        east.get("copyexport/db", NS, "{.status.address} {.status.node}")?
+            == format!("{} east-1", reader.listen)
+    );
     let ca = east.get(
         "configmap/ferry-peering",
         CHART_NAMESPACE,

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use ferry_crds::{
     export_secret_name, CopyExport, CopyExportStatus, ExportCredential, ExportReason, FerryPeer,
-    PeerAccess, EXPORT_READY, MAX_EXPORT_NAME, PEER_VALID,
+    PeerAccess, EXPORT_ADDRESS_KEY, EXPORT_EXPIRES_KEY, EXPORT_READY, MAX_EXPORT_NAME, PEER_VALID,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -47,7 +47,18 @@ pub struct Inputs<'a> {
     pub namespace_labels: &'a BTreeMap<String, String>,
     /// Whether the source resolved, or why not (the message).
     pub source: Result<(), String>,
+    /// The node whose agent serves it and that agent's peering address, or why there is
+    /// none.
+    pub serving: Result<Serving, String>,
     pub now: SystemTime,
+}
+
+/// Where an export is served from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Serving {
+    pub node: String,
+    /// `host:port`, as the agent advertises its peering port.
+    pub address: String,
 }
 
 /// The export Secret's content, when a new credential was made.
@@ -57,6 +68,7 @@ pub struct NewSecret {
     pub credential: [u8; 32],
     /// RFC 3339.
     pub expires: String,
+    pub address: String,
 }
 
 /// What to do.
@@ -65,8 +77,9 @@ pub struct Decision {
     pub status: CopyExportStatus,
     /// Write the whole Secret (a new credential), before the status.
     pub secret: Option<NewSecret>,
-    /// Only the Secret's `expires` changed (a renewal): patch that key, before the status.
-    pub expires_changed: Option<String>,
+    /// Keys of the Secret that changed without a new credential (`expires` on a renewal,
+    /// `address` when another agent serves it): patched, before the status.
+    pub changed_keys: BTreeMap<&'static str, String>,
     pub requeue: Duration,
 }
 
@@ -89,6 +102,8 @@ pub fn decide(input: &Inputs, fresh: [u8; 32]) -> Decision {
         renewed_at: Some(Time(renewed_at)),
         expires_at: expires_at.clone().ok().map(Time),
         secret_name: old.secret_name.clone(),
+        address: old.address.clone(),
+        node: old.node.clone(),
         // Kept while the export is not Ready (a renewal after a lapse, a source back after
         // a restore: the Secret the reader holds works again); the agents serve only a
         // Ready export before its expiry.
@@ -96,20 +111,24 @@ pub fn decide(input: &Inputs, fresh: [u8; 32]) -> Decision {
     };
     let verdict = judge(input, now, expires_at);
     let (ok, reason, message) = match &verdict {
-        Ok(expires) => (
+        Ok((expires, serving)) => (
             true,
             ExportReason::Ready,
             format!(
-                "readable by {} until {expires}; carry the Secret {} to the reading cluster, into the namespace of the job",
+                "readable by {} until {expires} at {} (node {}); carry the Secret {} to the reading cluster, into the namespace of the job",
                 readers(export),
+                serving.address,
+                serving.node,
                 export_secret_name(&export.name_any())
             ),
         ),
         Err((reason, message)) => (false, *reason, message.clone()),
     };
     let mut secret = None;
-    let mut expires_changed = None;
-    if let Ok(expires) = verdict {
+    let mut changed_keys = BTreeMap::new();
+    if let Ok((expires, serving)) = verdict {
+        status.address = Some(serving.address.clone());
+        status.node = Some(serving.node.clone());
         let rotation = export.spec.rotate;
         if status
             .credentials
@@ -117,7 +136,10 @@ pub fn decide(input: &Inputs, fresh: [u8; 32]) -> Decision {
             .any(|c| c.until.is_none() && c.rotation == rotation)
         {
             if old.expires_at.as_ref().map(|t| t.0) != Some(expires) {
-                expires_changed = Some(expires.to_string());
+                changed_keys.insert(EXPORT_EXPIRES_KEY, expires.to_string());
+            }
+            if old.address.as_deref() != Some(serving.address.as_str()) {
+                changed_keys.insert(EXPORT_ADDRESS_KEY, serving.address.clone());
             }
         } else {
             let until = Some(Time(
@@ -149,6 +171,7 @@ pub fn decide(input: &Inputs, fresh: [u8; 32]) -> Decision {
                 name,
                 credential: fresh,
                 expires: expires.to_string(),
+                address: serving.address,
             });
         }
     }
@@ -167,7 +190,7 @@ pub fn decide(input: &Inputs, fresh: [u8; 32]) -> Decision {
     Decision {
         status,
         secret,
-        expires_changed,
+        changed_keys,
         requeue,
     }
 }
@@ -178,6 +201,8 @@ pub fn not_written(export: &CopyExport, decision: &mut Decision, why: &str) {
     let old = export.status.clone().unwrap_or_default();
     decision.status.credentials = old.credentials;
     decision.status.secret_name = old.secret_name;
+    decision.status.address = old.address;
+    decision.status.node = old.node;
     decision.status.conditions = vec![crate::status::condition_of(
         EXPORT_READY,
         false,
@@ -193,7 +218,7 @@ pub fn not_written(export: &CopyExport, decision: &mut Decision, why: &str) {
         &old.conditions,
     )];
     decision.secret = None;
-    decision.expires_changed = None;
+    decision.changed_keys.clear();
 }
 
 /// Whether `status` says something the export's current status does not (so it is written).
@@ -201,7 +226,7 @@ pub fn changed(export: &CopyExport, status: &CopyExportStatus) -> bool {
     export.status.as_ref() != Some(status)
 }
 
-type Verdict = Result<Timestamp, (ExportReason, String)>;
+type Verdict = Result<(Timestamp, Serving), (ExportReason, String)>;
 
 /// When the export ends, or why that cannot be said.
 fn expiry(export: &CopyExport, renewed_at: Timestamp) -> Result<Timestamp, String> {
@@ -265,7 +290,11 @@ fn judge(input: &Inputs, now: Timestamp, expires_at: Result<Timestamp, String>) 
         .source
         .clone()
         .map_err(|why| (ExportReason::SourceNotFound, why))?;
-    Ok(expires)
+    let serving = input
+        .serving
+        .clone()
+        .map_err(|why| (ExportReason::NoAddress, why))?;
+    Ok((expires, serving))
 }
 
 /// When the spec last changed, as the status says (for a spec that did not change since).

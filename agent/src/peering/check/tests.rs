@@ -47,6 +47,8 @@ fn export(credentials: Vec<ExportCredential>) -> CopyExport {
         renewed_at: Some(at(-60)),
         expires_at: Some(at(3600)),
         secret_name: Some("db-ferry-export".into()),
+        address: Some("192.0.2.10:7451".into()),
+        node: Some("node-a".into()),
         credentials,
     });
     e

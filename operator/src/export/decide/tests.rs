@@ -68,6 +68,7 @@ struct World {
     labels: BTreeMap<String, String>,
     on: bool,
     source: Result<(), String>,
+    serving: Result<Serving, String>,
 }
 
 impl World {
@@ -77,6 +78,10 @@ impl World {
             labels: BTreeMap::from([("team".to_string(), "shop".to_string())]),
             on: true,
             source: Ok(()),
+            serving: Ok(Serving {
+                node: "node-a".into(),
+                address: "192.0.2.10:7451".into(),
+            }),
         }
     }
 
@@ -95,6 +100,7 @@ impl World {
                 peers: &peers,
                 namespace_labels: &self.labels,
                 source: self.source.clone(),
+                serving: self.serving.clone(),
                 now,
             },
             [fresh; 32],
@@ -150,7 +156,10 @@ fn a_ready_export_gets_a_credential_whose_hash_alone_is_in_the_status() {
     // Looked at again: nothing new, nothing to write.
     let e = written(e, &d);
     let again = w.decide(&e, now + Duration::from_secs(5), 8);
-    assert!(again.secret.is_none() && again.expires_changed.is_none());
+    assert!(again.secret.is_none() && again.changed_keys.is_empty());
+    assert_eq!(secret.address, "192.0.2.10:7451");
+    assert_eq!(d.status.address.as_deref(), Some("192.0.2.10:7451"));
+    assert_eq!(d.status.node.as_deref(), Some("node-a"));
     assert!(!changed(&e, &again.status), "{:?}", again.status);
 }
 
@@ -203,7 +212,10 @@ fn a_change_of_the_spec_counts_ttl_again_and_patches_only_the_secrets_expiry() {
     let renewed = w.decide(&e, later, 2);
     assert!(renewed.secret.is_none(), "the same credential");
     let expires = at(later) + SignedDuration::from_hours(24);
-    assert_eq!(renewed.expires_changed, Some(expires.to_string()));
+    assert_eq!(
+        renewed.changed_keys,
+        BTreeMap::from([("expires", expires.to_string())])
+    );
     assert_eq!(renewed.status.credentials, first.status.credentials);
 }
 
@@ -224,7 +236,7 @@ fn an_expired_export_is_not_ready_and_keeps_its_credential_for_a_renewal() {
     e.metadata.generation = Some(2);
     let back = w.decide(&e, now + Duration::from_secs(3700), 3);
     assert_eq!(reason(&back), ("Ready".into(), true));
-    assert!(back.secret.is_none() && back.expires_changed.is_some());
+    assert!(back.secret.is_none() && back.changed_keys.contains_key("expires"));
 }
 
 #[test]
@@ -312,4 +324,34 @@ fn a_secret_that_could_not_be_written_leaves_the_credentials_as_they_were() {
     assert_eq!(reason(&d).0, "SecretNotWritten");
     assert!(d.status.credentials.is_empty() && d.secret.is_none());
     assert!(message(&d).contains("is forbidden"));
+}
+
+#[test]
+fn an_export_no_agent_serves_is_not_ready_and_a_new_serving_agent_patches_only_the_address() {
+    let mut w = World::new();
+    let now = SystemTime::now();
+    let mut e = export("24h", &[("west", "shop-dr")]);
+    let first = w.decide(&e, now, 1);
+    e = written(e, &first);
+    w.serving = Err("no agent with a peering port runs on node-a".into());
+    let d = w.decide(&e, now, 2);
+    assert_eq!(reason(&d), ("NoAddress".into(), false));
+    assert!(message(&d).contains("node-a"));
+    assert!(d.secret.is_none() && d.changed_keys.is_empty());
+    assert_eq!(
+        d.status.credentials, first.status.credentials,
+        "kept for when it is back"
+    );
+    w.serving = Ok(Serving {
+        node: "node-b".into(),
+        address: "192.0.2.11:7451".into(),
+    });
+    let moved = w.decide(&written(e, &d), now, 3);
+    assert_eq!(reason(&moved).0, "Ready");
+    assert!(moved.secret.is_none(), "the same credential");
+    assert_eq!(
+        moved.changed_keys,
+        BTreeMap::from([("address", "192.0.2.11:7451".to_string())])
+    );
+    assert_eq!(moved.status.node.as_deref(), Some("node-b"));
 }
