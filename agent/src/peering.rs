@@ -58,7 +58,15 @@ pub trait Exports: Send + Sync + 'static {
         hello: &'a ExportHello,
         peer: &'a ferry_link::PeerId,
     ) -> Pin<Box<dyn Future<Output = Result<ExportGrant, check::Refusal>> + Send + 'a>>;
+
+    /// Whether a hello let in may still be served, now (its reader slot is its own).
+    fn recheck(&self, hello: &ExportHello, peer: &ferry_link::PeerId)
+        -> Result<(), check::Refusal>;
 }
+
+/// How often a served export is looked at again: a deletion, expiry or rotation cuts its
+/// connections within this (and the watch's delay).
+pub const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serve the peering port until the process ends, with the newest identity on `identity`
 /// (without one yet, connections are closed unanswered) and exports looked up in
@@ -129,6 +137,19 @@ async fn connection(
         String::from_utf8_lossy(&hello.namespace)
     );
     let _held = grant.held;
+    // Looked at again every RECHECK while it is served: an export deleted, expired, no
+    // longer Ready, a reader removed or the credential rotated past its grace cuts it.
+    let cut = {
+        let (exports, hello, peer) = (exports.clone(), hello.clone(), peer.clone());
+        Box::pin(async move {
+            loop {
+                tokio::time::sleep(RECHECK).await;
+                if let Err(refusal) = exports.recheck(&hello, &peer) {
+                    return refusal.said();
+                }
+            }
+        })
+    };
     serve_source(
         tls,
         &peer.node,
@@ -136,6 +157,7 @@ async fn connection(
         grant.open,
         grant.options,
         grant.named,
+        Some(cut),
     )
     .await
 }

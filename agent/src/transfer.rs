@@ -400,7 +400,7 @@ async fn connection(
     match refusal {
         Ok(g) => {
             let what = format!("shard {shard} of job {}", g.job);
-            serve_source(tls, &peer, &what, g.open, g.options, g.named).await
+            serve_source(tls, &peer, &what, g.open, g.options, g.named, None).await
         }
         Err(reason) => Err(refuse(&mut tls, reason).await),
     }
@@ -410,7 +410,9 @@ async fn connection(
 /// source opened (beneath its root, on a blocking thread: an NFS root can hang) before the
 /// welcome, so that one that cannot be opened is a refusal that says why; then the source
 /// half until the receiver closes, what is sent counted for the metrics under `named`
-/// (namespace, name). `what` names it in the logs.
+/// (namespace, name). `what` names it in the logs. When `cut` ends (with why), the
+/// connection is shut down under the source half, which then stops at its next read or
+/// write: an export deleted, expired or rotated away.
 pub(crate) async fn serve_source(
     mut tls: tokio_rustls::server::TlsStream<TcpStream>,
     peer: &str,
@@ -418,6 +420,7 @@ pub(crate) async fn serve_source(
     open: OpenSource,
     options: SendOptions,
     named: (String, String),
+    cut: Option<Pin<Box<dyn Future<Output = String> + Send>>>,
 ) -> Result<(), TransferError> {
     let top = match tokio::task::spawn_blocking(move || open()).await {
         Ok(Ok(top)) => top,
@@ -432,6 +435,13 @@ pub(crate) async fn serve_source(
     let senders = metrics.connections.with_label_values(&["sender"]);
     senders.inc();
     let (ns, name) = named;
+    // A second descriptor of the socket, to shut it down from here while the source half
+    // owns the stream.
+    let socket = std::os::fd::AsFd::as_fd(tls.get_ref().0)
+        .try_clone_to_owned()
+        .map_err(|e| TransferError::Hello(format!("the connection's socket: {e}")))?;
+    let mut cut = cut.unwrap_or_else(|| Box::pin(std::future::pending()));
+    let mut cut_for = None;
     let (r, w) = tokio::io::split(tls);
     let (r, w) = (SyncIoBridge::new(r), SyncIoBridge::new(w));
     // What is sent is counted as it goes (every second), for the network rate.
@@ -451,10 +461,18 @@ pub(crate) async fn serve_source(
         tokio::select! {
             r = &mut serving => break r,
             _ = tokio::time::sleep(Duration::from_secs(1)) => count(),
+            why = &mut cut, if cut_for.is_none() => {
+                tracing::info!(%peer, what, %why, "cutting the connection");
+                let _ = socket2::SockRef::from(&socket).shutdown(std::net::Shutdown::Both);
+                cut_for = Some(why);
+            }
         }
     };
     count();
     senders.dec();
+    if let Some(why) = cut_for {
+        return Err(TransferError::Refused(why));
+    }
     match served {
         Ok(Ok(summary)) => {
             tracing::info!(%peer, what, bytes = summary.bytes_sent, files = summary.files_sent, "shard's source served");

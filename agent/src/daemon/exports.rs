@@ -10,6 +10,7 @@
 //! Not served yet: a claim of a CSI volume (it needs a pod mounting it on this node, which
 //! reachability will arrange); the hello is refused saying so.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -45,6 +46,21 @@ impl Exports for ExportGrants {
     ) -> Pin<Box<dyn std::future::Future<Output = Result<ExportGrant, Refusal>> + Send + 'a>> {
         Box::pin(self.lookup(hello, peer))
     }
+
+    fn recheck(&self, hello: &ExportHello, peer: &ferry_link::PeerId) -> Result<(), Refusal> {
+        let export = self.find(hello)?;
+        let peer_name = self.peer_name(peer);
+        // The job holds a slot: only the export's own state can refuse it now.
+        let job = BTreeSet::from([String::from_utf8_lossy(&hello.job).into_owned()]);
+        check::check(
+            &export,
+            hello,
+            &peer.install,
+            peer_name.as_deref(),
+            &job,
+            Timestamp::now(),
+        )
+    }
 }
 
 fn refusal(reason: Why, message: String) -> Refusal {
@@ -58,22 +74,8 @@ impl ExportGrants {
         peer: &ferry_link::PeerId,
     ) -> Result<ExportGrant, Refusal> {
         let uid = String::from_utf8_lossy(&hello.export).into_owned();
-        let export = self
-            .exports
-            .state()
-            .into_iter()
-            .find(|e| e.uid().as_deref() == Some(uid.as_str()))
-            .ok_or_else(|| {
-                refusal(
-                    Why::ExportNotFound,
-                    format!("no export with uid {uid} in this install (deleted, or another install's Secret)"),
-                )
-            })?;
-        let peer_name = self
-            .identity
-            .borrow()
-            .as_ref()
-            .and_then(|tls| tls.peers.get(&peer.install).cloned());
+        let export = self.find(hello)?;
+        let peer_name = self.peer_name(peer);
         let job = String::from_utf8_lossy(&hello.job).into_owned();
         check::check(
             &export,
@@ -115,6 +117,29 @@ impl ExportGrants {
             named: (export.namespace().unwrap_or_default(), export.name_any()),
             held,
         })
+    }
+
+    /// The export a hello names, as watched.
+    fn find(&self, hello: &ExportHello) -> Result<Arc<CopyExport>, Refusal> {
+        let uid = String::from_utf8_lossy(&hello.export);
+        self.exports
+            .state()
+            .into_iter()
+            .find(|e| e.uid().as_deref() == Some(uid.as_ref()))
+            .ok_or_else(|| {
+                refusal(
+                    Why::ExportNotFound,
+                    format!("no export with uid {uid} in this install (deleted, or another install's Secret)"),
+                )
+            })
+    }
+
+    /// The FerryPeer that trusts `peer`'s install, now.
+    fn peer_name(&self, peer: &ferry_link::PeerId) -> Option<String> {
+        self.identity
+            .borrow()
+            .as_ref()
+            .and_then(|tls| tls.peers.get(&peer.install).cloned())
     }
 
     /// The export's root on this node, resolved here.

@@ -6,7 +6,7 @@
 //! time beyond the install's longest and a missing source are each refused with what to
 //! change; a namespace's editors may write exports but not their status. Then east-1's
 //! agent serves the export on its peering port to west's agent holding the credential, and
-//! to no one else.
+//! to no one else; deleting the export cuts the reader it serves within seconds.
 
 use std::io::Write;
 
@@ -369,7 +369,30 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
     ensure!(r.starts_with("BadCredential:"), "{r}");
     let r = refused(&hello(credential, "job-3", "elsewhere", ""))?;
     ensure!(r.starts_with("NotAReader:"), "{r}");
-    east.kubectl_ok(&["delete", "copyexport", "db", "-n", NS, "--wait=true"])?;
+
+    // A reader being served when the export is deleted is cut within seconds (its socket
+    // read times out only after 10 s).
+    let mut held = None;
+    wait_for("a reader slot", WITHIN, || {
+        held = open().ok().and_then(|mut c| {
+            matches!(
+                ask(&mut c, &hello(credential, "job-4", "shop-dr", "")),
+                Ok(Frame::Welcome { .. })
+            )
+            .then_some(c)
+        });
+        held.is_some()
+    })?;
+    let mut held = held.context("a connection")?;
+    let deleted = std::time::Instant::now();
+    east.kubectl_ok(&["delete", "copyexport", "db", "-n", NS, "--wait=false"])?;
+    let after = read_frame(&mut held, &mut Vec::new());
+    let took = deleted.elapsed();
+    let timed_out = matches!(&after, Err(e) if e.to_string().contains("timed out") || e.to_string().contains("temporarily unavailable"));
+    ensure!(
+        after.is_err() && !timed_out && took < std::time::Duration::from_secs(8),
+        "the served reader after the deletion, {took:?} later: {after:?}"
+    );
     let mut gone = String::new();
     wait_for("the deleted export refused", WITHIN, || {
         gone = refused(&hello(credential, "job-3", "shop-dr", "")).unwrap_or_default();
