@@ -554,8 +554,36 @@ pub async fn dial(
     hello: &Hello,
 ) -> Result<Arc<Connection>, TransferError> {
     let config = ferry_link::client_config(&tls.trust, &tls.chain_pem, &tls.key_pem, sender_node)?;
+    let frame = Frame::Hello {
+        version: VERSION,
+        job: hello.job.as_bytes().to_vec(),
+        shard: hello.shard,
+        epoch: hello.epoch,
+        ticket: hello.ticket,
+    };
+    dial_with(addr, config, &frame).await
+}
+
+/// Reach the peering port of another install's agent at `addr` for the export in `hello`,
+/// with `config` (`ferry_link::peering_client_config`: the export's CA and install, and
+/// this node's peering certificate): a connection the engine's `copy_from` copies over,
+/// as [`dial`]'s.
+pub async fn dial_export(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    hello: &ferry_transfer::ExportHello,
+) -> Result<Arc<Connection>, TransferError> {
+    dial_with(addr, config, &Frame::ExportHello(hello.clone())).await
+}
+
+/// Several TLS connections with `config`, each past its own `hello`, one engine connection
+/// over them.
+async fn dial_with(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    hello: &Frame,
+) -> Result<Arc<Connection>, TransferError> {
     let connector = tokio_rustls::TlsConnector::from(config);
-    // Several TLS connections, each past its own hello, one engine connection over them.
     let mut streams = Vec::new();
     for _ in 0..streams_per_shard() {
         streams.push(dial_stream(addr, &connector, hello).await?);
@@ -585,7 +613,7 @@ pub const STREAMS: usize = 2;
 async fn dial_stream(
     addr: SocketAddr,
     connector: &tokio_rustls::TlsConnector,
-    hello: &Hello,
+    hello: &Frame,
 ) -> Result<ferry_engine::recv::Stream, TransferError> {
     let tcp = timed("connecting", TcpStream::connect(addr))
         .await?
@@ -601,14 +629,7 @@ async fn dial_stream(
         trust_may_be_stale();
         TransferError::Handshake { addr, source }
     })?;
-    let frame = Frame::Hello {
-        version: VERSION,
-        job: hello.job.as_bytes().to_vec(),
-        shard: hello.shard,
-        epoch: hello.epoch,
-        ticket: hello.ticket,
-    };
-    write_frame(&mut stream, &frame)
+    write_frame(&mut stream, hello)
         .await
         .map_err(|e| TransferError::Hello(e.to_string()))?;
     match timed("the sender's answer", read_frame(&mut stream)).await?? {

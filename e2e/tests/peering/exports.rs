@@ -6,7 +6,9 @@
 //! time beyond the install's longest and a missing source are each refused with what to
 //! change; a namespace's editors may write exports but not their status. Then east-1's
 //! agent serves the export on its peering port to west's agent holding the credential, and
-//! to no one else; deleting the export cuts the reader it serves within seconds.
+//! to no one else, and the engine's copy over it (the reader's half, `dial_export` and
+//! `copy_from`) brings the export's tree across identical, verified by checksum; deleting
+//! the export cuts the reader it serves within seconds.
 
 use std::io::Write;
 
@@ -231,6 +233,7 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
     std::fs::create_dir_all(data.join("2026"))?;
     std::fs::write(data.join("orders.csv"), b"id,total\n1,20\n")?;
     std::fs::write(data.join("2026/jan.csv"), b"id\n7\n")?;
+    fidelity_tree(&data)?;
     // Beside the export, never served.
     std::fs::write(reader.root.join("srv/shared/secret.txt"), b"not exported")?;
     let uid = east.get("copyexport/db", NS, "{.metadata.uid}")?;
@@ -294,7 +297,9 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
         .map(|e| String::from_utf8_lossy(&e.name).into_owned())
         .collect();
     ensure!(
-        names.len() == 2 && names.contains(&"orders.csv".into()) && names.contains(&"2026".into()),
+        names.contains(&"orders.csv".into())
+            && names.contains(&"2026".into())
+            && !names.iter().any(|n| n.contains("secret")),
         "{names:?}"
     );
     ensure!(
@@ -356,11 +361,71 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
     else {
         anyhow::bail!("no listing of the sub-path");
     };
+    let names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_slice()).collect();
     ensure!(
-        entries.len() == 1 && entries[0].name == b"jan.csv",
-        "{entries:?}"
+        names.contains(&&b"jan.csv"[..])
+            && names.contains(&&b"q1"[..])
+            && !names.contains(&&b"orders.csv"[..]),
+        "the sub-path lists {entries:?}"
     );
     drop(sub);
+
+    // The engine's copy over it, as a reader's job will run it: the export's tree,
+    // identical (owners, modes, times, links, holes), verified by checksum end to end.
+    let copied = tempfile::tempdir()?;
+    let config = ferry_link::peering_client_config(
+        &reader.east_ca,
+        &reader.east_name,
+        &reader.west.0,
+        &reader.west.1,
+    )?;
+    let copy_hello = ExportHello {
+        version: VERSION,
+        export: uid.as_bytes().to_vec(),
+        credential,
+        job: b"job-5".to_vec(),
+        namespace: b"shop-dr".to_vec(),
+        shard: 0,
+        epoch: 1,
+        path: Vec::new(),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    let addr: std::net::SocketAddr = reader.listen.parse()?;
+    let mut conn = None;
+    wait_for("the reader slot freed for the copy", WITHIN, || {
+        conn = runtime
+            .block_on(ferry_agent::transfer::dial_export(
+                addr,
+                config.clone(),
+                &copy_hello,
+            ))
+            .ok();
+        conn.is_some()
+    })?;
+    let conn = conn.context("a connection")?;
+    let options = ferry_engine::Options {
+        verify: ferry_crds::Verify::Checksum,
+        ..ferry_engine::Options::default()
+    };
+    let summary = ferry_engine::copy_from(
+        &conn,
+        std::path::Path::new("db"),
+        &copied.path().join("db"),
+        &options,
+        &ferry_engine::NoProgress,
+    )
+    .map_err(|e| anyhow::anyhow!("copying the export: {e}"))?;
+    drop(conn);
+    ferry_e2e::assert_same_tree(&data, &copied.path().join("db"))?;
+    ensure!(
+        (
+            summary.files,
+            summary.hardlinks,
+            summary.symlinks,
+            summary.verified
+        ) == (6, 1, 1, 6),
+        "{summary:?}"
+    );
 
     // Refusals, each with its reason.
     let mut guess = credential;
@@ -399,5 +464,25 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
         gone.starts_with("ExportNotFound:")
     })
     .with_context(|| gone.clone())?;
+    Ok(())
+}
+
+/// What a copy must keep beside the two CSVs: a deep directory, a symlink, a hard link, a
+/// sparse file, an empty file, a file larger than a listing's inline bytes, odd modes.
+fn fidelity_tree(data: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let deep = data.join("2026/q1/a/b/c");
+    std::fs::create_dir_all(&deep)?;
+    std::fs::write(deep.join("leaf"), b"deep")?;
+    std::os::unix::fs::symlink("../orders.csv", data.join("2026/latest"))?;
+    std::fs::hard_link(data.join("orders.csv"), data.join("orders-link.csv"))?;
+    let sparse = std::fs::File::create(data.join("sparse.img"))?;
+    sparse.set_len(16 << 20)?;
+    std::os::unix::fs::FileExt::write_at(&sparse, b"middle", 8 << 20)?;
+    std::fs::write(data.join("empty"), b"")?;
+    let big: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(data.join("big.bin"), big)?;
+    std::fs::set_permissions(data.join("big.bin"), std::fs::Permissions::from_mode(0o640))?;
+    std::fs::set_permissions(deep.join("leaf"), std::fs::Permissions::from_mode(0o600))?;
     Ok(())
 }
