@@ -22,7 +22,7 @@ pub(crate) const STATE_DIR_RULE: &str =
 /// only) a `VolumeSnapshot` in the job's namespace, plus a path inside it.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("[has(self.root), has(self.pvc), has(self.snapshot)].filter(x, x).size() == 1").message("set exactly one of root, pvc or snapshot"))]
+#[x_kube(validation = Rule::new("[has(self.root), has(self.pvc), has(self.snapshot), has(self.export)].filter(x, x).size() == 1").message("set exactly one of root, pvc, snapshot or export"))]
 #[x_kube(validation = Rule::new("!has(self.copyMethod) || self.copyMethod == 'Direct' || has(self.pvc)").message("copyMethod Snapshot snapshots a claim: it needs pvc"))]
 #[x_kube(validation = Rule::new("!has(self.volumeSnapshotClassName) || (has(self.copyMethod) && self.copyMethod == 'Snapshot')").message("volumeSnapshotClassName is for copyMethod Snapshot"))]
 pub struct Endpoint {
@@ -40,6 +40,12 @@ pub struct Endpoint {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub snapshot: Option<String>,
+    /// Source only: the name of an export Secret (type `ferry.dev/export`) in the job's
+    /// namespace, carried from another cluster where a `CopyExport` wrote it: the job
+    /// reads that export (`path` is beneath it) from that cluster's agents over mutual TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub export: Option<String>,
     /// How a source claim is read (the schema shows [`CopyMethod`]'s description).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_method: Option<CopyMethod>,
@@ -126,6 +132,7 @@ pub(crate) const PATTERN_WILDCARDS_MESSAGE: &str = "the patterns of a list may h
           self.spec.dryRun == oldSelf.spec.dryRun && self.spec.transfer == oldSelf.spec.transfer)"
     ).message("a started CopyJob's spec (one with shards, or past Pending) cannot change except suspend, parallelism and ttlSecondsAfterFinished; create a new CopyJob instead"),
     validation = Rule::new("has(self.spec.source) != has(self.spec.check)").message("set spec.source (what to copy), or spec.check to check spec.destination against an earlier job's manifest; one of the two, not both"),
+    validation = Rule::new("!has(self.spec.destination.export)").message("spec.destination cannot be an export: an export is read from another cluster; copy into a root or claim of this one"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CopyJobSpec {
@@ -441,6 +448,42 @@ pub struct Ticket {
     pub receiver: String,
     /// 32 random bytes, as 64 lowercase hex digits.
     pub ticket: String,
+    /// A shard read from another install's export ([`EXPORT_SENDER`]): what the receiver
+    /// dials and says, from the export Secret the operator read for the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<ExportTicket>,
+}
+
+/// The sender of a shard read from another install's export: no node of this cluster (a
+/// node name cannot hold parentheses).
+pub const EXPORT_SENDER: &str = "(export)";
+
+/// What a receiver needs to read an export, copied by the operator from the job's export
+/// Secret into its ticket (agents read no tenant's Secret).
+#[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportTicket {
+    /// The export's `host:port`.
+    pub address: String,
+    /// The source install's name; its agents' certificates must name it.
+    pub install: String,
+    /// Its peering CA certificate (PEM): the server must chain to it.
+    pub ca: String,
+    /// The export's uid.
+    pub export: String,
+    /// The credential, as 64 lowercase hex digits.
+    pub credential: String,
+}
+
+impl std::fmt::Debug for ExportTicket {
+    // Never the credential.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportTicket")
+            .field("address", &self.address)
+            .field("install", &self.install)
+            .field("export", &self.export)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Ticket {
@@ -449,24 +492,37 @@ impl Ticket {
             epoch,
             sender: sender.into(),
             receiver: receiver.into(),
-            ticket: ticket.iter().map(|b| format!("{b:02x}")).collect(),
+            ticket: hex32(&ticket),
+            export: None,
         }
     }
 
     /// The ticket's bytes; `None` unless it is exactly 64 hex digits.
     pub fn bytes(&self) -> Option<[u8; 32]> {
-        let hex = self.ticket.as_bytes();
-        if hex.len() != 64 {
-            return None;
-        }
-        let mut out = [0u8; 32];
-        for (o, pair) in out.iter_mut().zip(hex.chunks(2)) {
-            let s = std::str::from_utf8(pair).ok()?;
-            *o = u8::from_str_radix(s, 16).ok()?;
-        }
-        Some(out)
+        unhex32(&self.ticket)
     }
 }
+
+/// 32 bytes as 64 lowercase hex digits.
+pub fn hex32(bytes: &[u8; 32]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// 64 hex digits as 32 bytes; `None` unless it is exactly that.
+pub fn unhex32(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(hex.chunks(2)) {
+        let s = std::str::from_utf8(pair).ok()?;
+        *o = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl Ticket {}
 
 /// Observed state of a CopyJob.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
@@ -480,7 +536,8 @@ pub struct CopyJobStatus {
     /// ReadOnlyRoot, and between raw block claims VolumeModeMismatch, DestinationTooSmall,
     /// NotForBlock. Resolved: Resolved, or False with PVCNotFound, PVCNotBound,
     /// VolumeNotMounted, VolumeInUse, VolumeNotSupported, RootNotFound, SnapshotNotFound,
-    /// SnapshotNotReady. Scheduled: Assigned, or False
+    /// SnapshotNotReady, and reading another cluster's export ExportNotFound,
+    /// PeerNotTrusted, ExportRefused. Scheduled: Assigned, or False
     /// with WaitingForNode, NoAgent. Complete: Copied, Planned (a dry run), or Verified (a
     /// check: every file its manifest lists matched). Failed: Differs (a check found files
     /// changed, missing or of another type), else the

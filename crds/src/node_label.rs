@@ -23,12 +23,14 @@ pub fn node_label(node: &str) -> String {
 }
 
 /// The node labels a job with these shards should have: the nodes (and senders) its shards
-/// are assigned to. A shard given to another node takes its label away from the first.
+/// are assigned to (not another install's, which serves an export). A shard given to
+/// another node takes its label away from the first.
 pub fn node_labels(shards: &[crate::ShardStatus]) -> std::collections::BTreeSet<String> {
     shards
         .iter()
         .flat_map(|s| std::iter::once(&s.node).chain(&s.sender))
-        .filter(|n| !n.is_empty())
+        // Another install's agent (an export's sender) watches nothing here.
+        .filter(|n| !n.is_empty() && *n != crate::EXPORT_SENDER)
         .map(|n| node_label(n))
         .collect()
 }

@@ -103,6 +103,7 @@ pub struct VolumeSourceSpec {
     /// Where the data comes from, as a CopyJob's source says it: a claim (`pvc`, with
     /// `copyMethod`), a `snapshot`, or a `root`, each with a `path` inside it; of this
     /// namespace only. Its contents become the top of the new volume.
+    #[x_kube(validation = Rule::new("!has(self.export)").message("a VolumeSource reads a root, claim or snapshot of this cluster; another cluster's export is read by a CopyJob"))]
     pub source: Endpoint,
     /// Reflink policy of the copy.
     #[serde(default)]

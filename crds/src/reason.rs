@@ -92,6 +92,16 @@ wire_enum! {
         VolumeNotSupported,
         /// No such StorageRoot.
         RootNotFound,
+        /// The source's export Secret is missing, unreadable by the operator, or not an
+        /// export's (the message says which and what to do).
+        ExportNotFound,
+        /// The export Secret's peering CA is not one a FerryPeer of this cluster holds for
+        /// that install with `imports: Allow` and this namespace (the message names its
+        /// fingerprint), or peering is off here.
+        PeerNotTrusted,
+        /// The source install's agent refused the export (its reason in the message:
+        /// BadCredential, NotAReader, Expired, Deleted, NotReady, InUse, ExportNotFound).
+        ExportRefused,
         // Scheduled.
         /// Shards are assigned to agents.
         Assigned,
@@ -128,8 +138,9 @@ impl Reason {
 
     /// The reasons that stop a whole shard rather than one entry, strongest first: the
     /// job's Failed condition names the first one any shard has.
-    pub const STOPS_SHARD: [Reason; 19] = [
+    pub const STOPS_SHARD: [Reason; 20] = [
         Reason::SpecChanged,
+        Reason::ExportRefused,
         Reason::DestinationFull,
         Reason::DestinationTooSmall,
         Reason::VolumeModeMismatch,
@@ -192,7 +203,7 @@ impl Reason {
             PartiallyFailed => "fix the entries status.failures lists (the message counts them by reason), then run the job again",
             Differs => "the destination is not what the copy left: copy it again (overwrite: IfChanged, compare: Checksum rewrites only what differs), then check again",
             Valid | Resolved | Assigned | Copied | Planned | Verified | Reassigned => "",
-            InvalidEndpoint => "set exactly one of root, pvc or snapshot in each endpoint",
+            InvalidEndpoint => "set exactly one of root, pvc, snapshot or export in each endpoint",
             InvalidSpec => "change the field the message names",
             CrossNamespace => "name a claim, snapshot or VolumeSource of the job's own namespace (a volume whose claimRef names another claim is not this claim's)",
             RootNotAllowed => "ask an admin to add this namespace to the StorageRoot's spec.namespaces",
@@ -208,6 +219,9 @@ impl Reason {
             VolumeInUse => "stop the pod the message names: a ReadWriteOncePod claim has one user at a time",
             VolumeNotSupported => "use a claim on a local, hostPath or CSI volume (a raw block volume must be CSI)",
             RootNotFound => "create the StorageRoot, or fix its name",
+            ExportNotFound => "carry the export's Secret from the source cluster into the job's namespace, and let the operator read it (the message gives the two kubectl commands)",
+            PeerNotTrusted => "ask this cluster's admin to pair with the export's install (a FerryPeer holding its peering CA, imports: Allow, admitting this namespace)",
+            ExportRefused => "the source cluster refused the export (the message says why): ask its owner to renew it, add this namespace to its readers, or hand over its current Secret",
             WaitingForNode => "bring the node's Ferry agent back before the operator's deadline",
             NoAgent => "run a Ferry agent on a node that has the volumes (the message names what is missing)",
         }

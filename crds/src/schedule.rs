@@ -223,7 +223,7 @@ mod tests {
         // The template is a CopyJob spec, with the CopyJob's admission rules.
         let template = spec["jobTemplate"]["properties"]["spec"].to_string();
         assert!(
-            template.contains("set exactly one of root, pvc or snapshot"),
+            template.contains("set exactly one of root, pvc, snapshot or export"),
             "{template}"
         );
         let columns: Vec<String> = crd["spec"]["versions"][0]["additionalPrinterColumns"]

@@ -104,19 +104,19 @@ fn crds_are_served_and_bad_specs_are_refused_at_admission_with_what_to_change() 
         &cp,
         "root and pvc",
         &copyjob("b4", "{root: data, pvc: claim}", "{root: data}", ""),
-        "set exactly one of root, pvc or snapshot",
+        "set exactly one of root, pvc, snapshot or export",
     )?;
     refused_with(
         &cp,
         "neither root nor pvc",
         &copyjob("b5", "{path: x}", "{root: data}", ""),
-        "set exactly one of root, pvc or snapshot",
+        "set exactly one of root, pvc, snapshot or export",
     )?;
     refused_with(
         &cp,
         "pvc and snapshot",
         &copyjob("b5s", "{pvc: claim, snapshot: s}", "{root: data}", ""),
-        "set exactly one of root, pvc or snapshot",
+        "set exactly one of root, pvc, snapshot or export",
     )?;
     refused_with(
         &cp,

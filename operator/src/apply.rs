@@ -56,12 +56,27 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     let unset = CopyJobStatus::default();
     let old = job.status.as_ref().unwrap_or(&unset);
     // A finished job is history: it is not resolved again.
+    let mut export = None;
     let mut endpoints = if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
         Endpoints::Finished
     } else if let Some(b) = snapshot_source(job, ctx, &ns).await? {
         Endpoints::Blocked(b)
     } else {
-        resolve::check(&ctx.client, &ns, job).await?
+        match resolve::check(&ctx.client, &ns, job).await? {
+            // Another install's export: its Secret read and judged (the job's ticket gets
+            // what the receiver dials with).
+            resolved @ Endpoints::Resolved { .. } => match &job.spec.source.export {
+                Some(secret) => match crate::import::read(&ctx.client, &ns, secret).await? {
+                    Ok(t) => {
+                        export = Some(t);
+                        resolved
+                    }
+                    Err(b) => Endpoints::Blocked(b),
+                },
+                None => resolved,
+            },
+            other => other,
+        }
     };
     // A CSI claim no running pod mounts: hold it with a pod of our own (not for a job being
     // deleted), and say what the holders are doing instead of asking the user for a pod.
@@ -82,7 +97,7 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             .shards
             .iter()
             .flat_map(|s| std::iter::once(s.node.as_str()).chain(s.sender.as_deref()))
-            .filter(|n| !n.is_empty())
+            .filter(|n| !n.is_empty() && *n != ferry_crds::EXPORT_SENDER)
             .map(|n| (n, ctx.heartbeats.lost_for(n)))
             .collect(),
         _ => BTreeMap::new(),
@@ -116,13 +131,25 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         reachable: &reachable,
         lost_for: &lost_for,
         node_deadline: ctx.node_deadline,
-        transfers: &|node: &str| ctx.heartbeats.serves_transfers(node),
+        // A job reading another install's export is received by an agent with a peering
+        // identity; a copy between nodes is paired between agents with transfer ports.
+        transfers: &|node: &str| match job.spec.source.export {
+            Some(_) => ctx.heartbeats.serves_peering(node),
+            None => ctx.heartbeats.serves_transfers(node),
+        },
     });
     // A pair of agents is given a shard only with its ticket in place: written first, so
     // the receiver finds it when it sees the assignment (on a conflict below, the next
     // decision writes another; the one written here then opens nothing).
     if write && assignment_changed && crate::ticket::needed(&status.shards) {
-        crate::ticket::issue(&ctx.client, &ctx.ticket_namespace, job, &status.shards).await?;
+        crate::ticket::issue(
+            &ctx.client,
+            &ctx.ticket_namespace,
+            job,
+            &status.shards,
+            export.as_ref(),
+        )
+        .await?;
     }
     if write {
         // The shard entries carry only the assignment: their progress fields belong to the

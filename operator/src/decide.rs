@@ -118,7 +118,7 @@ fn refused_apart(input: &Inputs, wants_nodes: bool) -> Option<Blocked> {
     }
     let shards = job.status.as_ref().map_or(&[][..], |s| s.shards.as_slice());
     let paired = shards.iter().any(ShardStatus::between_nodes);
-    let pairing = !paired && wants_nodes && apart(input.reachable);
+    let pairing = !paired && wants_nodes && (apart(input.reachable) || from_export(job));
     if !(paired || pairing) {
         return None;
     }
@@ -128,6 +128,12 @@ fn refused_apart(input: &Inputs, wants_nodes: bool) -> Option<Blocked> {
         reason: refusal.reason,
         message: refusal.message,
     })
+}
+
+/// A job reading another install's export: its source is on no node of this cluster, and
+/// its one shard is received from that install's agent ([`ferry_crds::EXPORT_SENDER`]).
+fn from_export(job: &CopyJob) -> bool {
+    job.spec.source.export.is_some()
 }
 
 /// Whether [`decide`] will read the eligible nodes: there are shards to hand out (a new
@@ -369,7 +375,7 @@ fn schedule_shards(
     // A copy between nodes (no node has both volumes) is one shard: parts would each walk
     // the whole tree over the network.
     let [src_at, dst_at] = input.reachable;
-    let apart = wants_nodes && apart(input.reachable);
+    let apart = wants_nodes && (apart(input.reachable) || from_export(job));
     let split = splittable && !job.spec.dry_run && !apart;
     if shards.is_empty() {
         *shards = schedule::initial(
@@ -417,7 +423,13 @@ fn schedule_shards(
             let first = |r: &crate::resolve::Reachable| {
                 r.live.iter().find(|n| (input.transfers)(n)).cloned()
             };
-            if let (Some(sender), Some(receiver)) = (first(src_at), first(dst_at)) {
+            // Another install's export: the first live node with the destination and a
+            // peering identity (`transfers` says so for such a job) receives it.
+            let sender = match from_export(job) {
+                true => Some(ferry_crds::EXPORT_SENDER.to_string()),
+                false => first(src_at),
+            };
+            if let (Some(sender), Some(receiver)) = (sender, first(dst_at)) {
                 schedule::assign_pair(shards, &sender, &receiver);
             }
         }
@@ -465,8 +477,16 @@ fn schedule_shards(
                 input.node_deadline.as_secs()
             ),
         ),
+        (true, _) if from_export(job) => (Reason::NoAgent, no_reader(dst_at, input.transfers)),
         (true, _) => (Reason::NoAgent, no_node(input.reachable, input.transfers)),
         (false, 1) => match shards.iter().find(|s| s.between_nodes()) {
+            Some(s) if from_export(job) => (
+                Reason::Assigned,
+                format!(
+                    "reading another cluster's export: node {} receives it from that cluster's agent",
+                    s.node
+                ),
+            ),
             Some(s) => (
                 Reason::Assigned,
                 format!(
@@ -518,6 +538,30 @@ fn schedule_shards(
             shape,
             requeue,
         },
+    )
+}
+
+/// Why no node can receive another install's export: the destination's volume is on no
+/// node, on none with a live agent, or on none whose agent has a peering identity.
+fn no_reader(destination: &crate::resolve::Reachable, peering: &dyn Fn(&str) -> bool) -> String {
+    if destination.nodes.is_empty() {
+        return "spec.destination: no Node has this volume (its StorageRoot's nodeSelector, or its PersistentVolume's node affinity, matches no Node); waiting for one".into();
+    }
+    if destination.live.is_empty() {
+        return format!(
+            "spec.destination: no Ferry agent is running on {} (the nodes with this volume); waiting for one",
+            destination.nodes.join(", ")
+        );
+    }
+    let without: Vec<&str> = destination
+        .live
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !peering(n))
+        .collect();
+    format!(
+        "reading another cluster's export needs an agent with a peering port (the chart's peering.enabled) on a node with spec.destination; the agent on {} has none; waiting",
+        without.join(", ")
     )
 }
 

@@ -116,6 +116,17 @@ impl Heartbeats {
         })
     }
 
+    /// Whether the node's agent has a peering port (and so a peering identity, to read
+    /// another install's export with).
+    pub fn serves_peering(&self, node: &str) -> bool {
+        let name = format!("{LEASE_PREFIX}{node}");
+        self.store.state().iter().any(|l| {
+            l.metadata.name.as_deref() == Some(name.as_str())
+                && l.annotations()
+                    .contains_key(ferry_crds::PEERING_ADDRESS_ANNOTATION)
+        })
+    }
+
     /// `None` while the node's agent is live; otherwise how long ago its Lease expired
     /// (zero for a node whose agent this operator has never seen).
     pub fn lost_for(&self, node: &str) -> Option<Duration> {

@@ -23,6 +23,7 @@ mod error;
 pub mod export;
 pub mod heartbeat;
 pub mod holder;
+pub mod import;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;

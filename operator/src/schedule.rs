@@ -131,8 +131,9 @@ pub fn handle_lost(
         .iter_mut()
         .filter(|s| !s.node.is_empty() && !s.progress.state.finished())
     {
-        // A copy between nodes needs both of its agents.
-        let sender = s.sender.clone();
+        // A copy between nodes needs both of its agents (another install's agent, which
+        // serves an export, has no heartbeat here).
+        let sender = s.sender.clone().filter(|n| n != ferry_crds::EXPORT_SENDER);
         let Some((node, lost)) = lost_for(&s.node)
             .map(|l| (s.node.clone(), l))
             .or_else(|| sender.and_then(|n| lost_for(&n).map(|l| (n, l))))

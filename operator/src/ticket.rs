@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use ferry_crds::{ticket_secret, CopyJob, ShardStatus, Ticket, OPERATOR_MANAGER};
+use ferry_crds::{ticket_secret, CopyJob, ExportTicket, ShardStatus, Ticket, OPERATOR_MANAGER};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -34,17 +34,22 @@ pub async fn issue(
     namespace: &str,
     job: &CopyJob,
     shards: &[ShardStatus],
+    export: Option<&ExportTicket>,
 ) -> Result<(), crate::Error> {
     let uid = job.uid().unwrap_or_default();
     let mut data = BTreeMap::new();
     for s in shards.iter().filter(paired) {
         let bytes = ferry_link::random_ticket().map_err(crate::Error::Ticket)?;
-        let t = Ticket::new(
+        let mut t = Ticket::new(
             s.epoch,
             s.sender.as_deref().unwrap_or_default(),
             &s.node,
             bytes,
         );
+        // A shard read from another install's export: what its receiver dials and says.
+        if s.sender.as_deref() == Some(ferry_crds::EXPORT_SENDER) {
+            t.export = export.cloned();
+        }
         let json = serde_json::to_vec(&t).unwrap_or_default();
         data.insert(s.id.clone(), ByteString(json));
     }

@@ -431,6 +431,9 @@ pub(crate) async fn reach(
     if !destination && from_snapshot(e) {
         return reach_pvc(client, ns, field, &restore_claim(job_uid), false).await;
     }
+    if e.export.is_some() {
+        return Ok(Ok(Reach::Direct(Volume::elsewhere())));
+    }
     if let Some(claim) = &e.pvc {
         return reach_pvc(client, ns, field, claim, destination).await;
     }

@@ -52,19 +52,25 @@ fn check_endpoint(field: &str, e: &Endpoint, source: bool) -> Result<(), Refusal
         ("root", &e.root),
         ("pvc", &e.pvc),
         ("snapshot", &e.snapshot),
+        ("export", &e.export),
     ]
     .into_iter()
     .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
     .collect();
     let invalid = |message: String| refuse(Reason::InvalidEndpoint, message);
     match named.as_slice() {
-        [] if source => invalid(format!("{field} sets none of root, pvc and snapshot; name a StorageRoot, a PersistentVolumeClaim or a VolumeSnapshot")),
+        [] if source => invalid(format!("{field} sets none of root, pvc, snapshot and export; name a StorageRoot, a PersistentVolumeClaim, a VolumeSnapshot or an export's Secret")),
         [] => invalid(format!("{field} sets neither root nor pvc; name a StorageRoot or a PersistentVolumeClaim")),
         [(kind, "")] => invalid(format!("{field} names an empty {kind}")),
         [_] => Ok(()),
         [(a, _), (b, _), ..] => invalid(format!("{field} sets both {a} and {b}; keep one")),
     }?;
     let snapshot_method = e.copy_method == Some(CopyMethod::Snapshot);
+    if !source && e.export.is_some() {
+        return invalid(format!(
+            "{field} cannot be an export: an export is read from another cluster; copy into a root or claim of this one"
+        ));
+    }
     if !source && (e.snapshot.is_some() || e.copy_method.is_some()) {
         return invalid(format!(
             "{field} is a root or a pvc: snapshot and copyMethod are for the source"
@@ -101,7 +107,7 @@ pub fn validate(spec: &CopyJobSpec) -> Result<(), Refusal> {
     if spec.source.is_unset() {
         return refuse(
             Reason::InvalidEndpoint,
-            "spec.source is not set: name what to copy (a root, pvc or snapshot), or set spec.check to check the destination against a manifest".into(),
+            "spec.source is not set: name what to copy (a root, pvc, snapshot or export), or set spec.check to check the destination against a manifest".into(),
         );
     }
     check_endpoint("spec.source", &spec.source, true)?;

@@ -84,6 +84,20 @@ impl Nodes {
     }
 }
 
+impl Volume {
+    /// Where a CopyJob's source that is another install's export is: on no node of this
+    /// cluster (that install's agents serve it; the operator reads its Secret and pairs a
+    /// receiver, see the operator's `import`).
+    pub fn elsewhere() -> Volume {
+        Volume {
+            host_path: String::new(),
+            shared: false,
+            block: false,
+            nodes: Nodes::Terms(Vec::new()),
+        }
+    }
+}
+
 /// How a PersistentVolume is reached on a node.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PvAccess {

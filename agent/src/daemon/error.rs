@@ -114,6 +114,9 @@ pub(super) enum ShardError {
     },
 }
 
+/// How [`crate::transfer::TransferError::Refused`] reads: the other side answered, no.
+const REFUSED: &str = "the sender refused the shard: ";
+
 /// What an agent keeps for itself under its memory limit when a copy goes into memory:
 /// the engine's buffers and the runtime (about 30 MiB in use), with room to spare.
 pub(super) const MEMORY_MARGIN: u64 = 64 << 20;
@@ -135,6 +138,13 @@ impl ShardError {
             Self::MemoryLimit { .. } => Reason::DestinationFull,
             Self::StatePath { .. } => Reason::PathEscape,
             Self::Refused { reason, .. } => *reason,
+            // Another install's agent answered, and refused the export (its reason is in
+            // the message); a connection that never got an answer cannot start.
+            Self::Sender { node, why, .. }
+                if node == ferry_crds::EXPORT_SENDER && why.contains(REFUSED) =>
+            {
+                Reason::ExportRefused
+            }
             Self::Fenced
             | Self::RootHoldsAgentState { .. }
             | Self::Api(_)
@@ -163,6 +173,36 @@ pub(super) fn engine_reason(e: &ferry_engine::Error) -> Reason {
 mod tests {
     use super::*;
     use crate::with_causes;
+
+    #[test]
+    fn an_export_its_source_refused_is_export_refused_and_an_unreachable_one_cannot_start() {
+        let refused =
+            crate::transfer::TransferError::Refused("Expired: export shop/db has expired".into());
+        let e = ShardError::Sender {
+            node: ferry_crds::EXPORT_SENDER.into(),
+            secs: 60,
+            why: format!("192.0.2.10:7451 (east): {}", with_causes(&refused)),
+        };
+        assert_eq!(e.reason(), Reason::ExportRefused);
+        assert!(
+            e.to_string()
+                .contains("Expired: export shop/db has expired"),
+            "{e}"
+        );
+        let e = ShardError::Sender {
+            node: ferry_crds::EXPORT_SENDER.into(),
+            secs: 60,
+            why: "192.0.2.10:7451 (east): connection refused".into(),
+        };
+        assert_eq!(e.reason(), Reason::CannotStart);
+        // Between nodes, a refusal is not an export's.
+        let e = ShardError::Sender {
+            node: "node-b".into(),
+            secs: 60,
+            why: with_causes(&crate::transfer::TransferError::Refused("no".into())),
+        };
+        assert_eq!(e.reason(), Reason::CannotStart);
+    }
 
     #[test]
     fn a_root_the_engine_refused_is_reported_with_the_engines_reason_and_each_cause_once() {

@@ -150,6 +150,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         ));
         identity = Some(tls);
     }
+    let mut peering = None;
     if let Some(addr) = settings.peering_listen {
         // The peering port, with this node's peering certificate (asked for now).
         let listener = tokio::net::TcpListener::bind(addr)
@@ -184,7 +185,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             identity: identity.clone(),
             holders: Arc::default(),
         });
-        tokio::spawn(crate::peering::serve(listener, identity, grants));
+        tokio::spawn(crate::peering::serve(listener, identity.clone(), grants));
+        peering = Some(identity);
     }
     let fence = Arc::new(Fence::new(settings.lease_seconds));
     tokio::spawn(fence::heartbeat(
@@ -201,6 +203,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             flushes: Arc::default(),
             journals: journals.clone(),
             identity,
+            peering,
         },
         running: Mutex::default(),
         finished: Mutex::default(),

@@ -56,7 +56,8 @@ async fn ticket(
             format!("the ticket Secret {namespace}/{name} has no entry for shard {shard}")
         })?;
     // Written by the operator, but bounded like any input.
-    if raw.0.len() > 4096 {
+    // An export's entry carries its CA bundle (at most 64 KiB).
+    if raw.0.len() > 80 << 10 {
         return Err(format!(
             "shard {shard}'s entry in {namespace}/{name} is {} bytes",
             raw.0.len()
@@ -238,15 +239,85 @@ pub(super) fn open_source(
     SourceTop::beneath(root_fd.as_fd(), path).map_err(|e| crate::with_causes(&e))
 }
 
+/// Dial the agent of another install that serves the export `shard` reads, with what the
+/// operator copied from the job's export Secret into its ticket.
+async fn dial_export(
+    client: &Client,
+    settings: &Settings,
+    peering: Option<&super::PeerIdentity>,
+    job: &CopyJob,
+    shard: &ShardStatus,
+) -> Result<Arc<Connection>, String> {
+    let me = &settings.node;
+    let tls = peering
+        .and_then(|p| p.borrow().clone())
+        .ok_or_else(|| format!("node {me} has no peering certificate (yet): reading another cluster's export needs the chart's peering.enabled"))?;
+    let uid = job.uid().unwrap_or_default();
+    let t = ticket(client, &settings.ticket_namespace, &uid, &shard.id).await?;
+    if &t.receiver != me || t.epoch != shard.epoch {
+        return Err(format!(
+            "the ticket of shard {} is for {} at epoch {}, not {me} at epoch {} (reassigned?)",
+            shard.id, t.receiver, t.epoch, shard.epoch
+        ));
+    }
+    let export = t.export.ok_or(
+        "the ticket names no export (the operator writes it once it has read the export's Secret)",
+    )?;
+    let credential = ferry_crds::unhex32(&export.credential)
+        .ok_or("the ticket's export credential is not 64 hex digits")?;
+    let addr: std::net::SocketAddr = export.address.parse().map_err(|_| {
+        format!(
+            "the export's address {:?} is not an address:port",
+            export.address
+        )
+    })?;
+    let config = tls
+        .client_for(&export.ca, &export.install)
+        .map_err(|e| format!("the export's CA: {e}"))?;
+    let hello = ferry_transfer::ExportHello {
+        version: ferry_transfer::frame::VERSION,
+        export: export.export.into_bytes(),
+        credential,
+        job: uid.into_bytes(),
+        namespace: job.namespace().unwrap_or_default().into_bytes(),
+        shard: shard
+            .id
+            .parse()
+            .map_err(|_| format!("shard id {:?} is not a number", shard.id))?,
+        epoch: shard.epoch as u64,
+        // Beneath the export: the job's path, its "" and "." components dropped.
+        path: job
+            .spec
+            .source
+            .path
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect::<Vec<_>>()
+            .join("/")
+            .into_bytes(),
+    };
+    transfer::dial_export(addr, config, &hello)
+        .await
+        .map_err(|e| {
+            format!(
+                "{} ({}): {}",
+                export.address,
+                export.install,
+                crate::with_causes(&e)
+            )
+        })
+}
+
 /// Why a receiver could not get a connection to its sender (it tries again until
 /// [`DIAL_FOR`] has passed).
 pub(super) const DIAL_FOR: Duration = Duration::from_secs(60);
 
-/// Dial the sender of `shard` for this node, as its ticket says.
+/// Dial the sender of `shard` for this node, as its ticket says: another node's transfer
+/// port, or another install's peering port for an export.
 pub(super) async fn dial(
     client: &Client,
     settings: &Settings,
-    identity: Option<&Identity>,
+    (identity, peering): (Option<&Identity>, Option<&super::PeerIdentity>),
     job: &CopyJob,
     shard: &ShardStatus,
 ) -> Result<Arc<Connection>, String> {
@@ -257,6 +328,9 @@ pub(super) async fn dial(
             shard.id
         ));
     };
+    if sender == ferry_crds::EXPORT_SENDER {
+        return dial_export(client, settings, peering, job, shard).await;
+    }
     let Some(identity) = identity else {
         return Err(format!(
             "the agent on node {me} serves no transfer port, so it has no certificate to receive with (chart value agent.transferPort, or --transfer-listen)"

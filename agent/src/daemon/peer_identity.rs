@@ -34,6 +34,21 @@ pub struct PeeringTls {
     pub peers: BTreeMap<String, String>,
     /// The peering port's configuration.
     pub server: Arc<rustls::ServerConfig>,
+    /// The certificate and key, to dial other installs' peering ports with.
+    chain_pem: String,
+    key_pem: String,
+}
+
+impl PeeringTls {
+    /// The configuration to dial an agent of `install` with, whose certificate must chain
+    /// to `ca_pem` (an export's CA, which a FerryPeer here holds: the operator checked).
+    pub fn client_for(
+        &self,
+        ca_pem: &str,
+        install: &str,
+    ) -> Result<Arc<rustls::ClientConfig>, ferry_link::Error> {
+        ferry_link::peering_client_config(ca_pem, install, &self.chain_pem, &self.key_pem)
+    }
 }
 
 impl std::fmt::Debug for PeeringTls {
@@ -94,6 +109,8 @@ async fn keep(client: Client, node: String, tx: watch::Sender<Option<Arc<Peering
                         id: id.clone(),
                         peers,
                         server,
+                        chain_pem: cert.clone(),
+                        key_pem: key.clone(),
                     })));
                 }
                 // The identity in use stays.

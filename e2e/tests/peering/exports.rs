@@ -227,6 +227,7 @@ pub fn ask<S: std::io::Read + std::io::Write>(tls: &mut S, frame: &Frame) -> Res
 /// holds the only slot, and, once deleted, the export itself.
 pub fn the_peering_port_serves_an_export_to_its_reader_only(
     east: &ControlPlane,
+    west: &ControlPlane,
     reader: &super::Reader,
 ) -> Result<()> {
     let data = reader.root.join("srv/shared/db");
@@ -427,6 +428,8 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
         "{summary:?}"
     );
 
+    a_copyjob_in_the_reading_cluster_copies_the_export(east, west, &data)?;
+
     // Refusals, each with its reason.
     let mut guess = credential;
     guess[0] ^= 1;
@@ -484,5 +487,95 @@ fn fidelity_tree(data: &std::path::Path) -> Result<()> {
     std::fs::write(data.join("big.bin"), big)?;
     std::fs::set_permissions(data.join("big.bin"), std::fs::Permissions::from_mode(0o640))?;
     std::fs::set_permissions(deep.join("leaf"), std::fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// In west, a tenant's CopyJob reads east's export `db` into a root of its own: refused
+/// until the Secret is carried over and the namespace lets the operator read it (each
+/// refusal saying what to do), then copied identical by west's agent from east's.
+fn a_copyjob_in_the_reading_cluster_copies_the_export(
+    east: &ControlPlane,
+    west: &ControlPlane,
+    data: &std::path::Path,
+) -> Result<()> {
+    let ns = "shop-dr";
+    let root = west.add_node("west-1")?;
+    std::fs::create_dir_all(root.join("srv/dr"))?;
+    let port = ferry_e2e::free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let _agent = west.spawn_chart_agent(
+        "west-1",
+        &ferry_e2e::transfer_ip(1),
+        &[("FERRY_PEERING_LISTEN", &listen)],
+    )?;
+    west.kubectl_ok(&["create", "namespace", ns])?;
+    west.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: dr\nspec:\n  path: /srv/dr\n  shared: true\n  namespaces: {{names: [{ns}]}}\n"
+    ))?;
+    west.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-east\n  namespace: {ns}\nspec:\n  source: {{export: db-ferry-export}}\n  destination: {{root: dr, path: db}}\n  verify: Checksum\n"
+    ))?;
+    let resolved = |want: &str| -> Result<String> {
+        let mut seen = String::new();
+        wait_for(&format!("the job's Resolved condition {want}"), WITHIN, || {
+            seen = west
+                .get(
+                    "copyjob/from-east",
+                    ns,
+                    "{.status.conditions[?(@.type==\"Resolved\")].reason} {.status.conditions[?(@.type==\"Resolved\")].message}",
+                )
+                .unwrap_or_default();
+            seen.starts_with(want)
+        })
+        .with_context(|| format!("{seen}\n{}", west.log_tail("operator.log", 20)))?;
+        Ok(seen)
+    };
+    // The operator may not read the namespace's Secrets: the refusal gives the commands,
+    // which the tenant runs.
+    let r = resolved("ExportNotFound")?;
+    ensure!(
+        r.contains("kubectl -n shop-dr create role ferry-reads-db-ferry-export"),
+        "{r}"
+    );
+    west.kubectl_ok(&[
+        "-n",
+        ns,
+        "create",
+        "role",
+        "ferry-reads-db-ferry-export",
+        "--verb=get",
+        "--resource=secrets",
+        "--resource-name=db-ferry-export",
+    ])?;
+    west.kubectl_ok(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "ferry-reads-db-ferry-export",
+        "--role=ferry-reads-db-ferry-export",
+        &format!("--serviceaccount={CHART_NAMESPACE}:ferry-operator"),
+    ])?;
+    // Now it may, and the Secret is not there yet.
+    let mut r = String::new();
+    wait_for("the Secret missing", WITHIN, || {
+        r = resolved("ExportNotFound").unwrap_or_default();
+        r.contains("no Secret \"db-ferry-export\"")
+    })
+    .with_context(|| r.clone())?;
+    // Carried over as the tenant would (its data and type; nothing of east's metadata).
+    let carried = east.kubectl_ok(&["get", "secret", "db-ferry-export", "-n", NS, "-o", "json"])?;
+    let carried: serde_json::Value = serde_json::from_str(&carried)?;
+    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db-ferry-export", "namespace": ns},
+        "type": carried["type"], "data": carried["data"]});
+    west.apply(&secret.to_string())?;
+    west.wait_succeeded(ns, "from-east", 120)?;
+    ferry_e2e::assert_same_tree(data, &root.join("srv/dr/db"))?;
+    let mode = west.get("copyjob/from-east", ns, "{.status.shards[0].sender}")?;
+    ensure!(
+        mode == ferry_crds::EXPORT_SENDER,
+        "the shard's sender: {mode}"
+    );
     Ok(())
 }

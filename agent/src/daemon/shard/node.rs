@@ -25,6 +25,9 @@ pub(crate) struct Node {
     /// This node's transfer certificate, if it serves a transfer port: what it receives
     /// a copy between nodes with.
     pub(crate) identity: Option<crate::daemon::network::Identity>,
+    /// This node's peering identity, if it serves a peering port: what it reads another
+    /// install's export with.
+    pub(crate) peering: Option<crate::daemon::PeerIdentity>,
 }
 
 impl Node {

@@ -62,7 +62,7 @@ pub(super) async fn dial_until(
         match dial(
             &node.client,
             &node.settings,
-            node.identity.as_ref(),
+            (node.identity.as_ref(), node.peering.as_ref()),
             job,
             shard,
         )
