@@ -483,7 +483,7 @@ fn fidelity_tree(data: &std::path::Path) -> Result<()> {
     sparse.set_len(16 << 20)?;
     std::os::unix::fs::FileExt::write_at(&sparse, b"middle", 8 << 20)?;
     std::fs::write(data.join("empty"), b"")?;
-    let big: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+    let big: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
     std::fs::write(data.join("big.bin"), big)?;
     std::fs::set_permissions(data.join("big.bin"), std::fs::Permissions::from_mode(0o640))?;
     std::fs::set_permissions(deep.join("leaf"), std::fs::Permissions::from_mode(0o600))?;
@@ -576,6 +576,30 @@ fn a_copyjob_in_the_reading_cluster_copies_the_export(
     ensure!(
         mode == ferry_crds::EXPORT_SENDER,
         "the shard's sender: {mode}"
+    );
+
+    // A re-run by checksum after a few bytes of the large file changed at the source (the
+    // nightly case): only that file, mended from west's own copy by its changed chunks.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(data.join("big.bin"))?;
+        f.write_all_at(b"a database page", 5 << 20)?;
+    }
+    west.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-east-again\n  namespace: {ns}\nspec:\n  source: {{export: db-ferry-export}}\n  destination: {{root: dr, path: db}}\n  overwrite: IfChanged\n  compare: Checksum\n  verify: Checksum\n"
+    ))?;
+    west.wait_succeeded(ns, "from-east-again", 120)?;
+    ferry_e2e::assert_same_tree(data, &root.join("srv/dr/db"))?;
+    let progress = west.get(
+        "copyjob/from-east-again",
+        ns,
+        "{.status.progress.filesDone} {.status.progress.patched}",
+    )?;
+    ensure!(
+        progress == "1 1",
+        "the re-run wrote (files, of them mended): {progress}"
     );
     Ok(())
 }
