@@ -92,13 +92,10 @@ impl ExportGrants {
                 format!("export {} is held by as many jobs as its maxReaders; try again when they finish", export.name_any()),
             )
         })?;
+        let path = check::served_path(&export.spec.source.path, &hello.path)?;
         let root = self.root(&export).await?;
-        let mut path = PathBuf::from(&export.spec.source.path);
-        if !hello.path.is_empty() {
-            // Checked by the frame's decoder: relative, no `..`, no NUL.
-            path.push(String::from_utf8_lossy(&hello.path).as_ref());
-        }
-        let reserved_top = super::job_options::reserved_top(&path.to_string_lossy());
+        let reserved_top = super::job_options::reserved_top(&path);
+        let path = PathBuf::from(path);
         let (host, node) = (self.settings.host_root.clone(), self.settings.node.clone());
         let open: crate::transfer::OpenSource =
             Arc::new(move || super::network::open_source(&host, &node, &root, &path));

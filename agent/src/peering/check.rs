@@ -29,6 +29,7 @@ pub enum Why {
     NotReady,
     Expired,
     InUse,
+    PathOutsideExport,
 }
 
 impl Refusal {
@@ -138,6 +139,34 @@ pub fn check(
         ));
     }
     Ok(())
+}
+
+/// What is served for a reader asking for `asked` beneath an export of `export_path`: the
+/// two joined (the frame's decoder already refused `..`, absolute paths and NUL), never
+/// Ferry's state directory at the top of the root, which a reader of a whole root could
+/// otherwise name.
+pub fn served_path(export_path: &str, asked: &[u8]) -> Result<String, Refusal> {
+    let asked = std::str::from_utf8(asked).map_err(|_| {
+        refuse(
+            Why::PathOutsideExport,
+            "the path asked for is not UTF-8".into(),
+        )
+    })?;
+    let joined: Vec<&str> = export_path
+        .split('/')
+        .chain(asked.split('/'))
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    let joined = joined.join("/");
+    if ferry_crds::in_state_dir(&joined) || joined.split('/').any(|c| c == "..") {
+        return Err(refuse(
+            Why::PathOutsideExport,
+            format!(
+                "{asked:?} is not beneath the export (Ferry's state directory is never served)"
+            ),
+        ));
+    }
+    Ok(joined)
 }
 
 /// The jobs reading each export on this node (export uid → job uid → connections), so that

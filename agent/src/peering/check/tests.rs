@@ -219,3 +219,20 @@ fn a_second_job_gets_nothing_while_the_first_holds_the_only_slot() {
     assert_eq!(ask(&e, &other, Some("west"), &holders.of("uid")), None);
     let _ = Duration::ZERO;
 }
+
+#[test]
+fn a_reader_gets_paths_beneath_the_export_and_never_the_roots_state_directory() {
+    let ok = |e: &str, a: &str| served_path(e, a.as_bytes()).expect("served");
+    assert_eq!(ok("db", ""), "db");
+    assert_eq!(ok("db", "2026/jan"), "db/2026/jan");
+    assert_eq!(ok("", "2026"), "2026");
+    assert_eq!(ok(".", ""), "");
+    // A whole root exported: its .ferry is still not served, however it is named.
+    for asked in [".ferry", ".ferry/journal", "./.ferry", ".//.ferry/x"] {
+        let r = served_path("", asked.as_bytes()).expect_err(asked);
+        assert_eq!(r.reason, Why::PathOutsideExport, "{asked}");
+    }
+    // Beneath a subdirectory, a name .ferry is the tenant's own.
+    assert_eq!(ok("db", ".ferry"), "db/.ferry");
+    assert!(served_path("db", &[0xff]).is_err());
+}
