@@ -108,22 +108,21 @@ impl Heartbeats {
     /// Whether the node's agent serves a transfer port (its Lease says where): it can send
     /// and receive copies between nodes.
     pub fn serves_transfers(&self, node: &str) -> bool {
-        let name = format!("{LEASE_PREFIX}{node}");
-        self.store.state().iter().any(|l| {
-            l.metadata.name.as_deref() == Some(name.as_str())
-                && l.annotations()
-                    .contains_key(ferry_crds::TRANSFER_ADDRESS_ANNOTATION)
-        })
+        self.advertises(node, ferry_crds::TRANSFER_ADDRESS_ANNOTATION)
     }
 
     /// Whether the node's agent has a peering port (and so a peering identity, to read
     /// another install's export with).
     pub fn serves_peering(&self, node: &str) -> bool {
+        self.advertises(node, ferry_crds::PEERING_ADDRESS_ANNOTATION)
+    }
+
+    /// Whether the node's heartbeat Lease carries the address annotation `annotation`.
+    fn advertises(&self, node: &str, annotation: &str) -> bool {
         let name = format!("{LEASE_PREFIX}{node}");
         self.store.state().iter().any(|l| {
             l.metadata.name.as_deref() == Some(name.as_str())
-                && l.annotations()
-                    .contains_key(ferry_crds::PEERING_ADDRESS_ANNOTATION)
+                && l.annotations().contains_key(annotation)
         })
     }
 

@@ -68,11 +68,14 @@ pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
         crate::export::run(client, None).await;
         return;
     }
-    // The exports' limits are checked before anything is made: a bad value is the chart's.
-    if let Err(why) = crate::export::Own::from_env(namespace, "", "") {
-        tracing::error!(%why, "peering: the chart's peering values");
-        std::process::exit(2);
-    }
+    // The exports' limits are read before anything is made: a bad value is the chart's.
+    let mut exports = match crate::export::Own::from_env(namespace, "", "") {
+        Ok(limits) => limits,
+        Err(why) => {
+            tracing::error!(%why, "peering: the chart's peering values");
+            std::process::exit(2);
+        }
+    };
     let own = loop {
         match own_identity(&client, namespace).await {
             Ok(own) => break own,
@@ -105,7 +108,8 @@ pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
                 .collect::<Vec<_>>()
         }
     };
-    let (own_install, own_ca) = (own.install.clone(), own.ca.cert_pem().to_string());
+    exports.install.clone_from(&own.install);
+    exports.ca_pem = own.ca.cert_pem().to_string();
     let client_exports = client.clone();
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -133,8 +137,11 @@ pub async fn run(client: Client, namespace: &str, agent_sa: &str) {
                 tracing::warn!(error = %crate::error_chain(&e), "FerryPeer reconcile failed");
             }
         });
-    let exports = crate::export::Own::from_env(namespace, &own_install, &own_ca).ok();
-    tokio::join!(peers, signer, crate::export::run(client_exports, exports));
+    tokio::join!(
+        peers,
+        signer,
+        crate::export::run(client_exports, Some(exports))
+    );
 }
 
 /// This install's name and CA: from the Secret (the admin's, `peering.caSecret`, or the one

@@ -14,7 +14,6 @@ use std::io::Write;
 
 use anyhow::{ensure, Context, Result};
 use ferry_e2e::{wait_for, ControlPlane, CHART_NAMESPACE};
-use ferry_operator::export::decide::sha256_hex;
 use ferry_transfer::frame::{Frame, VERSION};
 use ferry_transfer::stream::{read_frame, write_frame};
 use ferry_transfer::ExportHello;
@@ -123,7 +122,7 @@ pub fn a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(
     ensure!(String::from_utf8(secret_key(east, secret, "ca.crt")?)?.trim() == ca.trim());
     let first = credential(east, secret)?;
     ensure!(
-        hashes(east)? == [sha256_hex(&first)],
+        hashes(east)? == [ferry_link::credential_hash(&first)],
         "the status names another credential than the Secret holds: {:?}",
         hashes(east)?
     );
@@ -153,7 +152,11 @@ pub fn a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(
     let second = credential(east, secret)?;
     ensure!(second != first, "the Secret kept its credential");
     ensure!(
-        hashes(east)? == [sha256_hex(&second), sha256_hex(&first)],
+        hashes(east)?
+            == [
+                ferry_link::credential_hash(&second),
+                ferry_link::credential_hash(&first)
+            ],
         "{:?}",
         hashes(east)?
     );

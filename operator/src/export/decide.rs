@@ -159,7 +159,7 @@ pub fn decide(input: &Inputs, fresh: [u8; 32]) -> Decision {
             creds.insert(
                 0,
                 ExportCredential {
-                    sha256: sha256_hex(&fresh),
+                    sha256: ferry_link::credential_hash(&fresh),
                     rotation,
                     until: None,
                 },
@@ -371,11 +371,6 @@ fn signed(d: Duration) -> SignedDuration {
 
 fn human(d: Duration) -> String {
     crate::status::human_duration(i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
-/// SHA-256 of a credential, lowercase hex: what the status says of it.
-pub fn sha256_hex(credential: &[u8; 32]) -> String {
-    ferry_link::credential_hash(credential)
 }
 
 #[cfg(test)]

@@ -3,31 +3,14 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use ferry_crds::FerryPeerSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::ByteString;
-use kube::api::ObjectMeta;
 
 use super::*;
 
 fn peer(name: &str, install: &str, bundle: &str) -> FerryPeer {
-    FerryPeer {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            generation: Some(1),
-            creation_timestamp: Some(Time(Timestamp::from_second(1_000).expect("a time"))),
-            ..ObjectMeta::default()
-        },
-        spec: FerryPeerSpec {
-            install: install.into(),
-            ca_bundle: bundle.into(),
-            exports: PeerAccess::Allow,
-            imports: PeerAccess::Allow,
-            namespaces: None,
-        },
-        status: None,
-    }
+    crate::peering::decide::tests::peer(name, install, bundle, 1_000)
 }
 
 fn secret(ca: &str) -> Secret {

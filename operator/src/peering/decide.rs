@@ -231,4 +231,4 @@ pub fn new_install_name(namespace: &str, random: [u8; 4]) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

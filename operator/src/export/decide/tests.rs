@@ -3,37 +3,20 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use ferry_crds::{
-    CopyExport, CopyExportSpec, ExportReader, ExportSource, FerryPeer, FerryPeerSpec,
-};
+use ferry_crds::{CopyExport, CopyExportSpec, ExportReader, ExportSource, FerryPeer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ObjectMeta;
 
 use super::*;
 
 const DAY: Duration = Duration::from_secs(86_400);
 
 fn peer(name: &str, exports: PeerAccess, namespaces: Option<LabelSelector>) -> FerryPeer {
-    FerryPeer {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            generation: Some(1),
-            creation_timestamp: Some(Time(Timestamp::from_second(1_000).expect("a time"))),
-            ..ObjectMeta::default()
-        },
-        spec: FerryPeerSpec {
-            install: name.into(),
-            ca_bundle: ferry_link::Ca::generate(name)
-                .expect("a CA")
-                .cert_pem()
-                .into(),
-            exports,
-            imports: PeerAccess::Allow,
-            namespaces,
-        },
-        status: None,
-    }
+    let ca = ferry_link::Ca::generate(name).expect("a CA");
+    let mut p = crate::peering::decide::tests::peer(name, name, ca.cert_pem(), 1_000);
+    p.spec.exports = exports;
+    p.spec.namespaces = namespaces;
+    p
 }
 
 fn export(ttl: &str, readers: &[(&str, &str)]) -> CopyExport {
@@ -146,7 +129,7 @@ fn a_ready_export_gets_a_credential_whose_hash_alone_is_in_the_status() {
     let [c] = d.status.credentials.as_slice() else {
         panic!("{:?}", d.status.credentials)
     };
-    assert_eq!(c.sha256, sha256_hex(&[7; 32]));
+    assert_eq!(c.sha256, ferry_link::credential_hash(&[7; 32]));
     assert_ne!(c.sha256, hex(&[7; 32]), "the hash, not the credential");
     assert_eq!((c.rotation, c.until.is_none()), (0, true));
     let expires = d.status.expires_at.as_ref().expect("an expiry").0;
@@ -178,9 +161,9 @@ fn a_rotation_keeps_the_previous_credential_for_the_grace_then_drops_it() {
     assert_eq!(creds.len(), 2, "{creds:?}");
     assert_eq!(
         (creds[0].sha256.clone(), creds[0].until.is_none()),
-        (sha256_hex(&[2; 32]), true)
+        (ferry_link::credential_hash(&[2; 32]), true)
     );
-    assert_eq!(creds[1].sha256, sha256_hex(&[1; 32]));
+    assert_eq!(creds[1].sha256, ferry_link::credential_hash(&[1; 32]));
     let until = creds[1].until.as_ref().expect("a grace").0;
     assert_eq!(until, at(now + Duration::from_secs(660)));
     assert!(
@@ -196,7 +179,10 @@ fn a_rotation_keeps_the_previous_credential_for_the_grace_then_drops_it() {
         "{:?}",
         after.status.credentials
     );
-    assert_eq!(after.status.credentials[0].sha256, sha256_hex(&[2; 32]));
+    assert_eq!(
+        after.status.credentials[0].sha256,
+        ferry_link::credential_hash(&[2; 32])
+    );
 }
 
 #[test]

@@ -9,7 +9,9 @@ use kube::api::ObjectMeta;
 
 use super::*;
 
-fn peer(name: &str, install: &str, bundle: &str, created: i64) -> FerryPeer {
+/// A FerryPeer as an admin writes it (both directions allowed, all namespaces), created at
+/// `created` (seconds): also the other controllers' tests' peer.
+pub(crate) fn peer(name: &str, install: &str, bundle: &str, created: i64) -> FerryPeer {
     FerryPeer {
         metadata: ObjectMeta {
             name: Some(name.into()),
