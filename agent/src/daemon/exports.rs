@@ -10,7 +10,6 @@
 //! Not served yet: a claim of a CSI volume (it needs a pod mounting it on this node, which
 //! reachability will arrange); the hello is refused saying so.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -50,14 +49,12 @@ impl Exports for ExportGrants {
     fn recheck(&self, hello: &ExportHello, peer: &ferry_link::PeerId) -> Result<(), Refusal> {
         let export = self.find(hello)?;
         let peer_name = self.peer_name(peer);
-        // The job holds a slot: only the export's own state can refuse it now.
-        let job = BTreeSet::from([String::from_utf8_lossy(&hello.job).into_owned()]);
+        // The job holds its slot: only the export's own state can refuse it now.
         check::check(
             &export,
             hello,
             &peer.install,
             peer_name.as_deref(),
-            &job,
             Timestamp::now(),
         )
     }
@@ -73,25 +70,16 @@ impl ExportGrants {
         hello: &ExportHello,
         peer: &ferry_link::PeerId,
     ) -> Result<ExportGrant, Refusal> {
-        let uid = String::from_utf8_lossy(&hello.export).into_owned();
         let export = self.find(hello)?;
         let peer_name = self.peer_name(peer);
-        let job = String::from_utf8_lossy(&hello.job).into_owned();
         check::check(
             &export,
             hello,
             &peer.install,
             peer_name.as_deref(),
-            &self.holders.of(&uid),
             Timestamp::now(),
         )?;
-        let slots = usize::try_from(export.spec.max_readers).unwrap_or(1).max(1);
-        let held = self.holders.try_hold(&uid, &job, slots).ok_or_else(|| {
-            refusal(
-                Why::InUse,
-                format!("export {} is held by as many jobs as its maxReaders; try again when they finish", export.name_any()),
-            )
-        })?;
+        let held = self.holders.take(&export, hello)?;
         let path = check::served_path(&export.spec.source.path, &hello.path)?;
         let root = self.root(&export).await?;
         let reserved_top = super::job_options::reserved_top(&path);

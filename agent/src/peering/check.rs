@@ -1,12 +1,12 @@
 //! Whether an export hello may be served, decided without a cluster: the credential is one
 //! the export's status lists and still good (constant time), the asking install's FerryPeer
 //! and the stated namespace are among the export's readers, the export is not being
-//! deleted, is Ready for its current spec, and has not expired; and a reader slot is free
-//! or this job holds one. Only the CopyExport as the agent watches it is consulted (its
+//! deleted, is Ready for its current spec, and has not expired; then a reader slot is free
+//! or this job holds one ([`Holders`]). Only the CopyExport as the agent watches it is consulted (its
 //! status only the source's operator writes); nothing the peer says is believed but the
 //! credential it proves.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use ferry_crds::{CopyExport, ExportReason, EXPORT_READY};
 use ferry_transfer::ExportHello;
@@ -44,14 +44,12 @@ fn refuse(reason: Why, message: String) -> Refusal {
 }
 
 /// Check `hello` from an agent of install `install` (its FerryPeer here: `peer`, if any
-/// trusts it) against `export`, at `now`; `readers`: the jobs that hold the export's reader
-/// slots now (uids), on this node.
+/// trusts it) against `export`, at `now`. Its reader slot is [`Holders::take`]'s.
 pub fn check(
     export: &CopyExport,
     hello: &ExportHello,
     install: &str,
     peer: Option<&str>,
-    readers: &BTreeSet<String>,
     now: Timestamp,
 ) -> Result<(), Refusal> {
     let name = format!(
@@ -127,17 +125,6 @@ pub fn check(
             ))
         }
     }
-    let job = String::from_utf8_lossy(&hello.job).into_owned();
-    let slots = usize::try_from(export.spec.max_readers).unwrap_or(1).max(1);
-    if !readers.contains(&job) && readers.len() >= slots {
-        return Err(refuse(
-            Why::InUse,
-            format!(
-                "export {name} is held by {} other job(s), its maxReaders; try again when they finish",
-                readers.len()
-            ),
-        ));
-    }
     Ok(())
 }
 
@@ -175,48 +162,36 @@ pub fn served_path(export_path: &str, asked: &[u8]) -> Result<String, Refusal> {
 pub struct Holders(std::sync::Mutex<BTreeMap<String, BTreeMap<String, usize>>>);
 
 impl Holders {
-    /// The jobs holding `export` now.
-    pub fn of(&self, export: &str) -> BTreeSet<String> {
-        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        held.get(export)
-            .map(|jobs| jobs.keys().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// One more connection of `job` on `export`, unless `slots` other jobs hold it (then
-    /// `None`): checked and taken under one lock, so two jobs cannot both take the last.
-    pub fn try_hold(
+    /// A reader slot of `export` for the job `hello` names, or its connection's share of
+    /// the one the job holds, until the guard drops; `InUse` when `maxReaders` other jobs
+    /// hold it. Checked and taken under one lock, so two jobs cannot both take the last.
+    pub fn take(
         self: &std::sync::Arc<Self>,
-        export: &str,
-        job: &str,
-        slots: usize,
-    ) -> Option<Held> {
+        export: &CopyExport,
+        hello: &ExportHello,
+    ) -> Result<Held, Refusal> {
+        let uid = String::from_utf8_lossy(&hello.export).into_owned();
+        let job = String::from_utf8_lossy(&hello.job).into_owned();
+        let slots = usize::try_from(export.spec.max_readers).unwrap_or(1).max(1);
         let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let jobs = held.entry(export.to_string()).or_default();
-        if !jobs.contains_key(job) && jobs.len() >= slots {
-            return None;
+        let jobs = held.entry(uid.clone()).or_default();
+        if !jobs.contains_key(&job) && jobs.len() >= slots {
+            return Err(refuse(
+                Why::InUse,
+                format!(
+                    "export {}/{} is held by {} other job(s), its maxReaders; try again when they finish",
+                    export.metadata.namespace.as_deref().unwrap_or_default(),
+                    export.metadata.name.as_deref().unwrap_or_default(),
+                    jobs.len()
+                ),
+            ));
         }
-        *jobs.entry(job.to_string()).or_default() += 1;
-        Some(Held {
+        *jobs.entry(job.clone()).or_default() += 1;
+        Ok(Held {
             holders: self.clone(),
-            export: export.to_string(),
-            job: job.to_string(),
+            export: uid,
+            job,
         })
-    }
-
-    /// One more connection of `job` on `export`, until the guard drops.
-    pub fn hold(self: &std::sync::Arc<Self>, export: &str, job: &str) -> Held {
-        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *held
-            .entry(export.to_string())
-            .or_default()
-            .entry(job.to_string())
-            .or_default() += 1;
-        Held {
-            holders: self.clone(),
-            export: export.to_string(),
-            job: job.to_string(),
-        }
     }
 }
 

@@ -1,8 +1,5 @@
 //! The peering port's decision on a hello, on exports as the operator's status leaves them.
 
-use std::collections::BTreeSet;
-use std::time::Duration;
-
 use ferry_crds::{CopyExportSpec, CopyExportStatus, ExportCredential, ExportReader, ExportSource};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -90,35 +87,21 @@ fn why(r: Result<(), Refusal>) -> Option<Why> {
     r.err().map(|r| r.reason)
 }
 
-fn ask(
-    e: &CopyExport,
-    h: &ExportHello,
-    peer: Option<&str>,
-    readers: &BTreeSet<String>,
-) -> Option<Why> {
-    why(check(e, h, "west-install", peer, readers, now()))
+fn ask(e: &CopyExport, h: &ExportHello, peer: Option<&str>) -> Option<Why> {
+    why(check(e, h, "west-install", peer, now()))
 }
 
 #[test]
 fn the_current_credential_from_a_listed_reader_is_served() {
     let e = export(vec![current()]);
-    assert_eq!(
-        ask(
-            &e,
-            &hello(CREDENTIAL, "shop-dr"),
-            Some("west"),
-            &BTreeSet::new()
-        ),
-        None
-    );
+    assert_eq!(ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("west")), None);
 }
 
 #[test]
 fn a_stolen_guess_a_rotated_credential_past_its_grace_and_an_empty_status_get_nothing() {
-    let none = BTreeSet::new();
     let e = export(vec![current()]);
     assert_eq!(
-        ask(&e, &hello([4; 32], "shop-dr"), Some("west"), &none),
+        ask(&e, &hello([4; 32], "shop-dr"), Some("west")),
         Some(Why::BadCredential)
     );
     // Rotated: the previous one is good until its grace ends, then not.
@@ -131,22 +114,18 @@ fn a_stolen_guess_a_rotated_credential_past_its_grace_and_an_empty_status_get_no
     };
     previous.until = Some(at(60));
     let e = export(vec![fresh.clone(), previous.clone()]);
-    assert_eq!(
-        ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("west"), &none),
-        None
-    );
+    assert_eq!(ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("west")), None);
     previous.until = Some(at(-1));
     let e = export(vec![fresh, previous]);
     assert_eq!(
-        ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("west"), &none),
+        ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("west")),
         Some(Why::BadCredential)
     );
     assert_eq!(
         ask(
             &export(Vec::new()),
             &hello(CREDENTIAL, "shop-dr"),
-            Some("west"),
-            &none
+            Some("west")
         ),
         Some(Why::BadCredential)
     );
@@ -154,50 +133,48 @@ fn a_stolen_guess_a_rotated_credential_past_its_grace_and_an_empty_status_get_no
 
 #[test]
 fn only_a_listed_peer_and_namespace_may_read_and_a_bad_credential_learns_not_even_that() {
-    let none = BTreeSet::new();
     let e = export(vec![current()]);
     assert_eq!(
-        ask(&e, &hello(CREDENTIAL, "other"), Some("west"), &none),
+        ask(&e, &hello(CREDENTIAL, "other"), Some("west")),
         Some(Why::NotAReader)
     );
     assert_eq!(
-        ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("north"), &none),
+        ask(&e, &hello(CREDENTIAL, "shop-dr"), Some("north")),
         Some(Why::NotAReader)
     );
     assert_eq!(
-        ask(&e, &hello(CREDENTIAL, "shop-dr"), None, &none),
+        ask(&e, &hello(CREDENTIAL, "shop-dr"), None),
         Some(Why::NotAReader)
     );
     assert_eq!(
-        ask(&e, &hello([0; 32], "other"), Some("north"), &none),
+        ask(&e, &hello([0; 32], "other"), Some("north")),
         Some(Why::BadCredential)
     );
 }
 
 #[test]
 fn a_deleted_unready_stale_or_expired_export_is_refused_saying_which() {
-    let none = BTreeSet::new();
     let h = hello(CREDENTIAL, "shop-dr");
     let mut e = export(vec![current()]);
     e.metadata.deletion_timestamp = Some(at(-1));
-    assert_eq!(ask(&e, &h, Some("west"), &none), Some(Why::Deleted));
+    assert_eq!(ask(&e, &h, Some("west")), Some(Why::Deleted));
     let mut e = export(vec![current()]);
     e.status.as_mut().expect("status").conditions = vec![condition("False", "SourceNotFound")];
-    assert_eq!(ask(&e, &h, Some("west"), &none), Some(Why::NotReady));
+    assert_eq!(ask(&e, &h, Some("west")), Some(Why::NotReady));
     let mut e = export(vec![current()]);
     e.metadata.generation = Some(3);
     assert_eq!(
-        ask(&e, &h, Some("west"), &none),
+        ask(&e, &h, Some("west")),
         Some(Why::NotReady),
         "a spec the operator has not judged"
     );
     let mut e = export(vec![current()]);
     e.status.as_mut().expect("status").conditions = vec![condition("False", "Expired")];
-    assert_eq!(ask(&e, &h, Some("west"), &none), Some(Why::Expired));
+    assert_eq!(ask(&e, &h, Some("west")), Some(Why::Expired));
     // The clock passed the expiry before the operator said so.
     let mut e = export(vec![current()]);
     e.status.as_mut().expect("status").expires_at = Some(at(-1));
-    assert_eq!(ask(&e, &h, Some("west"), &none), Some(Why::Expired));
+    assert_eq!(ask(&e, &h, Some("west")), Some(Why::Expired));
 }
 
 #[test]
@@ -205,19 +182,28 @@ fn a_second_job_gets_nothing_while_the_first_holds_the_only_slot() {
     let e = export(vec![current()]);
     let holders = std::sync::Arc::new(Holders::default());
     let h = hello(CREDENTIAL, "shop-dr");
-    let first = holders.hold("uid", std::str::from_utf8(JOB).expect("utf-8"));
+    assert_eq!(ask(&e, &h, Some("west")), None);
+    let first = holders.take(&e, &h).expect("the first job's slot");
     // The same job again (its second connection) is let in; another job is not.
-    assert_eq!(ask(&e, &h, Some("west"), &holders.of("uid")), None);
+    let again = holders
+        .take(&e, &h)
+        .expect("the same job's second connection");
     let mut other = h.clone();
     other.job = b"another-job".to_vec();
     assert_eq!(
-        ask(&e, &other, Some("west"), &holders.of("uid")),
-        Some(Why::InUse)
+        ask(&e, &other, Some("west")),
+        None,
+        "all but the slot is fine"
     );
+    assert_eq!(
+        holders.take(&e, &other).map(drop).map_err(|r| r.reason),
+        Err(Why::InUse)
+    );
+    // Held until its last connection ends.
     drop(first);
-    assert!(holders.of("uid").is_empty());
-    assert_eq!(ask(&e, &other, Some("west"), &holders.of("uid")), None);
-    let _ = Duration::ZERO;
+    assert!(holders.take(&e, &other).is_err());
+    drop(again);
+    assert!(holders.take(&e, &other).is_ok());
 }
 
 #[test]
