@@ -537,8 +537,8 @@ pub struct CopyJobStatus {
     /// NotForBlock. Resolved: Resolved, or False with PVCNotFound, PVCNotBound,
     /// VolumeNotMounted, VolumeInUse, VolumeNotSupported, RootNotFound, SnapshotNotFound,
     /// SnapshotNotReady, and reading another cluster's export ExportNotFound,
-    /// PeerNotTrusted, ExportRefused. Scheduled: Assigned, or False
-    /// with WaitingForNode, NoAgent. Complete: Copied, Planned (a dry run), or Verified (a
+    /// PeerNotTrusted, ExportRefused. Scheduled: Assigned, WaitingForNode, PeerUnreachable
+    /// (the export's agent cannot be reached; the agent keeps trying), or False with NoAgent. Complete: Copied, Planned (a dry run), or Verified (a
     /// check: every file its manifest lists matched). Failed: Differs (a check found files
     /// changed, missing or of another type), else the
     /// first reason that stopped a shard (SpecChanged, DestinationFull, DestinationTooSmall,

@@ -109,6 +109,9 @@ wire_enum! {
         WaitingForNode,
         /// No node with a live Ferry agent has the volumes.
         NoAgent,
+        /// The agent reading another install's export cannot reach that install's agent
+        /// (no connection, or not one that proves to be that install's); it keeps trying.
+        PeerUnreachable,
         // Complete.
         /// Every file was copied.
         Copied,
@@ -224,6 +227,7 @@ impl Reason {
             ExportRefused => "the source cluster refused the export (the message says why): ask its owner to renew it, add this namespace to its readers, or hand over its current Secret",
             WaitingForNode => "bring the node's Ferry agent back before the operator's deadline",
             NoAgent => "run a Ferry agent on a node that has the volumes (the message names what is missing)",
+            PeerUnreachable => "let this cluster's nodes reach the export's address (its Service, a firewall between the clusters), or carry the export's current Secret if it moved: the job goes on by itself, and what it copied is kept",
         }
     }
 }

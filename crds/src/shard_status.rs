@@ -108,6 +108,49 @@ pub struct ShardProgress {
     /// `filesDone` and `bytesDone` count the files that matched.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckCounts>,
+    /// What the shard waits for while its agent keeps trying (the job's Scheduled
+    /// condition says it); empty once it goes on. Every progress update clears it.
+    pub waiting: Waiting,
+}
+
+/// Why a shard's agent cannot go on yet, and keeps trying: another install's agent that
+/// serves the export cannot be reached (PeerUnreachable). Written by the agent, shown by
+/// the operator: bounded ([`FailedPath::SHARD_MESSAGE_BYTES`]), never acted upon.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Waiting {
+    /// PeerUnreachable, or unset: not waiting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    /// What it tried, what happened, and how often it tries again.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 2048))]
+    pub message: String,
+}
+
+impl Waiting {
+    /// Waiting for `reason`, the message shortened as a whole shard's failure's is.
+    pub fn new(reason: Reason, message: &str) -> Self {
+        Self {
+            reason: Some(reason),
+            message: shorten(message, FailedPath::SHARD_MESSAGE_BYTES),
+        }
+    }
+
+    /// The JSON patch that sets only this of `shard`'s progress (at `index`), fenced as
+    /// [`ShardProgress::fenced_patch`] is: what an agent publishes while it waits, without
+    /// touching the counts its last update carried.
+    pub fn fenced_patch(
+        &self,
+        index: usize,
+        shard: &ShardStatus,
+        node: &str,
+    ) -> Result<serde_json::Value, serde_json::Error> {
+        let at = format!("/status/shards/{index}");
+        let mut ops = ShardProgress::fence(&at, shard, node)?;
+        ops.push(serde_json::json!({"op": "add", "path": format!("{at}/waiting"), "value": self}));
+        Ok(serde_json::Value::Array(ops))
+    }
 }
 
 /// A check's counts (`spec.check`): every file its manifest lists is one of these.
@@ -277,6 +320,22 @@ impl ShardProgress {
         node: &str,
     ) -> Result<serde_json::Value, serde_json::Error> {
         let at = format!("/status/shards/{index}");
+        let serde_json::Value::Object(progress) = serde_json::to_value(self)? else {
+            unreachable!("a struct serialises to an object")
+        };
+        let mut ops = Self::fence(&at, shard, node)?;
+        ops.extend(progress.into_iter().map(
+            |(k, v)| serde_json::json!({"op": "add", "path": format!("{at}/{k}"), "value": v}),
+        ));
+        Ok(serde_json::Value::Array(ops))
+    }
+
+    /// The `test`s of a fenced patch of the shard at `at`: still `node`'s, at its epoch.
+    fn fence(
+        at: &str,
+        shard: &ShardStatus,
+        node: &str,
+    ) -> Result<Vec<serde_json::Value>, serde_json::Error> {
         let fence = ShardStatus {
             id: shard.id.clone(),
             node: node.to_string(),
@@ -286,19 +345,13 @@ impl ShardProgress {
         let serde_json::Value::Object(fence) = serde_json::to_value(fence)? else {
             unreachable!("a struct serialises to an object")
         };
-        let serde_json::Value::Object(progress) = serde_json::to_value(self)? else {
-            unreachable!("a struct serialises to an object")
-        };
-        let tests = fence
+        Ok(fence
             .into_iter()
             .filter(|(k, _)| Self::FENCE.contains(&k.as_str()))
             .map(
                 |(k, v)| serde_json::json!({"op": "test", "path": format!("{at}/{k}"), "value": v}),
-            );
-        let adds = progress.into_iter().map(
-            |(k, v)| serde_json::json!({"op": "add", "path": format!("{at}/{k}"), "value": v}),
-        );
-        Ok(serde_json::Value::Array(tests.chain(adds).collect()))
+            )
+            .collect())
     }
 
     /// The assignment fields a progress update is fenced by, as `ShardStatus` serialises
@@ -393,6 +446,36 @@ mod tests {
             !published.progress.failures.is_empty()
                 && published.progress.failures[0].is_whole_shard()
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_waiting_patch_is_fenced_and_sets_only_waiting_which_a_progress_update_clears(
+    ) -> Result<(), serde_json::Error> {
+        let shard = ShardStatus {
+            id: "0".into(),
+            node: "west-1".into(),
+            epoch: 2,
+            ..Default::default()
+        };
+        let waiting = Waiting::new(Reason::PeerUnreachable, &"x".repeat(10_000));
+        assert!(waiting.message.len() <= FailedPath::SHARD_MESSAGE_BYTES);
+        let patch = waiting.fenced_patch(0, &shard, "west-1")?;
+        let ops = patch.as_array().expect("operations");
+        assert_eq!(ops.iter().filter(|o| o["op"] == "test").count(), 3);
+        let adds: Vec<_> = ops.iter().filter(|o| o["op"] == "add").collect();
+        assert_eq!(adds.len(), 1);
+        assert_eq!(adds[0]["path"], "/status/shards/0/waiting");
+        assert_eq!(adds[0]["value"]["reason"], "PeerUnreachable");
+        // Every progress update sets waiting back to nothing.
+        let cleared = ShardProgress::default().fenced_patch(0, &shard, "west-1")?;
+        assert!(cleared
+            .as_array()
+            .expect("operations")
+            .iter()
+            .any(|o| o["op"] == "add"
+                && o["path"] == "/status/shards/0/waiting"
+                && o["value"] == serde_json::json!({})));
         Ok(())
     }
 }

@@ -34,6 +34,10 @@ pub struct Context {
     /// Where the tickets of copies between nodes are (`FERRY_TICKET_NAMESPACE`; the chart
     /// gives them a namespace of their own, see `charts/ferry/templates/tickets.yaml`).
     pub ticket_namespace: String,
+    /// What each running job reading an export last had written into its ticket (a hash of
+    /// it, by job uid): a Secret carried again (rotated, moved) is written into the ticket at
+    /// the same epoch, and the receiver's next dial uses it.
+    pub export_tickets: std::sync::Mutex<BTreeMap<String, u64>>,
     /// The image of holder pods (see [`crate::holder`]); `None`: none are made.
     pub holder_image: Option<String>,
     /// Whether snapshot sources may be used (`FERRY_SNAPSHOT_SOURCES=true`: the chart's
@@ -141,7 +145,18 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     // A pair of agents is given a shard only with its ticket in place: written first, so
     // the receiver finds it when it sees the assignment (on a conflict below, the next
     // decision writes another; the one written here then opens nothing).
-    if write && assignment_changed && crate::ticket::needed(&status.shards) {
+    // A job reading an export has it written again when its carried Secret changed.
+    let uid = job.uid().unwrap_or_default();
+    let carried = export.as_ref().map(crate::ticket::export_hash);
+    let stale = carried.is_some()
+        && ctx
+            .export_tickets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&uid)
+            .copied()
+            != carried;
+    if (write && assignment_changed || stale) && crate::ticket::needed(&status.shards) {
         crate::ticket::issue(
             &ctx.client,
             &ctx.ticket_namespace,
@@ -150,6 +165,12 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             export.as_ref(),
         )
         .await?;
+        if let Some(hash) = carried {
+            ctx.export_tickets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(uid.clone(), hash);
+        }
     }
     if write {
         // The shard entries carry only the assignment: their progress fields belong to the
@@ -231,6 +252,10 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             && old.shards.iter().any(ShardStatus::between_nodes)
         {
             crate::ticket::revoke(&ctx.client, &ctx.ticket_namespace, job).await?;
+            ctx.export_tickets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&uid);
         }
         // Nor its holder pods (the agents are done with the volumes), nor the claim its
         // snapshot was restored to, nor a snapshot it took.
@@ -337,6 +362,10 @@ pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         // its holder pods (no agent copies through their mounts any more).
         if between_nodes {
             crate::ticket::revoke(&ctx.client, &ctx.ticket_namespace, job).await?;
+            ctx.export_tickets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&job.uid().unwrap_or_default());
         }
         if let Some(ns) = job.namespace() {
             if ctx.holder_image.is_some() {

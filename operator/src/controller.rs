@@ -58,6 +58,7 @@ pub async fn run(
             .filter(|n| !n.is_empty())
             .unwrap_or_else(agent_namespace),
         holder_image: holder_image(),
+        export_tickets: Default::default(),
         snapshot_sources: std::env::var("FERRY_SNAPSHOT_SOURCES").is_ok_and(|v| v == "true"),
         snapshot_bases: std::env::var("FERRY_SNAPSHOT_BASES").is_ok_and(|v| v == "true"),
     });

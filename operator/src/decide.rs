@@ -297,13 +297,18 @@ pub fn decide(input: &Inputs) -> Decision {
         && old.mode == status.mode
         && !assignment_changed;
     // A refusal waits for the spec (or the StorageRoot, on the next resync) to change; a
-    // CSI volume waits for a pod to mount it (or stop using it), and a snapshot source for
-    // its snapshot and restored claim, none of which changes the CopyJob.
+    // CSI volume waits for a pod to mount it (or stop using it), a snapshot source for its
+    // snapshot and restored claim, and an export for its Secret to be carried over (or
+    // the admin's FerryPeer), none of which changes the CopyJob.
     let requeue = match blocked {
         Some(b)
             if matches!(
                 b.reason,
-                Reason::VolumeNotMounted | Reason::VolumeInUse | Reason::SnapshotNotReady
+                Reason::VolumeNotMounted
+                    | Reason::VolumeInUse
+                    | Reason::SnapshotNotReady
+                    | Reason::ExportNotFound
+                    | Reason::PeerNotTrusted
             ) =>
         {
             Some(Duration::from_secs(5))
@@ -509,6 +514,16 @@ fn schedule_shards(
             ),
         ),
     };
+    // What an agent waits for and keeps trying (said by it; shown, never acted upon).
+    // Its export's Secret is read again soon meanwhile: carried again, it may say where
+    // the export is now (no event tells the operator a tenant's Secret changed).
+    let (reason, msg) = match waiting(shards) {
+        Some(w) if lost.waiting.is_empty() => {
+            requeue = Some(requeue.map_or(RECHECK_WAITING, |r| r.min(RECHECK_WAITING)));
+            w
+        }
+        _ => (reason, msg),
+    };
     // Waiting without a node is said once as an event too, each time the reason changes
     // (an agent gone, a node added), so `kubectl describe` shows why the job does not start.
     let said = previous
@@ -539,6 +554,25 @@ fn schedule_shards(
             requeue,
         },
     )
+}
+
+/// How soon a job whose agent waits (PeerUnreachable) is looked at again.
+const RECHECK_WAITING: Duration = Duration::from_secs(5);
+
+/// The first unfinished shard's account of what its agent waits for (PeerUnreachable): its
+/// reason and message, bounded again (an agent token writes it).
+fn waiting(shards: &[ShardStatus]) -> Option<(Reason, String)> {
+    shards
+        .iter()
+        .filter(|s| !s.progress.state.finished() && !s.node.is_empty())
+        .find_map(|s| {
+            let w = &s.progress.waiting;
+            w.reason.map(|r| {
+                let message =
+                    ferry_crds::shorten(&w.message, ferry_crds::FailedPath::SHARD_MESSAGE_BYTES);
+                (r, format!("shard {}: {message}", s.id))
+            })
+        })
 }
 
 /// Why no node can receive another install's export: the destination's volume is on no

@@ -81,6 +81,15 @@ pub async fn issue(
     Ok(())
 }
 
+/// What tells one export's ticket from another (a rotated credential, a new address): a
+/// hash of all of it, to compare with what was written last.
+pub fn export_hash(t: &ExportTicket) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(t).unwrap_or_default().hash(&mut h);
+    h.finish()
+}
+
 /// Delete a job's ticket Secret, if it has one.
 pub async fn revoke(client: &Client, namespace: &str, job: &CopyJob) -> Result<(), crate::Error> {
     let name = ticket_secret(&job.uid().unwrap_or_default());

@@ -117,6 +117,12 @@ pub(super) enum ShardError {
 /// How [`crate::transfer::TransferError::Refused`] reads: the other side answered, no.
 const REFUSED: &str = "the sender refused the shard: ";
 
+/// Whether a failed dial's message says the other side answered and refused (rather than
+/// could not be reached).
+pub(super) fn refused(why: &str) -> bool {
+    why.contains(REFUSED)
+}
+
 /// What an agent keeps for itself under its memory limit when a copy goes into memory:
 /// the engine's buffers and the runtime (about 30 MiB in use), with room to spare.
 pub(super) const MEMORY_MARGIN: u64 = 64 << 20;
@@ -140,9 +146,7 @@ impl ShardError {
             Self::Refused { reason, .. } => *reason,
             // Another install's agent answered, and refused the export (its reason is in
             // the message); a connection that never got an answer cannot start.
-            Self::Sender { node, why, .. }
-                if node == ferry_crds::EXPORT_SENDER && why.contains(REFUSED) =>
-            {
+            Self::Sender { node, why, .. } if node == ferry_crds::EXPORT_SENDER && refused(why) => {
                 Reason::ExportRefused
             }
             Self::Fenced

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ferry_crds::{
-    CopyJob, FailedPath, ManifestPart, Reason, ShardProgress, ShardState, ShardStatus,
+    CopyJob, FailedPath, ManifestPart, Reason, ShardProgress, ShardState, ShardStatus, Waiting,
 };
 use ferry_engine::{Failure, Progress, Strategy};
 use kube::api::{Patch, PatchParams};
@@ -232,6 +232,37 @@ impl From<kube::Error> for PublishError {
     }
 }
 
+/// Publish what the shard waits for (and nothing else of its progress), fenced as
+/// [`publish`] is; the next [`publish`] clears it.
+pub(super) async fn publish_waiting(
+    client: &Client,
+    node: &str,
+    target: Target<'_>,
+    waiting: &Waiting,
+) -> Result<(), PublishError> {
+    let ops = waiting.fenced_patch(target.index, target.shard, node)?;
+    patch_shard(client, node, target, ops).await
+}
+
+/// Apply a fenced JSON patch of the shard's fields, under this agent's field manager.
+async fn patch_shard(
+    client: &Client,
+    node: &str,
+    target: Target<'_>,
+    ops: serde_json::Value,
+) -> Result<(), PublishError> {
+    let (job, shard) = (target.job, target.shard);
+    let patch: json_patch::Patch = serde_json::from_value(ops)?;
+    let pp = PatchParams {
+        field_manager: Some(ferry_crds::agent_manager(node, &shard.id)),
+        ..Default::default()
+    };
+    Api::<CopyJob>::namespaced(client.clone(), &job.namespace().unwrap_or_default())
+        .patch_status(&job.name_any(), &pp, &Patch::<()>::Json(patch))
+        .await?;
+    Ok(())
+}
+
 /// Publish this shard's progress fields (and only those: the operator owns the
 /// assignment), as a JSON patch that first tests the shard is still this node's, at this
 /// epoch ([`ShardProgress::fenced_patch`]): an agent that lost its shard (its heartbeat
@@ -290,17 +321,12 @@ pub(super) async fn publish(
         manifest_part: lock(&live.manifest_part).clone(),
         block: lock(&live.block).clone(),
         check: *lock(&live.check),
+        // Whatever the shard waited for, it is going on.
+        waiting: Default::default(),
     };
     let ops = progress.fenced_patch(target.index, shard, node)?;
-    let patch: json_patch::Patch = serde_json::from_value(ops)?;
+    patch_shard(client, node, target, ops).await?;
     let ns = job.namespace().unwrap_or_default();
-    let pp = PatchParams {
-        field_manager: Some(ferry_crds::agent_manager(node, &shard.id)),
-        ..Default::default()
-    };
-    Api::<CopyJob>::namespaced(client.clone(), &ns)
-        .patch_status(&job.name_any(), &pp, &Patch::<()>::Json(patch))
-        .await?;
     // The gauges follow what the status says, after it says it (a dry run and a check copy
     // nothing).
     if !job.spec.dry_run && job.spec.check.is_none() {

@@ -572,6 +572,38 @@ fn a_copyjob_in_the_reading_cluster_copies_the_export(
     let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "db-ferry-export", "namespace": ns},
         "type": carried["type"], "data": carried["data"]});
+    // First with an address nothing answers on (an export that moved, a firewall): the
+    // job says what it waits for, and keeps waiting.
+    let nowhere = format!("127.0.0.1:{}", ferry_e2e::free_port()?);
+    let mut stale = secret.clone();
+    stale["data"][ferry_crds::EXPORT_ADDRESS_KEY] = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .encode(nowhere.as_bytes())
+            .into()
+    };
+    west.apply(&stale.to_string())?;
+    let mut seen = String::new();
+    wait_for("the job's Scheduled condition PeerUnreachable", WITHIN, || {
+        seen = west
+            .get(
+                "copyjob/from-east",
+                ns,
+                "{.status.conditions[?(@.type==\"Scheduled\")].reason} {.status.conditions[?(@.type==\"Scheduled\")].message}",
+            )
+            .unwrap_or_default();
+        seen.starts_with("PeerUnreachable shard 0: node west-1 cannot reach")
+            && seen.contains(&nowhere)
+    })
+    .with_context(|| {
+        format!(
+            "{seen}\n{}\n{}",
+            west.log_tail("operator.log", 20),
+            west.log_tail("agent-west-1.log", 30)
+        )
+    })?;
+    // Carried again as it is: the operator writes it into the job's ticket, and the
+    // waiting agent dials the export where it is.
     west.apply(&secret.to_string())?;
     west.wait_succeeded(ns, "from-east", 120)?;
     ferry_e2e::assert_same_tree(data, &root.join("srv/dr/db"))?;

@@ -777,3 +777,39 @@ fn a_spec_changed_after_its_shards_were_cut_fails_the_job_and_every_shard_even_a
     let restored = after(first.clone(), changed.status.clone().expect("a status"));
     assert_eq!(spec_changed(&restored), None);
 }
+
+#[test]
+fn a_shard_whose_agent_cannot_reach_the_export_says_so_in_scheduled_and_keeps_its_shard() {
+    let mut shard = running_on("node-a", 1);
+    shard.progress.waiting = ferry_crds::Waiting::new(
+        Reason::PeerUnreachable,
+        &format!("node node-a cannot reach the agent serving the export: 192.0.2.1:7451 (east): connection refused{}", "!".repeat(5000)),
+    );
+    let j = after(job(serde_json::json!({})), with_shards(vec![shard]));
+    let d = decide_with(&j, &volumes(true), &["node-a"], &[]);
+    let (status, reason, message) = cond(&d, ConditionType::Scheduled);
+    assert_eq!((status, reason), ("True", "PeerUnreachable"));
+    assert!(
+        message.starts_with(
+            "shard 0: node node-a cannot reach the agent serving the export: 192.0.2.1:7451 (east)"
+        ),
+        "{message}"
+    );
+    assert!(message.len() < 2200, "bounded: {} bytes", message.len());
+    // Waiting is not failing: the shard stays where it runs, at its epoch.
+    assert_eq!(
+        (d.status.shards[0].node.as_str(), d.status.shards[0].epoch),
+        ("node-a", 1)
+    );
+    assert_eq!(d.status.phase, Some(Phase::Running));
+    // Looked at again soon: the export's Secret may be carried again with a new address.
+    assert_eq!(d.requeue, Some(Duration::from_secs(5)));
+
+    // Once it goes on (its next progress update clears waiting), so does the condition.
+    let j = after(
+        job(serde_json::json!({})),
+        with_shards(vec![running_on("node-a", 1)]),
+    );
+    let d = decide_with(&j, &volumes(true), &["node-a"], &[]);
+    assert_eq!(cond(&d, ConditionType::Scheduled).1, "Assigned");
+}
