@@ -4,7 +4,8 @@
 //!
 //! `control_plane` starts and drives it, `ferry` runs the operator and agents against it,
 //! `chart` runs them as the Helm chart does (its RBAC and policies, transfer ports),
-//! `trees` checks what a copy made, `tools` finds the binaries; small helpers for HTTP,
+//! `trees` checks what a copy made, `proxy` counts and cuts a connection, `tools` finds
+//! the binaries; small helpers for HTTP,
 //! polling, metrics and patches are here.
 
 use std::io::{Read, Write};
@@ -20,6 +21,7 @@ mod ferry;
 pub mod kube;
 mod kubectl;
 mod process;
+mod proxy;
 mod tools;
 mod trees;
 
@@ -31,6 +33,7 @@ pub use control_plane::ControlPlane;
 pub use ferry::{workspace_bin, PACED};
 pub use kubectl::{Kubectl, Watch};
 pub use process::Proc;
+pub use proxy::Proxy;
 pub use tools::{
     control_plane_installed_or_skip, helm_or_skip, kube_score_or_skip, prometheus_k8s_or_skip,
     prometheus_operator_crds_or_skip,

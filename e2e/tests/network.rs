@@ -16,15 +16,14 @@ mod certs;
 mod tree;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ferry_e2e::{ControlPlane, Proc};
+use ferry_e2e::{ControlPlane, Proc, Proxy};
 use serde_json::Value;
 
 const TEAM: &str = "team";
@@ -366,101 +365,6 @@ fn a_tree_with_everything_cp_a_keeps_is_copied_between_nodes_identical_verified_
     certs::nothing_forbidden(&nodes.cp)
 }
 
-/// The bytes the sender sent through the proxy, and the first and last instants they came.
-type Counted = (Arc<AtomicU64>, Arc<Mutex<Option<(Instant, Instant)>>>);
-
-/// Forwards `listen` to `to`, counting the bytes from `to` (the sender's answers), and cuts
-/// every open connection when asked.
-struct Proxy {
-    from_sender: Arc<AtomicU64>,
-    /// First and last instants bytes came from the sender.
-    span: Arc<Mutex<Option<(Instant, Instant)>>>,
-    cut: Arc<Mutex<Vec<TcpStream>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    fn start(listen: &str, to: String) -> Result<Self> {
-        let listener = TcpListener::bind(listen).with_context(|| format!("bind {listen}"))?;
-        let p = Self {
-            from_sender: Arc::default(),
-            span: Arc::default(),
-            cut: Arc::default(),
-            stop: Arc::default(),
-        };
-        let (count, span, cut, stop) = (
-            p.from_sender.clone(),
-            p.span.clone(),
-            p.cut.clone(),
-            p.stop.clone(),
-        );
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                let Ok(client) = conn else { continue };
-                let Ok(server) = TcpStream::connect(&to) else {
-                    continue;
-                };
-                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
-                    continue;
-                };
-                if let Ok(mut open) = cut.lock() {
-                    open.extend(client.try_clone().ok());
-                    open.extend(server.try_clone().ok());
-                }
-                let pump = |mut from: TcpStream, mut to: TcpStream, counted: Option<Counted>| {
-                    std::thread::spawn(move || {
-                        let mut buf = vec![0u8; 256 << 10];
-                        loop {
-                            let n = match from.read(&mut buf) {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
-                            if let Some((count, span)) = &counted {
-                                count.fetch_add(n as u64, Ordering::Relaxed);
-                                if let Ok(mut s) = span.lock() {
-                                    let now = Instant::now();
-                                    *s = Some(s.map_or((now, now), |(a, _)| (a, now)));
-                                }
-                            }
-                            if to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                        let _ = from.shutdown(std::net::Shutdown::Both);
-                    });
-                };
-                pump(client, server, None);
-                pump(s2, c2, Some((count.clone(), span.clone())));
-            }
-        });
-        Ok(p)
-    }
-
-    /// Cut every connection open now, in the middle of whatever it carries.
-    fn cut(&self) {
-        if let Ok(mut open) = self.cut.lock() {
-            for s in open.drain(..) {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-        }
-    }
-
-    fn bytes(&self) -> u64 {
-        self.from_sender.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.cut();
-    }
-}
-
 /// node-a and node-b, node-a's transfer port reached through a [`Proxy`]; `env` for the
 /// agents as in [`Nodes::start`].
 fn behind_proxy(env: &[(&str, &[(&str, &str)])]) -> Result<Option<(Nodes, Proxy)>> {
@@ -661,12 +565,7 @@ fn a_bandwidth_limit_holds_and_bytes_changed_in_flight_are_caught() -> Result<()
     }
     // 10 MiB/s held within 10% (measured at the receiver's side of the wire, first byte to
     // last; zstd does not help a pattern that does not compress).
-    let (first, last) = proxy
-        .span
-        .lock()
-        .ok()
-        .and_then(|s| *s)
-        .context("no bytes")?;
+    let (first, last) = proxy.span().context("no bytes")?;
     let rate = bytes as f64 / (last - first).as_secs_f64();
     let limit = 10.0 * (1 << 20) as f64;
     eprintln!("{bytes} bytes at {:.2} MiB/s", rate / (1 << 20) as f64);

@@ -9,119 +9,17 @@
 //! east (peering/exports.rs).
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{repo_root, wait_for, ControlPlane, CHART_NAMESPACE};
+use ferry_e2e::{wait_for, ControlPlane, CHART_NAMESPACE};
 
 #[path = "peering/exports.rs"]
 mod exports;
+#[path = "peering/setup.rs"]
+mod setup;
 
-const WITHIN: Duration = Duration::from_secs(60);
-
-/// The chart rendered with peering on (and `extra` values) into `cp`'s directory.
-fn render_with_peering(cp: &ControlPlane, helm: &PathBuf, extra: &[&str]) -> Result<PathBuf> {
-    let out = Command::new(helm)
-        .current_dir(repo_root())
-        .args([
-            "template",
-            "ferry",
-            "charts/ferry",
-            "--namespace",
-            CHART_NAMESPACE,
-        ])
-        .args(["--include-crds", "--set", "peering.enabled=true"])
-        // The other install's agents connect from loopback addresses here.
-        .args(["--set", "peering.from[0].ipBlock.cidr=127.0.0.0/8"])
-        .args(extra)
-        .output()
-        .context("run helm")?;
-    ensure!(
-        out.status.success(),
-        "helm template: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let path = cp.dir().join("ferry-peering.yaml");
-    std::fs::write(&path, out.stdout)?;
-    Ok(path)
-}
-
-/// One install: a control plane with the chart (peering on) and its operator running as
-/// the chart runs it, with the environment the rendered Deployment sets for peering.
-struct Install {
-    cp: ControlPlane,
-    operator: Option<ferry_e2e::Proc>,
-}
-
-fn install(helm: &PathBuf, install_name: Option<&str>) -> Result<Option<Install>> {
-    let Some(cp) = ControlPlane::start_or_skip()? else {
-        return Ok(None);
-    };
-    let set = install_name.map(|n| format!("peering.installName={n}"));
-    let extra: Vec<&str> = set.iter().flat_map(|s| ["--set", s.as_str()]).collect();
-    let manifest = render_with_peering(&cp, helm, &extra)?;
-    // The environment the rendered Deployment gives the operator for peering.
-    let rendered = std::fs::read_to_string(&manifest)?;
-    ensure!(
-        rendered.contains("name: FERRY_PEERING\n              value: \"true\""),
-        "the chart with peering.enabled does not turn it on in the operator"
-    );
-    cp.install_manifest(CHART_NAMESPACE, &manifest)?;
-    let operator = spawn_operator(&cp, install_name)?;
-    Ok(Some(Install {
-        cp,
-        operator: Some(operator),
-    }))
-}
-
-fn spawn_operator(cp: &ControlPlane, install_name: Option<&str>) -> Result<ferry_e2e::Proc> {
-    let kc =
-        cp.service_account_kubeconfig_lasting(CHART_NAMESPACE, "ferry-operator", None, "8760h")?;
-    let mut envs = vec![("FERRY_PEERING", "true")];
-    if let Some(n) = install_name {
-        envs.push(("FERRY_PEERING_INSTALL", n));
-    }
-    cp.spawn_chart_operator_with(&kc, &envs)
-}
-
-/// A key of the published ConfigMap, once it is there.
-fn published(cp: &ControlPlane, key: &str) -> Result<String> {
-    let path = format!("{{.data.{}}}", key.replace('.', "\\."));
-    let mut value = String::new();
-    wait_for("the ferry-peering ConfigMap", WITHIN, || {
-        value = cp
-            .get("configmap/ferry-peering", CHART_NAMESPACE, &path)
-            .unwrap_or_default();
-        !value.is_empty()
-    })
-    .with_context(|| cp.log_tail("operator.log", 20))?;
-    Ok(value)
-}
-
-/// A FerryPeer's Valid condition as `reason status message`, once it has one for its
-/// current generation.
-fn valid(cp: &ControlPlane, peer: &str) -> Result<String> {
-    let mut seen = String::new();
-    wait_for(&format!("FerryPeer {peer}'s status"), WITHIN, || {
-        let generation = cp.get(&format!("ferrypeer/{peer}"), "", "{.metadata.generation}");
-        let observed = cp.get(
-            &format!("ferrypeer/{peer}"),
-            "",
-            "{.status.observedGeneration}",
-        );
-        seen = cp
-            .get(
-                &format!("ferrypeer/{peer}"),
-                "",
-                "{.status.conditions[?(@.type==\"Valid\")].reason} {.status.conditions[?(@.type==\"Valid\")].status} {.status.conditions[?(@.type==\"Valid\")].message}",
-            )
-            .unwrap_or_default();
-        matches!((generation, observed), (Ok(g), Ok(o)) if g == o) && !seen.trim().is_empty()
-    })
-    .with_context(|| format!("{seen}\n{}", cp.log_tail("operator.log", 20)))?;
-    Ok(seen)
-}
+use setup::{base64_decode, install, published, spawn_operator, valid, WITHIN};
 
 fn can_i(cp: &ControlPlane, sa: &str, args: &[&str]) -> Result<bool> {
     let who = format!("system:serviceaccount:{CHART_NAMESPACE}:{sa}");
@@ -397,9 +295,4 @@ fn hello(addr: &str, identity: &(String, String), ca_pem: &str, expect: &str) ->
         Frame::Refused { reason } => Ok(reason),
         other => anyhow::bail!("the peering port answered {other:?}"),
     }
-}
-
-fn base64_decode(text: &str) -> Result<Vec<u8>> {
-    use base64::Engine;
-    Ok(base64::engine::general_purpose::STANDARD.decode(text.trim())?)
 }

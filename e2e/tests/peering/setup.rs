@@ -1,0 +1,142 @@
+//! Two installs on this machine, each on its own control plane with the chart rendered
+//! with peering on and its operator on the chart's token ([`install`]), and what each
+//! publishes for the other ([`published`], [`valid`]). Shared by the peering tests
+//! (`peering.rs`) and the faults between clusters (`peering_faults.rs`), each of which uses
+//! a part.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use ferry_e2e::{repo_root, wait_for, ControlPlane, CHART_NAMESPACE};
+
+pub const WITHIN: Duration = Duration::from_secs(60);
+
+/// The chart rendered with peering on (and `extra` values) into `cp`'s directory.
+pub fn render_with_peering(cp: &ControlPlane, helm: &PathBuf, extra: &[&str]) -> Result<PathBuf> {
+    let out = Command::new(helm)
+        .current_dir(repo_root())
+        .args([
+            "template",
+            "ferry",
+            "charts/ferry",
+            "--namespace",
+            CHART_NAMESPACE,
+        ])
+        .args(["--include-crds", "--set", "peering.enabled=true"])
+        // The other install's agents connect from loopback addresses here.
+        .args(["--set", "peering.from[0].ipBlock.cidr=127.0.0.0/8"])
+        .args(extra)
+        .output()
+        .context("run helm")?;
+    ensure!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = cp.dir().join("ferry-peering.yaml");
+    std::fs::write(&path, out.stdout)?;
+    Ok(path)
+}
+
+/// One install: a control plane with the chart (peering on) and its operator running as
+/// the chart runs it, with the environment the rendered Deployment sets for peering.
+pub struct Install {
+    pub cp: ControlPlane,
+    pub operator: Option<ferry_e2e::Proc>,
+}
+
+pub fn install(helm: &PathBuf, install_name: Option<&str>) -> Result<Option<Install>> {
+    let Some(cp) = ControlPlane::start_or_skip()? else {
+        return Ok(None);
+    };
+    let set = install_name.map(|n| format!("peering.installName={n}"));
+    let extra: Vec<&str> = set.iter().flat_map(|s| ["--set", s.as_str()]).collect();
+    let manifest = render_with_peering(&cp, helm, &extra)?;
+    // The environment the rendered Deployment gives the operator for peering.
+    let rendered = std::fs::read_to_string(&manifest)?;
+    ensure!(
+        rendered.contains("name: FERRY_PEERING\n              value: \"true\""),
+        "the chart with peering.enabled does not turn it on in the operator"
+    );
+    cp.install_manifest(CHART_NAMESPACE, &manifest)?;
+    let operator = spawn_operator(&cp, install_name)?;
+    Ok(Some(Install {
+        cp,
+        operator: Some(operator),
+    }))
+}
+
+pub fn spawn_operator(cp: &ControlPlane, install_name: Option<&str>) -> Result<ferry_e2e::Proc> {
+    let kc =
+        cp.service_account_kubeconfig_lasting(CHART_NAMESPACE, "ferry-operator", None, "8760h")?;
+    let mut envs = vec![("FERRY_PEERING", "true")];
+    if let Some(n) = install_name {
+        envs.push(("FERRY_PEERING_INSTALL", n));
+    }
+    cp.spawn_chart_operator_with(&kc, &envs)
+}
+
+/// A key of the published ConfigMap, once it is there.
+pub fn published(cp: &ControlPlane, key: &str) -> Result<String> {
+    let path = format!("{{.data.{}}}", key.replace('.', "\\."));
+    let mut value = String::new();
+    wait_for("the ferry-peering ConfigMap", WITHIN, || {
+        value = cp
+            .get("configmap/ferry-peering", CHART_NAMESPACE, &path)
+            .unwrap_or_default();
+        !value.is_empty()
+    })
+    .with_context(|| cp.log_tail("operator.log", 20))?;
+    Ok(value)
+}
+
+/// A FerryPeer's Valid condition as `reason status message`, once it has one for its
+/// current generation.
+pub fn valid(cp: &ControlPlane, peer: &str) -> Result<String> {
+    let mut seen = String::new();
+    wait_for(&format!("FerryPeer {peer}'s status"), WITHIN, || {
+        let generation = cp.get(&format!("ferrypeer/{peer}"), "", "{.metadata.generation}");
+        let observed = cp.get(
+            &format!("ferrypeer/{peer}"),
+            "",
+            "{.status.observedGeneration}",
+        );
+        seen = cp
+            .get(
+                &format!("ferrypeer/{peer}"),
+                "",
+                "{.status.conditions[?(@.type==\"Valid\")].reason} {.status.conditions[?(@.type==\"Valid\")].status} {.status.conditions[?(@.type==\"Valid\")].message}",
+            )
+            .unwrap_or_default();
+        matches!((generation, observed), (Ok(g), Ok(o)) if g == o) && !seen.trim().is_empty()
+    })
+    .with_context(|| format!("{seen}\n{}", cp.log_tail("operator.log", 20)))?;
+    Ok(seen)
+}
+
+pub fn base64_decode(text: &str) -> Result<Vec<u8>> {
+    use base64::Engine;
+    Ok(base64::engine::general_purpose::STANDARD.decode(text.trim())?)
+}
+
+/// East (its name made by its operator) and west, each trusting the other: each admin
+/// applied the FerryPeer the other publishes, and both are Valid. East's install name.
+pub fn paired(helm: &PathBuf) -> Result<Option<(Install, Install, String)>> {
+    let Some(east) = install(helm, None)? else {
+        return Ok(None);
+    };
+    let Some(west) = install(helm, Some("west"))? else {
+        return Ok(None);
+    };
+    let east_name = published(&east.cp, "install")?;
+    west.cp.apply(&published(&east.cp, "ferrypeer.yaml")?)?;
+    east.cp.apply(&published(&west.cp, "ferrypeer.yaml")?)?;
+    for (cp, peer) in [(&west.cp, east_name.as_str()), (&east.cp, "west")] {
+        let v = valid(cp, peer)?;
+        ensure!(v.starts_with("Valid True"), "{peer}: {v}");
+    }
+    Ok(Some((east, west, east_name)))
+}

@@ -1,0 +1,260 @@
+//! Between clusters, under faults: a tenant of west copies a tenant of east's export (600
+//! files, about 120 MB) while the connection between the clusters is cut and the agents on
+//! either side are killed, a dozen times at random moments once the copy has moved on.
+//! East's agent advertises a proxy this test runs, which forwards to its real peering
+//! port, counts what east sends (TLS and framing included) and cuts the connections. Then
+//! the copy must equal the source byte for byte, with no staging names left, and east must
+//! have sent at most 1.10 times the tree: what was in flight at each fault again, nothing
+//! that west had committed.
+
+#[path = "peering/setup.rs"]
+mod setup;
+#[path = "../../engine/tests/common/mod.rs"]
+mod tree;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use ferry_e2e::{wait_for, ControlPlane, Proc, Proxy, CHART_NAMESPACE};
+
+use setup::{paired, WITHIN};
+
+/// The source's namespace on east, and the reader's on west.
+const NS: &str = "shop";
+const READER_NS: &str = "shop-dr";
+const FAULTS: usize = 12;
+
+/// A node's agent as the chart runs it, restarted with the same environment.
+struct Agent<'a> {
+    cp: &'a ControlPlane,
+    node: &'static str,
+    ip: String,
+    env: Vec<(&'static str, String)>,
+    proc: Option<Proc>,
+}
+
+impl<'a> Agent<'a> {
+    fn start(
+        cp: &'a ControlPlane,
+        node: &'static str,
+        ip: String,
+        env: Vec<(&'static str, String)>,
+    ) -> Result<Self> {
+        let mut a = Self {
+            cp,
+            node,
+            ip,
+            env,
+            proc: None,
+        };
+        a.spawn()?;
+        Ok(a)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.proc = Some(self.cp.spawn_chart_agent(self.node, &self.ip, &env)?);
+        Ok(())
+    }
+
+    /// SIGKILL it, and start it again after `down`.
+    fn kill_and_restart(&mut self, down: Duration) -> Result<()> {
+        if let Some(mut p) = self.proc.take() {
+            p.kill()?;
+        }
+        std::thread::sleep(down);
+        self.spawn()
+    }
+}
+
+#[test]
+fn cut_connections_and_killed_agents_on_either_side_resume_to_an_identical_copy_sending_little_twice(
+) -> Result<()> {
+    let Some(helm) = ferry_e2e::helm_or_skip()? else {
+        return Ok(());
+    };
+    let Some((east, west, east_name)) = paired(&helm)? else {
+        return Ok(());
+    };
+    let (east, west) = (&east.cp, &west.cp);
+
+    // East: the tree on a root of its own, its agent's peering port behind the proxy.
+    let east_root = east.add_node("east-1")?;
+    let src = east_root.join("srv/shared/db");
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for d in 0..20 {
+        let dir = src.join(format!("d{d}"));
+        std::fs::create_dir_all(&dir)?;
+        for f in 0..30 {
+            let len = 80_000 + next() % 240_000;
+            tree::write_pattern_file(&dir.join(format!("f{f}")), len)?;
+        }
+    }
+    let real = format!("127.0.0.1:{}", ferry_e2e::free_port()?);
+    let proxied = format!("127.0.0.5:{}", ferry_e2e::free_port()?);
+    let proxy = Proxy::start(&proxied, real.clone())?;
+    let mut east_agent = Agent::start(
+        east,
+        "east-1",
+        ferry_e2e::transfer_ip(0),
+        vec![
+            ("FERRY_PEERING_LISTEN", real.clone()),
+            ("FERRY_PEERING_ADDRESS", proxied.clone()),
+        ],
+    )?;
+    east.kubectl_ok(&["create", "namespace", NS])?;
+    east.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: shared\nspec:\n  path: /srv/shared\n  shared: true\n  namespaces: {{names: [{NS}]}}\n"
+    ))?;
+    east.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: CopyExport\nmetadata:\n  name: db\n  namespace: {NS}\nspec:\n  source: {{root: shared, path: db}}\n  readers: [{{peer: west, namespace: {READER_NS}}}]\n  ttl: 2h\n"
+    ))?;
+    let mut address = String::new();
+    wait_for("the export Ready at the proxy's address", WITHIN, || {
+        address = east
+            .get(
+                "copyexport/db",
+                NS,
+                "{.status.conditions[?(@.type==\"Ready\")].status} {.status.address}",
+            )
+            .unwrap_or_default();
+        address == format!("True {proxied}")
+    })
+    .with_context(|| format!("{address}\n{}", east.log_tail("operator.log", 20)))?;
+
+    // West: a root for the copy, its agent slowed (each file waits 15 ms) so that the
+    // faults land mid-copy, and the export's Secret carried over.
+    let west_root = west.add_node("west-1")?;
+    std::fs::create_dir_all(west_root.join("srv/dr"))?;
+    let mut west_agent = Agent::start(
+        west,
+        "west-1",
+        ferry_e2e::transfer_ip(1),
+        vec![
+            (
+                "FERRY_PEERING_LISTEN",
+                format!("127.0.0.1:{}", ferry_e2e::free_port()?),
+            ),
+            ("FERRY_FAULT_FILE_DELAY_MS", "15".into()),
+        ],
+    )?;
+    west.kubectl_ok(&["create", "namespace", READER_NS])?;
+    west.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: dr\nspec:\n  path: /srv/dr\n  shared: true\n  namespaces: {{names: [{READER_NS}]}}\n"
+    ))?;
+    let carried = east.kubectl_ok(&["get", "secret", "db-ferry-export", "-n", NS, "-o", "json"])?;
+    let carried: serde_json::Value = serde_json::from_str(&carried)?;
+    west.apply(
+        &serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "db-ferry-export", "namespace": READER_NS},
+            "type": carried["type"], "data": carried["data"]})
+        .to_string(),
+    )?;
+    let operator = format!("--serviceaccount={CHART_NAMESPACE}:ferry-operator");
+    for args in [
+        &[
+            "create",
+            "role",
+            "reads-db",
+            "--verb=get",
+            "--resource=secrets",
+            "--resource-name=db-ferry-export",
+        ][..],
+        &[
+            "create",
+            "rolebinding",
+            "reads-db",
+            "--role=reads-db",
+            &operator,
+        ][..],
+    ] {
+        let mut all = vec!["-n", READER_NS];
+        all.extend_from_slice(args);
+        west.kubectl_ok(&all)?;
+    }
+    // Counted first: listing a directory moves its atime, which the copy then keeps.
+    let bytes = tree_bytes(&src)?;
+    let before = tree::snapshot(&src)?;
+    west.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-east\n  namespace: {READER_NS}\nspec:\n  source: {{export: db-ferry-export}}\n  destination: {{root: dr, path: db}}\n  verify: Checksum\n  parallelism: {{workersPerAgent: 2}}\n"
+    ))?;
+
+    // Faults, each once the copy has moved on since the last one: the connection between
+    // the clusters cut, east's agent killed, west's agent killed (each back after 300 ms).
+    // Each kind four times, in a random order.
+    let mut plan = ["cut", "east", "west"].repeat(FAULTS / 3);
+    for i in (1..plan.len()).rev() {
+        plan.swap(i, (next() % (i as u64 + 1)) as usize);
+    }
+    let mut faults = Vec::new();
+    let mut last = 0;
+    let began = std::time::Instant::now();
+    while faults.len() < FAULTS {
+        let phase = west.get("copyjob/from-east", READER_NS, "{.status.phase}")?;
+        ensure!(
+            phase != "Succeeded" && phase != "Failed",
+            "the copy finished ({phase}) after only {} faults ({faults:?}): {}",
+            faults.len(),
+            west.get("copyjob/from-east", READER_NS, "{.status.conditions}")?
+        );
+        ensure!(
+            began.elapsed() < Duration::from_secs(600),
+            "the copy did not move on after {faults:?}: {} bytes sent\n{}\n{}",
+            proxy.bytes(),
+            west.log_tail("agent-west-1.log", 20),
+            east.log_tail("agent-east-1.log", 20)
+        );
+        let moved = proxy.bytes().saturating_sub(last);
+        if moved < (1 << 20) + next() % (3 << 20) {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        last = proxy.bytes();
+        let fault = plan[faults.len()];
+        match fault {
+            "cut" => proxy.cut(),
+            "east" => east_agent.kill_and_restart(Duration::from_millis(300))?,
+            _ => west_agent.kill_and_restart(Duration::from_millis(300))?,
+        }
+        faults.push(fault);
+    }
+    west.wait_succeeded(READER_NS, "from-east", 300)
+        .with_context(|| west.log_tail("agent-west-1.log", 30))?;
+    let dst = west_root.join("srv/dr/db");
+    tree::compare(&before, &dst, tree::Check::default())?;
+    let left = tree::staging_leftovers(&dst)?;
+    ensure!(left.is_empty(), "staging left: {left:?}");
+    let ratio = proxy.bytes() as f64 / bytes as f64;
+    eprintln!(
+        "between clusters, faults {faults:?}: {} bytes for a {bytes}-byte tree ({ratio:.3}); east is {east_name}",
+        proxy.bytes()
+    );
+    ensure!(
+        ratio <= 1.10,
+        "{ratio:.3} of the tree's bytes sent over {faults:?}"
+    );
+    Ok(())
+}
+
+fn tree_bytes(root: &std::path::Path) -> Result<u64> {
+    let mut total = 0;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            let m = e.metadata()?;
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += m.len();
+            }
+        }
+    }
+    Ok(total)
+}
