@@ -64,7 +64,7 @@ pub use options::{
 };
 pub use plan::{plan, plan_part, Totals};
 pub use progress::{NoProgress, Progress, Strategy};
-pub use prune::{prune, prune_beneath, PruneOptions, Pruned};
+pub use prune::{prune, prune_beneath, prune_from, PruneOptions, Pruned};
 
 /// What a copy did.
 #[derive(Debug, Clone, Default)]

@@ -10,6 +10,11 @@
 //! that conflict; it is left as it is). A deletion that fails is a listed failure, and the
 //! rest goes on. One thread: removals are metadata operations the filesystem serialises
 //! per directory anyway.
+//!
+//! The source may be on another node ([`prune_from`]): each of its directories is then the
+//! listing its sender gives (the names, and which are directories), asked once the
+//! destination's directory is read. A listing that fails removes nothing from that
+//! directory; what the sender says is bounded ([`MAX_SOURCE_NAMES`] names a directory).
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -18,15 +23,23 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use std::collections::HashMap;
+
+use ferry_transfer::frame::Frame;
+
 use crate::dirent::Listing;
 use crate::error::{reason_of_io, Failure};
 use crate::options::Filter;
+use crate::recv::Connection;
 use crate::{sys, Error};
 
 /// How many paths a dry run names (it counts all of them).
 pub const LISTED: usize = 20;
 /// How many failures are kept (all are counted).
 const FAILURES_KEPT: usize = 1000;
+/// The most names a sender's listing of one directory may give a mirror pass (what it
+/// keeps of them is one map per level being walked).
+const MAX_SOURCE_NAMES: usize = 4 << 20;
 
 /// What a mirror pass may remove.
 #[derive(Debug, Clone, Default)]
@@ -94,7 +107,49 @@ pub fn prune_beneath(
     prune_fds(src, dst, opts)
 }
 
+/// [`prune_beneath`] with the source on another node, served on `conn` (its top is the
+/// sender's; a single file there has nothing to mirror).
+pub fn prune_from(
+    conn: &Arc<Connection>,
+    dst_root: BorrowedFd<'_>,
+    dst_path: &Path,
+    opts: &PruneOptions,
+) -> Result<Pruned, Error> {
+    let top = Path::new("(source)");
+    let mut req = conn
+        .request(|req| Frame::Stat {
+            req,
+            path: Vec::new(),
+        })
+        .map_err(|e| Error::io("stat source", top, e))?;
+    let st = match req.next().map_err(|e| Error::io("stat source", top, e))? {
+        Frame::Entry { entry, .. } => crate::record::stat_of(&entry),
+        _ => {
+            let e = std::io::Error::other("the sender answered a stat with something else");
+            return Err(Error::io("stat source", top, e));
+        }
+    };
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Ok(Pruned::default());
+    }
+    let dir = libc::O_RDONLY | libc::O_DIRECTORY;
+    let dst = crate::beneath::resolve_beneath(dst_root, dst_path, dir)?;
+    run(
+        Source::Remote {
+            conn,
+            path: Vec::new(),
+            ino: st.st_ino,
+        },
+        dst,
+        opts,
+    )
+}
+
 fn prune_fds(src: OwnedFd, dst: OwnedFd, opts: &PruneOptions) -> Result<Pruned, Error> {
+    run(Source::Fd(src), dst, opts)
+}
+
+fn run(src: Source<'_>, dst: OwnedFd, opts: &PruneOptions) -> Result<Pruned, Error> {
     let mut pass = Pass {
         opts,
         fenced: false,
@@ -102,9 +157,118 @@ fn prune_fds(src: OwnedFd, dst: OwnedFd, opts: &PruneOptions) -> Result<Pruned, 
         buf: Vec::new(),
     };
     // Depth first, a listing at a time: what is open is one descriptor pair per level.
-    pass.mirror(&src, &dst, Vec::new(), true);
+    pass.mirror(src, &dst, Vec::new(), true);
     pass.out.stopped = pass.stopping();
     Ok(pass.out)
+}
+
+/// A source directory of a mirror pass: open here, or on another node (its path from the
+/// sender's top, and the inode its parent's listing gave, which the sender checks).
+enum Source<'c> {
+    Fd(OwnedFd),
+    Remote {
+        conn: &'c Arc<Connection>,
+        path: Vec<u8>,
+        ino: u64,
+    },
+}
+
+/// What a source directory has, read before its destination's names are compared: its
+/// descriptor, or its sender's listing (name → directory, and inode).
+enum Has<'c> {
+    Fd(OwnedFd),
+    Listed {
+        conn: &'c Arc<Connection>,
+        path: Vec<u8>,
+        names: HashMap<Vec<u8>, (bool, u64)>,
+    },
+}
+
+/// What the source has under one name.
+enum Entry<'c> {
+    Missing,
+    Dir(Source<'c>),
+    Other,
+}
+
+impl<'c> Has<'c> {
+    fn read(src: Source<'c>) -> std::io::Result<Self> {
+        match src {
+            Source::Fd(fd) => Ok(Has::Fd(fd)),
+            Source::Remote { conn, path, ino } => {
+                let names = listed(conn, &path, ino)?;
+                Ok(Has::Listed { conn, path, names })
+            }
+        }
+    }
+
+    fn entry(&self, name: &CStr) -> std::io::Result<Entry<'c>> {
+        match self {
+            Has::Fd(fd) => match sys::lstatat(fd.as_fd(), name) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Entry::Missing),
+                Err(e) => Err(e),
+                Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+                    sys::open_beneath(fd.as_fd(), name, flags | libc::O_NOATIME)
+                        .or_else(|_| sys::open_beneath(fd.as_fd(), name, flags))
+                        .map(|fd| Entry::Dir(Source::Fd(fd)))
+                }
+                Ok(_) => Ok(Entry::Other),
+            },
+            Has::Listed { conn, path, names } => Ok(match names.get(name.to_bytes()) {
+                None => Entry::Missing,
+                Some((true, ino)) => Entry::Dir(Source::Remote {
+                    conn,
+                    path: join(path, name.to_bytes()),
+                    ino: *ino,
+                }),
+                Some((false, _)) => Entry::Other,
+            }),
+        }
+    }
+}
+
+/// The sender's listing of directory `path` (with inode `ino`): each name, whether it is a
+/// directory, and its inode; at most [`MAX_SOURCE_NAMES`] names.
+fn listed(
+    conn: &Arc<Connection>,
+    path: &[u8],
+    ino: u64,
+) -> std::io::Result<HashMap<Vec<u8>, (bool, u64)>> {
+    let mut req = conn.request(|req| Frame::List {
+        req,
+        path: path.to_vec(),
+        ino,
+        inline: false,
+        hash: false,
+    })?;
+    let mut names = HashMap::new();
+    loop {
+        let (entries, last) = match req.next()? {
+            Frame::Listing { entries, last, .. } => (entries, last),
+            _ => {
+                return Err(std::io::Error::other(
+                    "the sender answered a listing with something else",
+                ))
+            }
+        };
+        for e in entries {
+            let st = crate::record::stat_of(&e);
+            names.insert(
+                e.name,
+                (st.st_mode & libc::S_IFMT == libc::S_IFDIR, st.st_ino),
+            );
+        }
+        if names.len() > MAX_SOURCE_NAMES {
+            return Err(std::io::Error::other(format!(
+                "the sender listed more than {MAX_SOURCE_NAMES} names in one directory"
+            )));
+        }
+        if last {
+            return Ok(names);
+        }
+        req.send(&Frame::More { req: req.id() })?;
+    }
 }
 
 struct Pass<'a> {
@@ -192,9 +356,31 @@ impl Pass<'_> {
     }
 
     /// Remove what `dst` has and `src` lacks, then go down the directories both have.
-    fn mirror(&mut self, src: &OwnedFd, dst: &OwnedFd, rel: Vec<u8>, top: bool) {
+    fn mirror(&mut self, src: Source<'_>, dst: &OwnedFd, rel: Vec<u8>, top: bool) {
+        // Its times as the copy left them (the source's): a removal moves its mtime, which
+        // is put back once the pass is done with it, as rsync's --delete-after does.
+        let times = sys::fstat(dst.as_fd()).ok();
+        let deleted = self.out.deleted;
+        self.mirror_dir(src, dst, &rel, top);
+        if let Some(st) = times.filter(|_| self.out.deleted > deleted && !self.opts.dry_run) {
+            if let Err(e) = sys::futimens(dst.as_fd(), &st) {
+                self.fail(&rel, "set times", &e);
+            }
+        }
+    }
+
+    fn mirror_dir(&mut self, src: Source<'_>, dst: &OwnedFd, rel: &[u8], top: bool) {
+        let rel = rel.to_vec();
         let Some(names) = self.names(dst.as_fd(), &rel) else {
             return;
+        };
+        // Asked once the destination is read: what it lists, it has by then.
+        let has = match Has::read(src) {
+            Ok(has) => has,
+            Err(e) => {
+                self.fail(&rel, "list source directory", &e);
+                return;
+            }
         };
         for name in names {
             if self.stopping() {
@@ -221,23 +407,18 @@ impl Pass<'_> {
                 }
                 continue;
             }
-            match sys::lstatat(src.as_fd(), &name) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    self.remove(dst.as_fd(), &name, &path, is_dir, true);
-                }
+            match has.entry(&name) {
+                Ok(Entry::Missing) => self.remove(dst.as_fd(), &name, &path, is_dir, true),
                 Err(e) => self.fail(&path, "stat source", &e),
-                Ok(src_st) if is_dir && src_st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
-                    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-                    let src_child = sys::open_beneath(src.as_fd(), &name, flags | libc::O_NOATIME)
-                        .or_else(|_| sys::open_beneath(src.as_fd(), &name, flags));
+                Ok(Entry::Dir(src_child)) if is_dir => {
                     // The destination's too: listing it must not undo the atime the copy
                     // gave it (relatime moves it once, its ctime being newer).
-                    let dst_child = sys::open_beneath(dst.as_fd(), &name, flags | libc::O_NOATIME)
-                        .or_else(|_| sys::open_beneath(dst.as_fd(), &name, flags));
-                    match (src_child, dst_child) {
-                        (Ok(s), Ok(d)) => self.mirror(&s, &d, path, false),
-                        (Err(e), _) => self.fail(&path, "open source directory", &e),
-                        (_, Err(e)) => self.fail(&path, "open directory", &e),
+                    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+                    match sys::open_beneath(dst.as_fd(), &name, flags | libc::O_NOATIME)
+                        .or_else(|_| sys::open_beneath(dst.as_fd(), &name, flags))
+                    {
+                        Ok(d) => self.mirror(src_child, &d, path, false),
+                        Err(e) => self.fail(&path, "open directory", &e),
                     }
                 }
                 // The source has it (a type conflict the copy reported is left as is).

@@ -437,3 +437,74 @@ fn a_file_top_counts_one_file_of_its_size_as_plan_beneath_does() -> Result<()> {
     halves.finish()?;
     Ok(())
 }
+
+#[test]
+fn a_mirror_through_the_halves_removes_what_the_source_lacks_as_a_local_one_does() -> Result<()> {
+    let roots = Roots::new()?;
+    let tree = roots.src().join("tree");
+    mkdir(&tree.join("kept/deeper"))?;
+    write(&tree.join("kept/deeper/f"), b"kept")?;
+    write(&tree.join("same"), b"kept")?;
+    // The destination: a copy of it, and what the source lacks beside it (a file, a
+    // directory with things in it, a symlink, an entry of another type under a source
+    // name), Ferry's state at the top, a staging name, and what the filter leaves out.
+    let dst = roots.dst().join("copy");
+    mkdir(&dst.join("kept/deeper"))?;
+    write(&dst.join("kept/deeper/f"), b"kept")?;
+    write(&dst.join("kept/deeper/gone"), b"x")?;
+    mkdir(&dst.join("gone-dir/sub"))?;
+    write(&dst.join("gone-dir/sub/f"), b"x")?;
+    symlink("/etc/passwd", &dst.join("kept/gone-link"))?;
+    mkdir(&dst.join("same"))?;
+    mkdir(&dst.join(".ferry"))?;
+    write(&dst.join(".ferry-x-1.tmp"), b"another copy's")?;
+    write(&dst.join("kept/notes.log"), b"excluded")?;
+    // The times the copy gave the directories (the source's), which removals must not move.
+    let past = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+    for d in [dst.clone(), dst.join("kept"), dst.join("kept/deeper")] {
+        std::fs::File::open(&d)?.set_times(
+            std::fs::FileTimes::new()
+                .set_modified(past)
+                .set_accessed(past),
+        )?;
+    }
+    let opts = ferry_engine::PruneOptions {
+        filter: filter(&[], &["*.log"]),
+        reserved_top: Some(c".ferry".into()),
+        ..Default::default()
+    };
+    let (src_fd, dst_fd) = roots.fds()?;
+    let top = SourceTop::beneath(src_fd.as_fd(), Path::new("tree"))?;
+    let halves = Halves::start(top, send_options())?;
+    let pruned = ferry_engine::prune_from(&halves.conn, dst_fd.as_fd(), Path::new("copy"), &opts)?;
+    halves.finish()?;
+    ensure!(pruned.failed == 0, "{:?}", pruned.failures);
+    let mut listed: Vec<String> = pruned
+        .listed
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    listed.sort();
+    ensure!(
+        listed == ["gone-dir/", "kept/deeper/gone", "kept/gone-link"],
+        "{listed:?}"
+    );
+    // Each entry once, those inside the removed directory too.
+    ensure!(pruned.deleted == 5, "{pruned:?}");
+    for kept in [
+        "kept/deeper/f",
+        "same",
+        ".ferry",
+        ".ferry-x-1.tmp",
+        "kept/notes.log",
+    ] {
+        ensure!(dst.join(kept).symlink_metadata().is_ok(), "{kept} removed");
+    }
+    ensure!(std::fs::metadata("/etc/passwd").is_ok());
+    for d in [dst.clone(), dst.join("kept"), dst.join("kept/deeper")] {
+        let m = std::fs::metadata(&d)?;
+        ensure!(m.modified()? == past, "{}'s mtime moved", d.display());
+    }
+
+    Ok(())
+}

@@ -239,12 +239,6 @@ fn check_copy(spec: &CopyJobSpec) -> Result<(), Refusal> {
 /// nodes, so such a job is refused `InvalidSpec` before any shard or ticket exists; the
 /// agent and the engine keep it as a guard.
 pub fn between_nodes(spec: &CopyJobSpec) -> Result<(), Refusal> {
-    if spec.delete_extraneous {
-        return refuse(
-            Reason::InvalidSpec,
-            "spec.deleteExtraneous: a copy between nodes (no node has both the source and the destination) cannot mirror yet; remove deleteExtraneous, or copy where one node has both volumes".into(),
-        );
-    }
     if spec.reflink == ferry_crds::Reflink::Always {
         return refuse(
             Reason::InvalidSpec,
@@ -596,28 +590,24 @@ mod tests {
     fn a_copy_between_nodes_refuses_what_it_cannot_do_and_names_the_field() {
         let base = spec(root("a", "src"), root("b", "dst"));
         assert_eq!(between_nodes(&base), Ok(()));
-        for (field, s) in [
-            (
-                "spec.deleteExtraneous",
-                CopyJobSpec {
-                    delete_extraneous: true,
-                    ..base.clone()
-                },
-            ),
-            (
-                "spec.reflink",
-                CopyJobSpec {
-                    reflink: ferry_crds::Reflink::Always,
-                    ..base.clone()
-                },
-            ),
-        ] {
-            let r = between_nodes(&s).expect_err(field);
-            assert_eq!(r.reason, Reason::InvalidSpec);
-            assert!(r.message.starts_with(field), "{}", r.message);
-            // Valid on one node: only the pairing refuses it.
-            assert_eq!(validate(&s), Ok(()));
-        }
+        // A mirror is made from the sender's listings.
+        let mirror = CopyJobSpec {
+            delete_extraneous: true,
+            ..base.clone()
+        };
+        assert_eq!(between_nodes(&mirror), Ok(()));
+        let (field, s) = (
+            "spec.reflink",
+            CopyJobSpec {
+                reflink: ferry_crds::Reflink::Always,
+                ..base.clone()
+            },
+        );
+        let r = between_nodes(&s).expect_err(field);
+        assert_eq!(r.reason, Reason::InvalidSpec);
+        assert!(r.message.starts_with(field), "{}", r.message);
+        // Valid on one node: only the pairing refuses it.
+        assert_eq!(validate(&s), Ok(()));
     }
 
     #[test]

@@ -613,8 +613,9 @@ fn a_copyjob_in_the_reading_cluster_copies_the_export(
         "the shard's sender: {mode}"
     );
 
-    // A re-run by checksum after a few bytes of the large file changed at the source (the
-    // nightly case): only that file, mended from west's own copy by its changed chunks.
+    // The migration's final sync (docs/peering.md): by checksum and mirrored, after a few
+    // bytes of the large file changed at the source and a file went: only that file,
+    // mended from west's own copy by its changed chunks, and the gone one removed.
     {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new()
@@ -622,19 +623,32 @@ fn a_copyjob_in_the_reading_cluster_copies_the_export(
             .open(data.join("big.bin"))?;
         f.write_all_at(b"a database page", 5 << 20)?;
     }
+    std::fs::remove_file(data.join("empty"))?;
     west.apply(&format!(
-        "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-east-again\n  namespace: {ns}\nspec:\n  source: {{export: db-ferry-export}}\n  destination: {{root: dr, path: db}}\n  overwrite: IfChanged\n  compare: Checksum\n  verify: Checksum\n"
+        "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-east-again\n  namespace: {ns}\nspec:\n  source: {{export: db-ferry-export}}\n  destination: {{root: dr, path: db}}\n  overwrite: IfChanged\n  compare: Checksum\n  deleteExtraneous: true\n  verify: Checksum\n"
     ))?;
     west.wait_succeeded(ns, "from-east-again", 120)?;
     ferry_e2e::assert_same_tree(data, &root.join("srv/dr/db"))?;
     let progress = west.get(
         "copyjob/from-east-again",
         ns,
-        "{.status.progress.filesDone} {.status.progress.patched}",
+        "{.status.progress.filesDone} {.status.progress.patched} {.status.progress.deleted}",
     )?;
     ensure!(
-        progress == "1 1",
-        "the re-run wrote (files, of them mended): {progress}"
+        progress == "1 1 1",
+        "the re-run wrote (files, of them mended), removed: {progress}"
     );
+    // And verified against its manifest in west, as the recipe ends.
+    let manifest = west.get("copyjob/from-east-again", ns, "{.status.manifest}")?;
+    west.apply(&format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: final-check\n  namespace: {ns}\nspec:\n  destination: {{root: dr, path: db}}\n  check: {{manifest: {manifest}}}\n"
+    ))?;
+    west.wait_succeeded(ns, "final-check", 120)?;
+    let verified = west.get(
+        "copyjob/final-check",
+        ns,
+        "{.status.conditions[?(@.type==\"Complete\")].reason}",
+    )?;
+    ensure!(verified == "Verified", "the check: {verified}");
     Ok(())
 }

@@ -232,36 +232,29 @@ fn what_a_copy_between_nodes_cannot_do_is_refused_when_the_nodes_are_paired_befo
         reach(&["node-a"], &["node-a"]),
         reach(&["node-b"], &["node-b"]),
     ];
-    for (spec, field) in [
-        (
-            serde_json::json!({"deleteExtraneous": true}),
-            "spec.deleteExtraneous",
-        ),
-        (serde_json::json!({"reflink": "Always"}), "spec.reflink"),
-    ] {
-        let d = decide_apart(&job(spec.clone()), &reachable, &[]);
-        let (status, reason, message) = cond(&d, ConditionType::Accepted);
-        assert_eq!((status, reason), ("False", "InvalidSpec"), "{message}");
-        assert!(message.starts_with(field), "{message}");
-        assert!(
-            d.status.shards.is_empty(),
-            "no shard (so no ticket) for {field}"
-        );
-        assert_eq!(event_reasons(&d), ["InvalidSpec"]);
-        // The same job where one node has both volumes copies.
-        let d = decide_in(
-            &job(spec),
-            &volumes(false),
-            &["node-a"],
-            &[
-                reach(&["node-a"], &["node-a"]),
-                reach(&["node-a"], &["node-a"]),
-            ],
-            &[],
-        );
-        assert_eq!(cond(&d, ConditionType::Accepted).0, "True");
-        assert_eq!(d.status.shards.len(), 1);
-    }
+    let (spec, field) = (serde_json::json!({"reflink": "Always"}), "spec.reflink");
+    let d = decide_apart(&job(spec.clone()), &reachable, &[]);
+    let (status, reason, message) = cond(&d, ConditionType::Accepted);
+    assert_eq!((status, reason), ("False", "InvalidSpec"), "{message}");
+    assert!(message.starts_with(field), "{message}");
+    assert!(
+        d.status.shards.is_empty(),
+        "no shard (so no ticket) for {field}"
+    );
+    assert_eq!(event_reasons(&d), ["InvalidSpec"]);
+    // The same job where one node has both volumes copies.
+    let d = decide_in(
+        &job(spec),
+        &volumes(false),
+        &["node-a"],
+        &[
+            reach(&["node-a"], &["node-a"]),
+            reach(&["node-a"], &["node-a"]),
+        ],
+        &[],
+    );
+    assert_eq!(cond(&d, ConditionType::Accepted).0, "True");
+    assert_eq!(d.status.shards.len(), 1);
 }
 
 #[test]
@@ -290,8 +283,8 @@ fn raw_block_claims_held_on_two_nodes_are_copied_by_a_pair_of_agents() {
         (Some("node-a"), "node-b")
     );
     // What no copy between nodes can do is refused for block claims as for files.
-    let mirror = serde_json::json!({"deleteExtraneous": true});
-    let d = decide_in(&job(mirror), &endpoints, &[], &reachable, &[]);
+    let always = serde_json::json!({"reflink": "Always"});
+    let d = decide_in(&job(always), &endpoints, &[], &reachable, &[]);
     assert_eq!(cond(&d, ConditionType::Accepted).0, "False");
     assert!(d.status.shards.is_empty());
     // On one node, the same claims get a shard with no sender.

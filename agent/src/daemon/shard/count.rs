@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_crds::{CopyJobSpec, Filter, Reason, ShardState};
+use ferry_crds::{CopyJobSpec, Filter, ShardState};
 use ferry_engine::Part;
 
 use super::node::Node;
@@ -106,27 +106,27 @@ pub(super) fn count_later(
     });
 }
 
-/// Mirror the job's source path onto its destination path, on the blocking pool. A source
+/// Mirror the job's source path onto its destination path, on the blocking pool: the
+/// source here, or as its sender lists it (a copy between nodes or clusters). A source
 /// that is a single file, or a destination not made yet (a dry run), has nothing to mirror.
 pub(super) async fn mirror(
     roots: &Roots,
     spec: &CopyJobSpec,
     opts: ferry_engine::PruneOptions,
 ) -> Result<ferry_engine::Pruned, ShardError> {
-    let Src::Local(src) = roots.src.clone() else {
-        // Refused before the copy (see run_shard).
-        return Err(ShardError::Refused {
-            reason: Reason::InvalidSpec,
-            message: "spec.deleteExtraneous: a copy between nodes cannot mirror yet".into(),
-        });
-    };
     let dst = roots.dst.clone();
     let (src_path, dst_path) = (
         PathBuf::from(&spec.source.path),
         PathBuf::from(&spec.destination.path),
     );
-    let pruned = tokio::task::spawn_blocking(move || {
-        ferry_engine::prune_beneath(src.as_fd(), &src_path, dst.as_fd(), &dst_path, &opts)
+    let src = roots.src.clone();
+    let pruned = tokio::task::spawn_blocking(move || match src {
+        Src::Local(src) => {
+            ferry_engine::prune_beneath(src.as_fd(), &src_path, dst.as_fd(), &dst_path, &opts)
+        }
+        Src::Remote(link) => {
+            ferry_engine::prune_from(&link.current(), dst.as_fd(), &dst_path, &opts)
+        }
     })
     .await?;
     match pruned {
