@@ -178,6 +178,13 @@ pub struct CopyExportSpec {
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub rotate: i64,
+    /// The most each reading job gets, in bytes per second (a quantity of at least 1Mi,
+    /// e.g. `200Mi`): what the source's disk and network give readers. A reader's own
+    /// `transfer.bandwidthLimit` applies too; the lower one holds. Unset: no limit here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).compareTo(quantity('1Mi')) >= 0").message("bandwidthLimit must be a quantity of bytes per second of at least 1Mi, e.g. 200Mi"))]
+    pub bandwidth_limit: Option<String>,
 }
 
 /// At most [`MAX_EXPORT_READERS`], each once: a list the API server keys by peer and

@@ -100,6 +100,13 @@ impl Proxy {
         self.span.lock().ok().and_then(|s| *s)
     }
 
+    /// Forget the instants bytes came: [`Proxy::span`] counts from the next byte.
+    pub fn restart_span(&self) {
+        if let Ok(mut s) = self.span.lock() {
+            *s = None;
+        }
+    }
+
     /// The bytes that came back from the far side so far.
     pub fn bytes(&self) -> u64 {
         self.from_sender.load(Ordering::Relaxed)

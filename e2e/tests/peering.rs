@@ -290,6 +290,7 @@ fn hello(addr: &str, identity: &(String, String), ca_pem: &str, expect: &str) ->
         shard: 0,
         epoch: 1,
         path: Vec::new(),
+        bandwidth_limit: 0,
     });
     match exports::ask(&mut tls, &frame)? {
         Frame::Refused { reason } => Ok(reason),

@@ -240,7 +240,89 @@ fn cut_connections_and_killed_agents_on_either_side_resume_to_an_identical_copy_
         ratio <= 1.10,
         "{ratio:.3} of the tree's bytes sent over {faults:?}"
     );
-    replicated_every_minute_sending_only_what_changed(west, &src, &dst, &proxy)
+    replicated_every_minute_sending_only_what_changed(west, &src, &dst, &proxy)?;
+    west.kubectl_ok(&["delete", "copyschedule", "replica", "-n", READER_NS])?;
+    limited_by_the_reader_and_by_the_export(east, west, &src, &proxy)
+}
+
+/// Bandwidth between clusters: a reading job's `transfer.bandwidthLimit` holds (east sends
+/// no faster), and so does the export's own `bandwidthLimit`, the lower of the two.
+fn limited_by_the_reader_and_by_the_export(
+    east: &ControlPlane,
+    west: &ControlPlane,
+    src: &std::path::Path,
+    proxy: &Proxy,
+) -> Result<()> {
+    // The schedule's last run holds the export's one reader slot until it ends.
+    wait_for(
+        "the schedule's runs to end",
+        Duration::from_secs(120),
+        || {
+            west.get(
+            "copyjobs",
+            READER_NS,
+            "{.items[?(@.status.phase==\"Running\")].metadata.name}{.items[?(@.status.phase==\"Pending\")].metadata.name}",
+        )
+        .is_ok_and(|s| s.trim().is_empty())
+        },
+    )?;
+    // 16 MiB that does not compress, beside the tree.
+    let dir = src.join("limited");
+    std::fs::create_dir_all(&dir)?;
+    let size = 16u64 << 20;
+    tree::write_pattern_file(&dir.join("blob"), size)?;
+    let rate_of = |name: &str| -> Result<f64> {
+        proxy.restart_span();
+        let before = proxy.bytes();
+        west.apply(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: {name}\n  namespace: {READER_NS}\nspec:\n  source: {{export: db-ferry-export, path: limited}}\n  destination: {{root: dr, path: {name}}}\n  transfer: {{bandwidthLimit: 4Mi}}\n"
+        ))?;
+        west.wait_succeeded(READER_NS, name, 120)?;
+        let (first, last) = proxy.span().context("no bytes")?;
+        let sent = proxy.bytes() - before;
+        ensure!(sent >= size, "{name}: {sent} bytes sent");
+        Ok(sent as f64 / (last - first).as_secs_f64())
+    };
+    let mib = f64::from(1 << 20);
+    let reader = rate_of("limited-by-reader")?;
+    east.kubectl_ok(&[
+        "patch",
+        "copyexport",
+        "db",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"bandwidthLimit":"2Mi"}}"#,
+    ])?;
+    wait_for("the export Ready at its new generation", WITHIN, || {
+        east.get(
+            "copyexport/db",
+            NS,
+            "{.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type==\"Ready\")].status}",
+        )
+        .is_ok_and(|s| {
+            let f: Vec<&str> = s.split(' ').collect();
+            f.len() == 3 && f[0] == f[1] && f[2] == "True"
+        })
+    })?;
+    let export = rate_of("limited-by-export")?;
+    eprintln!(
+        "between clusters: the reader's 4 MiB/s limit, {:.2} MiB/s; the export's 2 MiB/s under it, {:.2} MiB/s",
+        reader / mib,
+        export / mib
+    );
+    // Never faster than the limit; slower only as much as a loaded machine makes it (the
+    // export's 2 MiB/s is under what the reader's run got by itself).
+    for (rate, limit) in [(reader, 4.0 * mib), (export, 2.0 * mib)] {
+        ensure!(
+            (0.5 * limit..=1.1 * limit).contains(&rate),
+            "{:.2} MiB/s against a limit of {:.0} MiB/s",
+            rate / mib,
+            limit / mib
+        );
+    }
+    Ok(())
 }
 
 /// The nightly replication, every minute: a CopySchedule of west copies the export into

@@ -27,6 +27,9 @@ pub struct ExportHello {
     pub epoch: u64,
     /// Beneath the export's source ("" for all of it): relative, no `..`.
     pub path: Vec<u8>,
+    /// The reading job's `transfer.bandwidthLimit`, bytes a second (0: none): the serving
+    /// side sends no faster (nor faster than the export's own limit).
+    pub bandwidth_limit: u64,
 }
 
 impl std::fmt::Debug for ExportHello {
@@ -40,6 +43,7 @@ impl std::fmt::Debug for ExportHello {
             .field("shard", &self.shard)
             .field("epoch", &self.epoch)
             .field("path", &String::from_utf8_lossy(&self.path))
+            .field("bandwidth_limit", &self.bandwidth_limit)
             .finish_non_exhaustive()
     }
 }
@@ -56,6 +60,7 @@ impl ExportHello {
         w.bytes(&self.namespace);
         w.u32(self.shard);
         w.u64(self.epoch);
+        w.u64(self.bandwidth_limit);
         write_path(w, &self.path)
     }
 
@@ -68,6 +73,7 @@ impl ExportHello {
             namespace: r.bytes(NAMESPACE_MAX, "namespace")?.to_vec(),
             shard: r.u32("shard")?,
             epoch: r.u64("epoch")?,
+            bandwidth_limit: r.u64("bandwidth limit")?,
             path: path(r)?,
         })
     }

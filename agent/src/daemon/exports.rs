@@ -79,6 +79,7 @@ impl ExportGrants {
             peer_name.as_deref(),
             Timestamp::now(),
         )?;
+        let bandwidth_limit = check::served_rate(&export, hello)?;
         let held = self.holders.take(&export, hello)?;
         let path = check::served_path(&export.spec.source.path, &hello.path)?;
         let root = self.root(&export).await?;
@@ -94,7 +95,7 @@ impl ExportGrants {
                 reserved_top,
                 // Sent; the reader's preserve decides what it keeps.
                 xattrs: true,
-                bandwidth_limit: None,
+                bandwidth_limit,
                 corrupt_in_flight: None,
                 filter: ferry_crds::Filter::default(),
                 sent: None,

@@ -285,6 +285,10 @@ async fn dial_export(
             .parse()
             .map_err(|_| format!("shard id {:?} is not a number", shard.id))?,
         epoch: shard.epoch as u64,
+        // The job's limit: the serving side sends no faster.
+        bandwidth_limit: send_options(settings, &job.spec)?
+            .bandwidth_limit
+            .unwrap_or(0),
         // Beneath the export: the job's path, its "" and "." components dropped.
         path: job
             .spec

@@ -128,6 +128,28 @@ pub fn check(
     Ok(())
 }
 
+/// How fast a reader is served, in bytes a second: the lower of the export's
+/// `bandwidthLimit` and the reader's own (its hello's; 0 is none), never under the least a
+/// limit may be (1 MiB/s); `None`: neither limits it.
+pub fn served_rate(export: &CopyExport, hello: &ExportHello) -> Result<Option<u64>, Refusal> {
+    let own = match &export.spec.bandwidth_limit {
+        Some(q) => Some(ferry_crds::parse_rate(q).map_err(|e| Refusal {
+            reason: Why::NotReady,
+            message: format!(
+                "export {}: spec.bandwidthLimit: {e}",
+                kube::ResourceExt::name_any(export)
+            ),
+        })?),
+        None => None,
+    };
+    let theirs = (hello.bandwidth_limit > 0).then_some(hello.bandwidth_limit);
+    Ok(own
+        .into_iter()
+        .chain(theirs)
+        .min()
+        .map(|r| r.max(ferry_resolve::validate::MIN_BANDWIDTH)))
+}
+
 /// What is served for a reader asking for `asked` beneath an export of `export_path`: the
 /// two joined (the frame's decoder already refused `..`, absolute paths and NUL), never
 /// Ferry's state directory at the top of the root, which a reader of a whole root could

@@ -62,6 +62,7 @@ fn copy_export(name: &str, uid: &str) -> CopyExport {
             renew: 0,
             max_readers: 1,
             rotate: 0,
+            bandwidth_limit: None,
         },
     );
     e.metadata.namespace = Some(TEAM.into());

@@ -252,6 +252,7 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
             shard: 0,
             epoch: 1,
             path: path.as_bytes().to_vec(),
+            bandwidth_limit: 0,
         })
     };
     let open = || {
@@ -392,6 +393,7 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
         shard: 0,
         epoch: 1,
         path: Vec::new(),
+        bandwidth_limit: 0,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let addr: std::net::SocketAddr = reader.listen.parse()?;

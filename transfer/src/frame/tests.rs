@@ -36,6 +36,7 @@ fn every_kind() -> Vec<Frame> {
             shard: 2,
             epoch: 7,
             path: b"db".to_vec(),
+            bandwidth_limit: 4 << 20,
         }),
         Frame::Welcome { version: VERSION },
         Frame::Refused {
@@ -598,6 +599,7 @@ fn hello() -> ExportHello {
         shard: 3,
         epoch: 2,
         path: b"db/2026".to_vec(),
+        bandwidth_limit: 0,
     }
 }
 

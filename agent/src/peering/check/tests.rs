@@ -34,6 +34,7 @@ fn export(credentials: Vec<ExportCredential>) -> CopyExport {
             renew: 0,
             max_readers: 1,
             rotate: 0,
+            bandwidth_limit: None,
         },
     );
     e.metadata.namespace = Some("shop".into());
@@ -80,6 +81,7 @@ fn hello(credential: [u8; 32], namespace: &str) -> ExportHello {
         shard: 0,
         epoch: 1,
         path: Vec::new(),
+        bandwidth_limit: 0,
     }
 }
 
@@ -221,4 +223,23 @@ fn a_reader_gets_paths_beneath_the_export_and_never_the_roots_state_directory() 
     // Beneath a subdirectory, a name .ferry is the tenant's own.
     assert_eq!(ok("db", ".ferry"), "db/.ferry");
     assert!(served_path("db", &[0xff]).is_err());
+}
+
+#[test]
+fn a_reader_is_served_no_faster_than_the_lower_of_the_exports_limit_and_its_own() {
+    let rate = |own: Option<&str>, theirs: u64| {
+        let mut e = export(vec![current()]);
+        e.spec.bandwidth_limit = own.map(str::to_string);
+        let mut h = hello(CREDENTIAL, "shop-dr");
+        h.bandwidth_limit = theirs;
+        served_rate(&e, &h).map_err(|r| r.reason)
+    };
+    assert_eq!(rate(None, 0), Ok(None));
+    assert_eq!(rate(Some("200Mi"), 0), Ok(Some(200 << 20)));
+    assert_eq!(rate(None, 8 << 20), Ok(Some(8 << 20)));
+    assert_eq!(rate(Some("2Mi"), 8 << 20), Ok(Some(2 << 20)));
+    assert_eq!(rate(Some("64Mi"), 8 << 20), Ok(Some(8 << 20)));
+    // A reader cannot ask for a crawl that holds the export's slot: 1 MiB/s at least.
+    assert_eq!(rate(None, 1), Ok(Some(1 << 20)));
+    assert_eq!(rate(Some("fast"), 0), Err(Why::NotReady));
 }

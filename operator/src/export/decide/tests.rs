@@ -39,6 +39,7 @@ fn export(ttl: &str, readers: &[(&str, &str)]) -> CopyExport {
             renew: 0,
             max_readers: 1,
             rotate: 0,
+            bandwidth_limit: None,
         },
     );
     e.metadata.namespace = Some("shop".into());
