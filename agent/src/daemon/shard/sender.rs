@@ -103,10 +103,19 @@ pub(super) async fn dial_until(
                 tracing::info!(job = %job.name_any(), shard = %shard.id, sender = ?shard.sender, %why, "the sender cannot be reached yet; trying again");
             }
         }
-        if active.cancel.load(Ordering::Relaxed) || active.fenced.load(Ordering::Relaxed) {
-            return Err(ShardError::Fenced);
+        // A second at a time: a suspend or a move is heard within one, however long the
+        // pause between dials.
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            if active.cancel.load(Ordering::Relaxed) || active.fenced.load(Ordering::Relaxed) {
+                return Err(ShardError::Fenced);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                break;
+            }
+            tokio::time::sleep((until - now).min(Duration::from_secs(1))).await;
         }
-        tokio::time::sleep(wait).await;
         let most = match export {
             true if began.elapsed() >= PEER_PATIENCE => PEER_RETRY,
             _ => Duration::from_secs(2),
