@@ -146,10 +146,9 @@ impl Waiting {
         shard: &ShardStatus,
         node: &str,
     ) -> Result<serde_json::Value, serde_json::Error> {
-        let at = format!("/status/shards/{index}");
-        let mut ops = ShardProgress::fence(&at, shard, node)?;
-        ops.push(serde_json::json!({"op": "add", "path": format!("{at}/waiting"), "value": self}));
-        Ok(serde_json::Value::Array(ops))
+        let mut fields = serde_json::Map::new();
+        fields.insert("waiting".into(), serde_json::to_value(self)?);
+        ShardProgress::fenced(index, shard, node, fields)
     }
 }
 
@@ -319,23 +318,21 @@ impl ShardProgress {
         shard: &ShardStatus,
         node: &str,
     ) -> Result<serde_json::Value, serde_json::Error> {
-        let at = format!("/status/shards/{index}");
         let serde_json::Value::Object(progress) = serde_json::to_value(self)? else {
             unreachable!("a struct serialises to an object")
         };
-        let mut ops = Self::fence(&at, shard, node)?;
-        ops.extend(progress.into_iter().map(
-            |(k, v)| serde_json::json!({"op": "add", "path": format!("{at}/{k}"), "value": v}),
-        ));
-        Ok(serde_json::Value::Array(ops))
+        Self::fenced(index, shard, node, progress)
     }
 
-    /// The `test`s of a fenced patch of the shard at `at`: still `node`'s, at its epoch.
-    fn fence(
-        at: &str,
+    /// A fenced patch of the shard at `index`: the `test`s that it is still `node`'s at its
+    /// epoch, then an `add` of each of `fields`.
+    fn fenced(
+        index: usize,
         shard: &ShardStatus,
         node: &str,
-    ) -> Result<Vec<serde_json::Value>, serde_json::Error> {
+        fields: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<serde_json::Value, serde_json::Error> {
+        let at = format!("/status/shards/{index}");
         let fence = ShardStatus {
             id: shard.id.clone(),
             node: node.to_string(),
@@ -345,13 +342,16 @@ impl ShardProgress {
         let serde_json::Value::Object(fence) = serde_json::to_value(fence)? else {
             unreachable!("a struct serialises to an object")
         };
-        Ok(fence
+        let tests = fence
             .into_iter()
             .filter(|(k, _)| Self::FENCE.contains(&k.as_str()))
             .map(
                 |(k, v)| serde_json::json!({"op": "test", "path": format!("{at}/{k}"), "value": v}),
-            )
-            .collect())
+            );
+        let adds = fields.into_iter().map(
+            |(k, v)| serde_json::json!({"op": "add", "path": format!("{at}/{k}"), "value": v}),
+        );
+        Ok(serde_json::Value::Array(tests.chain(adds).collect()))
     }
 
     /// The assignment fields a progress update is fenced by, as `ShardStatus` serialises
