@@ -8,7 +8,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use ferry_transfer::{Frame, Xattr};
+use ferry_transfer::Xattr;
 
 use crate::open::{cstring, final_name, open_dir, open_source_dir, parent_of};
 use crate::options::{Options, Part, Reflink};
@@ -69,19 +69,9 @@ impl SrcAt {
                 "reflink: Always cannot be met across nodes (no blocks are shared between them); use Auto or Never".into(),
             ));
         }
-        let mut req = conn
-            .request(|req| Frame::Stat {
-                req,
-                path: Vec::new(),
-            })
+        let top = conn
+            .stat(&[])
             .map_err(|e| Error::io("stat source", src, e))?;
-        let top = match req.next().map_err(|e| Error::io("stat source", src, e))? {
-            Frame::Entry { entry, .. } => entry,
-            _ => {
-                let e = std::io::Error::other("the sender answered a stat with something else");
-                return Err(Error::io("stat source", src, e));
-            }
-        };
         Ok(SrcAt::Remote {
             conn: conn.clone(),
             st: stat_of(&top),

@@ -115,20 +115,10 @@ pub fn prune_from(
     dst_path: &Path,
     opts: &PruneOptions,
 ) -> Result<Pruned, Error> {
-    let top = Path::new("(source)");
-    let mut req = conn
-        .request(|req| Frame::Stat {
-            req,
-            path: Vec::new(),
-        })
-        .map_err(|e| Error::io("stat source", top, e))?;
-    let st = match req.next().map_err(|e| Error::io("stat source", top, e))? {
-        Frame::Entry { entry, .. } => crate::record::stat_of(&entry),
-        _ => {
-            let e = std::io::Error::other("the sender answered a stat with something else");
-            return Err(Error::io("stat source", top, e));
-        }
-    };
+    let st = conn
+        .stat(&[])
+        .map(|top| crate::record::stat_of(&top))
+        .map_err(|e| Error::io("stat source", Path::new("(source)"), e))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
         return Ok(Pruned::default());
     }
@@ -370,15 +360,14 @@ impl Pass<'_> {
     }
 
     fn mirror_dir(&mut self, src: Source<'_>, dst: &OwnedFd, rel: &[u8], top: bool) {
-        let rel = rel.to_vec();
-        let Some(names) = self.names(dst.as_fd(), &rel) else {
+        let Some(names) = self.names(dst.as_fd(), rel) else {
             return;
         };
         // Asked once the destination is read: what it lists, it has by then.
         let has = match Has::read(src) {
             Ok(has) => has,
             Err(e) => {
-                self.fail(&rel, "list source directory", &e);
+                self.fail(rel, "list source directory", &e);
                 return;
             }
         };
@@ -390,7 +379,7 @@ impl Pass<'_> {
             if is_staging(bytes) || (top && self.opts.reserved_top.as_deref() == Some(&*name)) {
                 continue;
             }
-            let path = join(&rel, bytes);
+            let path = join(rel, bytes);
             let dst_st = match sys::lstatat(dst.as_fd(), &name) {
                 Ok(st) => st,
                 // Gone meanwhile: nothing to remove.

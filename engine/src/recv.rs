@@ -149,6 +149,20 @@ impl Connection {
         Ok(request)
     }
 
+    /// The sender's record of the entry at `path` (from its top; empty: the top itself).
+    pub(crate) fn stat(self: &Arc<Self>, path: &[u8]) -> io::Result<ferry_transfer::Entry> {
+        let mut req = self.request(|req| Frame::Stat {
+            req,
+            path: path.to_vec(),
+        })?;
+        match req.next()? {
+            Frame::Entry { entry, .. } => Ok(entry),
+            _ => Err(io::Error::other(
+                "the sender answered a stat with something else",
+            )),
+        }
+    }
+
     /// What a copy of the sender's whole top would carry, counted on its node (this side
     /// has no source to count, for a dry run, an ETA or a full destination's message): the
     /// regular files its filter (`SendOptions::filter`) selects, a hard-linked one once

@@ -117,17 +117,7 @@ impl Ctx<'_> {
 
     /// The record of the entry at `path` on the source's node.
     pub(super) fn remote_stat(&self, path: &[u8]) -> io::Result<Rec> {
-        let conn = self.conn()?;
-        let mut req = conn.request(|req| Frame::Stat {
-            req,
-            path: path.to_vec(),
-        })?;
-        match req.next()? {
-            Frame::Entry { entry, .. } => Ok(rec_of(entry, None)),
-            _ => Err(io::Error::other(
-                "the sender answered a stat with something else",
-            )),
-        }
+        Ok(rec_of(self.conn()?.stat(path)?, None))
     }
 
     /// `lstat` of entry `name` of source directory `dir`: from its record when the
