@@ -196,14 +196,7 @@ fn send_options(
     settings: &Settings,
     spec: &ferry_crds::CopyJobSpec,
 ) -> Result<SendOptions, String> {
-    let bandwidth_limit = match &spec.transfer.bandwidth_limit {
-        Some(q) => Some(
-            ferry_crds::parse_rate(q)
-                .map_err(|e| format!("spec.transfer.bandwidthLimit: {e}"))?
-                .max(ferry_resolve::validate::MIN_BANDWIDTH),
-        ),
-        None => None,
-    };
+    let bandwidth_limit = bandwidth_limit(spec)?;
     let filter =
         ferry_crds::Filter::new(&spec.include, &spec.exclude).map_err(|e| format!("spec.{e}"))?;
     Ok(SendOptions {
@@ -224,6 +217,20 @@ fn send_options(
         filter,
         sent: None,
     })
+}
+
+/// The job's `transfer.bandwidthLimit` in bytes a second, never under the least a limit may
+/// be; `None`: no limit.
+fn bandwidth_limit(spec: &ferry_crds::CopyJobSpec) -> Result<Option<u64>, String> {
+    spec.transfer
+        .bandwidth_limit
+        .as_ref()
+        .map(|q| {
+            ferry_crds::parse_rate(q)
+                .map(|r| r.max(ferry_resolve::validate::MIN_BANDWIDTH))
+                .map_err(|e| format!("spec.transfer.bandwidthLimit: {e}"))
+        })
+        .transpose()
 }
 
 /// Open the root inside the node's filesystem, then the job's path beneath it, as a local
@@ -286,9 +293,7 @@ async fn dial_export(
             .map_err(|_| format!("shard id {:?} is not a number", shard.id))?,
         epoch: shard.epoch as u64,
         // The job's limit: the serving side sends no faster.
-        bandwidth_limit: send_options(settings, &job.spec)?
-            .bandwidth_limit
-            .unwrap_or(0),
+        bandwidth_limit: bandwidth_limit(&job.spec)?.unwrap_or(0),
         // Beneath the export: the job's path, its "" and "." components dropped.
         path: job
             .spec
