@@ -34,10 +34,8 @@ pub struct Context {
     /// Where the tickets of copies between nodes are (`FERRY_TICKET_NAMESPACE`; the chart
     /// gives them a namespace of their own, see `charts/ferry/templates/tickets.yaml`).
     pub ticket_namespace: String,
-    /// What each running job reading an export last had written into its ticket (a hash of
-    /// it, by job uid): a Secret carried again (rotated, moved) is written into the ticket at
-    /// the same epoch, and the receiver's next dial uses it.
-    pub export_tickets: std::sync::Mutex<BTreeMap<String, u64>>,
+    /// What each job reading an export last had written into its ticket.
+    pub export_tickets: crate::ticket::Issued,
     /// The image of holder pods (see [`crate::holder`]); `None`: none are made.
     pub holder_image: Option<String>,
     /// Whether snapshot sources may be used (`FERRY_SNAPSHOT_SOURCES=true`: the chart's
@@ -146,16 +144,9 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
     // the receiver finds it when it sees the assignment (on a conflict below, the next
     // decision writes another; the one written here then opens nothing).
     // A job reading an export has it written again when its carried Secret changed.
-    let uid = job.uid().unwrap_or_default();
-    let carried = export.as_ref().map(crate::ticket::export_hash);
-    let stale = carried.is_some()
-        && ctx
-            .export_tickets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&uid)
-            .copied()
-            != carried;
+    let stale = ctx
+        .export_tickets
+        .stale(&job.uid().unwrap_or_default(), export.as_ref());
     if (write && assignment_changed || stale) && crate::ticket::needed(&status.shards) {
         crate::ticket::issue(
             &ctx.client,
@@ -163,14 +154,9 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             job,
             &status.shards,
             export.as_ref(),
+            &ctx.export_tickets,
         )
         .await?;
-        if let Some(hash) = carried {
-            ctx.export_tickets
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(uid.clone(), hash);
-        }
     }
     if write {
         // The shard entries carry only the assignment: their progress fields belong to the
@@ -251,11 +237,8 @@ pub async fn apply(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
             && !finished(old.phase)
             && old.shards.iter().any(ShardStatus::between_nodes)
         {
-            crate::ticket::revoke(&ctx.client, &ctx.ticket_namespace, job).await?;
-            ctx.export_tickets
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&uid);
+            crate::ticket::revoke(&ctx.client, &ctx.ticket_namespace, job, &ctx.export_tickets)
+                .await?;
         }
         // Nor its holder pods (the agents are done with the volumes), nor the claim its
         // snapshot was restored to, nor a snapshot it took.
@@ -361,11 +344,8 @@ pub async fn cleanup(job: &CopyJob, ctx: &Context) -> Result<Action, Error> {
         // Its tickets go with it (the receivers have stopped: nothing dials for it), and
         // its holder pods (no agent copies through their mounts any more).
         if between_nodes {
-            crate::ticket::revoke(&ctx.client, &ctx.ticket_namespace, job).await?;
-            ctx.export_tickets
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&job.uid().unwrap_or_default());
+            crate::ticket::revoke(&ctx.client, &ctx.ticket_namespace, job, &ctx.export_tickets)
+                .await?;
         }
         if let Some(ns) = job.namespace() {
             if ctx.holder_image.is_some() {

@@ -16,6 +16,27 @@ pub const SECRET_TYPE: &str = "ferry.dev/transfer-ticket";
 /// Label on every ticket Secret: the job's uid.
 pub const JOB_UID_LABEL: &str = "ferry.dev/job-uid";
 
+/// What each running job reading an export last had written into its ticket (a hash of it,
+/// by job uid), so that a Secret carried again (rotated, moved) is written into the ticket
+/// at the same epoch, and the receiver's next dial uses it. Kept from [`issue`] to
+/// [`revoke`]; empty after a restart (each such job's ticket is then written once more).
+#[derive(Debug, Default)]
+pub struct Issued(std::sync::Mutex<BTreeMap<String, u64>>);
+
+impl Issued {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether job `uid`'s ticket was last written with another export than `export`
+    /// (`None`: the job reads no export, and nothing is stale).
+    pub fn stale(&self, uid: &str, export: Option<&ExportTicket>) -> bool {
+        export.is_some_and(|t| self.lock().get(uid) != Some(&export_hash(t)))
+    }
+}
+
 /// Whether these shards need tickets: some unfinished shard is copied between nodes.
 pub fn needed(shards: &[ShardStatus]) -> bool {
     shards.iter().any(|s| paired(&s))
@@ -35,6 +56,7 @@ pub async fn issue(
     job: &CopyJob,
     shards: &[ShardStatus],
     export: Option<&ExportTicket>,
+    issued: &Issued,
 ) -> Result<(), crate::Error> {
     let uid = job.uid().unwrap_or_default();
     let mut data = BTreeMap::new();
@@ -78,12 +100,15 @@ pub async fn issue(
             &Patch::Apply(&secret),
         )
         .await?;
+    if let Some(t) = export {
+        issued.lock().insert(uid, export_hash(t));
+    }
     Ok(())
 }
 
 /// What tells one export's ticket from another (a rotated credential, a new address): a
 /// hash of all of it, to compare with what was written last.
-pub fn export_hash(t: &ExportTicket) -> u64 {
+fn export_hash(t: &ExportTicket) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     serde_json::to_vec(t).unwrap_or_default().hash(&mut h);
@@ -91,8 +116,15 @@ pub fn export_hash(t: &ExportTicket) -> u64 {
 }
 
 /// Delete a job's ticket Secret, if it has one.
-pub async fn revoke(client: &Client, namespace: &str, job: &CopyJob) -> Result<(), crate::Error> {
-    let name = ticket_secret(&job.uid().unwrap_or_default());
+pub async fn revoke(
+    client: &Client,
+    namespace: &str,
+    job: &CopyJob,
+    issued: &Issued,
+) -> Result<(), crate::Error> {
+    let uid = job.uid().unwrap_or_default();
+    issued.lock().remove(&uid);
+    let name = ticket_secret(&uid);
     match Api::<Secret>::namespaced(client.clone(), namespace)
         .delete(&name, &DeleteParams::default())
         .await
