@@ -39,8 +39,8 @@ pub use tools::{
     prometheus_operator_crds_or_skip,
 };
 pub use trees::{
-    assert_same_contents, assert_same_tree, staging_leftovers, tree_meta, BindMount, LoopExt4,
-    Tmpfs,
+    assert_same_contents, assert_same_tree, staging_leftovers, tree_bytes, tree_meta, BindMount,
+    LoopExt4, Tmpfs,
 };
 
 /// Whether this process runs as root (its effective uid, from /proc: this crate does not

@@ -256,3 +256,23 @@ pub fn assert_same_tree(src: &Path, dst: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// Bytes of the regular files under `root`, each inode once.
+pub fn tree_bytes(root: &Path) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let p = e?.path();
+            let m = std::fs::symlink_metadata(&p)?;
+            if m.is_dir() {
+                stack.push(p);
+            } else if m.is_file() && seen.insert(m.ino()) {
+                total += m.len();
+            }
+        }
+    }
+    Ok(total)
+}

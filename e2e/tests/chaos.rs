@@ -6,7 +6,6 @@
 //! the agents wrote in all (read from the kernel's per-process I/O accounting, so nothing
 //! a killed process did is missed) must show that finished files were not copied again.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
@@ -46,23 +45,6 @@ fn kill_counted(p: &mut Proc) -> Result<u64> {
     let n = written(p.id())?;
     p.kill()?;
     Ok(n)
-}
-
-fn tree_bytes(root: &Path) -> Result<u64> {
-    let mut total = 0;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir)? {
-            let e = e?;
-            let m = e.metadata()?;
-            if m.is_dir() {
-                stack.push(e.path());
-            } else {
-                total += m.len();
-            }
-        }
-    }
-    Ok(total)
 }
 
 /// What is running, and what the dead incarnations wrote.
@@ -180,7 +162,7 @@ fn random_sigkills_of_agents_and_operators_lose_nothing_and_recopy_nothing() -> 
             .collect();
         std::fs::write(dir.join(format!("f{i}")), body)?;
     }
-    let bytes = tree_bytes(&src)?;
+    let bytes = ferry_e2e::tree_bytes(&src)?;
     let _mounts = NODES
         .iter()
         .map(|n| BindMount::new(&shared, &hosts.join(n).join("srv/shared")))

@@ -166,26 +166,6 @@ impl Nodes {
     }
 }
 
-/// Bytes of the regular files under `root`, each inode once.
-fn tree_bytes(root: &Path) -> Result<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let mut seen = std::collections::HashSet::new();
-    let mut total = 0;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d)? {
-            let p = e?.path();
-            let m = std::fs::symlink_metadata(&p)?;
-            if m.is_dir() {
-                stack.push(p);
-            } else if m.is_file() && seen.insert(m.ino()) {
-                total += m.len();
-            }
-        }
-    }
-    Ok(total)
-}
-
 /// `xxh128sum -c` of the job's manifest on node-b, in its destination.
 fn manifest_checks(nodes: &Nodes, name: &str, status: &Value) -> Result<()> {
     let manifest = status["manifest"].as_str().context("status.manifest")?;
@@ -210,7 +190,7 @@ fn a_tree_with_everything_cp_a_keeps_is_copied_between_nodes_identical_verified_
         tree::write_pattern_file(&src.join(format!("bulk{i}")), len)?;
     }
     // Counted first: listing a directory moves its atime, which the copy then keeps.
-    let bytes = tree_bytes(&src)?;
+    let bytes = ferry_e2e::tree_bytes(&src)?;
     let before = tree::snapshot(&src)?;
 
     // A dry run says how, where and how much.
@@ -401,23 +381,10 @@ fn killed_agents_and_cut_connections_resume_to_an_identical_copy_sending_little_
         return Ok(());
     };
     let src = nodes.root("node-a").join("src");
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    for d in 0..20 {
-        let dir = src.join(format!("d{d}"));
-        std::fs::create_dir_all(&dir)?;
-        for f in 0..30 {
-            let len = 80_000 + next() % 240_000;
-            tree::write_pattern_file(&dir.join(format!("f{f}")), len)?;
-        }
-    }
+    let mut next = tree::xorshift(0x2545_f491_4f6c_dd1d);
+    tree::write_varied_tree(&src, &mut next)?;
     // Counted first: listing a directory moves its atime, which the copy then keeps.
-    let bytes = tree_bytes(&src)?;
+    let bytes = ferry_e2e::tree_bytes(&src)?;
     let before = tree::snapshot(&src)?;
     nodes.job("chaos", "  parallelism: {workersPerAgent: 2}\n")?;
     // Faults, each once the copy has moved on since the last one: the connection cut, the
@@ -539,7 +506,7 @@ fn a_bandwidth_limit_holds_and_bytes_changed_in_flight_are_caught() -> Result<()
         tree::write_pattern_file(&src.join(format!("big{i}")), 8 << 20)?;
     }
     tree::write_pattern_file(&src.join("bad"), 300_000)?;
-    let bytes = tree_bytes(&src)?;
+    let bytes = ferry_e2e::tree_bytes(&src)?;
     nodes.job(
         "paced",
         "  verify: Checksum\n  transfer: {bandwidthLimit: 10Mi, compression: Zstd}\n",

@@ -16,9 +16,9 @@ mod tree;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{wait_for, ControlPlane, Proc, Proxy, CHART_NAMESPACE};
+use ferry_e2e::{wait_for, ControlPlane, Proc, Proxy};
 
-use setup::{paired, WITHIN};
+use setup::{carried_secret, let_the_operator_read, paired, WITHIN};
 
 /// The source's namespace on east, and the reader's on west.
 const NS: &str = "shop";
@@ -82,21 +82,8 @@ fn cut_connections_and_killed_agents_on_either_side_resume_to_an_identical_copy_
     // East: the tree on a root of its own, its agent's peering port behind the proxy.
     let east_root = east.add_node("east-1")?;
     let src = east_root.join("srv/shared/db");
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    for d in 0..20 {
-        let dir = src.join(format!("d{d}"));
-        std::fs::create_dir_all(&dir)?;
-        for f in 0..30 {
-            let len = 80_000 + next() % 240_000;
-            tree::write_pattern_file(&dir.join(format!("f{f}")), len)?;
-        }
-    }
+    let mut next = tree::xorshift(0x9e37_79b9_7f4a_7c15);
+    tree::write_varied_tree(&src, &mut next)?;
     let real = format!("127.0.0.1:{}", ferry_e2e::free_port()?);
     let proxied = format!("127.0.0.5:{}", ferry_e2e::free_port()?);
     let proxy = Proxy::start(&proxied, real.clone())?;
@@ -149,38 +136,10 @@ fn cut_connections_and_killed_agents_on_either_side_resume_to_an_identical_copy_
     west.apply(&format!(
         "apiVersion: ferry.dev/v1alpha1\nkind: StorageRoot\nmetadata:\n  name: dr\nspec:\n  path: /srv/dr\n  shared: true\n  namespaces: {{names: [{READER_NS}]}}\n"
     ))?;
-    let carried = east.kubectl_ok(&["get", "secret", "db-ferry-export", "-n", NS, "-o", "json"])?;
-    let carried: serde_json::Value = serde_json::from_str(&carried)?;
-    west.apply(
-        &serde_json::json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "db-ferry-export", "namespace": READER_NS},
-            "type": carried["type"], "data": carried["data"]})
-        .to_string(),
-    )?;
-    let operator = format!("--serviceaccount={CHART_NAMESPACE}:ferry-operator");
-    for args in [
-        &[
-            "create",
-            "role",
-            "reads-db",
-            "--verb=get",
-            "--resource=secrets",
-            "--resource-name=db-ferry-export",
-        ][..],
-        &[
-            "create",
-            "rolebinding",
-            "reads-db",
-            "--role=reads-db",
-            &operator,
-        ][..],
-    ] {
-        let mut all = vec!["-n", READER_NS];
-        all.extend_from_slice(args);
-        west.kubectl_ok(&all)?;
-    }
+    west.apply(&carried_secret(east, NS, "db-ferry-export", READER_NS)?.to_string())?;
+    let_the_operator_read(west, READER_NS, "db-ferry-export")?;
     // Counted first: listing a directory moves its atime, which the copy then keeps.
-    let bytes = tree_bytes(&src)?;
+    let bytes = ferry_e2e::tree_bytes(&src)?;
     let before = tree::snapshot(&src)?;
     west.apply(&format!(
         "apiVersion: ferry.dev/v1alpha1\nkind: CopyJob\nmetadata:\n  name: from-east\n  namespace: {READER_NS}\nspec:\n  source: {{export: db-ferry-export}}\n  destination: {{root: dr, path: db}}\n  verify: Checksum\n  parallelism: {{workersPerAgent: 2}}\n"
@@ -436,21 +395,4 @@ fn replicated_every_minute_sending_only_what_changed(
         "a run after {changed} bytes changed sent {sent}"
     );
     Ok(())
-}
-
-fn tree_bytes(root: &std::path::Path) -> Result<u64> {
-    let mut total = 0;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir)? {
-            let e = e?;
-            let m = e.metadata()?;
-            if m.is_dir() {
-                stack.push(e.path());
-            } else {
-                total += m.len();
-            }
-        }
-    }
-    Ok(total)
 }

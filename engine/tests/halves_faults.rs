@@ -96,13 +96,7 @@ fn a_copy_cut_at_random_points_resumes_to_an_identical_tree_sending_little_twice
     let tmp = tempdir()?;
     let src = tmp.path().join("src");
     let mut total = 0u64;
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     for d in 0..12 {
         let dir = src.join(format!("d{d}/sub"));
         mkdir(&dir)?;

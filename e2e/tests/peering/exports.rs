@@ -542,25 +542,7 @@ fn a_copyjob_in_the_reading_cluster_copies_the_export(
         r.contains("kubectl -n shop-dr create role ferry-reads-db-ferry-export"),
         "{r}"
     );
-    west.kubectl_ok(&[
-        "-n",
-        ns,
-        "create",
-        "role",
-        "ferry-reads-db-ferry-export",
-        "--verb=get",
-        "--resource=secrets",
-        "--resource-name=db-ferry-export",
-    ])?;
-    west.kubectl_ok(&[
-        "-n",
-        ns,
-        "create",
-        "rolebinding",
-        "ferry-reads-db-ferry-export",
-        "--role=ferry-reads-db-ferry-export",
-        &format!("--serviceaccount={CHART_NAMESPACE}:ferry-operator"),
-    ])?;
+    super::setup::let_the_operator_read(west, ns, "db-ferry-export")?;
     // Now it may, and the Secret is not there yet.
     let mut r = String::new();
     wait_for("the Secret missing", WITHIN, || {
@@ -569,11 +551,7 @@ fn a_copyjob_in_the_reading_cluster_copies_the_export(
     })
     .with_context(|| r.clone())?;
     // Carried over as the tenant would (its data and type; nothing of east's metadata).
-    let carried = east.kubectl_ok(&["get", "secret", "db-ferry-export", "-n", NS, "-o", "json"])?;
-    let carried: serde_json::Value = serde_json::from_str(&carried)?;
-    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "db-ferry-export", "namespace": ns},
-        "type": carried["type"], "data": carried["data"]});
+    let secret = super::setup::carried_secret(east, NS, "db-ferry-export", ns)?;
     // First with an address nothing answers on (an export that moved, a firewall): the
     // job says what it waits for, and keeps waiting.
     let nowhere = format!("127.0.0.1:{}", ferry_e2e::free_port()?);

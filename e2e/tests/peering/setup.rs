@@ -122,6 +122,47 @@ pub fn base64_decode(text: &str) -> Result<Vec<u8>> {
     Ok(base64::engine::general_purpose::STANDARD.decode(text.trim())?)
 }
 
+/// Export Secret `name` of namespace `from` in `east`, as a tenant carries it into namespace
+/// `to` of the other cluster: its type and data, nothing of east's metadata.
+pub fn carried_secret(
+    east: &ControlPlane,
+    from: &str,
+    name: &str,
+    to: &str,
+) -> Result<serde_json::Value> {
+    let carried = east.kubectl_ok(&["get", "secret", name, "-n", from, "-o", "json"])?;
+    let carried: serde_json::Value = serde_json::from_str(&carried)?;
+    Ok(serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": to},
+        "type": carried["type"], "data": carried["data"]}))
+}
+
+/// What a job's `ExportNotFound` tells the tenant to run in namespace `ns`: a Role that gets
+/// Secret `secret` only, bound to the chart's operator.
+pub fn let_the_operator_read(cp: &ControlPlane, ns: &str, secret: &str) -> Result<()> {
+    let role = format!("ferry-reads-{secret}");
+    cp.kubectl_ok(&[
+        "-n",
+        ns,
+        "create",
+        "role",
+        &role,
+        "--verb=get",
+        "--resource=secrets",
+        &format!("--resource-name={secret}"),
+    ])?;
+    cp.kubectl_ok(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        &role,
+        &format!("--role={role}"),
+        &format!("--serviceaccount={CHART_NAMESPACE}:ferry-operator"),
+    ])?;
+    Ok(())
+}
+
 /// East (its name made by its operator) and west, each trusting the other: each admin
 /// applied the FerryPeer the other publishes, and both are Valid. East's install name.
 pub fn paired(helm: &PathBuf) -> Result<Option<(Install, Install, String)>> {

@@ -484,6 +484,31 @@ pub fn pattern(offset: u64, len: usize) -> Vec<u8> {
     v
 }
 
+/// xorshift64: numbers reproducible from `seed` (not 0), for sizes and choices a test
+/// makes at random.
+pub fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
+/// The tree the tests of faults between nodes and between clusters copy: 600 files of 80
+/// to 320 kB (20 directories of 30) under `src`, their sizes from `next`.
+pub fn write_varied_tree(src: &Path, next: &mut impl FnMut() -> u64) -> Result<()> {
+    for d in 0..20 {
+        let dir = src.join(format!("d{d}"));
+        std::fs::create_dir_all(&dir)?;
+        for f in 0..30 {
+            let len = 80_000 + next() % 240_000;
+            write_pattern_file(&dir.join(format!("f{f}")), len)?;
+        }
+    }
+    Ok(())
+}
+
 /// Write `len` bytes of [`pattern`] to a new file.
 pub fn write_pattern_file(path: &Path, len: u64) -> Result<()> {
     let mut f = File::create(path).with_context(|| format!("create {}", path.display()))?;
