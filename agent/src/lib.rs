@@ -28,14 +28,52 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// An error and each of its causes, joined by ": " (what `anyhow` prints with `{:#}`): the
-/// one-line message a shard's status and the CLI's usage error carry.
+/// one-line message a shard's status and the CLI's usage error carry. A cause whose text
+/// the message already ends with is not said twice: some errors print their source in
+/// their own text (the transfer's I/O errors do), and "refused: refused" tells no more.
 pub fn with_causes(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        message.push_str(": ");
-        message.push_str(&c.to_string());
+        let text = c.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
         cause = c.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_causes;
+
+    #[derive(Debug)]
+    struct Wrapped(String, std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.1)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let said = refused().to_string();
+        // A wrapper that prints its source in its own text: the source is not repeated.
+        let own = format!("dial 127.0.0.5:4000: {said}");
+        let e = Wrapped(own.clone(), refused());
+        assert_eq!(with_causes(&e), own);
+        // One that does not: its source is added.
+        let e = Wrapped("dial 127.0.0.5:4000".into(), refused());
+        assert_eq!(with_causes(&e), format!("dial 127.0.0.5:4000: {said}"));
+    }
 }
