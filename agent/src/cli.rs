@@ -126,12 +126,12 @@ pub struct RunArgs {
     /// issues for this node, asked for at start). Unset: no peering port, no request.
     #[arg(long, env = "FERRY_PEERING_LISTEN")]
     pub peering_listen: Option<std::net::SocketAddr>,
-    /// Where agents of other installs reach the peering port (`address:port`), published in
-    /// this node's heartbeat Lease and written into the Secrets of the exports it serves.
-    /// Unset: the --peering-listen address, or, when that is 0.0.0.0 or [::], the pod's IP
-    /// (POD_IP) with its port.
+    /// Where agents of other installs reach the peering port (an IP address and port: the
+    /// readers dial it as given), published in this node's heartbeat Lease and written into
+    /// the Secrets of the exports it serves. Unset: the --peering-listen address, or, when
+    /// that is 0.0.0.0 or [::], the pod's IP (POD_IP) with its port.
     #[arg(long, env = "FERRY_PEERING_ADDRESS", requires = "peering_listen")]
-    pub peering_address: Option<String>,
+    pub peering_address: Option<std::net::SocketAddr>,
     /// Changed-block tracking: this agent's ServiceAccount (in its namespace). Set, a block
     /// copy from a VolumeSnapshot onto a destination that holds an earlier snapshot of the
     /// same volume asks the driver's snapshot-metadata sidecar which ranges changed, with a

@@ -46,7 +46,7 @@ fn run_daemon(args: ferry_agent::cli::RunArgs) -> ExitCode {
         transfer_listen: args.transfer_listen,
         transfer_address: args.transfer_address,
         peering_listen: args.peering_listen,
-        peering_address: args.peering_address,
+        peering_address: args.peering_address.map(|a| a.to_string()),
         changed_blocks_account: args.changed_blocks_account.filter(|a| !a.is_empty()),
         corrupt_in_flight: std::env::var("FERRY_FAULT_CORRUPT_IN_FLIGHT")
             .ok()

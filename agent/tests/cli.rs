@@ -69,3 +69,30 @@ fn pause_waits_until_sigterm_then_exits_zero() -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The peering address is dialled as given by the other cluster's agents, which take an IP
+/// address and port only: anything else (a host name, an unexpanded `$(NODE_IP)` where the
+/// chart's environment was not set) stops the agent at start, naming the setting, instead
+/// of being published into every export's Secret and refused by each reader.
+#[test]
+fn a_peering_address_that_is_not_an_ip_and_port_is_refused_at_start() -> Result<()> {
+    for bad in [
+        "node-1.ferry.example.com:7451",
+        "$(NODE_IP):7451",
+        "10.0.0.5",
+    ] {
+        let out = Command::new(BIN)
+            .args(["run", "--peering-listen", "127.0.0.1:0"])
+            .env("FERRY_PEERING_ADDRESS", bad)
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.code() == Some(2) && err.contains("--peering-address") && err.contains(bad),
+            "{bad}: {:?} {err}",
+            out.status
+        );
+    }
+    Ok(())
+}

@@ -1931,6 +1931,88 @@ fn ci_values_sets_render_what_they_say_and_are_accepted_by_the_apiserver() -> Re
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // Peering reached at each node's address (peering-on.yaml: hostPort): the port taken on
+    // the node, and the agent told to advertise the node's address, which Kubernetes
+    // expands from a variable set before it; or the admin's address, as given.
+    let agent_of = |docs: &[Value]| -> Result<Value> {
+        Ok(docs
+            .iter()
+            .find(|d| d["kind"] == "DaemonSet")
+            .context("no DaemonSet")?["spec"]["template"]["spec"]["containers"][0]
+            .clone())
+    };
+    let env_of = |c: &Value| -> Vec<(String, Value)> {
+        c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap_or_default().to_string(),
+                    e.clone(),
+                )
+            })
+            .collect()
+    };
+    let path = render_ci(&helm, cp.dir(), "peering-on.yaml", &[])?;
+    let agent = agent_of(&documents(&path)?)?;
+    let port = agent["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "peering")
+        .context("no peering port")?;
+    ensure!(
+        port["containerPort"] == 7451 && port["hostPort"] == 7451,
+        "peering port {port}"
+    );
+    let env = env_of(&agent);
+    let at = |name: &str| env.iter().position(|(n, _)| n == name);
+    let (Some(node_ip), Some(address)) = (at("NODE_IP"), at("FERRY_PEERING_ADDRESS")) else {
+        bail!("hostPort without NODE_IP and FERRY_PEERING_ADDRESS: {env:?}");
+    };
+    ensure!(
+        node_ip < address
+            && env[node_ip].1["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+            && env[address].1["value"] == "$(NODE_IP):7451",
+        "advertised address {:?} from {:?}",
+        env[address].1,
+        env[node_ip].1
+    );
+    let out = cp.kubectl(&["apply", "--server-side", "-f", &path.to_string_lossy()])?;
+    ensure!(
+        out.status.success(),
+        "peering-on render refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = render_ci(
+        &helm,
+        cp.dir(),
+        "peering-on.yaml",
+        &[
+            "--set",
+            "peering.hostPort=false",
+            "--set",
+            "peering.address=$(NODE_IP):30451",
+        ],
+    )?;
+    let agent = agent_of(&documents(&path)?)?;
+    let env = env_of(&agent);
+    ensure!(
+        env.iter()
+            .any(|(n, e)| n == "FERRY_PEERING_ADDRESS" && e["value"] == "$(NODE_IP):30451"),
+        "the admin's address: {env:?}"
+    );
+    ensure!(
+        agent["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|p| p.get("hostPort").is_none()),
+        "a hostPort without peering.hostPort: {}",
+        agent["ports"]
+    );
+
     // A relative kubeletDir is refused at render time, with the value's name.
     let chart = repo_root().join("charts/ferry");
     let out = std::process::Command::new(&helm)
