@@ -204,6 +204,18 @@ bench-network: deps
 	@./bench/install-tools.sh
 	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-network $(or $(NET_RUNS),5) bench/NETWORK$(if $(filter shared,$(NET_CPUS)),-shared).md
 
+## Ferry between two clusters (issue 33) against its peers, in one run: two control planes
+## (process tier, the chart with peering on, each trusting the other), a CopyJob of west
+## reading a CopyExport of east, rsync from a daemon and over ssh, and a CopyJob between
+## east's two nodes; on bench/run.sh's trees many and large on tmpfs, CLUSTER_RUNS=3 rounds
+## of a first copy and a copy again after 0.1% of the files (many) or 16 bytes at 8 places
+## of a 1 GiB file (large) changed; bytes on the wire (iptables) and each side's peak RSS;
+## writes bench/CLUSTERS.md. CLUSTER_QUICK=1 tries the harness on small trees. Root.
+.PHONY: bench-clusters
+bench-clusters: deps
+	@./bench/install-tools.sh
+	FERRY_E2E_RELEASE=1 $(CARGO) run -q -p ferry-e2e --bin ferry-dev -- bench-clusters $(or $(CLUSTER_RUNS),3) bench/CLUSTERS.md
+
 ## One large file (PATCH_MIB, default 1024) changed in 8 places of 16 bytes and copied again
 ## between two nodes: a CopyJob by checksum (mended from the destination's copy and the
 ## changed chunks) against rsync -a's delta transfer from a daemon, PATCH_RUNS rounds (5);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the tools the benchmark needs, idempotently, caching outside the repo.
 #   Debian: hyperfine, time (/usr/bin/time), rsync (what the rsync-based movers run),
-#           socat (the tar pipe of bench/network-peers.sh), python3-matplotlib (the charts)
+#           socat (the tar pipe of bench/network-peers.sh), python3-matplotlib (the charts),
+#           openssh-server and openssh-client (rsync over ssh, make bench-clusters; the
+#           package's own sshd service is not started), iptables (its byte counters)
 #   crates.io (cargo install --locked --root $FERRY_TOOLS/cargo): ftzz, xcp, cpz (from the fuc project), fcp
 # Env:
 #   FERRY_TOOLS        cache dir (default /var/cache/ferry-tools)
@@ -22,13 +24,24 @@ command -v hyperfine >/dev/null 2>&1 || apt_missing+=(hyperfine)
 command -v rsync >/dev/null 2>&1 || apt_missing+=(rsync)
 command -v socat >/dev/null 2>&1 || apt_missing+=(socat)
 command -v qemu-img >/dev/null 2>&1 || apt_missing+=(qemu-utils)
+[[ -x /usr/sbin/sshd ]] || apt_missing+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || apt_missing+=(openssh-client)
+command -v iptables >/dev/null 2>&1 || apt_missing+=(iptables)
 # The report's charts (bench/report.py draws none without it).
 /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || apt_missing+=(python3-matplotlib)
 if ((${#apt_missing[@]})); then
     log "apt-get install ${apt_missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
+    # No service is started by a package (openssh-server's sshd would listen on every
+    # address): the benchmarks start their own servers on loopback addresses.
+    policy=/usr/sbin/policy-rc.d
+    made_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
+    fi
     apt-get install -y -qq "${apt_missing[@]}"
+    if ((made_policy)); then rm -f "$policy"; fi
 fi
 
 # --- crates -------------------------------------------------------------------

@@ -4,8 +4,8 @@
 //!
 //! `control_plane` starts and drives it, `ferry` runs the operator and agents against it,
 //! `chart` runs them as the Helm chart does (its RBAC and policies, transfer ports),
-//! `trees` checks what a copy made, `proxy` counts and cuts a connection, `tools` finds
-//! the binaries; small helpers for HTTP,
+//! `trees` checks what a copy made, `proxy` counts and cuts a connection, `peering` sets up
+//! two installs that trust each other, `tools` finds the binaries; small helpers for HTTP,
 //! polling, metrics and patches are here.
 
 use std::io::{Read, Write};
@@ -20,6 +20,7 @@ mod control_plane;
 mod ferry;
 pub mod kube;
 mod kubectl;
+pub mod peering;
 mod process;
 mod proxy;
 mod tools;

@@ -1,16 +1,16 @@
 //! Two installs on this machine, each on its own control plane with the chart rendered
 //! with peering on and its operator on the chart's token ([`install`]), and what each
-//! publishes for the other ([`published`], [`valid`]). Shared by the peering tests
-//! (`peering.rs`) and the faults between clusters (`peering_faults.rs`), each of which uses
-//! a part.
-#![allow(dead_code)]
+//! publishes for the other ([`published`], [`valid`]); a tenant's part of reading an
+//! export ([`carried_secret`], [`let_the_operator_read`]). Used by the peering tests
+//! (`peering.rs`), the faults between clusters (`peering_faults.rs`) and the benchmark
+//! between clusters (`ferry-dev bench-clusters`).
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::{repo_root, wait_for, ControlPlane, CHART_NAMESPACE};
 use anyhow::{ensure, Context, Result};
-use ferry_e2e::{repo_root, wait_for, ControlPlane, CHART_NAMESPACE};
 
 pub const WITHIN: Duration = Duration::from_secs(60);
 
@@ -43,15 +43,21 @@ pub fn render_with_peering(cp: &ControlPlane, helm: &PathBuf, extra: &[&str]) ->
 
 /// One install: a control plane with the chart (peering on) and its operator running as
 /// the chart runs it, with the environment the rendered Deployment sets for peering.
+#[derive(Debug)]
 pub struct Install {
     pub cp: ControlPlane,
-    pub operator: Option<ferry_e2e::Proc>,
+    pub operator: Option<crate::Proc>,
 }
 
 pub fn install(helm: &PathBuf, install_name: Option<&str>) -> Result<Option<Install>> {
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(None);
     };
+    install_on(cp, helm, install_name).map(Some)
+}
+
+/// [`install`] on a control plane already started.
+pub fn install_on(cp: ControlPlane, helm: &PathBuf, install_name: Option<&str>) -> Result<Install> {
     let set = install_name.map(|n| format!("peering.installName={n}"));
     let extra: Vec<&str> = set.iter().flat_map(|s| ["--set", s.as_str()]).collect();
     let manifest = render_with_peering(&cp, helm, &extra)?;
@@ -63,13 +69,13 @@ pub fn install(helm: &PathBuf, install_name: Option<&str>) -> Result<Option<Inst
     );
     cp.install_manifest(CHART_NAMESPACE, &manifest)?;
     let operator = spawn_operator(&cp, install_name)?;
-    Ok(Some(Install {
+    Ok(Install {
         cp,
         operator: Some(operator),
-    }))
+    })
 }
 
-pub fn spawn_operator(cp: &ControlPlane, install_name: Option<&str>) -> Result<ferry_e2e::Proc> {
+pub fn spawn_operator(cp: &ControlPlane, install_name: Option<&str>) -> Result<crate::Proc> {
     let kc =
         cp.service_account_kubeconfig_lasting(CHART_NAMESPACE, "ferry-operator", None, "8760h")?;
     let mut envs = vec![("FERRY_PEERING", "true")];
@@ -115,11 +121,6 @@ pub fn valid(cp: &ControlPlane, peer: &str) -> Result<String> {
     })
     .with_context(|| format!("{seen}\n{}", cp.log_tail("operator.log", 20)))?;
     Ok(seen)
-}
-
-pub fn base64_decode(text: &str) -> Result<Vec<u8>> {
-    use base64::Engine;
-    Ok(base64::engine::general_purpose::STANDARD.decode(text.trim())?)
 }
 
 /// Export Secret `name` of namespace `from` in `east`, as a tenant carries it into namespace
@@ -172,6 +173,13 @@ pub fn paired(helm: &PathBuf) -> Result<Option<(Install, Install, String)>> {
     let Some(west) = install(helm, Some("west"))? else {
         return Ok(None);
     };
+    let east_name = pair(&east, &west)?;
+    Ok(Some((east, west, east_name)))
+}
+
+/// Each admin applies the FerryPeer the other install publishes; both become Valid. East's
+/// install name (west's is `west`).
+pub fn pair(east: &Install, west: &Install) -> Result<String> {
     let east_name = published(&east.cp, "install")?;
     west.cp.apply(&published(&east.cp, "ferrypeer.yaml")?)?;
     east.cp.apply(&published(&west.cp, "ferrypeer.yaml")?)?;
@@ -179,5 +187,5 @@ pub fn paired(helm: &PathBuf) -> Result<Option<(Install, Install, String)>> {
         let v = valid(cp, peer)?;
         ensure!(v.starts_with("Valid True"), "{peer}: {v}");
     }
-    Ok(Some((east, west, east_name)))
+    Ok(east_name)
 }

@@ -16,10 +16,8 @@ use ferry_e2e::{wait_for, ControlPlane, CHART_NAMESPACE};
 
 #[path = "peering/exports.rs"]
 mod exports;
-#[path = "peering/setup.rs"]
-mod setup;
 
-use setup::{base64_decode, install, published, spawn_operator, valid, WITHIN};
+use ferry_e2e::peering::{install, published, spawn_operator, valid, WITHIN};
 
 fn can_i(cp: &ControlPlane, sa: &str, args: &[&str]) -> Result<bool> {
     let who = format!("system:serviceaccount:{CHART_NAMESPACE}:{sa}");
@@ -296,4 +294,9 @@ fn hello(addr: &str, identity: &(String, String), ca_pem: &str, expect: &str) ->
         Frame::Refused { reason } => Ok(reason),
         other => anyhow::bail!("the peering port answered {other:?}"),
     }
+}
+
+fn base64_decode(text: &str) -> Result<Vec<u8>> {
+    use base64::Engine;
+    Ok(base64::engine::general_purpose::STANDARD.decode(text.trim())?)
 }

@@ -8,8 +8,6 @@
 //! that west had committed. Then a CopySchedule of west replicates the export every minute,
 //! each run sending only what changed since the last.
 
-#[path = "peering/setup.rs"]
-mod setup;
 #[path = "../../engine/tests/common/mod.rs"]
 mod tree;
 
@@ -18,7 +16,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use ferry_e2e::{wait_for, ControlPlane, Proc, Proxy};
 
-use setup::{carried_secret, let_the_operator_read, paired, WITHIN};
+use ferry_e2e::peering::{carried_secret, let_the_operator_read, paired, WITHIN};
 
 /// The source's namespace on east, and the reader's on west.
 const NS: &str = "shop";

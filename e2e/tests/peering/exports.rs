@@ -542,7 +542,7 @@ fn a_copyjob_in_the_reading_cluster_copies_the_export(
         r.contains("kubectl -n shop-dr create role ferry-reads-db-ferry-export"),
         "{r}"
     );
-    super::setup::let_the_operator_read(west, ns, "db-ferry-export")?;
+    ferry_e2e::peering::let_the_operator_read(west, ns, "db-ferry-export")?;
     // Now it may, and the Secret is not there yet.
     let mut r = String::new();
     wait_for("the Secret missing", WITHIN, || {
@@ -551,7 +551,7 @@ fn a_copyjob_in_the_reading_cluster_copies_the_export(
     })
     .with_context(|| r.clone())?;
     // Carried over as the tenant would (its data and type; nothing of east's metadata).
-    let secret = super::setup::carried_secret(east, NS, "db-ferry-export", ns)?;
+    let secret = ferry_e2e::peering::carried_secret(east, NS, "db-ferry-export", ns)?;
     // First with an address nothing answers on (an export that moved, a firewall): the
     // job says what it waits for, and keeps waiting.
     let nowhere = format!("127.0.0.1:{}", ferry_e2e::free_port()?);

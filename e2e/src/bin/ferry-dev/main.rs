@@ -24,6 +24,11 @@
 //! - `bench-patch [RUNS [FILE]]`: one large file changed in a few places, copied again
 //!   between two nodes by a CopyJob by checksum and by `rsync -a` (`make bench-patch`,
 //!   into `bench/PATCH.md`).
+//! - `bench-clusters [RUNS [FILE]]`: Ferry between two clusters (a CopyExport read by a
+//!   CopyJob of the other) against rsync from a daemon, rsync over ssh and Ferry between
+//!   nodes; first copies, copies again after 0.1% of the files or a few bytes of a large
+//!   file changed; bytes on the wire and peak RSS of both sides (`make bench-clusters`,
+//!   into `bench/CLUSTERS.md`).
 //! - `bench-million [FILE]`: a million files as CopyJobs on one node and between nodes, and
 //!   a dry run of ten million (status size, peak RSS, API requests; `make bench-million-jobs`,
 //!   into `bench/MILLION-COPYJOB.md`).
@@ -33,6 +38,7 @@ use std::path::PathBuf;
 use anyhow::{bail, ensure, Context, Result};
 use ferry_e2e::{ControlPlane, Proc};
 
+mod clusters;
 mod control_plane;
 mod dev;
 mod machine;
@@ -89,6 +95,11 @@ fn main() -> Result<()> {
             let (runs, out) = runs_and_file("bench-patch")?;
             network::bench_patch(runs, out.as_deref())
         }
+        Some("bench-clusters") => {
+            let (runs, out) = runs_and_file("bench-clusters")?;
+            let out = out.unwrap_or_else(clusters::default_out);
+            clusters::bench_clusters(&clusters::Settings::from_env(runs)?, Some(&out))
+        }
         Some("bench-million") => {
             let out = std::env::args().nth(2).map(PathBuf::from);
             network::bench_million(out.as_deref())
@@ -97,7 +108,7 @@ fn main() -> Result<()> {
         Some("up") => dev::up(),
         Some("down") => dev::down(),
         _ => bail!(
-            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube|-cold] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]|bench-network [RUNS [FILE]]|bench-patch [RUNS [FILE]]|bench-million [FILE]"
+            "usage: ferry-dev demo|up|down|bench [SEQUENTIAL [BURST]]|bench-throughput[-kube|-cold] [RUNS [FILE]]|bench-rerun [RUNS [FILE]]|bench-network [RUNS [FILE]]|bench-patch [RUNS [FILE]]|bench-clusters [RUNS [FILE]]|bench-million [FILE]"
         ),
     }
 }

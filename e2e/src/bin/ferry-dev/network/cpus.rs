@@ -24,7 +24,7 @@ use anyhow::{bail, ensure, Context, Result};
 const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
 
 /// How the benchmark's processes share the machine's CPUs.
-pub(super) enum Cpus {
+pub(crate) enum Cpus {
     /// Every process on every CPU.
     Shared,
     /// node-a's processes on one CPU, node-b's on another.
@@ -32,7 +32,7 @@ pub(super) enum Cpus {
 }
 
 /// One simulated node's CPU.
-pub(super) struct Node {
+pub(crate) struct Node {
     cpu: usize,
     /// The node's cpuset, or `None` where its processes are pinned by affinity.
     cpuset: Option<PathBuf>,
@@ -40,7 +40,7 @@ pub(super) struct Node {
 
 impl Cpus {
     /// From `NET_CPUS` (`split`, `shared`; default `split` with two or more CPUs).
-    pub(super) fn from_env() -> Result<Self> {
+    pub(crate) fn from_env() -> Result<Self> {
         let nproc = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         let split = match std::env::var("NET_CPUS").as_deref() {
             Ok("shared") => false,
@@ -64,7 +64,7 @@ impl Cpus {
     }
 
     /// Move the running process `pid` (all its threads) onto `node`'s CPU (0: node-a).
-    pub(super) fn place(&self, node: usize, pid: u32) -> Result<()> {
+    pub(crate) fn place(&self, node: usize, pid: u32) -> Result<()> {
         match self {
             Self::Shared => Ok(()),
             Self::Split(nodes) => nodes[node].place(pid),
@@ -72,7 +72,7 @@ impl Cpus {
     }
 
     /// `script` (bash), prefixed so that it runs on `node`'s CPU with everything it starts.
-    pub(super) fn enter(&self, node: usize, script: &str) -> String {
+    pub(crate) fn enter(&self, node: usize, script: &str) -> String {
         match self {
             Self::Shared => script.to_string(),
             Self::Split(nodes) => format!("{} {script}", nodes[node].prefix()),
@@ -80,7 +80,7 @@ impl Cpus {
     }
 
     /// A command that runs `program` on `node`'s CPU (arguments are added to it as usual).
-    pub(super) fn command(&self, node: usize, program: impl AsRef<OsStr>) -> Command {
+    pub(crate) fn command(&self, node: usize, program: impl AsRef<OsStr>) -> Command {
         match self {
             Self::Shared => Command::new(program),
             Self::Split(nodes) => {
@@ -95,7 +95,7 @@ impl Cpus {
     }
 
     /// How the processes were placed, for the report.
-    pub(super) fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Self::Shared => "**shared CPUs**: every process (both agents, every peer's processes on both sides, the control plane) ran on any of the machine's CPUs, so a copy's sender and receiver took CPU from each other".into(),
             Self::Split(nodes) => {

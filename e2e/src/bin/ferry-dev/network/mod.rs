@@ -24,7 +24,7 @@ use ferry_e2e::{repo_root, ControlPlane, Proc};
 
 use crate::machine::{loadavg, machine_busy_secs, shell_line, LoadSampler, Tmpfs, TreeCount};
 
-mod cpus;
+pub(crate) mod cpus;
 mod memory;
 mod million;
 mod patch;
@@ -34,7 +34,9 @@ mod setup;
 
 pub use million::bench_million;
 pub use patch::bench_patch;
-use report::{report, write_keeping_notes};
+use report::report;
+pub(crate) use report::write_keeping_notes;
+pub(crate) use run::generate;
 
 /// The namespace of the benchmark's jobs (Ferry's is the chart's, `ferry_e2e::CHART_NAMESPACE`).
 const TEAM: &str = "bench";
@@ -47,10 +49,10 @@ const NODES: [(&str, &str); 2] = [("node-a", "127.0.0.2"), ("node-b", "127.0.0.3
 const TMPFS_A: &str = "size=12G,nr_inodes=4M,mode=0755";
 const TMPFS_B: &str = "size=8G,nr_inodes=4M,mode=0755";
 /// `bench/run.sh`'s `large` tree: `bench/gen_files.py large DIR 2 <1 GiB> 3`.
-const LARGE: [&str; 3] = ["2", "1073741824", "3"];
+pub(crate) const LARGE: [&str; 3] = ["2", "1073741824", "3"];
 /// `bench/run.sh`'s quick trees (BENCH_QUICK=1), for a try of the harness.
-const QUICK_MANY: [&str; 8] = ["-n", "2000", "-b", "10000000", "-d", "5", "--seed", "1"];
-const QUICK_LARGE: [&str; 3] = ["2", "16777216", "3"];
+pub(crate) const QUICK_MANY: [&str; 8] = ["-n", "2000", "-b", "10000000", "-d", "5", "--seed", "1"];
+pub(crate) const QUICK_LARGE: [&str; 3] = ["2", "16777216", "3"];
 /// Files per directory of the memory benchmark's tree.
 const PER_DIR: u64 = 1000;
 /// How long a CopyJob of a timed tree, and of the memory tree, may take.
@@ -349,7 +351,7 @@ pub fn bench_network(settings: &Settings, out: Option<&Path>) -> Result<()> {
 }
 
 /// The commit the binaries are built from, and whether the product's files differ from it.
-fn built_from() -> String {
+pub(crate) fn built_from() -> String {
     let repo = repo_root();
     let git = |args: &str| shell_line(&format!("git -C '{}' {args}", repo.display()));
     let dirty = if git("status --porcelain -- agent operator crds Cargo.lock").is_empty() {

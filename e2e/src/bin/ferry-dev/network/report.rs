@@ -15,7 +15,7 @@ use super::{
 use crate::machine::{mean_sd, shell_line};
 
 /// Write `md` to `file`, followed by the part of the old file written by hand, if any.
-pub(super) fn write_keeping_notes(file: &Path, md: &str) -> Result<()> {
+pub(crate) fn write_keeping_notes(file: &Path, md: &str) -> Result<()> {
     let old = std::fs::read_to_string(file).unwrap_or_default();
     let notes = old
         .find(&format!("\n{HAND_HEADING}"))

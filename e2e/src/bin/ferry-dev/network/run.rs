@@ -26,29 +26,7 @@ impl Net {
     /// Make tree `tree` (`bench/run.sh`'s generator and seed) under node-a's `src/`.
     fn generate(&self, tree: &str, quick: bool) -> Result<PathBuf> {
         let dir = self.a.join("src").join(tree);
-        eprintln!("generating {tree} at {} ...", dir.display());
-        let mut cmd = match tree {
-            "many" => {
-                let mut c = Command::new(&self.ftzz);
-                let spec = if quick { QUICK_MANY } else { TREE_100K };
-                c.args(["-q", "-e"]).args(spec).arg(&dir);
-                c
-            }
-            "large" => {
-                let mut c = Command::new("python3");
-                c.arg(repo_root().join("bench/gen_files.py"))
-                    .arg("large")
-                    .arg(&dir)
-                    .args(if quick { QUICK_LARGE } else { LARGE });
-                c
-            }
-            other => bail!("no tree {other}: NET_TREES takes many and large"),
-        };
-        let status = cmd
-            .stdout(std::io::stderr())
-            .status()
-            .with_context(|| format!("generate {tree}"))?;
-        ensure!(status.success(), "generating {tree} failed");
+        generate(&self.ftzz, tree, &dir, quick)?;
         Ok(dir)
     }
 
@@ -367,6 +345,35 @@ impl Net {
         made.remove()?;
         Ok(out)
     }
+}
+
+/// Make tree `tree` at `dir` with `bench/run.sh`'s generator and seed (`ftzz` for `many`,
+/// `bench/gen_files.py` for `large`; their quick sizes with `quick`).
+pub(crate) fn generate(ftzz: &Path, tree: &str, dir: &Path, quick: bool) -> Result<()> {
+    eprintln!("generating {tree} at {} ...", dir.display());
+    let mut cmd = match tree {
+        "many" => {
+            let mut c = Command::new(ftzz);
+            let spec = if quick { QUICK_MANY } else { TREE_100K };
+            c.args(["-q", "-e"]).args(spec).arg(dir);
+            c
+        }
+        "large" => {
+            let mut c = Command::new("python3");
+            c.arg(repo_root().join("bench/gen_files.py"))
+                .arg("large")
+                .arg(dir)
+                .args(if quick { QUICK_LARGE } else { LARGE });
+            c
+        }
+        other => bail!("no tree {other}: the trees are many and large"),
+    };
+    let status = cmd
+        .stdout(std::io::stderr())
+        .status()
+        .with_context(|| format!("generate {tree}"))?;
+    ensure!(status.success(), "generating {tree} failed");
+    Ok(())
 }
 
 /// Run `cmd`, which must succeed.
