@@ -231,6 +231,8 @@ fn listed(
         ino,
         inline: false,
         hash: false,
+        // Names and types are all a mirror needs.
+        attrs: false,
     })?;
     let mut names = HashMap::new();
     loop {

@@ -49,7 +49,7 @@ use crate::fields::{
 use crate::Error;
 
 /// The protocol version a [`Frame::Hello`] and a [`Frame::Welcome`] carry.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Kind byte and payload length.
 pub const HEADER: usize = 5;
 /// The largest payload: a listing of entries up to [`LISTING_ENTRY_BYTES`] (one entry with
@@ -118,13 +118,18 @@ pub enum Frame {
     /// Sender: the answer to a [`Frame::Stat`].
     Entry { req: u32, entry: Entry },
     /// Receiver: list directory `path`, which must still be inode `ino`; `inline`: send the
-    /// bytes of its small files with it, `hash`: with their hashes.
+    /// bytes of its small files with it, `hash`: with their hashes; `attrs`: each regular
+    /// file's extended attributes with its record. Without `attrs` (nor `inline`) a regular
+    /// file is only `lstat`ed, never opened, and its record carries no attributes: what a
+    /// re-run that keeps most files by their stats needs, the receiver asking a file's
+    /// record again ([`Frame::Stat`]) when it copies it.
     List {
         req: u32,
         path: Vec<u8>,
         ino: u64,
         inline: bool,
         hash: bool,
+        attrs: bool,
     },
     /// Sender: a batch of a listing's entries; `last` when the directory has no more.
     Listing {
@@ -324,12 +329,14 @@ impl Frame {
                 ino,
                 inline,
                 hash,
+                attrs,
             } => {
                 w.u32(*req);
                 write_path(w, path)?;
                 w.u64(*ino);
                 w.u8(u8::from(*inline));
                 w.u8(u8::from(*hash));
+                w.u8(u8::from(*attrs));
             }
             Frame::Listing {
                 req,
@@ -534,6 +541,7 @@ impl Frame {
                 ino: r.u64("inode")?,
                 inline: flag(&mut r, "inline")?,
                 hash: flag(&mut r, "hash")?,
+                attrs: flag(&mut r, "attrs")?,
             },
             7 => {
                 let req = r.u32("request")?;

@@ -290,6 +290,7 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
         ino: top.ino,
         inline: true,
         hash: false,
+        attrs: true,
     };
     let Frame::Listing {
         entries, inline, ..
@@ -361,6 +362,7 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
             ino: top.ino,
             inline: false,
             hash: false,
+            attrs: true,
         },
     )?
     else {

@@ -62,6 +62,16 @@ enum FillOutcome {
 }
 
 impl<'a> Ctx<'a> {
+    /// Whether a file of `dir` the destination has is kept or not from the two stats alone
+    /// (a merge by the quick check, not resumed): then the source is opened only for the
+    /// files that are copied.
+    pub(super) fn keeps_by_stats(&self, dir: &OpenDir) -> bool {
+        !dir.fresh
+            && !self.opts.resume
+            && self.opts.overwrite != Overwrite::Always
+            && !self.compares_content(dir)
+    }
+
     pub(super) fn regular(
         &self,
         dir: &Arc<OpenDir>,
@@ -76,11 +86,7 @@ impl<'a> Ctx<'a> {
         // check) decides from two stats, without opening the source: a re-run over an
         // unchanged tree is a metadata walk. (A resumed copy, and compare: Checksum, need
         // the open file; whatever is not kept here is opened and decided below.)
-        if !dir.fresh
-            && !self.opts.resume
-            && self.opts.overwrite != Overwrite::Always
-            && !self.compares_content(dir)
-        {
+        if self.keeps_by_stats(dir) {
             if let Ok(st) = self.src_lstat(dir, src_name, rec) {
                 if is_type(&st, libc::S_IFREG) && self.keep_existing(dir, dst_name, &st)? {
                     self.list_kept(dir, dst_name, &st);

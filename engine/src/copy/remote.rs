@@ -52,6 +52,10 @@ pub(super) struct Rec {
     /// A small file's bytes and their hash (when hashing), sent with the listing: a slice
     /// of the listing's payload (cloned without copying).
     pub inline: Option<(Bytes, Option<u128>)>,
+    /// Whether `xattrs` are the entry's: a listing that keeps most files by their stats
+    /// (a re-run) carries none for regular files, whose record is asked again when one is
+    /// copied.
+    pub attrs: bool,
 }
 
 /// A source entry that was to be a regular file: open, with its stat; or, when it is
@@ -105,6 +109,7 @@ pub(super) fn rec_of(e: Entry, inline: Option<(Bytes, Option<u128>)>) -> Rec {
         xattrs: e.xattrs,
         target,
         inline,
+        attrs: true,
     }
 }
 
@@ -155,8 +160,10 @@ impl Ctx<'_> {
             SrcDir::Remote(p) => {
                 let path = child(p, name.to_bytes());
                 let (st, xattrs, inline) = match rec {
-                    Some(r) => (r.st, r.xattrs.clone(), r.inline.clone()),
-                    None => {
+                    Some(r) if r.attrs => (r.st, r.xattrs.clone(), r.inline.clone()),
+                    // Listed without its attributes (or not listed): its whole record now,
+                    // with the stat it has now, as a local open takes the file's.
+                    _ => {
                         let r = self.remote_stat(&path)?;
                         (r.st, r.xattrs, None)
                     }

@@ -419,14 +419,18 @@ impl<'a> Ctx<'a> {
             .as_ref()
             .ok_or_else(|| std::io::Error::other("internal: a remote directory in a local copy"))?;
         // Bytes travel with the listing only where every file will be copied: a new
-        // directory (a merge decides per file, and may keep most).
+        // directory (a merge decides per file, and may keep most). Where files are kept by
+        // their stats, the listing is stats alone: the sender opens no regular file for its
+        // attributes, and those that are copied have their record asked again.
         let inline = dir.fresh;
+        let attrs = !self.keeps_by_stats(dir);
         let mut req = conn.request(|req| ferry_transfer::Frame::List {
             req,
             path: path.to_vec(),
             ino: dir.src_ino,
             inline,
             hash: self.hash,
+            attrs,
         })?;
         loop {
             let (entries, inline, last) = match req.next()? {
@@ -455,7 +459,8 @@ impl<'a> Ctx<'a> {
                 let Ok(name) = CString::new(entry.name.as_slice()) else {
                     continue;
                 };
-                let rec = Box::new(rec_of(entry, bytes));
+                let mut rec = Box::new(rec_of(entry, bytes));
+                rec.attrs = attrs || !is_type(&rec.st, libc::S_IFREG);
                 let is_dir = is_type(&rec.st, libc::S_IFDIR);
                 let dtype = match rec.st.st_mode & libc::S_IFMT {
                     libc::S_IFDIR => DType::Dir,

@@ -167,25 +167,29 @@ impl<W: Write + Send> Half<'_, W> {
         dir: BorrowedFd<'_>,
         name: &CStr,
     ) -> io::Result<(Stat, Option<OwnedFd>)> {
-        self.stat_hinted(dir, name, DType::Unknown)
+        self.stat_hinted(dir, name, DType::Unknown, true)
     }
 
     /// [`Half::stat_at`] with the listing's type: an entry it says is a regular file or a
     /// directory is opened straight away (its stat is then the descriptor's: one `lstat`
     /// less per file). As a local copy opens a listed file: only once it is known to be a
     /// regular file or a directory (see `sys::open_regular`), so a FIFO or device swapped
-    /// in meanwhile is never opened.
+    /// in meanwhile is never opened. Without `files`, a regular file is only `lstat`ed (no
+    /// descriptor, so no attributes in its record).
     pub(super) fn stat_hinted(
         &self,
         dir: BorrowedFd<'_>,
         name: &CStr,
         hint: DType,
+        files: bool,
     ) -> io::Result<(Stat, Option<OwnedFd>)> {
-        let opens = |kind: u32| kind == libc::S_IFREG || kind == libc::S_IFDIR;
+        let opens = |kind: u32| kind == libc::S_IFDIR || (files && kind == libc::S_IFREG);
         if !self.opts.xattrs {
             return Ok((sys::lstatat(dir, name)?, None));
         }
-        if !matches!(hint, DType::Regular | DType::Dir) {
+        // Opened straight away: a directory, and a regular file when files are.
+        let open_now = hint == DType::Dir || (files && hint == DType::Regular);
+        if !open_now {
             let st = sys::lstatat(dir, name)?;
             if !opens(st.st_mode & libc::S_IFMT) {
                 return Ok((st, None));

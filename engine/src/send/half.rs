@@ -53,6 +53,9 @@ pub(super) struct ListState {
     pub(super) top: bool,
     pub(super) inline: bool,
     pub(super) hash: bool,
+    /// Whether regular files are opened for their extended attributes (see
+    /// [`Frame::List`]); without it they are only `lstat`ed.
+    pub(super) attrs: bool,
 }
 
 /// What of a file a read sends: all of it, its chunk hashes only, or one part.
@@ -99,6 +102,7 @@ pub(super) enum Job {
         ino: u64,
         inline: bool,
         hash: bool,
+        attrs: bool,
     },
     Read(u32, Box<ReadState>),
     ReadStart {
@@ -252,6 +256,7 @@ impl<W: Write + Send> Half<'_, W> {
                 ino,
                 inline,
                 hash,
+                attrs,
             } => {
                 self.open_request(req)?;
                 Job::ListStart {
@@ -260,6 +265,7 @@ impl<W: Write + Send> Half<'_, W> {
                     ino,
                     inline,
                     hash,
+                    attrs,
                 }
             }
             Frame::Read {
@@ -405,7 +411,8 @@ impl<W: Write + Send> Half<'_, W> {
                 ino,
                 inline,
                 hash,
-            } => match self.open_listing(&path, ino, inline, hash) {
+                attrs,
+            } => match self.open_listing(&path, ino, (inline, hash, attrs)) {
                 Ok(state) => self.list(req, state),
                 Err((op, e)) => {
                     self.end(req);

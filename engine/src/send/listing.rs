@@ -27,8 +27,7 @@ impl<W: Write + Send> Half<'_, W> {
         &self,
         path: &[u8],
         ino: u64,
-        inline: bool,
-        hash: bool,
+        (inline, hash, attrs): (bool, bool, bool),
     ) -> Result<Box<ListState>, (&'static str, io::Error)> {
         let dir = match self.resolve(path).map_err(|e| ("open directory", e))? {
             None => match self.top {
@@ -57,6 +56,7 @@ impl<W: Write + Send> Half<'_, W> {
             top: path.is_empty(),
             inline,
             hash,
+            attrs,
         }))
     }
 
@@ -74,8 +74,13 @@ impl<W: Write + Send> Half<'_, W> {
             cursor,
             inline: want_inline,
             hash,
+            attrs,
             ..
         } = &mut *state;
+        // A regular file is opened (for its attributes, or its bytes inline) only when the
+        // receiver asked for them: a re-run's listing that keeps most files by their stats
+        // costs an `lstat` a file, as a re-run on one node does.
+        let open_files = *attrs || *want_inline;
         let mut listing = Listing::resume(dir.as_fd(), dents, *cursor);
         // The small files' bytes are read into one buffer (reused from listing to listing),
         // each a slice of it.
@@ -95,7 +100,7 @@ impl<W: Write + Send> Half<'_, W> {
                 continue;
             }
             let name = name.to_owned();
-            let (st, fd) = match self.stat_hinted(dir.as_fd(), &name, dtype) {
+            let (st, fd) = match self.stat_hinted(dir.as_fd(), &name, dtype, open_files) {
                 Ok(x) => x,
                 // Gone since the listing: as if it had not been there.
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,

@@ -290,6 +290,31 @@ pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The value of extended attribute `name` of `path` (not following a symlink), `None` when
+/// it has none of that name.
+pub fn get_xattr(path: &Path, name: &str) -> Result<Option<Vec<u8>>> {
+    let n = cname(name.as_bytes());
+    let mut buf = vec![0u8; 64 << 10];
+    // SAFETY: valid strings and a buffer of the given length.
+    let got = unsafe {
+        libc::lgetxattr(
+            cpath(path).as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if got < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENODATA) {
+            return Ok(None);
+        }
+        return Err(e).with_context(|| format!("getxattr {name} on {}", path.display()));
+    }
+    buf.truncate(got as usize);
+    Ok(Some(buf))
+}
+
 pub fn mkfifo(path: &Path, mode: u32) -> Result<()> {
     // SAFETY: valid path.
     cvt(unsafe { libc::mkfifo(cpath(path).as_ptr(), mode as libc::mode_t) })

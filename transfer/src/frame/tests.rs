@@ -56,6 +56,15 @@ fn every_kind() -> Vec<Frame> {
             ino: 77,
             inline: true,
             hash: false,
+            attrs: true,
+        },
+        Frame::List {
+            req: 3,
+            path: b"kept".to_vec(),
+            ino: 78,
+            inline: false,
+            hash: true,
+            attrs: false,
         },
         Frame::Listing {
             req: 2,
