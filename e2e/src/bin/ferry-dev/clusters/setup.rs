@@ -19,6 +19,7 @@ use super::measure::Wire;
 use super::{Clusters, EAST_A, EAST_B, EXPORT, EXPORT_SECRET, READER, TEAM, WEST_A};
 use crate::machine::Tmpfs;
 use crate::network::cpus::Cpus;
+use crate::network::rsync_daemon;
 use crate::throughput::{ftzz, release_builds};
 
 /// Each node's `/srv/vol`: east-a's holds the trees (2.5 GiB at most), east-b's one copy,
@@ -116,7 +117,7 @@ impl Clusters {
         let_the_operator_read(&west, READER, EXPORT_SECRET)?;
 
         eprintln!("starting an rsync daemon and sshd on east-a's address ...");
-        let (rsyncd, rsync_port) = rsync_daemon(&east, &east_a)?;
+        let (rsyncd, rsync_port) = rsync_daemon(&east, &east_a.join("src"), EAST_A.1)?;
         let (sshd, ssh_port, ssh_key) = sshd(&east)?;
         cpus.place(0, rsyncd.id())?;
         cpus.place(0, sshd.id())?;
@@ -143,37 +144,6 @@ impl Clusters {
             cpus,
         })
     }
-}
-
-/// An rsync daemon on east-a's address serving its `src/` read-only (module `src`), as
-/// `make bench-network` runs one; it and its port.
-fn rsync_daemon(cp: &ControlPlane, vol: &Path) -> Result<(Proc, u16)> {
-    let port = ferry_e2e::free_port()?;
-    let conf = cp.dir().join("rsyncd.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "use chroot = no\nlog file = {}\n[src]\n    path = {}\n    read only = yes\n    uid = root\n    gid = root\n",
-            cp.dir().join("rsyncd.log").display(),
-            vol.join("src").display()
-        ),
-    )?;
-    let rsyncd = cp.spawn(
-        Path::new("rsync"),
-        &[
-            "--daemon",
-            "--no-detach",
-            &format!("--config={}", conf.display()),
-            &format!("--address={}", EAST_A.1),
-            &format!("--port={port}"),
-        ],
-        &[],
-        "rsyncd.out",
-    )?;
-    ferry_e2e::wait_for("the rsync daemon", Duration::from_secs(10), || {
-        std::net::TcpStream::connect((EAST_A.1, port)).is_ok()
-    })?;
-    Ok((rsyncd, port))
 }
 
 /// An sshd on east-a's address that lets root in with a key made for the run (its own host

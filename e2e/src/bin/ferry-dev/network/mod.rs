@@ -37,6 +37,7 @@ pub use patch::bench_patch;
 use report::report;
 pub(crate) use report::write_keeping_notes;
 pub(crate) use run::generate;
+pub(crate) use setup::rsync_daemon;
 
 /// The namespace of the benchmark's jobs (Ferry's is the chart's, `ferry_e2e::CHART_NAMESPACE`).
 const TEAM: &str = "bench";

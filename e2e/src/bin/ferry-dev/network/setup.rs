@@ -56,33 +56,9 @@ impl Net {
         for (node, _) in NODES {
             cp.advertised_transfer_address(node, ferry_e2e::ADVERTISED_WITHIN)?;
         }
-        let rsync_port = ferry_e2e::free_port()?;
-        let conf = cp.dir().join("rsyncd.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "use chroot = no\nlog file = {}\n[src]\n    path = {}\n    read only = yes\n    uid = root\n    gid = root\n",
-                cp.dir().join("rsyncd.log").display(),
-                a.join("src").display()
-            ),
-        )?;
-        let rsyncd = cp.spawn(
-            Path::new("rsync"),
-            &[
-                "--daemon",
-                "--no-detach",
-                &format!("--config={}", conf.display()),
-                &format!("--address={}", NODES[0].1),
-                &format!("--port={rsync_port}"),
-            ],
-            &[],
-            "rsyncd.out",
-        )?;
+        let (rsyncd, rsync_port) = rsync_daemon(&cp, &a.join("src"), NODES[0].1)?;
         // On node-a's CPU, with the connections it forks.
         cpus.place(0, rsyncd.id())?;
-        ferry_e2e::wait_for("the rsync daemon", Duration::from_secs(10), || {
-            std::net::TcpStream::connect((NODES[0].1, rsync_port)).is_ok()
-        })?;
         let tar_port = ferry_e2e::free_port()?;
         let agent_pids: Vec<u32> = agents.iter().map(Proc::id).collect();
         let mut cluster_pids = pids_mentioning(&cp.dir().to_string_lossy());
@@ -124,4 +100,36 @@ impl Net {
                 .map(|p| cpu_secs(*p, true))
                 .sum::<f64>()
     }
+}
+
+/// An rsync daemon on `address` serving `dir` read-only as module `src` (what the rsync-based
+/// movers run against), once it answers; it and its port. `make bench-network`'s and
+/// `make bench-clusters`' peer.
+pub(crate) fn rsync_daemon(cp: &ControlPlane, dir: &Path, address: &str) -> Result<(Proc, u16)> {
+    let port = ferry_e2e::free_port()?;
+    let conf = cp.dir().join("rsyncd.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "use chroot = no\nlog file = {}\n[src]\n    path = {}\n    read only = yes\n    uid = root\n    gid = root\n",
+            cp.dir().join("rsyncd.log").display(),
+            dir.display()
+        ),
+    )?;
+    let rsyncd = cp.spawn(
+        Path::new("rsync"),
+        &[
+            "--daemon",
+            "--no-detach",
+            &format!("--config={}", conf.display()),
+            &format!("--address={address}"),
+            &format!("--port={port}"),
+        ],
+        &[],
+        "rsyncd.out",
+    )?;
+    ferry_e2e::wait_for("the rsync daemon", Duration::from_secs(10), || {
+        std::net::TcpStream::connect((address, port)).is_ok()
+    })?;
+    Ok((rsyncd, port))
 }
