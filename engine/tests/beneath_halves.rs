@@ -577,3 +577,46 @@ fn a_rerun_through_the_halves_keeps_by_stats_and_copies_what_changed_with_its_at
     )?;
     Ok(())
 }
+
+#[test]
+fn a_first_copy_into_an_existing_empty_directory_takes_its_files_with_the_listing() -> Result<()> {
+    // A claim's root is an existing, empty directory, and the default `overwrite: Never`
+    // keeps by stats: its listing must still carry the files' records and small bytes
+    // whole, as a new directory's does, not cost a round trip a file.
+    let roots = Roots::new()?;
+    let tree = roots.src().join("tree");
+    mkdir(&tree)?;
+    const FILES: u64 = 64;
+    for i in 0..FILES {
+        write(&tree.join(format!("f{i}")), format!("file {i}").as_bytes())?;
+    }
+    set_xattr(&tree.join("f7"), "user.colour", b"blue").ok();
+    mkdir(&roots.dst().join("claim"))?;
+    let before = snapshot(&tree)?;
+    let (src_fd, dst_fd) = roots.fds()?;
+    let top = SourceTop::beneath(src_fd.as_fd(), Path::new("tree"))?;
+    let halves = Halves::start(top, send_options())?;
+    let summary = copy_from_beneath(
+        &halves.conn,
+        Path::new("tree"),
+        dst_fd.as_fd(),
+        Path::new("claim"),
+        &Options::default(),
+        &NoProgress,
+    )?;
+    let served = halves.finish()?;
+    ensure!(
+        summary.failed == 0 && summary.aborted.is_none() && summary.files == FILES,
+        "{summary:?}"
+    );
+    let merged = Check {
+        root_meta: false,
+        ..Check::default()
+    };
+    compare(&before, &roots.dst().join("claim"), merged)?;
+    ensure!(
+        served.files_sent == FILES && served.requests < FILES / 4,
+        "the files came with their listing, in a few requests, not one each: {served:?}"
+    );
+    Ok(())
+}

@@ -404,6 +404,19 @@ impl<'a> Ctx<'a> {
         listed
     }
 
+    /// Whether the copy of an existing directory has no entries, read through a
+    /// descriptor of its own (the walk's would be moved past its start). Not known (an
+    /// error) counts as not empty: the listing then asks no more than a merge's.
+    fn dst_is_empty(&self, dir: &OpenDir) -> bool {
+        let Ok(fd) = sys::openat(dir.dst.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+        else {
+            return false;
+        };
+        // One record of the longest name fits; an empty directory reads `.` and `..`.
+        let mut buf = [0u8; 512];
+        matches!(Listing::new(fd.as_fd(), &mut buf).next_entry(), Ok(None))
+    }
+
     /// A directory on another node: its listing comes in batches, each entry with its
     /// record (and for a fresh directory, small files with their bytes); the next batch is
     /// asked for when this one is handed out.
@@ -419,11 +432,14 @@ impl<'a> Ctx<'a> {
             .as_ref()
             .ok_or_else(|| std::io::Error::other("internal: a remote directory in a local copy"))?;
         // Bytes travel with the listing only where every file will be copied: a new
-        // directory (a merge decides per file, and may keep most). Where files are kept by
-        // their stats, the listing is stats alone: the sender opens no regular file for its
-        // attributes, and those that are copied have their record asked again.
-        let inline = dir.fresh;
-        let attrs = !self.keeps_by_stats(dir);
+        // directory, or an existing one that is empty (a claim's root on a first copy); a
+        // merge decides per file, and may keep most. Where files are kept by their stats,
+        // the listing is stats alone: the sender opens no regular file for its attributes,
+        // and those that are copied have their record asked again. (Either way is correct:
+        // an empty directory that gains entries meanwhile only costs what it saved.)
+        let empty = !dir.fresh && self.dst_is_empty(dir);
+        let inline = dir.fresh || empty;
+        let attrs = !self.keeps_by_stats(dir) || empty;
         let mut req = conn.request(|req| ferry_transfer::Frame::List {
             req,
             path: path.to_vec(),
