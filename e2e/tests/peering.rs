@@ -123,6 +123,7 @@ fn two_installs_pair_by_applying_what_each_publishes_and_bad_peers_are_refused()
     let reader = agents_serve_the_peering_port_to_trusted_peers_only(a, &east_name, b)?;
     exports::a_tenants_export_is_served_by_a_secret_only_its_status_hash_names(a, &reader)?;
     exports::the_peering_port_serves_an_export_to_its_reader_only(a, b, &reader)?;
+    exports::a_csi_claims_export_is_served_where_its_holder_mounts_it(a, &reader)?;
 
     // Who may read the peering CA: the operator, that Secret only; the agents, nothing.
     for cp in [a, b] {

@@ -197,6 +197,16 @@ pub fn open_host_path(host_root: BorrowedFd<'_>, path: &str) -> Result<OwnedFd, 
     })
 }
 
+/// Whether the directory `fd` (from [`open_host_path`]) is a mount's root: a volume the
+/// kubelet mounted there, not the empty directory under it, which is on the node's own disk
+/// before the mount and after it is gone. Asked of the descriptor that is then served, so
+/// no unmount in between goes unseen.
+pub fn is_mount_root(fd: BorrowedFd<'_>) -> std::io::Result<bool> {
+    sys::is_mount_root(fd)?.ok_or_else(|| {
+        std::io::Error::other("this kernel does not say whether a directory is a mount's root (statx STATX_ATTR_MOUNT_ROOT, Linux 5.8)")
+    })
+}
+
 /// The destination root's `.ferry` directory (manifests, resume state), created if missing;
 /// a symlink planted at that name is refused.
 pub fn state_dir(dst_root: BorrowedFd<'_>, name: &str) -> Result<OwnedFd, Error> {

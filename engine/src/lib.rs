@@ -52,7 +52,7 @@ pub mod volume;
 use std::time::Duration;
 
 pub use api::{copy, copy_beneath, copy_from, copy_from_beneath, plan_beneath};
-pub use beneath::{check_relative, open_host_path, resolve_beneath, state_dir};
+pub use beneath::{check_relative, is_mount_root, open_host_path, resolve_beneath, state_dir};
 pub use check::{check_beneath, CheckOptions, Checked, MAX_LISTED};
 pub use copy::MAX_RECORDS;
 pub use error::{reason_of_io, Error, Failure};

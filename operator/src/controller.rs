@@ -57,7 +57,7 @@ pub async fn run(
             .ok()
             .filter(|n| !n.is_empty())
             .unwrap_or_else(agent_namespace),
-        holder_image: holder_image(),
+        holder_image: crate::holder::image(),
         export_tickets: Default::default(),
         snapshot_sources: std::env::var("FERRY_SNAPSHOT_SOURCES").is_ok_and(|v| v == "true"),
         snapshot_bases: std::env::var("FERRY_SNAPSHOT_BASES").is_ok_and(|v| v == "true"),
@@ -148,12 +148,4 @@ fn error_policy(_job: Arc<CopyJob>, error: &Error, _ctx: Arc<Context>) -> Action
 /// Namespace of the agents' heartbeat Leases (the operator's own namespace).
 fn agent_namespace() -> String {
     std::env::var("FERRY_NAMESPACE").unwrap_or_else(|_| "ferry-system".into())
-}
-
-/// The image of the holder pods (`FERRY_HOLDER_IMAGE`, the chart's own image); unset or
-/// empty, none are made and a job on a CSI claim no pod mounts waits for one.
-fn holder_image() -> Option<String> {
-    std::env::var("FERRY_HOLDER_IMAGE")
-        .ok()
-        .filter(|i| !i.trim().is_empty())
 }

@@ -88,6 +88,9 @@ struct Context {
     client: Client,
     own: Option<Own>,
     peers: Store<FerryPeer>,
+    /// The holder pods' image (the chart's `operator.holderPods`); `None`: a CSI claim
+    /// is exported only while a pod of the tenant's mounts it.
+    holder_image: Option<String>,
 }
 
 /// Run the controller until SIGTERM: `own` is `None` while peering is off.
@@ -122,7 +125,12 @@ pub async fn run(client: Client, own: Option<Own>) {
         drop(writer);
         controller
     };
-    let ctx = Arc::new(Context { client, own, peers });
+    let ctx = Arc::new(Context {
+        client,
+        own,
+        peers,
+        holder_image: crate::holder::image(),
+    });
     controller
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
@@ -138,6 +146,11 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
     let ns = export
         .namespace()
         .ok_or_else(|| Error::NoNamespace(export.name_any()))?;
+    // A CSI claim's source moves with the pod that mounts it: looked at again as often as
+    // an export that is not Ready, so the Secret names the new node soon; sooner while
+    // its holder pod starts.
+    let mut moves = false;
+    let mut holding = false;
     let (labels, source, serving) = match &ctx.own {
         // Nothing is looked at for an export that cannot be served.
         None => (BTreeMap::new(), Ok(()), Err(String::new())),
@@ -150,7 +163,25 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
             match crate::resolve::export_reach(&ctx.client, &ns, &export.spec.source).await? {
                 Err(why) => (labels, Err(why), Err(String::new())),
                 Ok(reach) => {
-                    let serving = serving(&ctx.client, &own.namespace, &reach).await?;
+                    moves = matches!(reach, ferry_resolve::Reach::Csi { .. });
+                    let at = match &reach {
+                        ferry_resolve::Reach::Direct(v) => At::Volume(v),
+                        ferry_resolve::Reach::Csi { block: true, .. } => At::Block,
+                        ferry_resolve::Reach::Csi { claim, .. } => {
+                            At::Mounted(claim, mounted_on(&ctx.client, &ns, claim).await?)
+                        }
+                    };
+                    let serving = match (&at, &ctx.holder_image) {
+                        // No pod mounts it: the export's holder pod will.
+                        (At::Mounted(claim, None), Some(image)) if !expired(&export) => {
+                            holding = true;
+                            Err(
+                                crate::holder::hold_export(&ctx.client, &ns, &export, claim, image)
+                                    .await?,
+                            )
+                        }
+                        _ => serving(&ctx.client, &own.namespace, &ns, &at).await?,
+                    };
                     (labels, Ok(()), serving)
                 }
             }
@@ -219,7 +250,47 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
     if decide::changed(&export, &decision.status) {
         write_status(&export, &ns, &decision.status, &ctx.client).await?;
     }
-    Ok(Action::requeue(decision.requeue))
+    // An expired export's holder pod goes (a deleted export's goes with it).
+    if ctx.holder_image.is_some() && moves && expired(&export) {
+        crate::holder::release_export(&ctx.client, &ns, &export).await?;
+    }
+    let requeue = match (holding, moves) {
+        (true, _) => decision.requeue.min(HOLDER_STARTING),
+        (false, true) => decision.requeue.min(decide::NOT_READY_RECHECK),
+        (false, false) => decision.requeue,
+    };
+    Ok(Action::requeue(requeue))
+}
+
+/// How soon an export whose holder pod is starting is looked at again.
+const HOLDER_STARTING: Duration = Duration::from_secs(3);
+
+/// Whether the export's time is up, as its status says (its holder is then let go).
+fn expired(export: &CopyExport) -> bool {
+    export
+        .status
+        .as_ref()
+        .and_then(|s| s.expires_at.as_ref())
+        .is_some_and(|t| t.0 <= k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Where an export's source is.
+enum At<'a> {
+    /// A root or a local or hostPath volume: on the nodes it names.
+    Volume(&'a ferry_resolve::volume::Volume),
+    /// A CSI claim: on the node of the running pod that mounts it, if one does.
+    Mounted(&'a str, Option<String>),
+    /// A raw block claim: not served.
+    Block,
+}
+
+/// The node of a running pod of `ns` that mounts `claim` (the tenant's own, or the
+/// export's holder).
+async fn mounted_on(client: &Client, ns: &str, claim: &str) -> Result<Option<String>, kube::Error> {
+    let pods = ferry_resolve::pods_with_claims(client, ns, "status.phase=Running").await?;
+    Ok(ferry_resolve::volume::mounting_pod(&pods, claim)
+        .and_then(|p| p.spec.as_ref())
+        .and_then(|s| s.node_name.clone()))
 }
 
 /// The export Secret for a new credential, every key and field the `-exports` policy
@@ -264,27 +335,39 @@ pub fn export_secret(export: &CopyExport, new: &decide::NewSecret, own: &Own) ->
     }
 }
 
-/// Which node's agent serves an export reached as `reach`: of the nodes that have it (by
-/// name), the first whose agent's heartbeat Lease (in `namespace`) is live and advertises
+/// Which node's agent serves an export (in namespace `ns`) reached as `reach`: of the
+/// nodes that have it (by name; for a CSI claim, the node of a running pod that mounts it),
+/// the first whose agent's heartbeat Lease (in `namespace`) is live and advertises
 /// a peering port. `Err`: why none, for the export's `NoAddress`.
 async fn serving(
     client: &Client,
     namespace: &str,
-    reach: &ferry_resolve::Reach,
+    ns: &str,
+    at: &At<'_>,
 ) -> Result<Result<decide::Serving, String>, kube::Error> {
-    let ferry_resolve::Reach::Direct(volume) = reach else {
-        return Ok(Err(
-            "the source is a claim of a CSI volume, which agents do not serve to other installs yet; export a StorageRoot path or a local or hostPath claim".into(),
-        ));
-    };
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await?;
-    let mut having: Vec<&Node> = nodes
-        .items
-        .iter()
-        .filter(|n| volume.nodes.matches(&n.name_any(), n.labels()))
-        .collect();
+    let mut having: Vec<&Node> = match at {
+        At::Volume(volume) => nodes
+            .items
+            .iter()
+            .filter(|n| volume.nodes.matches(&n.name_any(), n.labels()))
+            .collect(),
+        At::Block => {
+            return Ok(Err(
+                "the source is a raw block claim (volumeMode: Block), which agents do not serve to other installs; export a filesystem claim, a StorageRoot path, or a local or hostPath claim".into(),
+            ))
+        }
+        // A CSI volume is on a node only while a pod there mounts it: that pod's node,
+        // whose agent finds the kubelet's mount itself.
+        At::Mounted(claim, None) => {
+            return Ok(Err(format!(
+                "claim {claim:?} is a CSI volume, which is on a node only while a pod mounts it, and no running pod mounts it (Ferry starts no holder pod for it: the chart's operator.holderPods is off, or the export has expired); start a pod in namespace {ns:?} that mounts it (a pause pod is enough, read-only will do) and the export is served from that pod's node"
+            )))
+        }
+        At::Mounted(_, Some(node)) => nodes.items.iter().filter(|n| &n.name_any() == node).collect(),
+    };
     having.sort_by_key(|n| n.name_any());
     if having.is_empty() {
         return Ok(Err(

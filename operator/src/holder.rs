@@ -21,10 +21,16 @@
 //! for it. The holder runs as a non-root user, so the runtime must give it the device node
 //! (containerd's `device_ownership_from_security_context = true`, see docs/install.md).
 //! A block claim is always held by the job's own holder, never reached through a user's pod.
+//!
+//! A CopyExport of a CSI claim that no running pod mounts gets a holder too ([`export_pod`]):
+//! the same pod, read-only, owned by the export, for as long as the export is served (it
+//! is deleted when the export expires, and goes with the export). While it runs, an
+//! application pod that needs the claim on another node (ReadWriteOnce), or at all
+//! (ReadWriteOncePod), waits for the export to end: the docs say so.
 
 use std::collections::BTreeMap;
 
-use ferry_crds::CopyJob;
+use ferry_crds::{CopyExport, CopyJob};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, EmptyDirVolumeSource, NodeAffinity, NodeSelectorRequirement,
     NodeSelectorTerm, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
@@ -53,6 +59,14 @@ const FD_MOUNT: &str = "/ferry-fd";
 
 use ferry_resolve::end;
 
+/// The image of the holder pods (`FERRY_HOLDER_IMAGE`, the chart's own image); unset or
+/// empty, none are made, and a job or export of a CSI claim no pod mounts waits for one.
+pub fn image() -> Option<String> {
+    std::env::var("FERRY_HOLDER_IMAGE")
+        .ok()
+        .filter(|i| !i.trim().is_empty())
+}
+
 /// A reference that makes `job` the controller of what the operator makes for it (holder
 /// pods, restored claims, snapshots), so that they go when it goes.
 pub fn owned_by(job: &CopyJob) -> OwnerReference {
@@ -69,7 +83,11 @@ pub fn owned_by(job: &CopyJob) -> OwnerReference {
 /// The holder pod's name: `ferry-holder-<first 8 of the job's uid>-<end>`, stable, so a
 /// second reconcile finds the pod the first one made.
 pub fn name(job: &CopyJob, destination: bool) -> String {
-    let uid = job.uid().unwrap_or_default();
+    named(&job.uid().unwrap_or_default(), destination)
+}
+
+/// A holder's name from its owner's uid.
+fn named(uid: &str, destination: bool) -> String {
     let short: String = uid.chars().filter(|c| *c != '-').take(8).collect();
     format!("ferry-holder-{short}-{}", end(destination))
 }
@@ -87,6 +105,51 @@ pub fn pod(
     prefer_node: Option<&str>,
     block: bool,
 ) -> Pod {
+    let owner = Owner {
+        reference: owned_by(job),
+        namespace: job.namespace(),
+        annotation: "ferry.dev/copyjob",
+    };
+    held_for(&owner, destination, claim, image, prefer_node, block)
+}
+
+/// What a holder pod is for: its owner (a CopyJob, or a CopyExport), in whose namespace
+/// it runs, and the annotation that names the owner.
+struct Owner {
+    reference: OwnerReference,
+    namespace: Option<String>,
+    annotation: &'static str,
+}
+
+/// The holder pod of export `export`, which mounts its `claim` (a CSI volume no running
+/// pod mounts) read-only for as long as the export is served, so that the agent of that
+/// pod's node can serve it: named as a job's source holder is, from the export's uid,
+/// owned by the export, no node preferred. The `-holder-pods` policy admits it as it
+/// admits a job's.
+pub fn export_pod(export: &CopyExport, claim: &str, image: &str) -> Pod {
+    let owner = Owner {
+        reference: OwnerReference {
+            api_version: "ferry.dev/v1alpha1".into(),
+            kind: "CopyExport".into(),
+            name: export.name_any(),
+            uid: export.uid().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        },
+        namespace: export.namespace(),
+        annotation: "ferry.dev/copyexport",
+    };
+    held_for(&owner, false, claim, image, None, false)
+}
+
+fn held_for(
+    owner: &Owner,
+    destination: bool,
+    claim: &str,
+    image: &str,
+    prefer_node: Option<&str>,
+    block: bool,
+) -> Pod {
     let read_only = !destination;
     let labels = BTreeMap::from([
         (
@@ -97,7 +160,7 @@ pub fn pod(
             "app.kubernetes.io/managed-by".to_string(),
             "ferry-operator".to_string(),
         ),
-        (HOLDER_OF.to_string(), job.uid().unwrap_or_default()),
+        (HOLDER_OF.to_string(), owner.reference.uid.clone()),
         (HOLDS.to_string(), end(destination).to_string()),
     ]);
     let affinity = prefer_node.map(|node| Affinity {
@@ -122,16 +185,16 @@ pub fn pod(
     let quantity = |q: &str| Quantity(q.to_string());
     Pod {
         metadata: ObjectMeta {
-            name: Some(name(job, destination)),
-            namespace: job.namespace(),
+            name: Some(named(&owner.reference.uid, destination)),
+            namespace: owner.namespace.clone(),
             labels: Some(labels),
             annotations: Some(BTreeMap::from([(
-                "ferry.dev/copyjob".to_string(),
-                job.name_any(),
+                owner.annotation.to_string(),
+                owner.reference.name.clone(),
             )])),
-            // No blockOwnerDeletion: that would need update on copyjobs/finalizers, and the
-            // operator deletes its holders itself anyway.
-            owner_references: Some(vec![owned_by(job)]),
+            // No blockOwnerDeletion: that would need update on the owner's finalizers, and
+            // the operator deletes its holders itself anyway.
+            owner_references: Some(vec![owner.reference.clone()]),
             ..Default::default()
         },
         spec: Some(PodSpec {
@@ -334,9 +397,54 @@ pub async fn hold(
     Ok(said.join("; "))
 }
 
+/// Make sure export `export`'s holder pod for `claim` exists, and say what it is doing
+/// (the export's condition message while it waits for it to run).
+pub async fn hold_export(
+    client: &Client,
+    ns: &str,
+    export: &CopyExport,
+    claim: &str,
+    image: &str,
+) -> Result<String, kube::Error> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let made = export_pod(export, claim, image);
+    let name = made.name_any();
+    let pod = match pods.get_opt(&name).await? {
+        Some(p) => p,
+        None => match pods.create(&PostParams::default(), &made).await {
+            Ok(p) => {
+                tracing::info!(export = %export.name_any(), pod = %name, %claim, "started a holder pod");
+                p
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => pods.get(&name).await?,
+            Err(e) => return Err(e),
+        },
+    };
+    Ok(state(&pod, claim))
+}
+
 /// Delete the job's holder pods (when it finished, or is being deleted).
 pub async fn release(client: &Client, ns: &str, job: &CopyJob) -> Result<(), kube::Error> {
-    let Some(uid) = job.uid() else {
+    release_of(client, ns, job.uid(), &job.name_any()).await
+}
+
+/// Delete export `export`'s holder pod (it expired, or its source no longer needs one).
+pub async fn release_export(
+    client: &Client,
+    ns: &str,
+    export: &CopyExport,
+) -> Result<(), kube::Error> {
+    release_of(client, ns, export.uid(), &export.name_any()).await
+}
+
+/// Delete the holder pods of the owner whose uid is `uid` (named `owner`, for the log).
+async fn release_of(
+    client: &Client,
+    ns: &str,
+    uid: Option<String>,
+    owner: &str,
+) -> Result<(), kube::Error> {
+    let Some(uid) = uid else {
         return Ok(());
     };
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
@@ -346,7 +454,7 @@ pub async fn release(client: &Client, ns: &str, job: &CopyJob) -> Result<(), kub
     for p in held.items {
         match pods.delete(&p.name_any(), &Default::default()).await {
             Ok(_) => {
-                tracing::info!(job = %job.name_any(), pod = %p.name_any(), "deleted a holder pod")
+                tracing::info!(%owner, pod = %p.name_any(), "deleted a holder pod")
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e),

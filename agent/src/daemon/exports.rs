@@ -3,12 +3,14 @@
 //! watched (never anything the peer says but the credential it proves), and the export's
 //! source resolved by this agent itself, from the export's spec and objects only admins or
 //! Kubernetes write, as a job's source between nodes is: a StorageRoot that admits the
-//! export's namespace and selects this node, or a claim bound to a local or hostPath volume
-//! whose affinity includes this node. Served beneath the export's path and the reader's
+//! export's namespace and selects this node, a claim bound to a local or hostPath volume
+//! whose affinity includes this node, or a claim of a CSI volume that the kubelet has
+//! mounted on this node for a pod (the claim's volume, from the API server; its mount
+//! found in the kubelet's own pod directories, and served only while it is a mount's root,
+//! asked of the descriptor served). Served beneath the export's path and the reader's
 //! sub-path with `openat2` (no `..`, no symlinks), `.ferry` never.
 //!
-//! Not served yet: a claim of a CSI volume (it needs a pod mounting it on this node, which
-//! reachability will arrange); the hello is refused saying so.
+//! Not served: a raw block claim (`volumeMode: Block`); the hello is refused saying so.
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -82,12 +84,14 @@ impl ExportGrants {
         let bandwidth_limit = check::served_rate(&export, hello)?;
         let held = self.holders.take(&export, hello)?;
         let path = check::served_path(&export.spec.source.path, &hello.path)?;
-        let root = self.root(&export).await?;
+        let (root, mounted) = self.root(&export).await?;
         let reserved_top = super::job_options::reserved_top(&path);
         let path = PathBuf::from(path);
         let (host, node) = (self.settings.host_root.clone(), self.settings.node.clone());
-        let open: crate::transfer::OpenSource =
-            Arc::new(move || super::network::open_source(&host, &node, &root, &path));
+        let open: crate::transfer::OpenSource = Arc::new(move || match mounted {
+            false => super::network::open_source(&host, &node, &root, &path),
+            true => open_mounted(&host, &node, &root, &path),
+        });
         Ok(ExportGrant {
             open,
             options: SendOptions {
@@ -128,8 +132,9 @@ impl ExportGrants {
             .and_then(|tls| tls.peers.get(&peer.install).cloned())
     }
 
-    /// The export's root on this node, resolved here.
-    async fn root(&self, export: &CopyExport) -> Result<String, Refusal> {
+    /// The export's root on this node, resolved here, and whether it is a CSI volume's
+    /// mount (served only while it is mounted).
+    async fn root(&self, export: &CopyExport) -> Result<(String, bool), Refusal> {
         let me = &self.settings.node;
         let ns = export.namespace().unwrap_or_default();
         let not_here = |why: String| refusal(Why::NotReady, why);
@@ -151,11 +156,90 @@ impl ExportGrants {
                         "the export's source is not on node {me}; dial a node that has it"
                     )));
                 }
-                Ok(v.host_path)
+                Ok((v.host_path, false))
             }
-            Reach::Csi { .. } => Err(not_here(
-                "the export is a claim of a CSI volume, which the peering port does not serve yet (a root, or a local or hostPath volume, is)".into(),
+            Reach::Csi { block: true, .. } => Err(not_here(
+                "the export is a raw block claim (volumeMode: Block), which the peering port does not serve; export a filesystem claim, a root, or a local or hostPath volume".into(),
             )),
+            Reach::Csi {
+                pv_name: None,
+                claim,
+                ..
+            } => Err(not_here(format!(
+                "claim {claim:?} is not bound to a volume yet"
+            ))),
+            Reach::Csi {
+                pv_name: Some(pv),
+                claim,
+                ..
+            } => {
+                let kubelet = ferry_resolve::volume::kubelet_dir();
+                let host = self.settings.host_root.clone();
+                let found = tokio::task::spawn_blocking(move || csi_mount(&host, &kubelet, &pv))
+                    .await
+                    .map_err(|e| not_here(format!("looking for the claim's mount: {e}")))?;
+                match found {
+                    Some(path) => Ok((path, true)),
+                    None => Err(not_here(format!(
+                        "claim {claim:?}'s CSI volume is not mounted on node {me} (no running pod here mounts it); the export is served from the node of a pod that does, which its Secret names: carry the Secret again if that pod moved"
+                    ))),
+                }
+            }
         }
     }
+}
+
+/// The most pod directories looked at for a volume's mount: far more pods than a node runs
+/// (the kubelet's default limit is 110).
+const MAX_PODS_LOOKED_AT: usize = 4096;
+
+/// Where the kubelet has CSI volume `pv` mounted on this node for a pod, found in its own
+/// pod directories (`<kubelet>/pods/<pod uid>/volumes/kubernetes.io~csi/<pv>/mount`, only
+/// the kubelet writes them) and kept only where it is a mount's root: a pod that has ended
+/// leaves the directory, unmounted, for a while. Any pod's mount of the volume is the
+/// same volume; the first by pod uid, so the choice is stable.
+fn csi_mount(host: &std::path::Path, kubelet_dir: &str, pv: &str) -> Option<String> {
+    let pods = host.join(kubelet_dir.trim_start_matches('/')).join("pods");
+    let mut uids: Vec<String> = std::fs::read_dir(pods)
+        .ok()?
+        .take(MAX_PODS_LOOKED_AT)
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|uid| uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+        .collect();
+    uids.sort();
+    uids.into_iter()
+        .map(|uid| ferry_resolve::volume::csi_mount_path(kubelet_dir, &uid, pv))
+        .find(|path| {
+            let Ok(host_fd) = std::fs::File::open(host) else {
+                return false;
+            };
+            ferry_engine::open_host_path(std::os::fd::AsFd::as_fd(&host_fd), path).is_ok_and(|fd| {
+                ferry_engine::is_mount_root(std::os::fd::AsFd::as_fd(&fd)).unwrap_or(false)
+            })
+        })
+}
+
+/// A CSI volume's mount opened for one reader, refused unless it is still a mount's root:
+/// served from the descriptor asked, so a volume unmounted since the hello is never read as
+/// the empty directory under it (a mirror would delete the reader's copy to match).
+fn open_mounted(
+    host: &std::path::Path,
+    node: &str,
+    root: &str,
+    path: &std::path::Path,
+) -> Result<ferry_engine::send::SourceTop, String> {
+    use std::os::fd::AsFd;
+    let root_fd =
+        super::roots::open_root(host, node, "source", root).map_err(|e| crate::with_causes(&e))?;
+    match ferry_engine::is_mount_root(root_fd.as_fd()) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(format!(
+                "the export's CSI volume is no longer mounted at {root} on node {node} (its pod ended); nothing was served"
+            ))
+        }
+        Err(e) => return Err(format!("is {root} on node {node} still mounted? {e}")),
+    }
+    ferry_engine::send::SourceTop::beneath(root_fd.as_fd(), path)
+        .map_err(|e| crate::with_causes(&e))
 }

@@ -78,6 +78,8 @@ pub(super) enum Base {
     BlockSource,
     /// A raw block destination's holder, preferring node-b.
     BlockDestination,
+    /// A CopyExport's holder (its CSI claim, read-only, no node preferred).
+    Export,
     Claim,
     Snapshot,
     /// A VolumeSnapshot taken to be kept as the base of the next copy onto a claim
@@ -377,6 +379,47 @@ fn holder_rows(image: &str) -> Vec<Row> {
         // compares the pod with the block holder's shape.
         row(S, "a device beside the mount", vec![set("/spec/containers/0/volumeDevices", json!([{"name": "data", "devicePath": "/dev/ferry-block"}]))], Refused(MOUNTED_AND_DEVICE)),
         row(S, "the claim as a device instead of the mount", vec![("/spec/containers/0/volumeMounts", None), set("/spec/containers/0/volumeDevices", json!([{"name": "data", "devicePath": "/dev/ferry-block"}]))], Refused("spec.volumes")),
+    ]
+}
+
+/// An export's holder's rows (what it shares with a job's source holder is tried there):
+/// its owner, and what only a job's holder may be (a destination, a preferred node, a
+/// device).
+#[rustfmt::skip]
+fn export_holder_rows() -> Vec<Row> {
+    use Answer::{Admitted, Refused};
+    use Base::Export as E;
+    let other = "7c1d2e3f-0000-4000-8000-000000000001";
+    vec![
+        row(E, "another export's claim", vec![set("/spec/volumes/0/persistentVolumeClaim/claimName", json!("other"))], Admitted),
+        row(E, "another export", vec![
+            set("/metadata/name", json!("ferry-holder-7c1d2e3f-source")),
+            set("/metadata/labels/ferry.dev~1holder-of", json!(other)),
+            set("/metadata/annotations/ferry.dev~1copyexport", json!("another")),
+            set("/metadata/ownerReferences/0/name", json!("another")),
+            set("/metadata/ownerReferences/0/uid", json!(other)),
+        ], Admitted),
+        row(E, "an annotation naming another export", vec![set("/metadata/annotations/ferry.dev~1copyexport", json!("other"))], Refused("metadata.annotations")),
+        row(E, "a job's annotation on an export's holder", vec![
+            ("/metadata/annotations/ferry.dev~1copyexport", None),
+            set("/metadata/annotations/ferry.dev~1copyjob", json!("db")),
+        ], Refused("metadata.annotations")),
+        row(E, "an owner of another kind", vec![set("/metadata/ownerReferences/0/kind", json!("CopySchedule"))], Refused("metadata.ownerReferences")),
+        row(E, "an export's holder of its claim writable", vec![
+            set("/metadata/name", json!("ferry-holder-0b5e2c1e-destination")),
+            set("/metadata/labels/ferry.dev~1holds", json!("destination")),
+            set("/spec/volumes/0/persistentVolumeClaim/readOnly", json!(false)),
+            set("/spec/containers/0/volumeMounts/0/readOnly", json!(false)),
+        ], Refused("metadata.name")),
+        row(E, "an export's holder preferring a node", vec![set("/spec/affinity", json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}]}}]}}))], Refused("spec.affinity")),
+        row(E, "an export's holder of a device", vec![
+            set("/spec/volumes/0/persistentVolumeClaim", json!({"claimName": "data"})),
+            set("/spec/volumes/1", json!({"name": "ferry-fd", "emptyDir": {"sizeLimit": "1Mi"}})),
+            set("/spec/containers/0/args", json!(["hold-block", "--device", "/dev/ferry-block", "--dir", "/ferry-fd"])),
+            set("/spec/containers/0/volumeMounts", json!([{"name": "ferry-fd", "mountPath": "/ferry-fd"}])),
+            set("/spec/containers/0/volumeDevices", json!([{"name": "data", "devicePath": "/dev/ferry-block"}])),
+        ], Refused("spec.containers[0].volumeDevices")),
     ]
 }
 
@@ -828,6 +871,27 @@ fn holder_policy_admits_exactly_the_pod_holder_rs_builds_and_refuses_it_with_any
         .collect();
     let all_bases = [&bases[..], &block_bases[..]].concat();
     check_coverage(&all_bases, &block_rows, BLOCK_HOLDER_WHOLE)?;
+    // An export's holder, with a job's source holder's rows (what they share is tried
+    // there).
+    let export: ferry_crds::CopyExport = serde_json::from_value(json!({
+        "apiVersion": "ferry.dev/v1alpha1",
+        "kind": "CopyExport",
+        "metadata": {"name": "db", "namespace": TEAM, "uid": UID},
+        "spec": {"source": {"pvc": "data"}, "readers": [{"peer": "west", "namespace": "shop"}], "ttl": "24h"}
+    }))?;
+    let export_bases = [(
+        Base::Export,
+        serde_json::to_value(holder::export_pod(&export, "data", &image))?,
+    )];
+    let export_rows: Vec<Row> = export_holder_rows()
+        .into_iter()
+        .chain(holder_rows(&image))
+        .collect();
+    check_coverage(
+        &[&bases[..], &export_bases[..]].concat(),
+        &export_rows,
+        HOLDER_WHOLE,
+    )?;
 
     let Some(cp) = ControlPlane::start_or_skip()? else {
         return Ok(());
@@ -838,7 +902,12 @@ fn holder_policy_admits_exactly_the_pod_holder_rs_builds_and_refuses_it_with_any
     // What the rows name must exist, so that the refusal is the policy's, not a lookup's.
     cp.apply("apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: ferry-e2e}\nhandler: runc\n")?;
     cp.apply("apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: ferry-e2e-high}\nvalue: 1000000\n")?;
-    for exact in all_bases.iter().map(|(_, v)| v).chain(&also) {
+    for exact in all_bases
+        .iter()
+        .chain(&export_bases)
+        .map(|(_, v)| v)
+        .chain(&also)
+    {
         ask(&cp, &kc, exact, Answer::Admitted)
             .with_context(|| format!("the holder the code builds: {exact}"))?;
     }
@@ -863,6 +932,7 @@ fn holder_policy_admits_exactly_the_pod_holder_rs_builds_and_refuses_it_with_any
     ask_until(&cp, &kc, &moved(&source, "limited")?, Answer::Admitted)
         .context("the holder in a namespace with a LimitRange")?;
     ask_all(&cp, &kc, &all_bases, &block_rows)?;
+    ask_all(&cp, &kc, &export_bases, &export_holder_rows())?;
 
     // And for real: created, then deleted, on the operator's token.
     let kcs = kc.to_string_lossy();

@@ -380,12 +380,6 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
     // The engine's copy over it, as a reader's job will run it: the export's tree,
     // identical (owners, modes, times, links, holes), verified by checksum end to end.
     let copied = tempfile::tempdir()?;
-    let config = ferry_link::peering_client_config(
-        &reader.east_ca,
-        &reader.east_name,
-        &reader.west.0,
-        &reader.west.1,
-    )?;
     let copy_hello = ExportHello {
         version: VERSION,
         export: uid.as_bytes().to_vec(),
@@ -397,33 +391,7 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
         path: Vec::new(),
         bandwidth_limit: 0,
     };
-    let runtime = tokio::runtime::Runtime::new()?;
-    let addr: std::net::SocketAddr = reader.listen.parse()?;
-    let mut conn = None;
-    wait_for("the reader slot freed for the copy", WITHIN, || {
-        conn = runtime
-            .block_on(ferry_agent::transfer::dial_export(
-                addr,
-                config.clone(),
-                &copy_hello,
-            ))
-            .ok();
-        conn.is_some()
-    })?;
-    let conn = conn.context("a connection")?;
-    let options = ferry_engine::Options {
-        verify: ferry_crds::Verify::Checksum,
-        ..ferry_engine::Options::default()
-    };
-    let summary = ferry_engine::copy_from(
-        &conn,
-        std::path::Path::new("db"),
-        &copied.path().join("db"),
-        &options,
-        &ferry_engine::NoProgress,
-    )
-    .map_err(|e| anyhow::anyhow!("copying the export: {e}"))?;
-    drop(conn);
+    let summary = copy_over(reader, &copy_hello, &copied.path().join("db"))?;
     ferry_e2e::assert_same_tree(&data, &copied.path().join("db"))?;
     ensure!(
         (
@@ -475,6 +443,45 @@ pub fn the_peering_port_serves_an_export_to_its_reader_only(
     })
     .with_context(|| gone.clone())?;
     Ok(())
+}
+
+/// The engine's copy over west's reader connection to east-1's peering port, as a reader's
+/// job runs it, verified by checksum end to end, into `into`: dialled until it is let in
+/// (a reader slot freed, or east-1's agent's watch caught up with the export).
+fn copy_over(
+    reader: &super::Reader,
+    hello: &ExportHello,
+    into: &std::path::Path,
+) -> Result<ferry_engine::Summary> {
+    let config = ferry_link::peering_client_config(
+        &reader.east_ca,
+        &reader.east_name,
+        &reader.west.0,
+        &reader.west.1,
+    )?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let addr: std::net::SocketAddr = reader.listen.parse()?;
+    let (mut conn, mut why) = (None, String::new());
+    wait_for("the export let in for the copy", WITHIN, || {
+        match runtime.block_on(ferry_agent::transfer::dial_export(
+            addr,
+            config.clone(),
+            hello,
+        )) {
+            Ok(c) => conn = Some(c),
+            Err(e) => why = e.to_string(),
+        }
+        conn.is_some()
+    })
+    .with_context(|| why.clone())?;
+    let conn = conn.context("a connection")?;
+    let options = ferry_engine::Options {
+        verify: ferry_crds::Verify::Checksum,
+        ..ferry_engine::Options::default()
+    };
+    let name = into.file_name().map(std::path::Path::new).unwrap_or(into);
+    ferry_engine::copy_from(&conn, name, into, &options, &ferry_engine::NoProgress)
+        .map_err(|e| anyhow::anyhow!("copying the export: {e}"))
 }
 
 /// What a copy must keep beside the two CSVs: a deep directory, a symlink, a hard link, a
@@ -632,5 +639,161 @@ fn a_copyjob_in_the_reading_cluster_copies_the_export(
         "{.status.conditions[?(@.type==\"Complete\")].reason}",
     )?;
     ensure!(verified == "Verified", "the check: {verified}");
+    Ok(())
+}
+
+/// Unmounts what a test mounted, when it ends however it ends.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A claim of a CSI volume that no pod mounts, exported: the operator starts the export's
+/// holder pod (read-only, owned by the export, admitted by the chart's policy on the
+/// operator's token) and says it waits for it; once it runs on east-1, the export is served
+/// from there, by east-1's agent, which finds the kubelet's mount of the claim's volume
+/// itself and serves it only while it is mounted: the empty directory under a mount that is
+/// gone gets nothing. No scheduler, kubelet or CSI driver runs here: the test plays them
+/// (the binding, the pod's phase, a tmpfs at the kubelet's mount directory), so it needs
+/// root to mount.
+pub fn a_csi_claims_export_is_served_where_its_holder_mounts_it(
+    east: &ControlPlane,
+    reader: &super::Reader,
+) -> Result<()> {
+    let _binder = east.start_volume_binder()?;
+    east.apply(&format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pv-vault\nspec:\n  capacity: {{storage: 1Gi}}\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  csi: {{driver: fake.csi.ferry.dev, volumeHandle: vol-vault}}\n  claimRef: {{namespace: {NS}, name: vault}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: vault\n  namespace: {NS}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: fake-csi\n  volumeName: pv-vault\n  resources: {{requests: {{storage: 1Gi}}}}\n"
+    ))?;
+    east.wait_claim_bound(NS, "vault")?;
+    east.apply(&export("vault", "{pvc: vault, path: keep}", "west", "1h"))?;
+    let export_uid = east.get("copyexport/vault", NS, "{.metadata.uid}")?;
+    let holder = format!("ferry-holder-{}-source", &export_uid.replace('-', "")[..8]);
+    let mut r = String::new();
+    wait_for("the export waiting for its holder pod", WITHIN, || {
+        r = ready(east, "vault").unwrap_or_default();
+        r.starts_with("NoAddress False")
+            && r.contains(&format!("Ferry started holder pod {holder:?}"))
+    })
+    .with_context(|| format!("{r}\n{}", east.log_tail("operator.log", 20)))?;
+    let shape = east.get(
+        &format!("pod/{holder}"),
+        NS,
+        "{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name} {.spec.volumes[0].persistentVolumeClaim.claimName} {.spec.volumes[0].persistentVolumeClaim.readOnly} {.spec.containers[0].volumeMounts[0].readOnly}",
+    )?;
+    ensure!(
+        shape == "CopyExport/vault vault true true",
+        "the holder: {shape}"
+    );
+    // Scheduled to east-1, where the kubelet mounts the claim's volume and runs it.
+    let binding = serde_json::json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": holder, "namespace": NS},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "east-1"},
+    });
+    let bound = east.kubectl_stdin(
+        &[
+            "create",
+            "--raw",
+            &format!("/api/v1/namespaces/{NS}/pods/{holder}/binding"),
+            "-f",
+            "-",
+        ],
+        &binding.to_string(),
+    )?;
+    ensure!(
+        bound.status.success(),
+        "binding the holder: {}",
+        String::from_utf8_lossy(&bound.stderr)
+    );
+    let pod_uid = east.get(&format!("pod/{holder}"), NS, "{.metadata.uid}")?;
+    let mount = reader.root.join(format!(
+        "var/lib/kubelet/pods/{pod_uid}/volumes/kubernetes.io~csi/pv-vault/mount"
+    ));
+    // What is on the node's own disk under the mount: never served.
+    std::fs::create_dir_all(mount.join("keep"))?;
+    std::fs::write(mount.join("keep/under-the-mount"), b"the node's disk")?;
+    if !ferry_e2e::is_root() {
+        eprintln!(
+            "skipped the rest of the CSI export (a mount at the kubelet's directory): not root"
+        );
+        return Ok(());
+    }
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "ferry-test-csi"])
+        .arg(&mount)
+        .status()?;
+    ensure!(status.success(), "mounting a tmpfs at {}", mount.display());
+    let mounted = Mounted(mount.clone());
+    let data = mount.join("keep");
+    std::fs::create_dir_all(data.join("wal"))?;
+    std::fs::write(data.join("wal/0001"), vec![7u8; 300_000])?;
+    std::fs::write(data.join("settings.conf"), b"durable = yes\n")?;
+    std::fs::write(mount.join("beside-the-export"), b"not exported")?;
+    east.kubectl_ok(&ferry_e2e::merge_patch(
+        &format!("pod/{holder}"),
+        NS,
+        true,
+        r#"{"status":{"phase":"Running"}}"#,
+    ))?;
+    wait_for("the CSI export Ready", WITHIN, || {
+        r = ready(east, "vault").unwrap_or_default();
+        r.starts_with("Ready True")
+    })
+    .with_context(|| r.clone())?;
+    ensure!(
+        east.get("copyexport/vault", NS, "{.status.address} {.status.node}")?
+            == format!("{} east-1", reader.listen),
+        "the export is not served from east-1, where its holder is"
+    );
+
+    let uid = east.get("copyexport/vault", NS, "{.metadata.uid}")?;
+    let credential = credential(east, "vault-ferry-export")?;
+    let hello = || ExportHello {
+        version: VERSION,
+        export: uid.as_bytes().to_vec(),
+        credential,
+        job: b"job-csi".to_vec(),
+        namespace: b"shop-dr".to_vec(),
+        shard: 0,
+        epoch: 1,
+        path: Vec::new(),
+        bandwidth_limit: 0,
+    };
+    let refused = || -> Result<String> {
+        let mut tls = super::connect(
+            &reader.listen,
+            &reader.west,
+            &reader.east_ca,
+            &reader.east_name,
+        )?;
+        match ask(&mut tls, &Frame::ExportHello(hello()))? {
+            Frame::Refused { reason } => Ok(reason),
+            other => anyhow::bail!("answered {other:?}"),
+        }
+    };
+    // West's reader copies it over the peering port, verified by checksum.
+    let copied = tempfile::tempdir()?;
+    let summary = copy_over(reader, &hello(), &copied.path().join("vault"))?;
+    ferry_e2e::assert_same_tree(&data, &copied.path().join("vault"))?;
+    ensure!(
+        (summary.files, summary.verified) == (2, 2),
+        "the volume's two files, not the disk's under it: {summary:?}"
+    );
+
+    // The pod ends and the kubelet unmounts (the operator, which is not told, says the
+    // export is Ready for a while): nothing is served from what is left on the node's disk.
+    drop(mounted);
+    wait_for("the unmounted volume refused", WITHIN, || {
+        r = refused().unwrap_or_default();
+        r.starts_with("NotReady:") && r.contains("is not mounted on node east-1")
+    })
+    .with_context(|| r.clone())?;
+    east.kubectl_ok(&["delete", "copyexport", "vault", "-n", NS, "--wait=false"])?;
     Ok(())
 }

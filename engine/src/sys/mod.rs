@@ -343,6 +343,28 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// Whether `fd` is the root of a mount (`statx`'s `STATX_ATTR_MOUNT_ROOT`): a directory
+/// something is mounted on, not the directory under it. `None` where the kernel does not
+/// say (before Linux 5.8).
+pub fn is_mount_root(fd: BorrowedFd<'_>) -> io::Result<Option<bool>> {
+    let mut stx = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty path with AT_EMPTY_PATH names `fd` itself; `stx` is writable memory
+    // of the right size, which the kernel fills on success.
+    cvt(unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            0,
+            stx.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: statx succeeded (and the buffer was zeroed before).
+    let stx = unsafe { stx.assume_init() };
+    let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    Ok((stx.stx_attributes_mask & bit != 0).then_some(stx.stx_attributes & bit != 0))
+}
+
 /// Bytes available to an unprivileged writer on the filesystem of `fd` (`fstatvfs`'s
 /// `f_bavail`), for "how much more space is needed" messages.
 pub fn free_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
