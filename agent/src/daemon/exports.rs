@@ -199,9 +199,15 @@ const MAX_PODS_LOOKED_AT: usize = 4096;
 /// leaves the directory, unmounted, for a while. Any pod's mount of the volume is the
 /// same volume; the first by pod uid, so the choice is stable.
 fn csi_mount(host: &std::path::Path, kubelet_dir: &str, pv: &str) -> Option<String> {
-    let pods = host.join(kubelet_dir.trim_start_matches('/')).join("pods");
-    let mut uids: Vec<String> = std::fs::read_dir(pods)
-        .ok()?
+    use std::os::fd::{AsFd, AsRawFd};
+    // Opened as every host path is (symlinks resolved inside the node's filesystem), and
+    // listed through that descriptor: a kubelet directory that is a symlink on the node is
+    // not followed into the agent's own container.
+    let host_fd = std::fs::File::open(host).ok()?;
+    let pods = format!("{}/pods", kubelet_dir.trim_end_matches('/'));
+    let pods_fd = ferry_engine::open_host_path(host_fd.as_fd(), &pods).ok()?;
+    let listed = std::fs::read_dir(format!("/proc/self/fd/{}", pods_fd.as_raw_fd())).ok()?;
+    let mut uids: Vec<String> = listed
         .take(MAX_PODS_LOOKED_AT)
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|uid| uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
@@ -210,12 +216,8 @@ fn csi_mount(host: &std::path::Path, kubelet_dir: &str, pv: &str) -> Option<Stri
     uids.into_iter()
         .map(|uid| ferry_resolve::volume::csi_mount_path(kubelet_dir, &uid, pv))
         .find(|path| {
-            let Ok(host_fd) = std::fs::File::open(host) else {
-                return false;
-            };
-            ferry_engine::open_host_path(std::os::fd::AsFd::as_fd(&host_fd), path).is_ok_and(|fd| {
-                ferry_engine::is_mount_root(std::os::fd::AsFd::as_fd(&fd)).unwrap_or(false)
-            })
+            ferry_engine::open_host_path(host_fd.as_fd(), path)
+                .is_ok_and(|fd| ferry_engine::is_mount_root(fd.as_fd()).unwrap_or(false))
         })
 }
 
