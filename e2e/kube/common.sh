@@ -8,18 +8,42 @@ K8S_BIN="$FERRY_TOOLS/k8s/$K8S_VERSION/bin"
 HELM="$FERRY_TOOLS/helm/$HELM_VERSION/bin/helm"
 KUBE_ROUTER="$FERRY_TOOLS/kube-router/${KUBE_ROUTER_VERSION:-v2.1.0}/bin/kube-router"
 
-STATE="${FERRY_KUBE_DIR:-/var/lib/ferry-kube}"
-RUN=/run/ferry-kube
+# Which cluster of the tier (FERRY_KUBE_INSTANCE): 1, the default, is the one every test
+# uses; 2 is a second one beside it (the tests between clusters), with its own state,
+# network namespace, addresses (10.241-10.243 instead of 10.251-10.253) and cgroup root, so
+# that neither kubelet takes the other's pods for orphans.
+INSTANCE="${FERRY_KUBE_INSTANCE:-1}"
+[[ "$INSTANCE" == 1 || "$INSTANCE" == 2 ]] || { echo "FERRY_KUBE_INSTANCE is 1 or 2, not $INSTANCE" >&2; exit 2; }
+if [[ "$INSTANCE" == 1 ]]; then
+    SUFFIX=""
+    NET=25
+    CGROUP_ROOT=/
+else
+    SUFFIX="-$INSTANCE"
+    NET=24
+    CGROUP_ROOT="/ferry-kube$SUFFIX"
+fi
+STATE="${FERRY_KUBE_DIR:-/var/lib/ferry-kube$SUFFIX}"
+RUN="/run/ferry-kube$SUFFIX"
 # Free space up.sh asks of $STATE's filesystem: images, volumes and the checks' trees fit in it.
 MIN_FREE_MIB="${FERRY_KUBE_MIN_FREE_MIB:-1024}"
-NETNS=ferry-kube
-NODE="${FERRY_KUBE_NODE:-ferry-node}"
-HOST_IF=fkube0
-HOST_IP=10.251.0.1
-NODE_IP=10.251.0.2
-POD_CIDR=10.252.0.0/24
-SVC_CIDR=10.253.0.0/24
-SVC_IP=10.253.0.1
+NETNS="ferry-kube$SUFFIX"
+NODE="${FERRY_KUBE_NODE:-ferry-node$SUFFIX}"
+HOST_IF="fkube$((INSTANCE - 1))"
+HOST_IP="10.${NET}1.0.1"
+NODE_IP="10.${NET}1.0.2"
+POD_CIDR="10.${NET}2.0.0/24"
+SVC_CIDR="10.${NET}3.0.0/24"
+SVC_IP="10.${NET}3.0.1"
+# The other cluster's node address: its pods have a route to it (through this node, and the
+# two namespaces' link, e2e/kube/link.sh, when it is there).
+if [[ "$INSTANCE" == 1 ]]; then OTHER_NODE_IP=10.241.0.2; else OTHER_NODE_IP=10.251.0.2; fi
+# The link's own addresses (10.250.0.1 in ferry-kube, .2 in ferry-kube-2): what a connection
+# from the other cluster comes from (masqueraded as it leaves its pod network), so pods
+# route their answers to it.
+LINK_CIDR=10.250.0.0/30
+# Where the kubelet's pod cgroups are (cgroup v1: one tree per hierarchy).
+KUBEPODS="${CGROUP_ROOT%/}/kubepods"
 CONTAINERD_SOCK="$RUN/containerd.sock"
 KUBECONFIG_OUT="$STATE/kubeconfig"
 
@@ -45,6 +69,10 @@ SNAPSHOT_METADATA_AUDIENCE=snapshot-metadata.csi.ferry.dev
 
 log() { printf '[kube %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { printf '[kube] error: %s\n' "$*" >&2; exit 1; }
+
+# netns_exists NAME: a network namespace of exactly that name (ferry-kube-2 is not
+# ferry-kube).
+netns_exists() { ip netns list | awk '{print $1}' | grep -qx -- "$1"; }
 
 # Run a command in the tier's network namespace (and only that namespace: the mount
 # namespace stays the host's, so the kubelet's mounts are seen by containerd and the agent).

@@ -15,7 +15,7 @@ source "$here/common.sh"
 forward_rule() { grep -m1 -F -- "--comment \"$NETNS: nothing leaves\"" <<<"$(iptables -S FORWARD 2>/dev/null)"; }
 
 anything_left() {
-    [[ -e "$STATE" || -e "$RUN" ]] || grep -qw "$NETNS" <<<"$(ip netns list)" || [[ -n "$(forward_rule)" ]]
+    [[ -e "$STATE" || -e "$RUN" ]] || netns_exists "$NETNS" || [[ -n "$(forward_rule)" ]]
 }
 
 if ! anything_left; then
@@ -25,7 +25,7 @@ fi
 
 # Processes of pods: everything in the kubelet's pod cgroups (cgroup v1: one tree per
 # hierarchy), killed first so no container outlives its shim.
-pod_cgroups() { find /sys/fs/cgroup/*/kubepods -depth -type d 2>/dev/null || true; }
+pod_cgroups() { find /sys/fs/cgroup/*"$KUBEPODS" -depth -type d 2>/dev/null || true; }
 kill_pods() {
     local d pids
     for d in $(pod_cgroups); do
@@ -52,7 +52,7 @@ if [[ -d "$STATE/pids" ]]; then
     done
 fi
 # Whatever still runs in the namespace (containerd's shims, a component that ignored TERM).
-if grep -qw "$NETNS" <<<"$(ip netns list)"; then
+if netns_exists "$NETNS"; then
     pids="$(ip netns pids "$NETNS" 2>/dev/null || true)"
     [[ -z "$pids" ]] || kill -9 $pids 2>/dev/null || true
 fi
@@ -77,10 +77,16 @@ fi
 for d in $(pod_cgroups); do
     rmdir "$d" 2>/dev/null || true
 done
+# A second cluster's own cgroup root.
+if [[ "$CGROUP_ROOT" != / ]]; then
+    for h in /sys/fs/cgroup/*/; do
+        [[ -L "${h%/}" ]] || rmdir "$h${CGROUP_ROOT#/}" 2>/dev/null || true
+    done
+fi
 left="$(pod_cgroups)"
 [[ -z "$left" ]] || log "cgroups left (processes still in them?): $(echo "$left" | head -n3 | tr '\n' ' ')"
 
-if grep -qw "$NETNS" <<<"$(ip netns list)"; then
+if netns_exists "$NETNS"; then
     ip netns delete "$NETNS"
 fi
 ip link delete "$HOST_IF" 2>/dev/null || true

@@ -12,6 +12,10 @@
 #
 # Needs root. State: $FERRY_KUBE_DIR (default /var/lib/ferry-kube). `make kube-down`
 # (e2e/kube/down.sh) removes everything this made; a start that fails removes it itself.
+# FERRY_KUBE_INSTANCE=2 (for both scripts) makes and removes a second cluster beside the
+# first: namespace ferry-kube-2, 10.241-10.243 for 10.251-10.253, /var/lib/ferry-kube-2,
+# its kubelet's pods under the cgroup root /ferry-kube-2 (e2e/kube/common.sh). Take it down
+# before the first one, which puts back the mount propagation of / that both change.
 # Facts behind the configuration: ../shared/notes/real-node.md in the project's notes and
 # e2e/kube/README.md.
 set -Eeuo pipefail
@@ -42,11 +46,11 @@ preflight() {
     [[ -f "$SNAPSHOT_METADATA_CRDS/cbt.storage.k8s.io_snapshotmetadataservices.yaml" ]] ||
         die "the SnapshotMetadataService CRD is missing from $SNAPSHOT_METADATA_CRDS; run 'make kube-deps'"
     [[ -f "$IMAGE_ARCHIVE" ]] || die "$IMAGE_ARCHIVE is missing; run 'make image'"
-    if [[ -e "$STATE" ]] || grep -qw "$NETNS" <<<"$(ip netns list)"; then
+    if [[ -e "$STATE" ]] || netns_exists "$NETNS"; then
         die "a cluster is already up (or left over) at $STATE / netns $NETNS: run 'make kube-down' first"
     fi
-    if grep -q ' 10\.25[123]\.' <<<"$(ip -o addr)"; then
-        die "an interface of this machine already uses 10.251-10.253.x.x, which the tier needs; remove it or run 'make kube-down'"
+    if grep -q " 10\.${NET}[123]\." <<<"$(ip -o addr)"; then
+        die "an interface of this machine already uses 10.${NET}1-10.${NET}3.x.x, which the tier needs; remove it or run 'make kube-down'"
     fi
     if [[ "$(findmnt -n -o FSTYPE /sys/fs/cgroup)" != tmpfs ]]; then
         die "/sys/fs/cgroup is not a cgroup v1 hierarchy; this tier is written for cgroup v1 (kubelet failCgroupV1: false)"
@@ -183,7 +187,8 @@ runtime() {
   "plugins": [
     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
      "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]],
-              "routes": [{"dst": "$SVC_CIDR"}, {"dst": "$NODE_IP/32"}],
+              "routes": [{"dst": "$SVC_CIDR"}, {"dst": "$NODE_IP/32"}, {"dst": "$OTHER_NODE_IP/32"},
+                         {"dst": "$LINK_CIDR"}],
               "dataDir": "$STATE/cni/ipam"}},
     {"type": "portmap", "capabilities": {"portMappings": true}},
     {"type": "loopback"}
@@ -254,6 +259,15 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 EOF
+    # A second cluster's kubelet keeps its pods under a cgroup root of its own (made here in
+    # every hierarchy, as the kubelet wants it to exist), not beside the first one's.
+    if [[ "$CGROUP_ROOT" != / ]]; then
+        local h
+        for h in /sys/fs/cgroup/*/; do
+            [[ -L "${h%/}" ]] || mkdir -p "$h${CGROUP_ROOT#/}"
+        done
+        echo "cgroupRoot: $CGROUP_ROOT" >>"$STATE/kubelet.yaml"
+    fi
     start kubelet "$K8S_BIN/kubelet" --config="$STATE/kubelet.yaml" \
         --kubeconfig="$STATE/system-node-$NODE.kubeconfig" --root-dir="$STATE/kubelet" \
         --hostname-override="$NODE" --node-ip="$NODE_IP"

@@ -33,10 +33,95 @@ impl std::ops::Deref for KubeTier {
 }
 
 fn run(script: &Path) -> Result<Output> {
+    run_for(script, 1)
+}
+
+/// `script` for cluster `instance` of the tier (its `FERRY_KUBE_INSTANCE`).
+fn run_for(script: &Path, instance: u8) -> Result<Output> {
     Command::new(script)
+        .env("FERRY_KUBE_INSTANCE", instance.to_string())
         .current_dir(repo_root())
         .output()
         .with_context(|| format!("run {}", script.display()))
+}
+
+/// Where the second cluster (`FERRY_KUBE_INSTANCE=2`) keeps its state.
+const SECOND_STATE: &str = "/var/lib/ferry-kube-2";
+/// The second cluster's node and its address (e2e/kube/common.sh).
+pub const SECOND_NODE: &str = "ferry-node-2";
+pub const SECOND_NODE_IP: &str = "10.241.0.2";
+
+/// A second cluster of the tier beside the first, in its own network namespace, the two
+/// joined by one veth pair (`e2e/kube/link.sh`): what the tests between clusters copy
+/// across. Removed when dropped (before the first, which puts back what both changed).
+#[derive(Debug)]
+pub struct SecondCluster {
+    kc: Kubectl,
+}
+
+impl std::ops::Deref for SecondCluster {
+    type Target = Kubectl;
+    fn deref(&self) -> &Kubectl {
+        &self.kc
+    }
+}
+
+impl SecondCluster {
+    /// Bring it up (its image is the first's) and link it to the first.
+    pub fn up() -> Result<Self> {
+        let script = |name: &str| repo_root().join("e2e/kube").join(name);
+        let _ = run_for(&script("down.sh"), 2);
+        for (name, what) in [("up.sh", "up"), ("link.sh", "link")] {
+            let out = run_for(&script(name), 2)?;
+            if !out.status.success() {
+                let _ = run_for(&script("down.sh"), 2);
+                bail!(
+                    "e2e/kube/{name} ({what} the second cluster) failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        let kubectl = tools_dir().join("k8s/v1.35.4/bin/kubectl");
+        let state = PathBuf::from(SECOND_STATE);
+        Ok(Self {
+            kc: Kubectl::new(kubectl, state.join("kubeconfig"), state.join("logs")),
+        })
+    }
+
+    /// `helm ARGS` against this cluster; must succeed.
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        helm(&PathBuf::from(SECOND_STATE).join("kubeconfig"), args)
+    }
+
+    /// Where its CSI driver keeps its volumes.
+    pub fn csi_volumes(&self) -> PathBuf {
+        PathBuf::from(SECOND_STATE).join("csi/volumes")
+    }
+}
+
+impl Drop for SecondCluster {
+    fn drop(&mut self) {
+        match run_for(&repo_root().join("e2e/kube/down.sh"), 2) {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "e2e/kube/down.sh (the second cluster) failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("e2e/kube/down.sh (the second cluster): {e:#}"),
+        }
+    }
+}
+
+/// `helm ARGS` with `kubeconfig` (the chart is `charts/ferry`); must succeed.
+fn helm(kubeconfig: &Path, args: &[&str]) -> Result<String> {
+    let helm = tools_dir().join("helm/v3.22.0/bin/helm");
+    let out = Command::new(&helm)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .current_dir(repo_root())
+        .output()
+        .with_context(|| format!("run {}", helm.display()))?;
+    stdout_of("helm", args, out)
 }
 
 impl KubeTier {
@@ -73,14 +158,7 @@ impl KubeTier {
     /// `helm ARGS` against this cluster (the chart is `charts/ferry`, the release `ferry` in
     /// `ferry-system`); must succeed.
     pub fn helm(&self, args: &[&str]) -> Result<String> {
-        let helm = tools_dir().join("helm/v3.22.0/bin/helm");
-        let out = Command::new(&helm)
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .current_dir(repo_root())
-            .output()
-            .with_context(|| format!("run {}", helm.display()))?;
-        stdout_of("helm", args, out)
+        helm(&self.kubeconfig(), args)
     }
 
     /// The tier's kubeconfig (cluster-admin), for a client of its own (`kubectl ferry`).

@@ -174,8 +174,9 @@ fn every_port_a_ferry_pod_serves_is_open_only_to_named_peers_and_pods_reach_only
                 }
             }
             // Egress: the API server only, on its ports (and addresses where named); an
-            // agent also to the other agents' transfer port and, with changed-block
-            // tracking (custom.yaml), to where its values say the sidecars are.
+            // agent also to the other agents' transfer port, with peering (peering-on.yaml)
+            // to the other installs' agents, and with changed-block tracking (custom.yaml)
+            // to where its values say the sidecars are.
             let egress = spec["egress"].as_array().context("egress")?;
             let peer_agents = transfer_port
                 .map(|port| json!({"to": agents, "ports": [{"port": port, "protocol": "TCP"}]}));
@@ -186,7 +187,20 @@ fn every_port_a_ferry_pod_serves_is_open_only_to_named_peers_and_pods_reach_only
                 })],
                 _ => vec![],
             };
-            let extra: Vec<Value> = peer_agents.into_iter().chain(sidecars).collect();
+            // With peering (peering-on.yaml), to where peering.egress says the other
+            // installs' agents are.
+            let peers_abroad = match (set.as_deref(), is_agent) {
+                (Some("peering-on.yaml"), true) => vec![json!({
+                    "to": [{"ipBlock": {"cidr": "198.51.100.0/24"}}],
+                    "ports": [{"port": 7451, "protocol": "TCP"}]
+                })],
+                _ => vec![],
+            };
+            let extra: Vec<Value> = peer_agents
+                .into_iter()
+                .chain(peers_abroad)
+                .chain(sidecars)
+                .collect();
             ensure!(
                 egress.len() == 1 + extra.len() && egress[1..] == extra[..],
                 "{what}: egress rules {egress:?}, expected the API server's then {extra:?}"

@@ -16,6 +16,8 @@ use ferry_e2e::{assert_same_tree, wait_for, Tmpfs};
 mod block;
 #[path = "kube/cbt.rs"]
 mod cbt;
+#[path = "kube/clusters.rs"]
+mod clusters;
 #[path = "kube/csi.rs"]
 mod csi;
 #[path = "kube/migrate.rs"]
@@ -39,7 +41,7 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
         .prefix("ferry-kube-data-")
         .tempdir_in("/var/tmp")?;
     // What each check shows (the failure message names it).
-    let checks: [(&str, Check); 35] = [
+    let checks: [(&str, Check); 36] = [
         ("agent Ready by its probes", agent_ready),
         (
             "the agent's transfer port: a certificate for its node, its pod IP advertised",
@@ -161,10 +163,15 @@ fn ferry_runs_as_pods_on_a_real_node() -> Result<()> {
             "migration bench: a claim of 100,000 files (make bench-migrate)",
             migrate::bench_100k_files,
         ),
-        // Last: they slow the agent down (and put it back).
+        // Late: they slow the agent down (and put it back).
         (
             "agent deleted or rolled mid-copy: resumed; a CSI job deleted mid-copy lets go; a block copy killed mid-way resumes by chunk",
             slowed_agent,
+        ),
+        // Last: it turns peering on.
+        (
+            "between clusters: a second cluster beside this one reads an export of a CSI claim through its holder, at the node's port",
+            clusters::export_of_a_csi_claim_copied_to_another_cluster,
         ),
     ];
     // FERRY_KUBE_ONLY=<words>: only the checks whose description has them (while working on
