@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_crds::{
-    CopyExport, CopyExportStatus, ExportReason, FerryPeer, EXPORT_ADDRESS_KEY, EXPORT_CA_KEY,
+    CopyExport, CopyExportStatus, FerryPeer, EXPORT_ADDRESS_KEY, EXPORT_CA_KEY,
     EXPORT_CREDENTIAL_KEY, EXPORT_EXPIRES_KEY, EXPORT_INSTALL_KEY, EXPORT_LABEL,
     EXPORT_SECRET_TYPE, EXPORT_UID_KEY, OPERATOR_MANAGER, PEERING_ADDRESS_ANNOTATION,
 };
@@ -151,9 +151,6 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
     // its holder pod starts.
     let mut moves = false;
     let mut holding = false;
-    // A CSI claim no running pod mounts: its holder pod is made only for an export that
-    // lacks nothing else (its readers trusted, its time not up).
-    let mut wants_holder: Option<String> = None;
     let (labels, source, serving) = match &ctx.own {
         // Nothing is looked at for an export that cannot be served.
         None => (BTreeMap::new(), Ok(()), Err(String::new())),
@@ -175,10 +172,13 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
                         }
                     };
                     let serving = match (&at, &ctx.holder_image) {
-                        // No pod mounts it: the export's holder pod will (below).
-                        (At::Mounted(claim, None), Some(_)) => {
-                            wants_holder = Some(claim.to_string());
-                            Err(format!("claim {claim:?} is a CSI volume no running pod mounts; Ferry starts a holder pod for it"))
+                        // No pod mounts it: the export's holder pod will.
+                        (At::Mounted(claim, None), Some(image)) if !expired(&export) => {
+                            holding = true;
+                            Err(
+                                crate::holder::hold_export(&ctx.client, &ns, &export, claim, image)
+                                    .await?,
+                            )
                         }
                         _ => serving(&ctx.client, &own.namespace, &ns, &at).await?,
                     };
@@ -190,29 +190,23 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
     let peers = ctx.peers.state();
     let peers: Vec<&FerryPeer> = peers.iter().map(Arc::as_ref).collect();
     let fresh = ferry_link::random_ticket().map_err(Error::Ticket)?;
-    let mut inputs = decide::Inputs {
-        export: &export,
-        peering: ctx.own.as_ref().map(|o| decide::Peering {
-            install: &o.install,
-            ca_pem: &o.ca_pem,
-            max_ttl: o.max_ttl,
-            grace: o.grace,
-        }),
-        peers: &peers,
-        namespace_labels: &labels,
-        source,
-        serving,
-        now: SystemTime::now(),
-    };
-    let mut decision = decide::decide(&inputs, fresh);
-    if let (Some(claim), Some(image)) = (&wants_holder, &ctx.holder_image) {
-        if reason(&decision) == Some(ExportReason::NoAddress.as_str()) {
-            inputs.serving =
-                Err(crate::holder::hold_export(&ctx.client, &ns, &export, claim, image).await?);
-            holding = true;
-            decision = decide::decide(&inputs, fresh);
-        }
-    }
+    let mut decision = decide::decide(
+        &decide::Inputs {
+            export: &export,
+            peering: ctx.own.as_ref().map(|o| decide::Peering {
+                install: &o.install,
+                ca_pem: &o.ca_pem,
+                max_ttl: o.max_ttl,
+                grace: o.grace,
+            }),
+            peers: &peers,
+            namespace_labels: &labels,
+            source,
+            serving,
+            now: SystemTime::now(),
+        },
+        fresh,
+    );
     // The Secret first: a status naming a credential no Secret holds would refuse the
     // reader the tenant hands it to.
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
@@ -257,10 +251,7 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
         write_status(&export, &ns, &decision.status, &ctx.client).await?;
     }
     // An expired export's holder pod goes (a deleted export's goes with it).
-    if ctx.holder_image.is_some()
-        && moves
-        && reason(&decision) == Some(ExportReason::Expired.as_str())
-    {
+    if ctx.holder_image.is_some() && moves && expired(&export) {
         crate::holder::release_export(&ctx.client, &ns, &export).await?;
     }
     let requeue = match (holding, moves) {
@@ -274,14 +265,13 @@ async fn reconcile(export: Arc<CopyExport>, ctx: Arc<Context>) -> Result<Action,
 /// How soon an export whose holder pod is starting is looked at again.
 const HOLDER_STARTING: Duration = Duration::from_secs(3);
 
-/// The reason of the export's Ready condition as decided.
-fn reason(decision: &decide::Decision) -> Option<&str> {
-    decision
+/// Whether the export's time is up, as its status says (its holder is then let go).
+fn expired(export: &CopyExport) -> bool {
+    export
         .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| c.reason.as_str())
+        .as_ref()
+        .and_then(|s| s.expires_at.as_ref())
+        .is_some_and(|t| t.0 <= k8s_openapi::jiff::Timestamp::now())
 }
 
 /// Where an export's source is.
@@ -345,7 +335,7 @@ pub fn export_secret(export: &CopyExport, new: &decide::NewSecret, own: &Own) ->
     }
 }
 
-/// Which node's agent serves an export (in namespace `ns`) whose source is `at`: of the
+/// Which node's agent serves an export (in namespace `ns`) reached as `reach`: of the
 /// nodes that have it (by name; for a CSI claim, the node of a running pod that mounts it),
 /// the first whose agent's heartbeat Lease (in `namespace`) is live and advertises
 /// a peering port. `Err`: why none, for the export's `NoAddress`.
