@@ -101,14 +101,20 @@ impl SecondCluster {
 
 impl Drop for SecondCluster {
     fn drop(&mut self) {
-        match run_for(&repo_root().join("e2e/kube/down.sh"), 2) {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => eprintln!(
-                "e2e/kube/down.sh (the second cluster) failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            Err(e) => eprintln!("e2e/kube/down.sh (the second cluster): {e:#}"),
-        }
+        take_down(2);
+    }
+}
+
+/// Remove cluster `instance` of the tier (`e2e/kube/down.sh`), saying so when it fails (a
+/// handle's drop has nothing to return it to).
+fn take_down(instance: u8) {
+    match run_for(&repo_root().join("e2e/kube/down.sh"), instance) {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => eprintln!(
+            "e2e/kube/down.sh (cluster {instance}) failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => eprintln!("e2e/kube/down.sh (cluster {instance}): {e:#}"),
     }
 }
 
@@ -235,13 +241,6 @@ impl KubeTier {
 
 impl Drop for KubeTier {
     fn drop(&mut self) {
-        match run(&repo_root().join("e2e/kube/down.sh")) {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => eprintln!(
-                "e2e/kube/down.sh failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            Err(e) => eprintln!("e2e/kube/down.sh: {e:#}"),
-        }
+        take_down(1);
     }
 }

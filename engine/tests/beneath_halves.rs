@@ -51,6 +51,33 @@ impl Halves {
     }
 }
 
+/// The source root's `tree` copied through the halves to `dst` beneath the destination
+/// root, with `options`: the receiver's summary, which must have no failure, and what the
+/// sender did.
+fn copy_tree(
+    roots: &Roots,
+    dst: &str,
+    options: &Options,
+) -> Result<(ferry_engine::Summary, SendSummary)> {
+    let (src_fd, dst_fd) = roots.fds()?;
+    let top = SourceTop::beneath(src_fd.as_fd(), Path::new("tree"))?;
+    let halves = Halves::start(top, send_options())?;
+    let summary = copy_from_beneath(
+        &halves.conn,
+        Path::new("tree"),
+        dst_fd.as_fd(),
+        Path::new(dst),
+        options,
+        &NoProgress,
+    )?;
+    let served = halves.finish()?;
+    ensure!(
+        summary.failed == 0 && summary.aborted.is_none(),
+        "{summary:?}"
+    );
+    Ok((summary, served))
+}
+
 fn send_options() -> SendOptions {
     SendOptions {
         workers: 2,
@@ -194,22 +221,7 @@ fn a_tree_copied_through_the_halves_beneath_roots_is_identical_with_its_parents_
         eprintln!("skipped: the xattr in the tree ({e:#})");
     }
     let before = snapshot(&tree)?;
-    let (src_fd, dst_fd) = roots.fds()?;
-    let top = SourceTop::beneath(src_fd.as_fd(), Path::new("tree"))?;
-    let halves = Halves::start(top, send_options())?;
-    let summary = copy_from_beneath(
-        &halves.conn,
-        Path::new("tree"),
-        dst_fd.as_fd(),
-        Path::new("a/b/c"),
-        &Options::default(),
-        &NoProgress,
-    )?;
-    halves.finish()?;
-    ensure!(
-        summary.failed == 0 && summary.aborted.is_none(),
-        "{summary:?}"
-    );
+    let (summary, _) = copy_tree(&roots, "a/b/c", &Options::default())?;
     ensure!(
         (summary.files, summary.hardlinks, summary.symlinks) == (3, 1, 1),
         "{summary:?}"
@@ -524,26 +536,11 @@ fn a_rerun_through_the_halves_keeps_by_stats_and_copies_what_changed_with_its_at
     set_xattr(&tree.join("same"), "user.colour", b"green")?;
     set_xattr(&tree.join("sub"), "user.dir", b"one")?;
     let copy = |overwrite: Overwrite| -> Result<ferry_engine::Summary> {
-        let (src_fd, dst_fd) = roots.fds()?;
-        let top = SourceTop::beneath(src_fd.as_fd(), Path::new("tree"))?;
-        let halves = Halves::start(top, send_options())?;
-        let summary = copy_from_beneath(
-            &halves.conn,
-            Path::new("tree"),
-            dst_fd.as_fd(),
-            Path::new("copy"),
-            &Options {
-                overwrite,
-                ..Options::default()
-            },
-            &NoProgress,
-        )?;
-        halves.finish()?;
-        ensure!(
-            summary.failed == 0 && summary.aborted.is_none(),
-            "{summary:?}"
-        );
-        Ok(summary)
+        let options = Options {
+            overwrite,
+            ..Options::default()
+        };
+        Ok(copy_tree(&roots, "copy", &options)?.0)
     };
     copy(Overwrite::Always)?;
     // What changes before the re-run: a file's bytes and its attribute (listed by its
@@ -593,22 +590,8 @@ fn a_first_copy_into_an_existing_empty_directory_takes_its_files_with_the_listin
     set_xattr(&tree.join("f7"), "user.colour", b"blue").ok();
     mkdir(&roots.dst().join("claim"))?;
     let before = snapshot(&tree)?;
-    let (src_fd, dst_fd) = roots.fds()?;
-    let top = SourceTop::beneath(src_fd.as_fd(), Path::new("tree"))?;
-    let halves = Halves::start(top, send_options())?;
-    let summary = copy_from_beneath(
-        &halves.conn,
-        Path::new("tree"),
-        dst_fd.as_fd(),
-        Path::new("claim"),
-        &Options::default(),
-        &NoProgress,
-    )?;
-    let served = halves.finish()?;
-    ensure!(
-        summary.failed == 0 && summary.aborted.is_none() && summary.files == FILES,
-        "{summary:?}"
-    );
+    let (summary, served) = copy_tree(&roots, "claim", &Options::default())?;
+    ensure!(summary.files == FILES, "{summary:?}");
     let merged = Check {
         root_meta: false,
         ..Check::default()

@@ -345,14 +345,17 @@ async fn serving(
     ns: &str,
     at: &At<'_>,
 ) -> Result<Result<decide::Serving, String>, kube::Error> {
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await?;
-    let mut having: Vec<&Node> = match at {
+    // The nodes that have it, by name: all are listed only for a volume that names them
+    // by labels or terms; a CSI claim's one node alone.
+    let nodes = Api::<Node>::all(client.clone());
+    let mut having: Vec<String> = match at {
         At::Volume(volume) => nodes
+            .list(&ListParams::default())
+            .await?
             .items
             .iter()
             .filter(|n| volume.nodes.matches(&n.name_any(), n.labels()))
+            .map(|n| n.name_any())
             .collect(),
         At::Block => {
             return Ok(Err(
@@ -366,9 +369,16 @@ async fn serving(
                 "claim {claim:?} is a CSI volume, which is on a node only while a pod mounts it, and no running pod mounts it (Ferry starts no holder pod for it: the chart's operator.holderPods is off, or the export has expired); start a pod in namespace {ns:?} that mounts it (a pause pod is enough, read-only will do) and the export is served from that pod's node"
             )))
         }
-        At::Mounted(_, Some(node)) => nodes.items.iter().filter(|n| &n.name_any() == node).collect(),
+        // (Listed by its name: the operator may list Nodes, not get them.)
+        At::Mounted(_, Some(node)) => nodes
+            .list(&ListParams::default().fields(&format!("metadata.name={node}")))
+            .await?
+            .items
+            .iter()
+            .map(|n| n.name_any())
+            .collect(),
     };
-    having.sort_by_key(|n| n.name_any());
+    having.sort();
     if having.is_empty() {
         return Ok(Err(
             "no node has the source (its StorageRoot's or volume's nodes match none)".into(),
@@ -378,8 +388,7 @@ async fn serving(
         .list(&ListParams::default())
         .await?;
     let now = k8s_openapi::jiff::Timestamp::now();
-    for node in &having {
-        let name = node.name_any();
+    for name in having.iter().cloned() {
         let lease = leases
             .items
             .iter()
@@ -398,10 +407,9 @@ async fn serving(
             }));
         }
     }
-    let names: Vec<String> = having.iter().take(8).map(|n| n.name_any()).collect();
     Ok(Err(format!(
         "no live agent with a peering port runs on the nodes that have the source ({}); the chart's peering.enabled gives each agent one",
-        names.join(", ")
+        having[..having.len().min(8)].join(", ")
     )))
 }
 

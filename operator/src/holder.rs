@@ -379,14 +379,7 @@ pub async fn hold(
                     prefer.as_deref(),
                     u.block,
                 );
-                match pods.create(&PostParams::default(), &made).await {
-                    Ok(p) => {
-                        tracing::info!(job = %job.name_any(), pod = %name, claim = %u.claim, "started a holder pod");
-                        p
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 409 => pods.get(&name).await?,
-                    Err(e) => return Err(e),
-                }
+                start(&pods, &made, &format!("job {}", job.name_any()), &u.claim).await?
             }
         };
         if !u.destination {
@@ -411,16 +404,31 @@ pub async fn hold_export(
     let name = made.name_any();
     let pod = match pods.get_opt(&name).await? {
         Some(p) => p,
-        None => match pods.create(&PostParams::default(), &made).await {
-            Ok(p) => {
-                tracing::info!(export = %export.name_any(), pod = %name, %claim, "started a holder pod");
-                p
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 => pods.get(&name).await?,
-            Err(e) => return Err(e),
-        },
+        None => {
+            start(
+                &pods,
+                &made,
+                &format!("export {}", export.name_any()),
+                claim,
+            )
+            .await?
+        }
     };
     Ok(state(&pod, claim))
+}
+
+/// Create holder pod `made` (for `owner`, holding `claim`); one made meanwhile under its
+/// name (a second reconcile) is the one returned.
+async fn start(pods: &Api<Pod>, made: &Pod, owner: &str, claim: &str) -> Result<Pod, kube::Error> {
+    let name = made.name_any();
+    match pods.create(&PostParams::default(), made).await {
+        Ok(p) => {
+            tracing::info!(%owner, pod = %name, %claim, "started a holder pod");
+            Ok(p)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => pods.get(&name).await,
+        Err(e) => Err(e),
+    }
 }
 
 /// Delete the job's holder pods (when it finished, or is being deleted).

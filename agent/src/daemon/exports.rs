@@ -88,10 +88,8 @@ impl ExportGrants {
         let reserved_top = super::job_options::reserved_top(&path);
         let path = PathBuf::from(path);
         let (host, node) = (self.settings.host_root.clone(), self.settings.node.clone());
-        let open: crate::transfer::OpenSource = Arc::new(move || match mounted {
-            false => super::network::open_source(&host, &node, &root, &path),
-            true => open_mounted(&host, &node, &root, &path),
-        });
+        let open: crate::transfer::OpenSource =
+            Arc::new(move || super::network::open_source(&host, &node, &root, &path, mounted));
         Ok(ExportGrant {
             open,
             options: SendOptions {
@@ -219,29 +217,4 @@ fn csi_mount(host: &std::path::Path, kubelet_dir: &str, pv: &str) -> Option<Stri
             ferry_engine::open_host_path(host_fd.as_fd(), path)
                 .is_ok_and(|fd| ferry_engine::is_mount_root(fd.as_fd()).unwrap_or(false))
         })
-}
-
-/// A CSI volume's mount opened for one reader, refused unless it is still a mount's root:
-/// served from the descriptor asked, so a volume unmounted since the hello is never read as
-/// the empty directory under it (a mirror would delete the reader's copy to match).
-fn open_mounted(
-    host: &std::path::Path,
-    node: &str,
-    root: &str,
-    path: &std::path::Path,
-) -> Result<ferry_engine::send::SourceTop, String> {
-    use std::os::fd::AsFd;
-    let root_fd =
-        super::roots::open_root(host, node, "source", root).map_err(|e| crate::with_causes(&e))?;
-    match ferry_engine::is_mount_root(root_fd.as_fd()) {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err(format!(
-                "the export's CSI volume is no longer mounted at {root} on node {node} (its pod ended); nothing was served"
-            ))
-        }
-        Err(e) => return Err(format!("is {root} on node {node} still mounted? {e}")),
-    }
-    ferry_engine::send::SourceTop::beneath(root_fd.as_fd(), path)
-        .map_err(|e| crate::with_causes(&e))
 }

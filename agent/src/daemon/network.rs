@@ -186,7 +186,9 @@ impl SenderGrants {
             me.clone(),
             PathBuf::from(&job.spec.source.path),
         );
-        Ok(Arc::new(move || open_source(&host, &node, &root, &path)))
+        Ok(Arc::new(move || {
+            open_source(&host, &node, &root, &path, false)
+        }))
     }
 }
 
@@ -234,15 +236,28 @@ fn bandwidth_limit(spec: &ferry_crds::CopyJobSpec) -> Result<Option<u64>, String
 }
 
 /// Open the root inside the node's filesystem, then the job's path beneath it, as a local
-/// copy opens its source.
+/// copy opens its source. With `mounted` (a CSI volume's mount), refused unless the root
+/// opened is still a mount's root: asked of the descriptor served, so a volume unmounted
+/// since it was found is never read as the empty directory under it (a mirror would delete
+/// the reader's copy to match).
 pub(super) fn open_source(
     host: &std::path::Path,
     node: &str,
     root: &str,
     path: &std::path::Path,
+    mounted: bool,
 ) -> Result<SourceTop, String> {
     let root_fd =
         super::roots::open_root(host, node, "source", root).map_err(|e| crate::with_causes(&e))?;
+    if mounted {
+        match ferry_engine::is_mount_root(root_fd.as_fd()) {
+            Ok(true) => {}
+            Ok(false) => return Err(format!(
+                "the export's CSI volume is no longer mounted at {root} on node {node} (its pod ended); nothing was served"
+            )),
+            Err(e) => return Err(format!("is {root} on node {node} still mounted? {e}")),
+        }
+    }
     SourceTop::beneath(root_fd.as_fd(), path).map_err(|e| crate::with_causes(&e))
 }
 
